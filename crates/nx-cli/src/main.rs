@@ -1,0 +1,5 @@
+//! The `nx` command-line tool: inspect, tokenize, run, chat, bench, perplexity.
+
+fn main() {
+    println!("nx");
+}

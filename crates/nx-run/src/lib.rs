@@ -1,0 +1,3 @@
+//! The runner: encode, chunked prefill, decode loop, stop rules, streaming events.
+//!
+//! This crate's work arrives with a later issue; see `ARCHITECTURE.md`.

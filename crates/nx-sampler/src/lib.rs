@@ -1,0 +1,3 @@
+//! Token sampling: greedy, temperature, top-k/p, min-p, penalties, seeded ChaCha RNG.
+//!
+//! This crate's work arrives with a later issue; see `ARCHITECTURE.md`.
