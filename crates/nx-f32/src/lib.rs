@@ -1,3 +1,170 @@
 //! Dense f32 kernels: dot, axpy, rmsnorm, rope, softmax, activations, attention primitives.
 //!
-//! This crate's work arrives with a later issue; see `ARCHITECTURE.md`.
+//! Everything works on caller-provided slices and never allocates in a hot loop. The
+//! reference definitions live in [`scalar`]; the functions at the crate root are the
+//! ones callers use, and today they forward to [`scalar`]. When SIMD twins arrive, the
+//! root functions dispatch on the process's CPU tier (`nx_syscalls::cpu_tier`) and each
+//! twin is tested against its scalar reference.
+//!
+//! Reduction order is part of the contract: every reduction runs in an order fixed by
+//! the slice lengths alone, so results never depend on how work is chunked or threaded
+//! (the engine's batch-invariance guarantee rests on this).
+//!
+//! Arithmetic follows ggml's CPU backend where it matters for matching the reference
+//! engine: RMSNorm sums squares in f64, softmax sums exponentials in f64, RoPE angles
+//! are built by repeated f32 multiplication (see [`rope`]), SiLU is `x/(1+e^−x)`.
+//!
+//! Slice-length mismatches are caller bugs: they trip `debug_assert!`s, and release
+//! builds process the common prefix — never undefined behaviour.
+
+pub mod attention;
+pub mod convert;
+pub mod gelu_table;
+pub mod rope;
+pub mod scalar;
+
+pub use attention::{attend_head, HeadRows, KvElem};
+pub use convert::{
+    bf16_le_bytes_to_f32_row, bf16_to_f32_row, f16_le_bytes_to_f32_row, f16_to_f32_row,
+    f32_to_bf16_row, f32_to_f16_row,
+};
+pub use gelu_table::GeluTable;
+pub use half::{bf16, f16};
+pub use rope::{rope_neox, rope_normal, theta_scale, RopeError, RopeStyle, RopeTable};
+
+/// Dot product `Σ a[i]·b[i]` (lane order: [`scalar::DOT_LANES`]).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    scalar::dot(a, b)
+}
+
+/// Dot product of an f32 vector with an f16 row, same order as [`dot`].
+#[inline]
+pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+    scalar::dot_f16(a, b)
+}
+
+/// `y += alpha·x`, element-wise.
+#[inline]
+pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    scalar::axpy(y, alpha, x)
+}
+
+/// `x *= s`, element-wise.
+#[inline]
+pub fn scale(x: &mut [f32], s: f32) {
+    scalar::scale(x, s)
+}
+
+/// `acc += x`, element-wise (residual adds, biases).
+#[inline]
+pub fn add_in_place(acc: &mut [f32], x: &[f32]) {
+    scalar::add_in_place(acc, x)
+}
+
+/// `acc *= x`, element-wise.
+#[inline]
+pub fn mul_in_place(acc: &mut [f32], x: &[f32]) {
+    scalar::mul_in_place(acc, x)
+}
+
+/// RMSNorm: `out = x / sqrt(mean(x²) + eps) · weight` (see [`scalar::rms_scale`] for
+/// the exact arithmetic). `out`, `x` and `weight` have the same length.
+#[inline]
+pub fn rmsnorm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
+    scalar::rmsnorm(out, x, weight, eps)
+}
+
+/// [`rmsnorm`] in place.
+#[inline]
+pub fn rmsnorm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    scalar::rmsnorm_in_place(x, weight, eps)
+}
+
+/// [`rmsnorm`] over each row of a row-major `[n, dim]` matrix (`weight.len() == dim`,
+/// `x.len() == out.len() == n·dim`). Each row is normalised independently, so a row's
+/// result does not depend on `n`. A zero `dim` does nothing.
+pub fn rmsnorm_rows(out: &mut [f32], x: &[f32], weight: &[f32], dim: usize, eps: f32) {
+    debug_assert_eq!(out.len(), x.len(), "rmsnorm_rows: out/x length mismatch");
+    debug_assert!(
+        dim == 0 || x.len().is_multiple_of(dim),
+        "rmsnorm_rows: ragged rows"
+    );
+    if dim == 0 {
+        return;
+    }
+    for (o, xr) in out.chunks_exact_mut(dim).zip(x.chunks_exact(dim)) {
+        scalar::rmsnorm(o, xr, weight, eps);
+    }
+}
+
+/// [`rmsnorm_rows`] in place (also used for per-head Q/K norms with `dim = head_dim`).
+pub fn rmsnorm_rows_in_place(x: &mut [f32], weight: &[f32], dim: usize, eps: f32) {
+    debug_assert!(
+        dim == 0 || x.len().is_multiple_of(dim),
+        "rmsnorm_rows_in_place: ragged rows"
+    );
+    if dim == 0 {
+        return;
+    }
+    for xr in x.chunks_exact_mut(dim) {
+        scalar::rmsnorm_in_place(xr, weight, eps);
+    }
+}
+
+/// Max-subtracted softmax in place (sum in f64). All −∞ gives all zeros.
+#[inline]
+pub fn softmax_in_place(x: &mut [f32]) {
+    scalar::softmax_in_place(x)
+}
+
+/// SiLU `x·σ(x)`, computed as `x / (1 + e^−x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    scalar::silu(x)
+}
+
+/// GELU, tanh approximation `0.5·x·(1 + tanh(sqrt(2/π)·x·(1 + 0.044715·x²)))`.
+/// (ggml evaluates it through an f16 table instead; see [`GeluTable`].)
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    scalar::gelu_tanh(x)
+}
+
+/// `x = silu(x)`, element-wise.
+pub fn silu_in_place(x: &mut [f32]) {
+    for v in x.iter_mut() {
+        *v = scalar::silu(*v);
+    }
+}
+
+/// `x = gelu_tanh(x)`, element-wise.
+pub fn gelu_tanh_in_place(x: &mut [f32]) {
+    for v in x.iter_mut() {
+        *v = scalar::gelu_tanh(*v);
+    }
+}
+
+/// SwiGLU: `out = silu(gate)·up`, element-wise.
+#[inline]
+pub fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    scalar::swiglu(out, gate, up)
+}
+
+/// GeGLU: `out = gelu_tanh(gate)·up`, element-wise.
+#[inline]
+pub fn geglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    scalar::geglu(out, gate, up)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gelu_constants_match_their_definitions() {
+        let sqrt_2_over_pi = (2.0f64 / std::f64::consts::PI).sqrt();
+        assert_eq!(scalar::SQRT_2_OVER_PI, sqrt_2_over_pi as f32);
+        assert_eq!(scalar::GELU_COEF_A, 0.044715f64 as f32);
+    }
+}

@@ -1,3 +1,36 @@
 //! Lazy typed views of quantized tensors inside the mapping; block formats and quantized matmul.
 //!
-//! This crate's work arrives with a later issue; see `ARCHITECTURE.md`.
+//! Layout of the crate, one concern per module:
+//! - [`formats`]: block layouts and byte sizes of the supported ggml types, the
+//!   activation type each weight type is multiplied with (`vec_dot_type`).
+//! - [`dequant`]: `dequantize_row` per type, bit-exact with ggml's dequantizers.
+//! - [`quant`]: activation quantizers (Q8_0, Q8_K, F16, BF16), bit-exact with ggml's
+//!   reference quantizers, and weight quantizers used to build fixtures.
+//! - [`dot_scalar`]: scalar reference dot products, mirroring ggml's generic path.
+//! - [`matmul`]: quantize activations once, then `y[t][r] = dot(w row r, xq[t])`.
+//! - [`lazy`]: [`LazyWeight`], a borrowed view of one tensor's bytes.
+//!
+//! Batch invariance: every output element is one call of a dot product whose
+//! reduction order depends on the row length K alone, so the value of `y[t][r]`
+//! does not depend on how many tokens or which weight rows are computed together.
+
+// Block kernels index several arrays with one position (weights, quants, lanes) to
+// mirror the block layouts; iterator chains would hide that correspondence.
+#![allow(clippy::needless_range_loop)]
+
+pub mod dequant;
+pub mod dot_scalar;
+mod error;
+pub mod formats;
+pub mod lazy;
+pub mod matmul;
+pub mod quant;
+
+pub use dequant::dequantize_row;
+pub use dot_scalar::dot_row;
+pub use error::LazyWeightError;
+pub use formats::{is_supported_weight, row_bytes, vec_dot_type};
+pub use lazy::LazyWeight;
+pub use matmul::{matmul, matmul_quantized, matmul_rows, QuantizedActs};
+pub use nx_gguf::GgmlType;
+pub use quant::{quantize_row, quantize_row_q8_0, quantize_row_q8_k};

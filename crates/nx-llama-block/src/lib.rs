@@ -1,3 +1,16 @@
-//! One transformer block over a chunk of tokens.
+//! One transformer block over a chunk of tokens at positions `pos..pos+n`.
 //!
-//! This crate's work arrives with a later issue; see `ARCHITECTURE.md`.
+//! The key design choice: the block reads top to bottom in model order (norm → Q/K/V →
+//! Q/K norm → RoPE → cache write → attention → output projection → residual → norm →
+//! gated FFN → residual), and every reduction it performs is per output element in an
+//! order fixed by the reduction length alone. A token's result therefore does not
+//! depend on how many other tokens share its chunk: the engine's batch invariance.
+//!
+//! The block knows nothing of files or architectures by name: a [`LayerConfig`] says
+//! which optional steps apply, and [`LayerWeights`] borrows the tensors.
+
+mod block;
+mod project;
+
+pub use block::{forward, BlockError, BlockScratch, FfnActivation, LayerConfig, LayerWeights};
+pub use project::Projector;

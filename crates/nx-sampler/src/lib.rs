@@ -1,3 +1,428 @@
 //! Token sampling: greedy, temperature, top-k/p, min-p, penalties, seeded ChaCha RNG.
 //!
-//! This crate's work arrives with a later issue; see `ARCHITECTURE.md`.
+//! [`Sampler`] turns one row of logits into a token id. It knows nothing about the
+//! model: the caller feeds it logits and tells it which tokens were accepted (prompt
+//! and generated) so the repetition penalties can see them. The semantics of each
+//! stage follow llama.cpp's samplers (`src/llama-sampler.cpp`); the tie-breaking is
+//! ours and fully deterministic: candidates are ordered by logit, higher first, and
+//! equal logits by lower token id first.
+//!
+//! [`log_softmax_top`] and [`log_prob`] compute log-probabilities (in f64) for
+//! reporting, independent of any sampler state.
+
+mod config;
+
+use std::collections::{HashMap, VecDeque};
+
+use rand_chacha::ChaCha20Rng;
+use rand_core::{RngCore, SeedableRng};
+
+pub use config::{ConfigError, SamplerConfig};
+
+/// Why no token could be sampled.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplerError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The logits row is empty.
+    #[error("empty logits row")]
+    EmptyLogits,
+    /// Every logit is NaN or infinite (after penalties).
+    #[error("no finite logit among {n_vocab} (all NaN or infinite)")]
+    NoFiniteLogits {
+        /// Length of the logits row.
+        n_vocab: usize,
+    },
+}
+
+/// One candidate token during filtering.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Candidate {
+    id: u32,
+    logit: f32,
+}
+
+/// The candidate order: higher logit first, then lower id first. A total order on
+/// finite logits, so every sort and selection is deterministic.
+#[inline]
+fn by_logit_desc(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
+}
+
+/// Sorts the `k` best candidates (in [`by_logit_desc`] order) to the front.
+fn sort_prefix(cands: &mut [Candidate], k: usize) {
+    let k = k.min(cands.len());
+    if k == 0 {
+        return;
+    }
+    if k < cands.len() {
+        cands.select_nth_unstable_by(k - 1, by_logit_desc);
+    }
+    cands[..k].sort_unstable_by(by_logit_desc);
+}
+
+/// Top-p never needs more than this many sorted candidates in the common case; when it
+/// does, the rest is sorted too (the result is the same as sorting everything).
+const TOP_P_FIRST_SORT: usize = 256;
+
+/// A seeded sampler with a window of recent tokens for the penalties.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    config: SamplerConfig,
+    rng: ChaCha20Rng,
+    /// The last `penalty_last_n` accepted tokens, oldest first.
+    recent: VecDeque<u32>,
+    /// Occurrences of each token in `recent`.
+    counts: HashMap<u32, u32>,
+    /// Reused candidate buffer (no allocation per token after the first).
+    cands: Vec<Candidate>,
+}
+
+impl Sampler {
+    /// A sampler for `config` (validated) with its generator seeded from `config.seed`.
+    pub fn new(config: SamplerConfig) -> Result<Sampler, SamplerError> {
+        config.validate()?;
+        Ok(Sampler {
+            rng: ChaCha20Rng::seed_from_u64(config.seed),
+            recent: VecDeque::with_capacity(config.penalty_last_n.min(1 << 16)),
+            counts: HashMap::new(),
+            cands: Vec::new(),
+            config,
+        })
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.config
+    }
+
+    /// Records an accepted token (prompt or generated) in the penalty window; the
+    /// oldest token leaves once the window holds `penalty_last_n`. `sample` does not
+    /// call this itself: call it for every token that enters the sequence, or use
+    /// [`Sampler::sample_and_accept`].
+    pub fn accept(&mut self, token: u32) {
+        let window = self.config.penalty_last_n;
+        if window == 0 {
+            return;
+        }
+        if self.recent.len() >= window {
+            if let Some(old) = self.recent.pop_front() {
+                if let Some(c) = self.counts.get_mut(&old) {
+                    *c -= 1;
+                    if *c == 0 {
+                        self.counts.remove(&old);
+                    }
+                }
+            }
+        }
+        self.recent.push_back(token);
+        *self.counts.entry(token).or_insert(0) += 1;
+    }
+
+    /// [`Sampler::accept`] for each token in order (e.g. the prompt).
+    pub fn accept_all(&mut self, tokens: &[u32]) {
+        for &t in tokens {
+            self.accept(t);
+        }
+    }
+
+    /// The penalty window, oldest first.
+    pub fn recent_tokens(&self) -> Vec<u32> {
+        self.recent.iter().copied().collect()
+    }
+
+    /// Empties the penalty window and reseeds the generator from `config.seed`, so the
+    /// sampler behaves as if freshly built.
+    pub fn reset(&mut self) {
+        self.recent.clear();
+        self.counts.clear();
+        self.rng = ChaCha20Rng::seed_from_u64(self.config.seed);
+    }
+
+    /// Applies the repetition, frequency and presence penalties to `logits` in place,
+    /// llama.cpp's way: for each token with `count > 0` occurrences in the window
+    /// (ids beyond `logits` are ignored), a logit `<= 0` is multiplied by
+    /// `repeat_penalty` and a positive one divided by it, then
+    /// `count·frequency_penalty + presence_penalty` is subtracted. Other logits are
+    /// untouched. Does nothing when the penalties are off.
+    pub fn apply_penalties(&self, logits: &mut [f32]) {
+        if !self.config.penalties_enabled() {
+            return;
+        }
+        let c = &self.config;
+        for (&token, &count) in &self.counts {
+            let Some(logit) = logits.get_mut(token as usize) else {
+                continue;
+            };
+            if *logit <= 0.0 {
+                *logit *= c.repeat_penalty;
+            } else {
+                *logit /= c.repeat_penalty;
+            }
+            *logit -= count as f32 * c.frequency_penalty + c.presence_penalty;
+        }
+    }
+
+    /// The candidate ids `sample` would draw from for these logits (penalties, then
+    /// top-k, top-p and min-p), best first. `logits` are not modified. With
+    /// temperature 0 this is the single argmax token.
+    pub fn filtered_candidates(&self, logits: &[f32]) -> Result<Vec<u32>, SamplerError> {
+        let mut penalised = logits.to_vec();
+        self.apply_penalties(&mut penalised);
+        if self.config.is_greedy() {
+            return Ok(vec![argmax(&penalised)?]);
+        }
+        let mut cands = Vec::new();
+        let sorted = filter(&self.config, &penalised, &mut cands)?;
+        if !sorted {
+            cands.sort_unstable_by(by_logit_desc);
+        }
+        Ok(cands.iter().map(|c| c.id).collect())
+    }
+
+    /// Picks the next token from `logits` (one row, `n_vocab` values).
+    ///
+    /// The penalties are applied to `logits` in place first (the caller's row is
+    /// modified). Then, with temperature 0, the highest logit wins (lowest id on ties)
+    /// and no random number is used. Otherwise, over the finite logits: top-k, top-p,
+    /// min-p, division by the temperature, softmax, and a draw from the ChaCha20
+    /// generator (exactly one random number per call). NaN and infinite logits are
+    /// never chosen.
+    ///
+    /// Does not record the token; see [`Sampler::accept`].
+    pub fn sample(&mut self, logits: &mut [f32]) -> Result<u32, SamplerError> {
+        if logits.is_empty() {
+            return Err(SamplerError::EmptyLogits);
+        }
+        self.apply_penalties(logits);
+        if self.config.is_greedy() {
+            return argmax(logits);
+        }
+        let mut cands = std::mem::take(&mut self.cands);
+        let result = filter(&self.config, logits, &mut cands).map(|_| {
+            let temperature = self.config.temperature;
+            for c in cands.iter_mut() {
+                c.logit /= temperature;
+            }
+            draw(&cands, uniform_f64(&mut self.rng))
+        });
+        self.cands = cands;
+        result
+    }
+
+    /// [`Sampler::sample`] followed by [`Sampler::accept`] of the chosen token.
+    pub fn sample_and_accept(&mut self, logits: &mut [f32]) -> Result<u32, SamplerError> {
+        let token = self.sample(logits)?;
+        self.accept(token);
+        Ok(token)
+    }
+}
+
+/// Highest finite logit, lowest id on ties.
+fn argmax(logits: &[f32]) -> Result<u32, SamplerError> {
+    if logits.is_empty() {
+        return Err(SamplerError::EmptyLogits);
+    }
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if !l.is_finite() {
+            continue;
+        }
+        match best {
+            Some((_, b)) if l <= b => {}
+            _ => best = Some((i, l)),
+        }
+    }
+    best.map(|(i, _)| i as u32)
+        .ok_or(SamplerError::NoFiniteLogits {
+            n_vocab: logits.len(),
+        })
+}
+
+/// Fills `cands` with the finite logits and applies top-k, top-p and min-p. Returns
+/// whether `cands` ended up sorted best first.
+fn filter(
+    config: &SamplerConfig,
+    logits: &[f32],
+    cands: &mut Vec<Candidate>,
+) -> Result<bool, SamplerError> {
+    if logits.is_empty() {
+        return Err(SamplerError::EmptyLogits);
+    }
+    cands.clear();
+    cands.extend(
+        logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_finite())
+            .map(|(i, &logit)| Candidate {
+                id: i as u32,
+                logit,
+            }),
+    );
+    if cands.is_empty() {
+        return Err(SamplerError::NoFiniteLogits {
+            n_vocab: logits.len(),
+        });
+    }
+    let mut sorted = false;
+
+    // Top-k: the k best by (logit desc, id asc).
+    if config.top_k > 0 && config.top_k < cands.len() {
+        sort_prefix(cands, config.top_k);
+        cands.truncate(config.top_k);
+        sorted = true;
+    } else if config.top_k > 0 {
+        cands.sort_unstable_by(by_logit_desc);
+        sorted = true;
+    }
+
+    // Top-p: softmax over the current set (f32, as llama.cpp), then the shortest
+    // best-first prefix whose cumulative probability reaches top_p (at least one).
+    if config.top_p < 1.0 {
+        let max = cands
+            .iter()
+            .map(|c| c.logit)
+            .fold(f32::NEG_INFINITY, f32::max);
+        let mut total = 0.0f32;
+        for c in cands.iter() {
+            total += (c.logit - max).exp();
+        }
+        let mut n_sorted = if sorted {
+            cands.len()
+        } else {
+            let k = TOP_P_FIRST_SORT.min(cands.len());
+            sort_prefix(cands, k);
+            k
+        };
+        let mut cum = 0.0f32;
+        let mut keep = cands.len();
+        let mut i = 0;
+        while i < cands.len() {
+            if i == n_sorted {
+                // The sorted prefix did not reach top_p: sort the remainder too.
+                cands[n_sorted..].sort_unstable_by(by_logit_desc);
+                n_sorted = cands.len();
+            }
+            cum += (cands[i].logit - max).exp() / total;
+            if cum >= config.top_p {
+                keep = i + 1;
+                break;
+            }
+            i += 1;
+        }
+        // Either the loop broke inside the sorted prefix or it sorted everything.
+        cands.truncate(keep);
+        sorted = true;
+    }
+
+    // Min-p: keep logits within ln(min_p) of the best (p_i >= min_p·p_max).
+    if config.min_p > 0.0 {
+        let max = cands
+            .iter()
+            .map(|c| c.logit)
+            .fold(f32::NEG_INFINITY, f32::max);
+        let min_logit = max + config.min_p.ln();
+        cands.retain(|c| c.logit >= min_logit);
+    }
+    Ok(sorted)
+}
+
+/// A uniform double in `[0, 1)` from the top 53 bits of one 64-bit output.
+fn uniform_f64(rng: &mut ChaCha20Rng) -> f64 {
+    (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// Softmax over the candidates' logits and inverse-CDF selection with `u` in
+/// `[0, 1)`: the first candidate whose running probability mass reaches `u·total`.
+/// Exponentials in f32 (as llama.cpp), sums in f64. `cands` is non-empty.
+fn draw(cands: &[Candidate], u: f64) -> u32 {
+    let max = cands
+        .iter()
+        .map(|c| c.logit)
+        .fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::INFINITY {
+        // A tiny temperature overflowed the best logits to +∞: they share all the mass
+        // and the limit of the distribution is a pick among them; take the first.
+        if let Some(c) = cands.iter().find(|c| c.logit == f32::INFINITY) {
+            return c.id;
+        }
+    }
+    let total: f64 = cands.iter().map(|c| f64::from((c.logit - max).exp())).sum();
+    let target = total * u;
+    let mut running = 0.0f64;
+    for c in cands {
+        let p = f64::from((c.logit - max).exp());
+        running += p;
+        // `p > 0` keeps a zero-probability candidate from being picked when u = 0.
+        if running >= target && p > 0.0 {
+            return c.id;
+        }
+    }
+    // Rounding left the target above the running sum: take the last likely candidate.
+    cands
+        .iter()
+        .rev()
+        .find(|c| (c.logit - max).exp() > 0.0)
+        .unwrap_or(&cands[0])
+        .id
+}
+
+/// Log-sum-exp of the non-NaN logits in f64, or `None` if there are none.
+fn log_sum_exp(logits: &[f32]) -> Option<f64> {
+    let max = logits
+        .iter()
+        .filter(|l| !l.is_nan())
+        .map(|&l| f64::from(l))
+        .fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        // Empty, all NaN, or all −∞: no distribution.
+        return None;
+    }
+    if max == f64::INFINITY {
+        return Some(f64::INFINITY);
+    }
+    let sum: f64 = logits
+        .iter()
+        .filter(|l| !l.is_nan())
+        .map(|&l| (f64::from(l) - max).exp())
+        .sum();
+    Some(max + sum.ln())
+}
+
+/// The `k` most likely tokens with their log-probabilities under `softmax(logits)`,
+/// best first (equal logits: lower id first). Computed in f64; NaN logits are skipped,
+/// −∞ logits have log-probability −∞. Empty if there is no distribution (empty row,
+/// all NaN or all −∞).
+pub fn log_softmax_top(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let Some(lse) = log_sum_exp(logits) else {
+        return Vec::new();
+    };
+    let mut cands: Vec<Candidate> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| !l.is_nan())
+        .map(|(i, &logit)| Candidate {
+            id: i as u32,
+            logit,
+        })
+        .collect();
+    sort_prefix(&mut cands, k);
+    cands.truncate(k);
+    cands
+        .iter()
+        .map(|c| (c.id, (f64::from(c.logit) - lse) as f32))
+        .collect()
+}
+
+/// Log-probability of token `id` under `softmax(logits)`, computed in f64. `None` when
+/// `id` is out of range, its logit is NaN, or there is no distribution.
+pub fn log_prob(logits: &[f32], id: u32) -> Option<f32> {
+    let logit = *logits.get(id as usize)?;
+    if logit.is_nan() {
+        return None;
+    }
+    let lse = log_sum_exp(logits)?;
+    Some((f64::from(logit) - lse) as f32)
+}

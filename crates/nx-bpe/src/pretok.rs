@@ -1,0 +1,487 @@
+//! Pre-tokenizers of byte-level BPE vocabularies: hand-written splitters equivalent to the
+//! regexes named by `tokenizer.ggml.pre`, including the reference's edge-case behaviour.
+//!
+//! A splitter cuts a text fragment into pieces; BPE merges never cross a piece boundary.
+//! Each splitter walks the code points once, looking at most one code point ahead except
+//! over runs of white space. Invalid UTF-8 bytes are code points of no class (like the
+//! U+FFFD they would decode to), so byte-level BPE can still encode them.
+//!
+//! The regexes (from the models' `tokenizer.json`):
+//! - `gpt2`:   `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+//! - `llama3`: `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+//! - `qwen2`:  the `llama3` pattern with `\p{N}` (one digit per piece) instead of `\p{N}{1,3}`.
+//! - `default`: four patterns applied in sequence, each splitting the pieces of the one
+//!   before: `[\p{P}\$\+<=>\^~\|]+`, the `gpt2` pattern, `\p{N}+`, `[0-9][0-9][0-9]`.
+//!
+//! Where the reference's splitters deviate from a true regex engine (the `\s*[\r\n]+`
+//! alternative takes all white space up to the last CR/LF of a run; a lone trailing space
+//! is its own piece), these splitters follow the reference, because token ids must match.
+
+use crate::unicode::{class_of, decode_at, DEFINED, LETTER, NUMBER, PUNCT, WHITESPACE};
+
+/// Names accepted in `tokenizer.ggml.pre`, for error messages.
+pub const SUPPORTED_NAMES: &str = "\"qwen2\", \"deepseek-r1-qwen\", \"megrez\", \"stablelm2\", \
+\"llama3\", \"llama-v3\", \"llama-bpe\", \"falcon3\", \"dbrx\", \"smaug-bpe\", \
+\"gpt-2\", \"phi-2\", \"mpt\", \"olmo\", \"default\"";
+
+/// Which splitting rules a byte-level BPE vocabulary uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreTokenizer {
+    /// GPT-2's pattern.
+    Gpt2,
+    /// Llama 3's pattern (digits in groups of up to three).
+    Llama3,
+    /// Qwen2's pattern (one digit per piece).
+    Qwen2,
+    /// The reference's fallback sequence of four patterns.
+    Default,
+}
+
+/// What a `tokenizer.ggml.pre` name selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PreTokenizerConfig {
+    pub pre: PreTokenizer,
+    /// A piece that is itself a vocabulary token is emitted whole, without merging.
+    pub ignore_merges: bool,
+    /// Whether BOS is added by default (before `tokenizer.ggml.add_bos_token` overrides it).
+    pub add_bos_default: bool,
+}
+
+impl PreTokenizer {
+    /// Maps a `tokenizer.ggml.pre` value (the names the reference accepts for these four
+    /// splitters) to its configuration; `None` for any other name.
+    pub fn from_name(name: &str) -> Option<PreTokenizerConfig> {
+        let cfg = |pre, ignore_merges, add_bos_default| PreTokenizerConfig {
+            pre,
+            ignore_merges,
+            add_bos_default,
+        };
+        Some(match name {
+            "qwen2" | "deepseek-r1-qwen" | "megrez" | "stablelm2" => {
+                cfg(PreTokenizer::Qwen2, false, false)
+            }
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" => {
+                cfg(PreTokenizer::Llama3, true, true)
+            }
+            "dbrx" | "smaug-bpe" => cfg(PreTokenizer::Llama3, false, false),
+            "gpt-2" | "phi-2" | "mpt" | "olmo" => cfg(PreTokenizer::Gpt2, false, false),
+            "default" => cfg(PreTokenizer::Default, false, false),
+            _ => return None,
+        })
+    }
+
+    /// A short name for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            PreTokenizer::Gpt2 => "gpt2",
+            PreTokenizer::Llama3 => "llama3",
+            PreTokenizer::Qwen2 => "qwen2",
+            PreTokenizer::Default => "default",
+        }
+    }
+
+    /// Splits `text` into pieces and calls `emit(start, end)` with the byte range of each,
+    /// in order; the pieces cover the text exactly.
+    pub fn split(
+        self,
+        text: &[u8],
+        scratch: &mut SplitScratch,
+        emit: &mut impl FnMut(usize, usize),
+    ) {
+        scratch.decode(text);
+        let s = &*scratch;
+        let n = s.cps.len();
+        let mut to_bytes = |a: usize, b: usize| emit(s.offs[a] as usize, s.offs[b] as usize);
+        match self {
+            PreTokenizer::Gpt2 => split_gpt2(s, 0, n, &mut to_bytes),
+            PreTokenizer::Llama3 => split_llama3_like(s, 0, n, 3, &mut to_bytes),
+            PreTokenizer::Qwen2 => split_llama3_like(s, 0, n, 1, &mut to_bytes),
+            PreTokenizer::Default => split_default(s, 0, n, &mut to_bytes),
+        }
+    }
+}
+
+/// Reusable buffers: the decoded code points, their classes and byte offsets.
+#[derive(Default, Debug)]
+pub struct SplitScratch {
+    cps: Vec<u32>,
+    cls: Vec<u8>,
+    /// Byte offset of each code point, plus one entry for the end of the text.
+    offs: Vec<u32>,
+}
+
+/// Stands for an invalid byte: matches no character test.
+const INVALID_CP: u32 = 0xFFFF_FFFE;
+
+impl SplitScratch {
+    fn decode(&mut self, text: &[u8]) {
+        self.cps.clear();
+        self.cls.clear();
+        self.offs.clear();
+        let mut i = 0;
+        while i < text.len() {
+            let b = text[i];
+            if b < 0x80 {
+                self.cps.push(b as u32);
+                self.cls.push(class_of(b as u32));
+                self.offs.push(i as u32);
+                i += 1;
+                continue;
+            }
+            let (cp, len) = decode_at(text, i);
+            match cp {
+                Some(cp) => {
+                    self.cps.push(cp);
+                    self.cls.push(class_of(cp));
+                }
+                None => {
+                    self.cps.push(INVALID_CP);
+                    self.cls.push(DEFINED);
+                }
+            }
+            self.offs.push(i as u32);
+            i += len;
+        }
+        self.offs.push(text.len() as u32);
+    }
+
+    #[inline]
+    fn class(&self, i: usize, hi: usize) -> u8 {
+        if i < hi {
+            self.cls[i]
+        } else {
+            0
+        }
+    }
+
+    #[inline]
+    fn cp(&self, i: usize, hi: usize) -> u32 {
+        if i < hi {
+            self.cps[i]
+        } else {
+            u32::MAX
+        }
+    }
+}
+
+#[inline]
+fn ascii_lower(cp: u32) -> u32 {
+    if (b'A' as u32..=b'Z' as u32).contains(&cp) {
+        cp + 32
+    } else {
+        cp
+    }
+}
+
+/// Length of an English contraction (`'s 't 'm 'd 're 've 'll`) at `pos`, or 0.
+#[inline]
+fn contraction_len(s: &SplitScratch, pos: usize, hi: usize, case_insensitive: bool) -> usize {
+    if s.cps[pos] != '\'' as u32 || pos + 1 >= hi {
+        return 0;
+    }
+    let fold = |c: u32| if case_insensitive { ascii_lower(c) } else { c };
+    let c1 = fold(s.cps[pos + 1]);
+    if [b's', b't', b'm', b'd'].iter().any(|&x| c1 == x as u32) {
+        return 2;
+    }
+    if pos + 2 < hi {
+        let c2 = fold(s.cps[pos + 2]);
+        let pair = |a: u8, b: u8| c1 == a as u32 && c2 == b as u32;
+        if pair(b'r', b'e') || pair(b'v', b'e') || pair(b'l', b'l') {
+            return 3;
+        }
+    }
+    0
+}
+
+const WS_L_N: u8 = WHITESPACE | LETTER | NUMBER;
+
+/// The Llama 3 / Qwen2 splitter over code points `lo..hi`; `max_digits` is 3 or 1.
+fn split_llama3_like(
+    s: &SplitScratch,
+    lo: usize,
+    hi: usize,
+    max_digits: usize,
+    emit: &mut impl FnMut(usize, usize),
+) {
+    let mut pos = lo;
+    while pos < hi {
+        let start = pos;
+        let c = s.cps[pos];
+        let f = s.cls[pos];
+
+        let k = contraction_len(s, pos, hi, true);
+        if k > 0 {
+            emit(start, pos + k);
+            pos += k;
+            continue;
+        }
+
+        // [^\r\n\p{L}\p{N}]?\p{L}+
+        let is_crlf = c == '\r' as u32 || c == '\n' as u32;
+        if !(is_crlf || f & NUMBER != 0) && (f & LETTER != 0 || s.class(pos + 1, hi) & LETTER != 0)
+        {
+            pos += 1;
+            while s.class(pos, hi) & LETTER != 0 {
+                pos += 1;
+            }
+            emit(start, pos);
+            continue;
+        }
+
+        // \p{N}{1,max_digits}
+        if f & NUMBER != 0 {
+            let mut group = pos;
+            while s.class(pos, hi) & NUMBER != 0 {
+                pos += 1;
+                if pos - group >= max_digits {
+                    emit(group, pos);
+                    group = pos;
+                }
+            }
+            if pos > group {
+                emit(group, pos);
+            }
+            continue;
+        }
+
+        // ' '?[^\s\p{L}\p{N}]+[\r\n]*
+        let f2 = if c == ' ' as u32 {
+            s.class(pos + 1, hi)
+        } else {
+            f
+        };
+        if f2 & WS_L_N == 0 && f != 0 {
+            if c == ' ' as u32 {
+                pos += 1;
+            }
+            while s.class(pos, hi) & WS_L_N == 0 && s.class(pos, hi) != 0 {
+                pos += 1;
+            }
+            while s.cp(pos, hi) == '\r' as u32 || s.cp(pos, hi) == '\n' as u32 {
+                pos += 1;
+            }
+            emit(start, pos);
+            continue;
+        }
+
+        // \s*[\r\n]+ | \s+(?!\S) | \s+
+        let mut n_ws = 0;
+        let mut end_after_crlf = 0;
+        while s.class(pos + n_ws, hi) & WHITESPACE != 0 {
+            let c2 = s.cps[pos + n_ws];
+            if c2 == '\r' as u32 || c2 == '\n' as u32 {
+                end_after_crlf = pos + n_ws + 1;
+            }
+            n_ws += 1;
+        }
+        if end_after_crlf > 0 {
+            pos = end_after_crlf;
+        } else if n_ws > 1 && pos + n_ws < hi {
+            pos += n_ws - 1;
+        } else if n_ws > 0 {
+            pos += n_ws;
+        } else {
+            pos += 1;
+        }
+        emit(start, pos);
+    }
+}
+
+/// The GPT-2 splitter over code points `lo..hi`.
+fn split_gpt2(s: &SplitScratch, lo: usize, hi: usize, emit: &mut impl FnMut(usize, usize)) {
+    let mut pos = lo;
+    while pos < hi {
+        let start = pos;
+        let c = s.cps[pos];
+
+        let k = contraction_len(s, pos, hi, false);
+        if k > 0 {
+            emit(start, pos + k);
+            pos += k;
+            continue;
+        }
+
+        let lead_space = c == ' ' as u32;
+        let f2 = if lead_space {
+            s.class(pos + 1, hi)
+        } else {
+            s.cls[pos]
+        };
+        // ' '?\p{L}+ and ' '?\p{N}+
+        if f2 & LETTER != 0 || f2 & NUMBER != 0 {
+            let class = if f2 & LETTER != 0 { LETTER } else { NUMBER };
+            pos += lead_space as usize;
+            while s.class(pos, hi) & class != 0 {
+                pos += 1;
+            }
+            emit(start, pos);
+            continue;
+        }
+        // ' '?[^\s\p{L}\p{N}]+
+        if f2 & WS_L_N == 0 && f2 != 0 {
+            pos += lead_space as usize;
+            while s.class(pos, hi) & WS_L_N == 0 && s.class(pos, hi) != 0 {
+                pos += 1;
+            }
+            emit(start, pos);
+            continue;
+        }
+        // \s+(?!\S) | \s+
+        let mut n_ws = 0;
+        while s.class(pos + n_ws, hi) & WHITESPACE != 0 {
+            n_ws += 1;
+        }
+        if n_ws > 1 && pos + n_ws < hi {
+            pos += n_ws - 1;
+        } else if n_ws > 0 {
+            pos += n_ws;
+        } else {
+            pos += 1;
+        }
+        emit(start, pos);
+    }
+}
+
+/// Splits `lo..hi` into maximal runs of code points that satisfy `matches` and the gaps
+/// between them, emitting both in order (a regex `X+` used as a splitter).
+fn split_runs(
+    lo: usize,
+    hi: usize,
+    matches: impl Fn(usize) -> bool,
+    emit: &mut impl FnMut(usize, usize),
+) {
+    let mut pos = lo;
+    while pos < hi {
+        let start = pos;
+        let m = matches(pos);
+        while pos < hi && matches(pos) == m {
+            pos += 1;
+        }
+        emit(start, pos);
+    }
+}
+
+/// The reference's `default` sequence of four splitting patterns.
+fn split_default(s: &SplitScratch, lo: usize, hi: usize, emit: &mut impl FnMut(usize, usize)) {
+    // Stage 1: [\p{P}\$\+<=>\^~\|]+
+    let is_stage1 = |i: usize| {
+        let c = s.cps[i];
+        s.cls[i] & PUNCT != 0
+            || [b'$', b'+', b'<', b'=', b'>', b'^', b'~', b'|']
+                .iter()
+                .any(|&x| c == x as u32)
+    };
+    let is_digit = |i: usize| s.cls[i] & NUMBER != 0;
+    let is_ascii_digit = |i: usize| (b'0' as u32..=b'9' as u32).contains(&s.cps[i]);
+    split_runs(lo, hi, is_stage1, &mut |a, b| {
+        split_gpt2(s, a, b, &mut |c, d| {
+            // Stage 3: \p{N}+
+            split_runs(c, d, is_digit, &mut |e, f| {
+                // Stage 4: [0-9][0-9][0-9], leftmost non-overlapping matches.
+                let mut gap_start = e;
+                let mut i = e;
+                while i + 3 <= f {
+                    if is_ascii_digit(i) && is_ascii_digit(i + 1) && is_ascii_digit(i + 2) {
+                        if i > gap_start {
+                            emit(gap_start, i);
+                        }
+                        emit(i, i + 3);
+                        i += 3;
+                        gap_start = i;
+                    } else {
+                        i += 1;
+                    }
+                }
+                if f > gap_start {
+                    emit(gap_start, f);
+                }
+            })
+        })
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pieces(pre: PreTokenizer, text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut scratch = SplitScratch::default();
+        pre.split(text.as_bytes(), &mut scratch, &mut |a, b| {
+            out.push(text[a..b].to_string())
+        });
+        out
+    }
+
+    #[test]
+    fn llama3_groups_digits_by_three_and_keeps_contractions() {
+        assert_eq!(
+            pieces(PreTokenizer::Llama3, "I'VE 12345 cats"),
+            ["I", "'VE", " ", "123", "45", " cats"]
+        );
+        assert_eq!(
+            pieces(PreTokenizer::Qwen2, "ab 123"),
+            ["ab", " ", "1", "2", "3"]
+        );
+    }
+
+    #[test]
+    fn llama3_whitespace_rules() {
+        // \s*[\r\n]+ takes the white space up to the last newline of the run.
+        assert_eq!(
+            pieces(PreTokenizer::Llama3, "a \n\n  b"),
+            ["a", " \n\n", " ", " b"]
+        );
+        // \s+(?!\S) leaves the last space to prefix the next word.
+        assert_eq!(pieces(PreTokenizer::Llama3, "a   b"), ["a", "  ", " b"]);
+        // Trailing white space is one piece.
+        assert_eq!(pieces(PreTokenizer::Llama3, "a   "), ["a", "   "]);
+        // Punctuation takes an optional leading space and trailing newlines.
+        assert_eq!(
+            pieces(PreTokenizer::Llama3, "x !!\n\ny"),
+            ["x", " !!\n\n", "y"]
+        );
+    }
+
+    #[test]
+    fn gpt2_rules() {
+        assert_eq!(
+            pieces(PreTokenizer::Gpt2, "Hello world's 42!!"),
+            ["Hello", " world", "'s", " 42", "!!"]
+        );
+        // Case-sensitive contractions: 'S is not one.
+        assert_eq!(pieces(PreTokenizer::Gpt2, "IT'S"), ["IT", "'", "S"]);
+        assert_eq!(pieces(PreTokenizer::Gpt2, "a  \n b"), ["a", "  \n", " b"]);
+    }
+
+    #[test]
+    fn default_sequence() {
+        assert_eq!(
+            pieces(PreTokenizer::Default, "x=1234567;"),
+            ["x", "=", "123", "456", "7", ";"]
+        );
+    }
+
+    #[test]
+    fn invalid_bytes_are_kept_in_pieces() {
+        let text = b"ab\xFF\xFEcd";
+        let mut out = Vec::new();
+        let mut scratch = SplitScratch::default();
+        PreTokenizer::Qwen2.split(text, &mut scratch, &mut |a, b| {
+            out.push(text[a..b].to_vec())
+        });
+        assert_eq!(out.concat(), text.to_vec());
+        assert_eq!(out, [b"ab".to_vec(), b"\xFF\xFE".to_vec(), b"cd".to_vec()]);
+    }
+
+    #[test]
+    fn names_map_to_splitters() {
+        assert_eq!(
+            PreTokenizer::from_name("qwen2").unwrap().pre,
+            PreTokenizer::Qwen2
+        );
+        assert!(PreTokenizer::from_name("llama-bpe").unwrap().ignore_merges);
+        assert!(PreTokenizer::from_name("no-such-pre").is_none());
+    }
+}

@@ -1,0 +1,55 @@
+//! Row conversions between f32 and the 16-bit float formats (IEEE f16, bfloat16).
+//!
+//! Narrowing rounds to nearest, ties to even (as ggml's `FP32_TO_FP16` with F16C and its
+//! `FP32_TO_BF16` do). Conversions go through `half`'s slice routines, which use the
+//! hardware converters when the CPU has them. Mismatched lengths are a caller bug: a
+//! `debug_assert!` in debug builds, the common prefix otherwise.
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+
+/// `dst[i] = f32(src[i])`.
+pub fn f16_to_f32_row(src: &[f16], dst: &mut [f32]) {
+    debug_assert_eq!(src.len(), dst.len(), "f16_to_f32_row: length mismatch");
+    let n = src.len().min(dst.len());
+    src[..n].convert_to_f32_slice(&mut dst[..n]);
+}
+
+/// `dst[i] = f16(src[i])`, round to nearest even.
+pub fn f32_to_f16_row(src: &[f32], dst: &mut [f16]) {
+    debug_assert_eq!(src.len(), dst.len(), "f32_to_f16_row: length mismatch");
+    let n = src.len().min(dst.len());
+    dst[..n].convert_from_f32_slice(&src[..n]);
+}
+
+/// `dst[i] = f32(src[i])` for bfloat16 (exact).
+pub fn bf16_to_f32_row(src: &[bf16], dst: &mut [f32]) {
+    debug_assert_eq!(src.len(), dst.len(), "bf16_to_f32_row: length mismatch");
+    let n = src.len().min(dst.len());
+    src[..n].convert_to_f32_slice(&mut dst[..n]);
+}
+
+/// `dst[i] = bf16(src[i])`, round to nearest even.
+pub fn f32_to_bf16_row(src: &[f32], dst: &mut [bf16]) {
+    debug_assert_eq!(src.len(), dst.len(), "f32_to_bf16_row: length mismatch");
+    let n = src.len().min(dst.len());
+    dst[..n].convert_from_f32_slice(&src[..n]);
+}
+
+/// Decodes little-endian f16 bytes (e.g. a GGUF F16 row) to f32. Uses
+/// `min(bytes.len() / 2, dst.len())` elements.
+pub fn f16_le_bytes_to_f32_row(bytes: &[u8], dst: &mut [f32]) {
+    debug_assert_eq!(bytes.len(), dst.len() * 2, "f16 bytes: length mismatch");
+    for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(2)) {
+        *d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+    }
+}
+
+/// Decodes little-endian bf16 bytes (e.g. a GGUF BF16 row) to f32. Uses
+/// `min(bytes.len() / 2, dst.len())` elements.
+pub fn bf16_le_bytes_to_f32_row(bytes: &[u8], dst: &mut [f32]) {
+    debug_assert_eq!(bytes.len(), dst.len() * 2, "bf16 bytes: length mismatch");
+    for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(2)) {
+        *d = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+    }
+}

@@ -1,0 +1,247 @@
+//! Scalar reference kernels: the portable definitions every SIMD twin is tested against.
+//!
+//! Every function here has a fixed reduction order that depends only on the slice
+//! lengths, never on how a caller splits its work. The public functions in the crate
+//! root call these today; a SIMD tier can later be dispatched in front of them without
+//! changing any caller.
+//!
+//! Length mismatches are programming errors: they trip a `debug_assert!` in debug
+//! builds and, in release builds, the kernels work on the common prefix (zipped
+//! iterators), so a mismatch can never read or write out of bounds.
+
+use half::f16;
+
+/// Number of independent accumulators in [`dot`] and [`dot_f16`].
+///
+/// Eight lanes mirror one AVX2 register: lane `l` sums the products at indices
+/// `i ≡ l (mod 8)` in increasing `i`, then the lanes are combined as
+/// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, then the tail (`len % 8` elements) is added
+/// in order. Independent lanes also let the compiler vectorise the loop without
+/// reassociating anything.
+pub const DOT_LANES: usize = 8;
+
+#[inline(always)]
+fn combine_lanes(acc: [f32; DOT_LANES]) -> f32 {
+    let s0 = acc[0] + acc[4];
+    let s1 = acc[1] + acc[5];
+    let s2 = acc[2] + acc[6];
+    let s3 = acc[3] + acc[7];
+    (s0 + s2) + (s1 + s3)
+}
+
+/// `Σ a[i]·b[i]` with the lane order described at [`DOT_LANES`].
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len(), "dot: length mismatch");
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; DOT_LANES];
+    let a_chunks = a.chunks_exact(DOT_LANES);
+    let b_chunks = b.chunks_exact(DOT_LANES);
+    let (a_tail, b_tail) = (a_chunks.remainder(), b_chunks.remainder());
+    for (ca, cb) in a_chunks.zip(b_chunks) {
+        for l in 0..DOT_LANES {
+            acc[l] += ca[l] * cb[l];
+        }
+    }
+    let mut sum = combine_lanes(acc);
+    for (x, y) in a_tail.iter().zip(b_tail) {
+        sum += x * y;
+    }
+    sum
+}
+
+/// `Σ a[i]·f32(b[i])` for an f16 row, in exactly the order of [`dot`].
+#[inline]
+pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+    debug_assert_eq!(a.len(), b.len(), "dot_f16: length mismatch");
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; DOT_LANES];
+    let a_chunks = a.chunks_exact(DOT_LANES);
+    let b_chunks = b.chunks_exact(DOT_LANES);
+    let (a_tail, b_tail) = (a_chunks.remainder(), b_chunks.remainder());
+    for (ca, cb) in a_chunks.zip(b_chunks) {
+        for l in 0..DOT_LANES {
+            acc[l] += ca[l] * cb[l].to_f32();
+        }
+    }
+    let mut sum = combine_lanes(acc);
+    for (x, y) in a_tail.iter().zip(b_tail) {
+        sum += x * y.to_f32();
+    }
+    sum
+}
+
+/// `y[i] += alpha·x[i]` (a multiply then an add, never fused).
+#[inline]
+pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    debug_assert_eq!(y.len(), x.len(), "axpy: length mismatch");
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += alpha * xi;
+    }
+}
+
+/// `y[i] += alpha·f32(x[i])` for an f16 row.
+#[inline]
+pub fn axpy_f16(y: &mut [f32], alpha: f32, x: &[f16]) {
+    debug_assert_eq!(y.len(), x.len(), "axpy_f16: length mismatch");
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += alpha * xi.to_f32();
+    }
+}
+
+/// `x[i] *= s`.
+#[inline]
+pub fn scale(x: &mut [f32], s: f32) {
+    for xi in x.iter_mut() {
+        *xi *= s;
+    }
+}
+
+/// `acc[i] += x[i]`.
+#[inline]
+pub fn add_in_place(acc: &mut [f32], x: &[f32]) {
+    debug_assert_eq!(acc.len(), x.len(), "add_in_place: length mismatch");
+    for (a, xi) in acc.iter_mut().zip(x) {
+        *a += xi;
+    }
+}
+
+/// `acc[i] *= x[i]`.
+#[inline]
+pub fn mul_in_place(acc: &mut [f32], x: &[f32]) {
+    debug_assert_eq!(acc.len(), x.len(), "mul_in_place: length mismatch");
+    for (a, xi) in acc.iter_mut().zip(x) {
+        *a *= xi;
+    }
+}
+
+/// The RMSNorm scale `1 / sqrt(mean(x²) + eps)`.
+///
+/// Arithmetic as in ggml's CPU `rms_norm`: each square is rounded to f32, the squares
+/// are summed in f64 in index order, the mean is rounded to f32, and the reciprocal
+/// square root is taken in f32.
+#[inline]
+pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    if x.is_empty() {
+        return 0.0;
+    }
+    let mut sum = 0.0f64;
+    for &xi in x {
+        sum += f64::from(xi * xi);
+    }
+    let mean = (sum / x.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}
+
+/// `out[i] = (x[i]·s)·weight[i]` with `s = `[`rms_scale`]`(x, eps)`.
+#[inline]
+pub fn rmsnorm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
+    debug_assert_eq!(out.len(), x.len(), "rmsnorm: out/x length mismatch");
+    debug_assert_eq!(weight.len(), x.len(), "rmsnorm: weight/x length mismatch");
+    let s = rms_scale(x, eps);
+    for ((o, &xi), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = xi * s * w;
+    }
+}
+
+/// [`rmsnorm`] writing back into `x`.
+#[inline]
+pub fn rmsnorm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    debug_assert_eq!(weight.len(), x.len(), "rmsnorm_in_place: length mismatch");
+    let s = rms_scale(x, eps);
+    for (xi, &w) in x.iter_mut().zip(weight) {
+        *xi = *xi * s * w;
+    }
+}
+
+/// Softmax in place: subtract the maximum, exponentiate in f32, sum in f64 in index
+/// order, multiply by the f32 reciprocal of the sum (as ggml's `soft_max` does).
+///
+/// An empty slice is left alone. If every element is −∞ (nothing to attend to) the
+/// slice is filled with zeros rather than NaN.
+#[inline]
+pub fn softmax_in_place(x: &mut [f32]) {
+    if x.is_empty() {
+        return;
+    }
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        x.fill(0.0);
+        return;
+    }
+    let mut sum = 0.0f64;
+    for xi in x.iter_mut() {
+        let e = (*xi - max).exp();
+        *xi = e;
+        sum += f64::from(e);
+    }
+    let inv = (1.0 / sum) as f32;
+    scale(x, inv);
+}
+
+/// SiLU: `x / (1 + e^(−x))`, the form ggml uses.
+#[inline(always)]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `sqrt(2/π)` rounded to f32.
+pub const SQRT_2_OVER_PI: f32 = 0.797_884_560_802_865_4_f64 as f32;
+/// The cubic coefficient of the tanh GELU approximation.
+pub const GELU_COEF_A: f32 = 0.044715;
+
+/// GELU, tanh approximation: `0.5·x·(1 + tanh(sqrt(2/π)·x·(1 + 0.044715·x²)))`, with
+/// the operations in the order ggml's `ggml_gelu_f32` writes them.
+#[inline(always)]
+pub fn gelu_tanh(x: f32) -> f32 {
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+}
+
+/// `out[i] = silu(gate[i])·up[i]`.
+#[inline]
+pub fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    debug_assert_eq!(out.len(), gate.len(), "swiglu: out/gate length mismatch");
+    debug_assert_eq!(out.len(), up.len(), "swiglu: out/up length mismatch");
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = silu(g) * u;
+    }
+}
+
+/// `out[i] = gelu_tanh(gate[i])·up[i]`.
+#[inline]
+pub fn geglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    debug_assert_eq!(out.len(), gate.len(), "geglu: out/gate length mismatch");
+    debug_assert_eq!(out.len(), up.len(), "geglu: out/up length mismatch");
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = gelu_tanh(g) * u;
+    }
+}
+
+/// Rotates adjacent pairs `(x[2i], x[2i+1])` by the angle whose cosine and sine are
+/// `cos[i]`, `sin[i]`. Pairs beyond `cos.len()` are left alone.
+#[inline]
+pub fn rotate_adjacent_pairs(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    for ((pair, &c), &s) in x.chunks_exact_mut(2).zip(cos).zip(sin) {
+        let (x0, x1) = (pair[0], pair[1]);
+        pair[0] = x0 * c - x1 * s;
+        pair[1] = x0 * s + x1 * c;
+    }
+}
+
+/// Rotates the pairs `(x[i], x[i+half])`, `half = cos.len()`, for `i < half`
+/// (NeoX layout). Requires `x.len() >= 2·half`; otherwise only the pairs that fit are
+/// rotated.
+#[inline]
+pub fn rotate_half_pairs(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    debug_assert_eq!(cos.len(), sin.len());
+    let half = cos.len().min(sin.len()).min(x.len() / 2);
+    let (lo, rest) = x.split_at_mut(half);
+    let hi = &mut rest[..half];
+    for (((a, b), &c), &s) in lo.iter_mut().zip(hi.iter_mut()).zip(cos).zip(sin) {
+        let (x0, x1) = (*a, *b);
+        *a = x0 * c - x1 * s;
+        *b = x0 * s + x1 * c;
+    }
+}

@@ -1,0 +1,764 @@
+//! Kernel tests: each nx-f32 kernel against a straightforward f64 reference, plus the
+//! properties the forward pass relies on (softmax sums to one, RoPE preserves norms and
+//! is the identity at position 0, attention is independent of how many rows follow).
+
+use nx_f32::*;
+use proptest::prelude::*;
+
+/// Deterministic pseudo-random values in [-1, 1) (SplitMix64), so tests need no RNG crate.
+fn values(seed: u64, n: usize) -> Vec<f32> {
+    let mut state = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn assert_close(got: f32, want: f64, tol: f64, what: &str) {
+    let err = (f64::from(got) - want).abs();
+    assert!(
+        err <= tol * want.abs().max(1.0),
+        "{what}: got {got}, want {want}, err {err}"
+    );
+}
+
+fn norm64(x: &[f32]) -> f64 {
+    x.iter()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum::<f64>()
+        .sqrt()
+}
+
+// ---------------------------------------------------------------- vector basics
+
+#[test]
+fn dot_matches_f64_reference_for_many_lengths() {
+    for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 64, 100, 255, 256, 1000] {
+        let a = values(n as u64, n);
+        let b = values(1000 + n as u64, n);
+        let want: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(&x, &y)| f64::from(x) * f64::from(y))
+            .sum();
+        assert_close(dot(&a, &b), want, 1e-5, &format!("dot n={n}"));
+    }
+}
+
+#[test]
+fn dot_f16_equals_dot_on_the_widened_row() {
+    for n in [1usize, 8, 13, 64, 256] {
+        let a = values(3, n);
+        let b16: Vec<f16> = values(4, n).iter().map(|&v| f16::from_f32(v)).collect();
+        let b32: Vec<f32> = b16.iter().map(|v| v.to_f32()).collect();
+        assert_eq!(
+            dot_f16(&a, &b16).to_bits(),
+            dot(&a, &b32).to_bits(),
+            "n={n}"
+        );
+    }
+}
+
+#[test]
+fn axpy_scale_add_mul_match_reference() {
+    let x = values(10, 37);
+    let y0 = values(11, 37);
+    let mut y = y0.clone();
+    axpy(&mut y, 0.375, &x);
+    for i in 0..37 {
+        assert_close(
+            y[i],
+            f64::from(y0[i]) + 0.375 * f64::from(x[i]),
+            1e-6,
+            "axpy",
+        );
+    }
+    let mut s = x.clone();
+    scale(&mut s, -2.5);
+    for i in 0..37 {
+        assert_eq!(s[i], x[i] * -2.5);
+    }
+    let mut a = y0.clone();
+    add_in_place(&mut a, &x);
+    for i in 0..37 {
+        assert_eq!(a[i], y0[i] + x[i]);
+    }
+    let mut m = y0.clone();
+    mul_in_place(&mut m, &x);
+    for i in 0..37 {
+        assert_eq!(m[i], y0[i] * x[i]);
+    }
+}
+
+// ---------------------------------------------------------------- rmsnorm
+
+fn rmsnorm_ref(x: &[f32], w: &[f32], eps: f64) -> Vec<f64> {
+    let ms = x.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / x.len() as f64;
+    let s = 1.0 / (ms + eps).sqrt();
+    x.iter()
+        .zip(w)
+        .map(|(&v, &wi)| f64::from(v) * s * f64::from(wi))
+        .collect()
+}
+
+#[test]
+fn rmsnorm_matches_f64_reference() {
+    for dim in [1usize, 5, 64, 640, 1024] {
+        let x: Vec<f32> = values(20 + dim as u64, dim)
+            .iter()
+            .map(|v| v * 30.0)
+            .collect();
+        let w = values(21, dim);
+        let mut out = vec![0.0; dim];
+        rmsnorm(&mut out, &x, &w, 1e-6);
+        let want = rmsnorm_ref(&x, &w, 1e-6);
+        for i in 0..dim {
+            assert_close(out[i], want[i], 2e-6, &format!("rmsnorm dim={dim} i={i}"));
+        }
+        let mut inplace = x.clone();
+        rmsnorm_in_place(&mut inplace, &w, 1e-6);
+        assert_eq!(inplace, out, "in-place differs from out-of-place");
+    }
+}
+
+#[test]
+fn rmsnorm_eps_dominates_a_zero_row() {
+    let x = vec![0.0f32; 8];
+    let w = vec![1.0f32; 8];
+    let mut out = vec![1.0; 8];
+    rmsnorm(&mut out, &x, &w, 1e-5);
+    assert!(out.iter().all(|&v| v == 0.0));
+}
+
+#[test]
+fn rmsnorm_rows_equals_row_by_row() {
+    let dim = 48;
+    let n = 5;
+    let x = values(30, n * dim);
+    let w = values(31, dim);
+    let mut out = vec![0.0; n * dim];
+    rmsnorm_rows(&mut out, &x, &w, dim, 1e-5);
+    for r in 0..n {
+        let mut row = vec![0.0; dim];
+        rmsnorm(&mut row, &x[r * dim..(r + 1) * dim], &w, 1e-5);
+        assert_eq!(&out[r * dim..(r + 1) * dim], &row[..]);
+    }
+    let mut inplace = x.clone();
+    rmsnorm_rows_in_place(&mut inplace, &w, dim, 1e-5);
+    assert_eq!(inplace, out);
+}
+
+// ---------------------------------------------------------------- softmax, activations
+
+#[test]
+fn softmax_matches_reference_and_sums_to_one() {
+    let x: Vec<f32> = values(40, 300).iter().map(|v| v * 20.0).collect();
+    let mut p = x.clone();
+    softmax_in_place(&mut p);
+    let max = x
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
+    let z: f64 = x.iter().map(|&v| (f64::from(v) - max).exp()).sum();
+    for i in 0..x.len() {
+        let want = (f64::from(x[i]) - max).exp() / z;
+        assert!((f64::from(p[i]) - want).abs() < 1e-6, "softmax[{i}]");
+    }
+    let total: f64 = p.iter().map(|&v| f64::from(v)).sum();
+    assert!((total - 1.0).abs() < 1e-5, "sum {total}");
+}
+
+#[test]
+fn softmax_is_shift_invariant_and_handles_extremes() {
+    let x = vec![1000.0f32, 999.0, 998.0];
+    let mut p = x.clone();
+    softmax_in_place(&mut p);
+    let mut q = vec![2.0f32, 1.0, 0.0];
+    softmax_in_place(&mut q);
+    assert_eq!(p, q);
+
+    let mut all_masked = vec![f32::NEG_INFINITY; 4];
+    softmax_in_place(&mut all_masked);
+    assert_eq!(all_masked, vec![0.0; 4]);
+
+    let mut partly = vec![0.0f32, f32::NEG_INFINITY];
+    softmax_in_place(&mut partly);
+    assert_eq!(partly, vec![1.0, 0.0]);
+
+    let mut empty: Vec<f32> = vec![];
+    softmax_in_place(&mut empty);
+}
+
+#[test]
+fn silu_and_gelu_match_f64_formulas() {
+    for &x in &[
+        -20.0f32, -5.0, -1.0, -0.1, 0.0, 0.1, 0.5, 1.0, 3.0, 9.9, 20.0,
+    ] {
+        let xd = f64::from(x);
+        assert_close(silu(x), xd / (1.0 + (-xd).exp()), 1e-6, "silu");
+        let g = 0.5
+            * xd
+            * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd.powi(3))).tanh());
+        assert_close(gelu_tanh(x), g, 1e-6, "gelu_tanh");
+    }
+}
+
+#[test]
+fn swiglu_and_geglu_are_elementwise_products() {
+    let gate = values(50, 33);
+    let up = values(51, 33);
+    let mut out = vec![0.0; 33];
+    swiglu(&mut out, &gate, &up);
+    for i in 0..33 {
+        assert_eq!(out[i], silu(gate[i]) * up[i]);
+    }
+    geglu(&mut out, &gate, &up);
+    for i in 0..33 {
+        assert_eq!(out[i], gelu_tanh(gate[i]) * up[i]);
+    }
+    let mut a = gate.clone();
+    silu_in_place(&mut a);
+    let mut b = gate.clone();
+    gelu_tanh_in_place(&mut b);
+    for i in 0..33 {
+        assert_eq!(a[i], silu(gate[i]));
+        assert_eq!(b[i], gelu_tanh(gate[i]));
+    }
+}
+
+#[test]
+fn gelu_table_follows_ggml_rules() {
+    let table = GeluTable::new();
+    assert_eq!(table.gelu(-10.0), 0.0);
+    assert_eq!(table.gelu(-50.0), 0.0);
+    assert_eq!(table.gelu(10.0), 10.0);
+    assert_eq!(table.gelu(12.5), 12.5);
+    for &x in &values(60, 1000) {
+        let x = x * 9.0;
+        // Independent statement of the rule: round the input to f16, evaluate, round.
+        let xr = f64::from(f16::from_f32(x).to_f32());
+        let g = 0.5
+            * xr
+            * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (xr + 0.044715 * xr.powi(3))).tanh());
+        let want = f64::from(f16::from_f64(g).to_f32());
+        let got = f64::from(table.gelu(x));
+        // The f32 formula may land one f16 step away from the f64 one, and for x < -4
+        // its `1 + tanh(..)` cancels, leaving an absolute error of a few f32 ulps of x.
+        assert!(
+            (got - want).abs() <= want.abs() * 1e-3 + 1e-6,
+            "x={x} got {got} want {want}"
+        );
+        // And the table differs from the exact formula by f16 precision at most.
+        assert!(
+            (got - f64::from(gelu_tanh(x))).abs() <= f64::from(gelu_tanh(x)).abs() * 2e-3 + 2e-3
+        );
+    }
+    let gate = [-11.0f32, -1.0, 0.5, 11.0];
+    let up = [f32::NAN, 2.0, 3.0, 4.0];
+    let mut out = [0.0f32; 4];
+    table.geglu(&mut out, &gate, &up);
+    assert_eq!(out[0], 0.0, "below -10 ggml writes a plain zero");
+    assert_eq!(out[1], table.gelu(-1.0) * 2.0);
+    assert_eq!(out[3], 44.0);
+    assert!(std::ptr::eq(GeluTable::shared(), GeluTable::shared()));
+}
+
+// ---------------------------------------------------------------- RoPE
+
+fn rope_ref(
+    x: &[f32],
+    pos: usize,
+    base: f64,
+    rope_dim: usize,
+    neox: bool,
+    ff: Option<&[f32]>,
+) -> Vec<f64> {
+    let mut out: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    let half = rope_dim / 2;
+    for i in 0..half {
+        let mut theta = pos as f64 * base.powf(-2.0 * i as f64 / rope_dim as f64);
+        if let Some(ff) = ff {
+            theta /= f64::from(ff[i]);
+        }
+        let (a, b) = if neox {
+            (i, i + half)
+        } else {
+            (2 * i, 2 * i + 1)
+        };
+        let (x0, x1) = (f64::from(x[a]), f64::from(x[b]));
+        out[a] = x0 * theta.cos() - x1 * theta.sin();
+        out[b] = x0 * theta.sin() + x1 * theta.cos();
+    }
+    out
+}
+
+#[test]
+fn rope_matches_f64_reference() {
+    let head_dim = 64;
+    for &pos in &[0usize, 1, 7, 100, 1000] {
+        for &base in &[10_000.0f32, 1_000_000.0] {
+            let x = values(70 + pos as u64, head_dim);
+            let mut normal = x.clone();
+            rope_normal(&mut normal, pos, base, head_dim, None);
+            let mut neox = x.clone();
+            rope_neox(&mut neox, pos, base, head_dim, None);
+            let want_n = rope_ref(&x, pos, f64::from(base), head_dim, false, None);
+            let want_x = rope_ref(&x, pos, f64::from(base), head_dim, true, None);
+            // f32 angles of size ~pos carry absolute error ~pos·2^-24 (and grow a little
+            // through the repeated multiplication), so the tolerance scales with pos.
+            let tol = 1e-5 + pos as f64 * 4e-7;
+            for i in 0..head_dim {
+                assert!(
+                    (f64::from(normal[i]) - want_n[i]).abs() < tol,
+                    "normal pos={pos} i={i}"
+                );
+                assert!(
+                    (f64::from(neox[i]) - want_x[i]).abs() < tol,
+                    "neox pos={pos} i={i}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_at_position_zero_is_identity() {
+    let x = values(80, 128);
+    let mut a = x.clone();
+    rope_normal(&mut a, 0, 10_000.0, 128, None);
+    assert_eq!(a, x);
+    let mut b = x.clone();
+    rope_neox(&mut b, 0, 10_000.0, 128, None);
+    assert_eq!(b, x);
+}
+
+#[test]
+fn rope_partial_dims_leave_the_tail_alone() {
+    let x = values(81, 96);
+    let mut a = x.clone();
+    rope_normal(&mut a, 17, 10_000.0, 32, None);
+    assert_eq!(&a[32..], &x[32..]);
+    assert_ne!(&a[..32], &x[..32]);
+    let want = rope_ref(&x, 17, 10_000.0, 32, false, None);
+    for i in 0..32 {
+        assert!((f64::from(a[i]) - want[i]).abs() < 1e-5);
+    }
+    let mut b = x.clone();
+    rope_neox(&mut b, 17, 10_000.0, 32, None);
+    assert_eq!(&b[32..], &x[32..]);
+    let want = rope_ref(&x, 17, 10_000.0, 32, true, None);
+    for i in 0..32 {
+        assert!(
+            (f64::from(b[i]) - want[i]).abs() < 1e-5,
+            "neox partial i={i}"
+        );
+    }
+}
+
+#[test]
+fn rope_neox_is_normal_on_interleaved_layout() {
+    // NeoX pairs (i, i+half) are normal pairs (2i, 2i+1) after interleaving; the same
+    // f32 operations run on the same values, so the results agree bit for bit.
+    let head_dim = 32;
+    let half = head_dim / 2;
+    let x = values(82, head_dim);
+    let mut inter = vec![0.0; head_dim];
+    for i in 0..half {
+        inter[2 * i] = x[i];
+        inter[2 * i + 1] = x[i + half];
+    }
+    let mut neox = x.clone();
+    rope_neox(&mut neox, 123, 10_000.0, head_dim, None);
+    rope_normal(&mut inter, 123, 10_000.0, head_dim, None);
+    for i in 0..half {
+        assert_eq!(neox[i], inter[2 * i]);
+        assert_eq!(neox[i + half], inter[2 * i + 1]);
+    }
+}
+
+#[test]
+fn rope_freq_factors_divide_the_angle() {
+    let head_dim = 16;
+    let x = values(83, head_dim);
+    let ones = vec![1.0f32; head_dim / 2];
+    let mut a = x.clone();
+    let mut b = x.clone();
+    rope_normal(&mut a, 50, 500_000.0, head_dim, None);
+    rope_normal(&mut b, 50, 500_000.0, head_dim, Some(&ones));
+    assert_eq!(a, b, "unit factors must change nothing");
+
+    let factors: Vec<f32> = (0..head_dim / 2).map(|i| 1.0 + i as f32).collect();
+    let mut c = x.clone();
+    rope_normal(&mut c, 50, 500_000.0, head_dim, Some(&factors));
+    let want = rope_ref(&x, 50, 500_000.0, head_dim, false, Some(&factors));
+    for i in 0..head_dim {
+        assert!((f64::from(c[i]) - want[i]).abs() < 5e-5, "i={i}");
+    }
+}
+
+#[test]
+fn rope_table_is_bit_identical_to_free_functions() {
+    let head_dim = 64;
+    let n_heads = 3;
+    let factors: Vec<f32> = (0..head_dim / 2).map(|i| 1.0 + 0.25 * i as f32).collect();
+    for ff in [None, Some(&factors[..])] {
+        let mut table = RopeTable::new(head_dim, 10_000.0, ff).unwrap();
+        for &pos in &[0usize, 5, 511, 4096] {
+            table.set_position(pos);
+            assert_eq!(table.position(), Some(pos));
+            for style in [RopeStyle::Normal, RopeStyle::Neox] {
+                let x = values(pos as u64 + 90, n_heads * head_dim);
+                let mut via_table = x.clone();
+                table.apply_heads(&mut via_table, head_dim, style);
+                let mut via_fn = x.clone();
+                for head in via_fn.chunks_exact_mut(head_dim) {
+                    match style {
+                        RopeStyle::Normal => rope_normal(head, pos, 10_000.0, head_dim, ff),
+                        RopeStyle::Neox => rope_neox(head, pos, 10_000.0, head_dim, ff),
+                    }
+                }
+                assert_eq!(via_table, via_fn, "pos={pos} style={style:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_table_rejects_bad_configs() {
+    assert_eq!(
+        RopeTable::new(0, 10_000.0, None).unwrap_err(),
+        RopeError::BadRopeDim(0)
+    );
+    assert_eq!(
+        RopeTable::new(7, 10_000.0, None).unwrap_err(),
+        RopeError::BadRopeDim(7)
+    );
+    assert!(matches!(
+        RopeTable::new(8, f32::NAN, None),
+        Err(RopeError::BadFreqBase(_))
+    ));
+    assert_eq!(
+        RopeTable::new(8, 10_000.0, Some(&[1.0, 1.0])).unwrap_err(),
+        RopeError::FreqFactorsTooShort { need: 4, got: 2 }
+    );
+    assert!(matches!(
+        RopeTable::new(8, 10_000.0, None)
+            .unwrap()
+            .with_freq_scale(0.0),
+        Err(RopeError::BadFreqScale(_))
+    ));
+}
+
+#[test]
+fn rope_linear_scaling_scales_the_angle() {
+    // freq_scale 0.5 at position 2p gives the angles of position p (exact: the angle
+    // recurrence starts from 2p, and halving is exact in binary floating point, but the
+    // repeated products differ, so compare against the f64 reference instead).
+    let head_dim = 32;
+    let x = values(95, head_dim);
+    let mut table = RopeTable::new(head_dim, 10_000.0, None)
+        .unwrap()
+        .with_freq_scale(0.5)
+        .unwrap();
+    table.set_position(200);
+    let mut y = x.clone();
+    table.apply(&mut y, RopeStyle::Normal);
+    let want = rope_ref(&x, 100, 10_000.0, head_dim, false, None);
+    for i in 0..head_dim {
+        assert!((f64::from(y[i]) - want[i]).abs() < 1e-4, "i={i}");
+    }
+}
+
+proptest! {
+    #[test]
+    fn rope_preserves_norm(seed in 0u64..10_000, pos in 0usize..100_000, neox in any::<bool>()) {
+        let x = values(seed, 128);
+        let mut y = x.clone();
+        if neox {
+            rope_neox(&mut y, pos, 1_000_000.0, 128, None);
+        } else {
+            rope_normal(&mut y, pos, 10_000.0, 128, None);
+        }
+        let (n0, n1) = (norm64(&x), norm64(&y));
+        prop_assert!((n0 - n1).abs() <= 1e-5 * n0, "norm {} -> {}", n0, n1);
+    }
+
+    #[test]
+    fn rope_composes_additively(seed in 0u64..1000, a in 0usize..200, b in 0usize..200) {
+        let x = values(seed, 64);
+        let mut ab = x.clone();
+        rope_neox(&mut ab, a, 10_000.0, 64, None);
+        rope_neox(&mut ab, b, 10_000.0, 64, None);
+        let mut direct = x.clone();
+        rope_neox(&mut direct, a + b, 10_000.0, 64, None);
+        for i in 0..64 {
+            prop_assert!((ab[i] - direct[i]).abs() < 1e-4, "i={} {} vs {}", i, ab[i], direct[i]);
+        }
+    }
+
+    #[test]
+    fn softmax_sums_to_one(seed in 0u64..10_000, n in 1usize..500, spread in 0.1f32..80.0) {
+        let mut x: Vec<f32> = values(seed, n).iter().map(|v| v * spread).collect();
+        softmax_in_place(&mut x);
+        let total: f64 = x.iter().map(|&v| f64::from(v)).sum();
+        prop_assert!((total - 1.0).abs() < 1e-5, "sum {}", total);
+        prop_assert!(x.iter().all(|&v| (0.0..=1.0).contains(&v)));
+    }
+
+    #[test]
+    fn dot_is_close_to_f64(seed in 0u64..10_000, n in 0usize..2000) {
+        let a = values(seed, n);
+        let b = values(seed ^ 0xABCD, n);
+        let want: f64 = a.iter().zip(&b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+        let abs_sum: f64 = a.iter().zip(&b).map(|(&x, &y)| (f64::from(x) * f64::from(y)).abs()).sum();
+        // Standard bound for a floating-point sum: about n·eps·Σ|terms|.
+        prop_assert!((f64::from(dot(&a, &b)) - want).abs() <= abs_sum * 1e-6 + 1e-7);
+    }
+}
+
+// ---------------------------------------------------------------- conversions
+
+#[test]
+fn f16_and_bf16_rows_round_trip_and_round_to_even() {
+    let exact = [0.0f32, -0.0, 1.0, -2.5, 0.099975586, 65504.0];
+    let mut h = vec![f16::ZERO; exact.len()];
+    f32_to_f16_row(&exact, &mut h);
+    let mut back = vec![0.0f32; exact.len()];
+    f16_to_f32_row(&h, &mut back);
+    assert_eq!(back, exact);
+
+    // 1 + 2^-11 is halfway between 1 and the next f16 (1 + 2^-10): ties go to even (1).
+    // 1 + 3·2^-11 is halfway between 1+2^-10 and 1+2^-9: ties go to even (1 + 2^-9).
+    let ties = [1.0 + 2f32.powi(-11), 1.0 + 3.0 * 2f32.powi(-11)];
+    let mut th = vec![f16::ZERO; 2];
+    f32_to_f16_row(&ties, &mut th);
+    assert_eq!(th[0].to_f32(), 1.0);
+    assert_eq!(th[1].to_f32(), 1.0 + 2f32.powi(-9));
+
+    // bf16 keeps 8 significant bits: 1 + 2^-8 is a tie between 1 and 1 + 2^-7.
+    let b_in = [3.0f32, 1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8)];
+    let mut b = vec![bf16::ZERO; 3];
+    f32_to_bf16_row(&b_in, &mut b);
+    let mut b_out = vec![0.0f32; 3];
+    bf16_to_f32_row(&b, &mut b_out);
+    assert_eq!(b_out, vec![3.0, 1.0, 1.0 + 2f32.powi(-6)]);
+
+    let bytes: Vec<u8> = h.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut from_bytes = vec![0.0f32; exact.len()];
+    f16_le_bytes_to_f32_row(&bytes, &mut from_bytes);
+    assert_eq!(from_bytes, exact);
+    let bbytes: Vec<u8> = b.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut from_bbytes = vec![0.0f32; 3];
+    bf16_le_bytes_to_f32_row(&bbytes, &mut from_bbytes);
+    assert_eq!(from_bbytes, b_out);
+}
+
+// ---------------------------------------------------------------- attention
+
+fn attention_ref(q: &[f32], k: &[Vec<f32>], v: &[Vec<f32>], scale: f64) -> Vec<f64> {
+    let scores: Vec<f64> = k
+        .iter()
+        .map(|row| {
+            scale
+                * row
+                    .iter()
+                    .zip(q)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum::<f64>()
+        })
+        .collect();
+    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let z: f64 = e.iter().sum();
+    let mut out = vec![0.0; q.len()];
+    for (p, row) in e.iter().zip(v) {
+        for (o, &x) in out.iter_mut().zip(row) {
+            *o += p / z * f64::from(x);
+        }
+    }
+    out
+}
+
+/// Builds cache-like rows `[n_rows, n_kv_heads·head_dim]` and per-head row lists.
+fn kv_rows(seed: u64, n_rows: usize, n_kv_heads: usize, head_dim: usize) -> Vec<f32> {
+    values(seed, n_rows * n_kv_heads * head_dim)
+        .iter()
+        .map(|v| v * 2.0)
+        .collect()
+}
+
+fn head_of(
+    rows: &[f32],
+    n_kv_heads: usize,
+    head_dim: usize,
+    h: usize,
+    range: std::ops::Range<usize>,
+) -> Vec<Vec<f32>> {
+    let w = n_kv_heads * head_dim;
+    range
+        .map(|j| rows[j * w + h * head_dim..j * w + (h + 1) * head_dim].to_vec())
+        .collect()
+}
+
+#[test]
+fn attend_head_f32_matches_reference() {
+    let (n_rows, n_kv_heads, head_dim) = (37, 2, 64);
+    let k = kv_rows(100, n_rows, n_kv_heads, head_dim);
+    let v = kv_rows(101, n_rows, n_kv_heads, head_dim);
+    let q = values(102, head_dim);
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let mut scratch = vec![0.0; n_rows];
+    for h in 0..n_kv_heads {
+        for range in [0..n_rows, 5..20, 36..37] {
+            let keys = HeadRows::head(&k, n_kv_heads, head_dim, h).unwrap();
+            let vals = HeadRows::head(&v, n_kv_heads, head_dim, h).unwrap();
+            let mut out = vec![0.0; head_dim];
+            attend_head(&q, keys, vals, range.clone(), scale, &mut out, &mut scratch);
+            let want = attention_ref(
+                &q,
+                &head_of(&k, n_kv_heads, head_dim, h, range.clone()),
+                &head_of(&v, n_kv_heads, head_dim, h, range.clone()),
+                f64::from(scale),
+            );
+            for i in 0..head_dim {
+                assert_close(
+                    out[i],
+                    want[i],
+                    1e-5,
+                    &format!("h={h} range={range:?} i={i}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn attend_head_f16_matches_reference_on_widened_rows() {
+    let (n_rows, n_kv_heads, head_dim) = (50, 1, 256);
+    let k32 = kv_rows(110, n_rows, n_kv_heads, head_dim);
+    let v32 = kv_rows(111, n_rows, n_kv_heads, head_dim);
+    let k16: Vec<f16> = k32.iter().map(|&x| f16::from_f32(x)).collect();
+    let v16: Vec<f16> = v32.iter().map(|&x| f16::from_f32(x)).collect();
+    let kw: Vec<f32> = k16.iter().map(|x| x.to_f32()).collect();
+    let vw: Vec<f32> = v16.iter().map(|x| x.to_f32()).collect();
+    let q = values(112, head_dim);
+    let mut scratch = vec![0.0; n_rows];
+    let mut out16 = vec![0.0; head_dim];
+    attend_head(
+        &q,
+        HeadRows::head(&k16, 1, head_dim, 0).unwrap(),
+        HeadRows::head(&v16, 1, head_dim, 0).unwrap(),
+        0..n_rows,
+        0.0625,
+        &mut out16,
+        &mut scratch,
+    );
+    let want = attention_ref(
+        &q,
+        &head_of(&kw, 1, head_dim, 0, 0..n_rows),
+        &head_of(&vw, 1, head_dim, 0, 0..n_rows),
+        0.0625,
+    );
+    for i in 0..head_dim {
+        assert_close(out16[i], want[i], 1e-5, &format!("i={i}"));
+    }
+    // Same arithmetic order as f32 storage holding the widened values: identical bits.
+    let mut out32 = vec![0.0; head_dim];
+    attend_head(
+        &q,
+        HeadRows::head(&kw, 1, head_dim, 0).unwrap(),
+        HeadRows::head(&vw, 1, head_dim, 0).unwrap(),
+        0..n_rows,
+        0.0625,
+        &mut out32,
+        &mut scratch,
+    );
+    assert_eq!(out16, out32);
+}
+
+#[test]
+fn attend_head_single_row_returns_that_value_row() {
+    let head_dim = 16;
+    let k = values(120, 4 * head_dim);
+    let v = values(121, 4 * head_dim);
+    let q = values(122, head_dim);
+    let mut out = vec![9.0; head_dim];
+    let mut scratch = vec![0.0; 4];
+    let keys = HeadRows::new(&k, head_dim, 0, head_dim).unwrap();
+    let vals = HeadRows::new(&v, head_dim, 0, head_dim).unwrap();
+    attend_head(&q, keys, vals, 2..3, 0.5, &mut out, &mut scratch);
+    assert_eq!(&out[..], &v[2 * head_dim..3 * head_dim]);
+    attend_head(&q, keys, vals, 3..3, 0.5, &mut out, &mut scratch);
+    assert!(out.iter().all(|&x| x == 0.0), "empty range gives zeros");
+}
+
+#[test]
+fn attend_head_ignores_rows_outside_the_range() {
+    // The same query over the same rows must give identical bits whether the cache
+    // view holds just those rows or many more (later positions of a chunk, unused
+    // capacity) — the property chunk-size invariance rests on.
+    let (head_dim, n_kv_heads) = (64, 2);
+    let big_k = kv_rows(130, 100, n_kv_heads, head_dim);
+    let big_v = kv_rows(131, 100, n_kv_heads, head_dim);
+    let w = n_kv_heads * head_dim;
+    let q = values(132, head_dim);
+    let mut scratch = vec![0.0; 100];
+    let mut a = vec![0.0; head_dim];
+    let mut b = vec![0.0; head_dim];
+    attend_head(
+        &q,
+        HeadRows::head(&big_k, n_kv_heads, head_dim, 1).unwrap(),
+        HeadRows::head(&big_v, n_kv_heads, head_dim, 1).unwrap(),
+        10..40,
+        0.125,
+        &mut a,
+        &mut scratch,
+    );
+    let mut dirty_scratch = vec![f32::NAN; 64];
+    attend_head(
+        &q,
+        HeadRows::head(&big_k[..40 * w], n_kv_heads, head_dim, 1).unwrap(),
+        HeadRows::head(&big_v[..40 * w], n_kv_heads, head_dim, 1).unwrap(),
+        10..40,
+        0.125,
+        &mut b,
+        &mut dirty_scratch,
+    );
+    assert_eq!(a, b);
+}
+
+#[test]
+fn head_rows_rejects_bad_geometry() {
+    let data = vec![0.0f32; 24];
+    assert!(HeadRows::new(&data, 8, 0, 8).is_some());
+    assert_eq!(HeadRows::new(&data, 8, 4, 4).unwrap().n_rows(), 3);
+    assert!(
+        HeadRows::new(&data, 8, 6, 4).is_none(),
+        "columns past the row"
+    );
+    assert!(HeadRows::new(&data, 7, 0, 4).is_none(), "ragged rows");
+    assert!(HeadRows::new(&data, 8, 0, 0).is_none(), "zero head_dim");
+    assert!(HeadRows::new(&data, 0, 0, 4).is_none(), "zero stride");
+    assert!(
+        HeadRows::head(&data, 2, 4, 2).is_none(),
+        "head index out of range"
+    );
+    let h = HeadRows::head(&data, 2, 4, 1).unwrap();
+    assert_eq!(h.head_dim(), 4);
+    assert_eq!(h.n_rows(), 3);
+}
+
+#[test]
+#[should_panic(expected = "scratch")]
+fn attend_head_panics_on_short_scratch() {
+    let data = vec![0.0f32; 32];
+    let rows = HeadRows::new(&data, 8, 0, 8).unwrap();
+    let mut out = vec![0.0; 8];
+    let mut scratch = vec![0.0; 2];
+    attend_head(&[0.0; 8], rows, rows, 0..4, 1.0, &mut out, &mut scratch);
+}

@@ -1,0 +1,80 @@
+//! Typed errors of nx-lazy-weight.
+
+use nx_gguf::GgmlType;
+
+/// Everything that can go wrong when viewing, dequantizing or multiplying a weight.
+///
+/// Bad input (a tensor whose bytes do not match its shape, a type nx cannot
+/// compute with, buffers of the wrong length) is reported here, never by a panic.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LazyWeightError {
+    /// The ggml type is known to GGUF but this crate cannot do `op` with it.
+    #[error("{op}: ggml type {} is not supported", .ggml_type.name())]
+    UnsupportedType {
+        /// The offending type.
+        ggml_type: GgmlType,
+        /// What was attempted ("dequantize", "matmul", "quantize", ...).
+        op: &'static str,
+    },
+    /// A row length is not a whole number of the type's blocks.
+    #[error("row length {row_len} is not a multiple of the {} block size {block_size}", .ggml_type.name())]
+    NotBlockMultiple {
+        /// The type whose block size applies.
+        ggml_type: GgmlType,
+        /// The row length (elements).
+        row_len: u64,
+        /// Elements per block of `ggml_type`.
+        block_size: usize,
+    },
+    /// A tensor's byte slice does not have the length its shape and type imply.
+    #[error("tensor `{name}`: {actual} bytes, but shape {ne:?} of type {} needs {expected}", .ggml_type.name())]
+    TensorBytes {
+        /// Tensor name (empty when built from parts).
+        name: String,
+        /// The tensor's type.
+        ggml_type: GgmlType,
+        /// The tensor's shape, `ne[0]` first.
+        ne: Vec<u64>,
+        /// Bytes the shape implies.
+        expected: u64,
+        /// Bytes given.
+        actual: u64,
+    },
+    /// A tensor shape is unusable (no dimensions, more than four, a zero-sized
+    /// dimension, or a size that overflows).
+    #[error("bad shape {ne:?}: {reason}")]
+    BadShape {
+        /// The shape, `ne[0]` first.
+        ne: Vec<u64>,
+        /// Why it is rejected.
+        reason: &'static str,
+    },
+    /// A buffer passed to a function has the wrong length.
+    #[error("{what}: expected length {expected}, got {actual}")]
+    LengthMismatch {
+        /// Which buffer.
+        what: &'static str,
+        /// The length required.
+        expected: usize,
+        /// The length given.
+        actual: usize,
+    },
+    /// Quantized activations of one type were given to a weight that needs another.
+    #[error("activations are {}, but weights of type {} need {}", .actual.name(), .weight.name(), .expected.name())]
+    ActivationType {
+        /// The weight's type.
+        weight: GgmlType,
+        /// The activation type the weight's dot product needs.
+        expected: GgmlType,
+        /// The activation type given.
+        actual: GgmlType,
+    },
+    /// A row index past the end of the tensor.
+    #[error("row {row} out of range: tensor has {n_rows} rows")]
+    RowOutOfRange {
+        /// The requested row.
+        row: usize,
+        /// Rows in the tensor.
+        n_rows: usize,
+    },
+}

@@ -1,0 +1,303 @@
+//! Block layouts and byte sizes of the ggml types this crate computes with.
+//!
+//! All blocks are packed little-endian byte records (no padding), exactly as
+//! ggml writes them, so a tensor inside the mapped file is used in place.
+//!
+//! | type | elements | bytes | fields (byte offsets) |
+//! |---|---|---|---|
+//! | F32 / F16 / BF16 | 1 | 4 / 2 / 2 | the value |
+//! | Q4_0 | 32 | 18 | `d` f16 @0, `qs[16]` @2 |
+//! | Q5_0 | 32 | 22 | `d` f16 @0, `qh` u32 @2, `qs[16]` @6 |
+//! | Q8_0 | 32 | 34 | `d` f16 @0, `qs[32]` i8 @2 |
+//! | Q4_K | 256 | 144 | `d` f16 @0, `dmin` f16 @2, `scales[12]` @4, `qs[128]` @16 |
+//! | Q5_K | 256 | 176 | `d` @0, `dmin` @2, `scales[12]` @4, `qh[32]` @16, `qs[128]` @48 |
+//! | Q6_K | 256 | 210 | `ql[128]` @0, `qh[64]` @128, `scales[16]` i8 @192, `d` f16 @208 |
+//! | Q8_K | 256 | 292 | `d` f32 @0, `qs[256]` i8 @4, `bsums[16]` i16 @260 |
+
+use nx_gguf::GgmlType;
+
+use crate::LazyWeightError;
+
+/// Elements per block of the 32-element formats (Q4_0, Q5_0, Q8_0).
+pub const QK32: usize = 32;
+/// Elements per super-block of the K formats (Q4_K, Q5_K, Q6_K, Q8_K).
+pub const QK_K: usize = 256;
+
+/// Bytes of one Q4_0 block.
+pub const Q4_0_BYTES: usize = 18;
+/// Bytes of one Q5_0 block.
+pub const Q5_0_BYTES: usize = 22;
+/// Bytes of one Q8_0 block.
+pub const Q8_0_BYTES: usize = 34;
+/// Bytes of one Q4_K super-block.
+pub const Q4_K_BYTES: usize = 144;
+/// Bytes of one Q5_K super-block.
+pub const Q5_K_BYTES: usize = 176;
+/// Bytes of one Q6_K super-block.
+pub const Q6_K_BYTES: usize = 210;
+/// Bytes of one Q8_K super-block.
+pub const Q8_K_BYTES: usize = 292;
+
+/// Byte offsets inside a Q5_0 block.
+pub mod q5_0 {
+    /// `qh`: u32, bit j is the fifth bit of weight j.
+    pub const QH: usize = 2;
+    /// `qs[16]`: low nibbles are weights 0..16, high nibbles 16..32.
+    pub const QS: usize = 6;
+}
+
+/// Byte offsets inside Q4_K and Q5_K super-blocks.
+pub mod q4_k {
+    /// `dmin` f16.
+    pub const DMIN: usize = 2;
+    /// `scales[12]`: eight 6-bit scales and eight 6-bit mins, packed.
+    pub const SCALES: usize = 4;
+    /// Q4_K `qs[128]`: four chunks of 32 bytes; chunk c holds sub-blocks 2c (low
+    /// nibbles) and 2c+1 (high nibbles).
+    pub const QS: usize = 16;
+    /// Q5_K `qh[32]`: bit 2c of byte l is the fifth bit of weight l of sub-block 2c,
+    /// bit 2c+1 that of sub-block 2c+1.
+    pub const Q5_QH: usize = 16;
+    /// Q5_K `qs[128]`, laid out as Q4_K's.
+    pub const Q5_QS: usize = 48;
+}
+
+/// Byte offsets inside a Q6_K super-block.
+pub mod q6_k {
+    /// `ql[128]`: low four bits.
+    pub const QL: usize = 0;
+    /// `qh[64]`: high two bits, four weights per byte.
+    pub const QH: usize = 128;
+    /// `scales[16]` i8, one per 16 weights.
+    pub const SCALES: usize = 192;
+    /// `d` f16.
+    pub const D: usize = 208;
+}
+
+/// Byte offsets inside a Q8_K super-block.
+pub mod q8_k {
+    /// `qs[256]` i8.
+    pub const QS: usize = 4;
+    /// `bsums[16]` i16: sum of each 16 consecutive quants.
+    pub const BSUMS: usize = 260;
+}
+
+/// True for the weight types this crate can dequantize and multiply with.
+pub fn is_supported_weight(ggml_type: GgmlType) -> bool {
+    matches!(
+        ggml_type,
+        GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::BF16
+            | GgmlType::Q4_0
+            | GgmlType::Q5_0
+            | GgmlType::Q8_0
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+    )
+}
+
+/// True for the types [`crate::dequantize_row`] accepts: the weight types plus Q8_K.
+pub fn can_dequantize(ggml_type: GgmlType) -> bool {
+    is_supported_weight(ggml_type) || ggml_type == GgmlType::Q8_K
+}
+
+/// The activation type a weight type's dot product consumes, as in ggml's CPU backend:
+/// Q8_0 for the 32-element formats, Q8_K for the K formats, and for the float types
+/// the weight's own type (F32 activations stay F32; for F16 and BF16 weights the
+/// activations are rounded to F16 / BF16 first, then multiplied exactly in f32 and
+/// summed in f64 — what ggml's `vec_dot_f16` / `vec_dot_bf16` do without SIMD).
+pub fn vec_dot_type(weight_type: GgmlType) -> Option<GgmlType> {
+    match weight_type {
+        GgmlType::F32 => Some(GgmlType::F32),
+        GgmlType::F16 => Some(GgmlType::F16),
+        GgmlType::BF16 => Some(GgmlType::BF16),
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => Some(GgmlType::Q8_0),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Some(GgmlType::Q8_K),
+        _ => None,
+    }
+}
+
+/// Bytes of one row of `row_len` elements of `ggml_type`.
+///
+/// Errors when `row_len` is not a whole number of blocks or the size overflows.
+pub fn row_bytes(ggml_type: GgmlType, row_len: usize) -> Result<usize, LazyWeightError> {
+    let block_size = ggml_type.block_size();
+    if !row_len.is_multiple_of(block_size) {
+        return Err(LazyWeightError::NotBlockMultiple {
+            ggml_type,
+            row_len: row_len as u64,
+            block_size,
+        });
+    }
+    (row_len / block_size)
+        .checked_mul(ggml_type.type_size())
+        .ok_or(LazyWeightError::BadShape {
+            ne: vec![row_len as u64],
+            reason: "row byte size overflows usize",
+        })
+}
+
+/// IEEE half bits to f32 (exact).
+#[inline(always)]
+pub fn f16_to_f32(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
+}
+
+/// f32 to IEEE half bits, round to nearest even (ggml's `GGML_FP32_TO_FP16`).
+#[inline(always)]
+pub fn f32_to_f16(value: f32) -> u16 {
+    half::f16::from_f32(value).to_bits()
+}
+
+/// bfloat16 bits to f32 (exact: the bits are the f32's upper half).
+#[inline(always)]
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// f32 to bfloat16 bits as ggml's `GGML_FP32_TO_BF16` does: NaN is forced quiet,
+/// everything else rounds to nearest even (large finite values may round to inf).
+#[inline(always)]
+pub fn f32_to_bf16(value: f32) -> u16 {
+    let u = value.to_bits();
+    if (u & 0x7fff_ffff) > 0x7f80_0000 {
+        return ((u >> 16) | 64) as u16;
+    }
+    // In u64 so the rounding increment cannot wrap.
+    ((u as u64 + 0x7fff + ((u as u64 >> 16) & 1)) >> 16) as u16
+}
+
+/// The f16 at `offset` of `bytes`, as f32. Caller guarantees `offset + 2 <= len`.
+#[inline(always)]
+pub(crate) fn read_f16(bytes: &[u8], offset: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([bytes[offset], bytes[offset + 1]]))
+}
+
+/// The little-endian f32 at `offset` of `bytes`.
+#[inline(always)]
+pub(crate) fn read_f32(bytes: &[u8], offset: usize) -> f32 {
+    f32::from_le_bytes([
+        bytes[offset],
+        bytes[offset + 1],
+        bytes[offset + 2],
+        bytes[offset + 3],
+    ])
+}
+
+/// The little-endian u32 at `offset` of `bytes`.
+#[inline(always)]
+pub(crate) fn read_u32(bytes: &[u8], offset: usize) -> u32 {
+    u32::from_le_bytes([
+        bytes[offset],
+        bytes[offset + 1],
+        bytes[offset + 2],
+        bytes[offset + 3],
+    ])
+}
+
+/// The little-endian i16 at `offset` of `bytes`.
+#[inline(always)]
+pub(crate) fn read_i16(bytes: &[u8], offset: usize) -> i16 {
+    i16::from_le_bytes([bytes[offset], bytes[offset + 1]])
+}
+
+/// Scale and min (both 6-bit) of sub-block `j` (0..8) from a Q4_K/Q5_K `scales[12]`.
+///
+/// Sub-blocks 0..4 keep their six bits in the low bits of bytes j (scale) and j+4
+/// (min); sub-blocks 4..8 take four low bits from byte j+4 (scale: low nibble, min:
+/// high nibble) and their top two bits from the spare top bits of bytes j-4 and j.
+#[inline(always)]
+pub fn scale_min_k4(j: usize, scales: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (scales[j] & 63, scales[j + 4] & 63)
+    } else {
+        (
+            (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4),
+            (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Inverse of [`scale_min_k4`]: pack eight 6-bit scales and mins into `scales[12]`.
+pub fn pack_scale_min_k4(sc: &[u8; 8], m: &[u8; 8], out: &mut [u8]) {
+    for j in 0..4 {
+        out[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
+        out[j + 4] = (m[j] & 63) | ((m[j + 4] >> 4) << 6);
+        out[j + 8] = (sc[j + 4] & 0x0F) | ((m[j + 4] & 0x0F) << 4);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_sizes_agree_with_nx_gguf() {
+        let table = [
+            (GgmlType::Q4_0, QK32, Q4_0_BYTES),
+            (GgmlType::Q5_0, QK32, Q5_0_BYTES),
+            (GgmlType::Q8_0, QK32, Q8_0_BYTES),
+            (GgmlType::Q4_K, QK_K, Q4_K_BYTES),
+            (GgmlType::Q5_K, QK_K, Q5_K_BYTES),
+            (GgmlType::Q6_K, QK_K, Q6_K_BYTES),
+            (GgmlType::Q8_K, QK_K, Q8_K_BYTES),
+        ];
+        for (t, bs, bytes) in table {
+            assert_eq!(t.block_size(), bs, "{t}");
+            assert_eq!(t.type_size(), bytes, "{t}");
+        }
+        // Field offsets add up to the block sizes.
+        assert_eq!(q4_k::QS + 128, Q4_K_BYTES);
+        assert_eq!(q4_k::Q5_QS + 128, Q5_K_BYTES);
+        assert_eq!(q6_k::D + 2, Q6_K_BYTES);
+        assert_eq!(q8_k::BSUMS + 32, Q8_K_BYTES);
+        assert_eq!(q5_0::QS + 16, Q5_0_BYTES);
+    }
+
+    #[test]
+    fn scale_min_pack_round_trips_every_value() {
+        // Every 6-bit value in every slot, scales and mins independent.
+        for v in 0..64u8 {
+            for slot in 0..8 {
+                let mut sc = [(slot as u8 * 7 + 3) & 63; 8];
+                let mut m = [(slot as u8 * 11 + 5) & 63; 8];
+                sc[slot] = v;
+                m[(slot + 3) % 8] = 63 - v;
+                let mut packed = [0u8; 12];
+                pack_scale_min_k4(&sc, &m, &mut packed);
+                for j in 0..8 {
+                    assert_eq!(
+                        scale_min_k4(j, &packed),
+                        (sc[j], m[j]),
+                        "v={v} slot={slot} j={j}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn row_bytes_rejects_partial_blocks() {
+        assert_eq!(row_bytes(GgmlType::Q4_K, 512).unwrap(), 288);
+        assert!(matches!(
+            row_bytes(GgmlType::Q4_K, 640),
+            Err(LazyWeightError::NotBlockMultiple { .. })
+        ));
+        assert_eq!(row_bytes(GgmlType::F16, 7).unwrap(), 14);
+        assert!(row_bytes(GgmlType::F32, usize::MAX).is_err());
+    }
+
+    #[test]
+    fn bf16_rounding() {
+        assert_eq!(f32_to_bf16(1.0), 0x3f80);
+        // Exactly halfway between two bf16 values: ties to even.
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80);
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82);
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8001)), 0x3f81);
+        assert_eq!(bf16_to_f32(0xc000), -2.0);
+        let nan = f32_to_bf16(f32::from_bits(0x7f80_0001));
+        assert!(bf16_to_f32(nan).is_nan());
+    }
+}

@@ -1,0 +1,113 @@
+//! Shared helpers for nx-lazy-weight's integration tests: a seeded RNG and random blocks.
+#![allow(dead_code)]
+
+use nx_lazy_weight::formats::{f32_to_bf16, f32_to_f16};
+use nx_lazy_weight::GgmlType;
+
+/// SplitMix64: small, seeded, good enough to make test data.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Approximately standard normal (sum of uniforms).
+    pub fn normal(&mut self) -> f32 {
+        (0..12).map(|_| self.uniform()).sum::<f32>() - 6.0
+    }
+
+    pub fn byte(&mut self) -> u8 {
+        (self.next_u64() >> 56) as u8
+    }
+
+    /// A random signed value of magnitude 2^[lo, hi).
+    pub fn signed_pow2(&mut self, lo: f32, hi: f32) -> f32 {
+        let e = lo + (hi - lo) * self.uniform();
+        let s = if self.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
+        s * e.exp2()
+    }
+
+    pub fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() * scale).collect()
+    }
+}
+
+/// The weight types nx computes with.
+pub const WEIGHT_TYPES: [GgmlType; 9] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Offsets of the f16 scale fields inside a block of `ty`.
+fn scale_offsets(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// A row of `row_len` elements of `ty` made of random raw block bytes, with every
+/// f16 scale a finite value of magnitude 2^[-12, 0) (random sign) and float
+/// elements random finite values.
+pub fn random_row_bytes(rng: &mut Rng, ty: GgmlType, row_len: usize) -> Vec<u8> {
+    match ty {
+        GgmlType::F32 => (0..row_len)
+            .flat_map(|_| rng.normal().to_le_bytes())
+            .collect(),
+        GgmlType::F16 => (0..row_len)
+            .flat_map(|_| f32_to_f16(rng.normal()).to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => (0..row_len)
+            .flat_map(|_| f32_to_bf16(rng.normal()).to_le_bytes())
+            .collect(),
+        _ => {
+            let n_blocks = row_len / ty.block_size();
+            let mut out = Vec::with_capacity(n_blocks * ty.type_size());
+            for _ in 0..n_blocks {
+                let mut block: Vec<u8> = (0..ty.type_size()).map(|_| rng.byte()).collect();
+                for &off in scale_offsets(ty) {
+                    let s = f32_to_f16(rng.signed_pow2(-12.0, 0.0));
+                    block[off..off + 2].copy_from_slice(&s.to_le_bytes());
+                }
+                out.extend_from_slice(&block);
+            }
+            out
+        }
+    }
+}
+
+/// Bitwise equality of f32 slices, with the first difference in the message.
+pub fn assert_bits_eq(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            x.to_bits() == y.to_bits(),
+            "{what}: element {i} differs: {x:e} ({:08x}) vs {y:e} ({:08x})",
+            x.to_bits(),
+            y.to_bits()
+        );
+    }
+}

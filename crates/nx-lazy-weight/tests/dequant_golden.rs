@@ -1,0 +1,135 @@
+//! Bit-exact dequantization against fixtures made by an independent oracle.
+//!
+//! `fixtures/dequant/*.json` were written by `xtask/scripts/dequant_golden.py` with the
+//! Python `gguf` package (`gguf.quants.dequantize`, 0.19.0): the first and last rows
+//! of one tensor of each type in the default model, plus synthetic random blocks of
+//! every supported type. Raw bytes are in the JSON, so neither Python nor the model is
+//! needed here. Regenerate with `cargo xtask golden dequant`.
+//!
+//! `q8_0_quantize.json` holds random rows quantized by `gguf.quants.quantize(.., Q8_0)`,
+//! which mirrors ggml's `quantize_row_q8_0_ref`; our activation quantizer must produce
+//! the same bytes.
+
+use std::path::PathBuf;
+
+use nx_lazy_weight::{dequantize_row, quantize_row_q8_0, GgmlType};
+use serde_json::Value;
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/dequant")
+}
+
+fn load(name: &str) -> Value {
+    let path = fixture_dir().join(name);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask golden dequant`)", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn hex_bytes(s: &str) -> Vec<u8> {
+    assert!(s.len().is_multiple_of(2), "odd hex length");
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+fn type_by_name(name: &str) -> GgmlType {
+    GgmlType::ALL
+        .into_iter()
+        .find(|t| t.name() == name)
+        .unwrap_or_else(|| panic!("unknown type {name}"))
+}
+
+#[test]
+fn dequantize_matches_gguf_python_bit_for_bit() {
+    let types = [
+        "F32", "F16", "BF16", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+    ];
+    let mut summary = Vec::new();
+    for name in types {
+        let doc = load(&format!("{}.json", name.to_lowercase()));
+        assert_eq!(doc["type"].as_str(), Some(name));
+        let ty = type_by_name(name);
+        assert_eq!(doc["type_id"].as_u64(), Some(ty.id() as u64));
+        let rows = doc["rows"].as_array().expect("rows");
+        let (mut model_rows, mut synthetic_rows, mut values) = (0, 0, 0);
+        for row in rows {
+            let origin = row["origin"].as_str().expect("origin");
+            let raw = hex_bytes(row["raw_hex"].as_str().expect("raw_hex"));
+            let expected: Vec<u32> = row["values_f32_bits"]
+                .as_array()
+                .expect("values")
+                .iter()
+                .map(|v| u32::from_str_radix(v.as_str().expect("hex"), 16).expect("u32"))
+                .collect();
+            assert_eq!(row["row_len"].as_u64(), Some(expected.len() as u64));
+            let mut out = vec![0f32; expected.len()];
+            dequantize_row(ty, &raw, &mut out).unwrap();
+            for (i, (got, want)) in out.iter().zip(&expected).enumerate() {
+                assert!(
+                    got.to_bits() == *want,
+                    "{name} {origin} row {}: element {i}: got {got:e} ({:08x}), gguf says {:e} ({want:08x})",
+                    row["row"],
+                    got.to_bits(),
+                    f32::from_bits(*want)
+                );
+            }
+            if origin.starts_with("model:") {
+                model_rows += 1;
+            } else {
+                synthetic_rows += 1;
+            }
+            values += expected.len();
+        }
+        assert!(synthetic_rows > 0, "{name}: no synthetic rows");
+        summary.push(format!(
+            "{name:>4}: {model_rows} model rows + {synthetic_rows} synthetic rows, {values} values"
+        ));
+    }
+    // Types present in the default model must have come from it.
+    for name in ["F32", "Q5_0", "Q8_0", "Q4_K", "Q6_K"] {
+        let line = summary
+            .iter()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap();
+        assert!(!line.contains(" 0 model rows"), "{line}");
+    }
+    println!("dequant golden (gguf.quants.dequantize), bit-exact:");
+    for line in &summary {
+        println!("  {line}");
+    }
+}
+
+#[test]
+fn q8_0_activation_quantizer_matches_gguf_python() {
+    let doc = load("q8_0_quantize.json");
+    let row_len = doc["row_len"].as_u64().unwrap() as usize;
+    let rows = doc["rows"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for (r, row) in rows.iter().enumerate() {
+        let x: Vec<f32> = row["input_f32_bits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| f32::from_bits(u32::from_str_radix(v.as_str().unwrap(), 16).unwrap()))
+            .collect();
+        assert_eq!(x.len(), row_len);
+        let expected = hex_bytes(row["q8_0_hex"].as_str().unwrap());
+        let mut got = vec![0u8; expected.len()];
+        quantize_row_q8_0(&x, &mut got).unwrap();
+        if let Some(b) = (0..got.len()).find(|&b| got[b] != expected[b]) {
+            panic!(
+                "row {r}: byte {b} (block {}, offset {}): got {:02x}, gguf says {:02x}",
+                b / 34,
+                b % 34,
+                got[b],
+                expected[b]
+            );
+        }
+    }
+    println!(
+        "q8_0 quantize golden: {} rows of {row_len}, byte-exact",
+        rows.len()
+    );
+}

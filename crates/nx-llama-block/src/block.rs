@@ -1,0 +1,301 @@
+//! The block forward pass for one chunk of tokens.
+
+use nx_f32::{attend_head, GeluTable, HeadRows, RopeStyle, RopeTable};
+use nx_kv_cache::{KvCache, KvError, KvRows};
+use nx_lazy_weight::{LazyWeight, LazyWeightError};
+
+use crate::Projector;
+
+/// The gated FFN's activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnActivation {
+    /// `down(silu(gate)·up)` (llama, qwen).
+    Silu,
+    /// `down(gelu_tanh(gate)·up)` (gemma).
+    GeluTanh,
+}
+
+/// What one layer computes, independent of where its weights come from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerConfig {
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub value_dim: usize,
+    pub rms_eps: f32,
+    pub rope_base: f32,
+    pub rope_dim: usize,
+    pub rope_style: RopeStyle,
+    /// Look-back of a local layer, the query's own row included.
+    pub window: Option<usize>,
+    /// Multiplier applied to Q after RoPE (Gemma scales Q instead of the scores).
+    pub q_scale: f32,
+    /// Multiplier applied to the scores `q·k`.
+    pub kq_scale: f32,
+    pub ffn_activation: FfnActivation,
+}
+
+/// The tensors of one layer. Norms and biases arrive as f32 vectors; matrices stay
+/// quantized views into the mapping.
+pub struct LayerWeights<'a> {
+    pub attn_norm: &'a [f32],
+    pub wq: LazyWeight<'a>,
+    pub wk: LazyWeight<'a>,
+    pub wv: LazyWeight<'a>,
+    pub bq: Option<&'a [f32]>,
+    pub bk: Option<&'a [f32]>,
+    pub bv: Option<&'a [f32]>,
+    /// Per-head RMSNorm weights of Q and K (`head_dim` each).
+    pub q_norm: Option<&'a [f32]>,
+    pub k_norm: Option<&'a [f32]>,
+    pub wo: LazyWeight<'a>,
+    /// Gemma's norm of the attention output before the residual add.
+    pub post_attn_norm: Option<&'a [f32]>,
+    pub ffn_norm: &'a [f32],
+    pub w_gate: LazyWeight<'a>,
+    pub w_up: LazyWeight<'a>,
+    pub w_down: LazyWeight<'a>,
+    /// Gemma's norm of the FFN output before the residual add.
+    pub post_ffn_norm: Option<&'a [f32]>,
+    /// Llama 3.1 `rope_freqs.weight`.
+    pub rope_freq_factors: Option<&'a [f32]>,
+}
+
+/// Why a block could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    #[error(transparent)]
+    Weight(#[from] LazyWeightError),
+    #[error(transparent)]
+    Cache(#[from] KvError),
+    #[error("layer {layer}: {what} has {actual} values, expected {expected}")]
+    Shape {
+        layer: usize,
+        what: &'static str,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("bad RoPE setup: {0}")]
+    Rope(String),
+}
+
+/// Buffers reused across chunks and layers; they grow to the largest chunk seen and never
+/// shrink, so decoding allocates nothing.
+#[derive(Default)]
+pub struct BlockScratch {
+    normed: Vec<f32>, // [n, n_embd]
+    q: Vec<f32>,      // [n, n_head · head_dim]
+    k: Vec<f32>,      // [n, n_head_kv · head_dim]
+    v: Vec<f32>,      // [n, n_head_kv · value_dim]
+    attn: Vec<f32>,   // [n, n_head · value_dim]
+    proj: Vec<f32>,   // [n, n_embd]
+    gate: Vec<f32>,   // [n, n_ff]
+    up: Vec<f32>,     // [n, n_ff]
+    probs: Vec<f32>,  // [kv rows]
+    projector: Projector,
+    rope: Option<(usize, u32, RopeTable)>, // (rope_dim, base bits, table)
+}
+
+fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
+fn check(layer: usize, what: &'static str, v: &[f32], expected: usize) -> Result<(), BlockError> {
+    if v.len() != expected {
+        return Err(BlockError::Shape {
+            layer,
+            what,
+            expected,
+            actual: v.len(),
+        });
+    }
+    Ok(())
+}
+
+fn add_bias_rows(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for row in x.chunks_exact_mut(b.len()) {
+            nx_f32::add_in_place(row, b);
+        }
+    }
+}
+
+/// Runs layer `layer` over the chunk `x` (`[n, n_embd]`, updated in place) whose tokens sit
+/// at positions `pos..pos+n`. Writes the chunk's K/V rows into `cache` (rows
+/// `pos..pos+n` of this layer), then token `i` attends to rows `0..=pos+i` (only the last
+/// `window` of them in a local layer).
+#[allow(clippy::too_many_arguments)]
+pub fn forward(
+    cfg: &LayerConfig,
+    w: &LayerWeights<'_>,
+    layer: usize,
+    x: &mut [f32],
+    n: usize,
+    pos: usize,
+    cache: &mut KvCache,
+    s: &mut BlockScratch,
+) -> Result<(), BlockError> {
+    let n_embd = cfg.n_embd;
+    let q_dim = cfg.n_head * cfg.head_dim;
+    let k_dim = cfg.n_head_kv * cfg.head_dim;
+    let v_dim = cfg.n_head_kv * cfg.value_dim;
+    let attn_dim = cfg.n_head * cfg.value_dim;
+    check(layer, "activations", x, n * n_embd)?;
+    check(layer, "attn_norm", w.attn_norm, n_embd)?;
+    check(layer, "ffn_norm", w.ffn_norm, n_embd)?;
+    if n == 0 {
+        return Ok(());
+    }
+
+    // ---- attention ----
+    let normed = sized(&mut s.normed, n * n_embd); // [n, n_embd]
+    nx_f32::rmsnorm_rows(normed, x, w.attn_norm, n_embd, cfg.rms_eps);
+    s.projector.reset();
+    let q = sized(&mut s.q, n * q_dim); // [n, q_dim]
+    s.projector.project(&w.wq, normed, n, q)?;
+    let k = sized(&mut s.k, n * k_dim); // [n, k_dim]
+    s.projector.project(&w.wk, normed, n, k)?;
+    let v = sized(&mut s.v, n * v_dim); // [n, v_dim]
+    s.projector.project(&w.wv, normed, n, v)?;
+    add_bias_rows(q, w.bq);
+    add_bias_rows(k, w.bk);
+    add_bias_rows(v, w.bv);
+    if let Some(qn) = w.q_norm {
+        check(layer, "attn_q_norm", qn, cfg.head_dim)?;
+        nx_f32::rmsnorm_rows_in_place(q, qn, cfg.head_dim, cfg.rms_eps);
+    }
+    if let Some(kn) = w.k_norm {
+        check(layer, "attn_k_norm", kn, cfg.head_dim)?;
+        nx_f32::rmsnorm_rows_in_place(k, kn, cfg.head_dim, cfg.rms_eps);
+    }
+
+    // RoPE: one table per position, shared by every Q and K head of the token.
+    let base_bits = cfg.rope_base.to_bits();
+    let rebuild = !matches!(&s.rope, Some((d, b, _)) if *d == cfg.rope_dim && *b == base_bits)
+        || w.rope_freq_factors.is_some();
+    if rebuild {
+        let table = RopeTable::new(cfg.rope_dim, cfg.rope_base, w.rope_freq_factors)
+            .map_err(|e| BlockError::Rope(e.to_string()))?;
+        s.rope = Some((cfg.rope_dim, base_bits, table));
+    }
+    let rope = &mut s.rope.as_mut().expect("set above").2;
+    for t in 0..n {
+        rope.set_position(pos + t);
+        rope.apply_heads(
+            &mut q[t * q_dim..(t + 1) * q_dim],
+            cfg.head_dim,
+            cfg.rope_style,
+        );
+        rope.apply_heads(
+            &mut k[t * k_dim..(t + 1) * k_dim],
+            cfg.head_dim,
+            cfg.rope_style,
+        );
+    }
+    if cfg.q_scale != 1.0 {
+        nx_f32::scale(q, cfg.q_scale);
+    }
+
+    cache.write_rows(layer, pos, k, v)?;
+    let (keys, values) = cache.layer_rows(layer, pos + n)?;
+    let attn = sized(&mut s.attn, n * attn_dim); // [n, n_head · value_dim]
+    let probs = sized(&mut s.probs, pos + n);
+    let group = cfg.n_head / cfg.n_head_kv;
+    for t in 0..n {
+        let end = pos + t + 1;
+        let start = match cfg.window {
+            Some(wnd) => end.saturating_sub(wnd),
+            None => 0,
+        };
+        for h in 0..cfg.n_head {
+            let kv_head = h / group;
+            let qh = &q[t * q_dim + h * cfg.head_dim..t * q_dim + (h + 1) * cfg.head_dim];
+            let out =
+                &mut attn[t * attn_dim + h * cfg.value_dim..t * attn_dim + (h + 1) * cfg.value_dim];
+            attend(keys, values, cfg, kv_head, qh, start..end, out, probs)?;
+        }
+    }
+
+    let proj = sized(&mut s.proj, n * n_embd); // [n, n_embd]
+    s.projector.reset();
+    s.projector.project(&w.wo, attn, n, proj)?;
+    if let Some(pn) = w.post_attn_norm {
+        check(layer, "post_attention_norm", pn, n_embd)?;
+        nx_f32::rmsnorm_rows_in_place(proj, pn, n_embd, cfg.rms_eps);
+    }
+    nx_f32::add_in_place(x, proj);
+
+    // ---- feed-forward ----
+    let normed = sized(&mut s.normed, n * n_embd);
+    nx_f32::rmsnorm_rows(normed, x, w.ffn_norm, n_embd, cfg.rms_eps);
+    s.projector.reset();
+    let gate = sized(&mut s.gate, n * cfg.n_ff); // [n, n_ff]
+    s.projector.project(&w.w_gate, normed, n, gate)?;
+    let up = sized(&mut s.up, n * cfg.n_ff); // [n, n_ff]
+    s.projector.project(&w.w_up, normed, n, up)?;
+    // hidden = act(gate)·up, written over gate.
+    match cfg.ffn_activation {
+        FfnActivation::Silu => {
+            for (g, u) in gate.iter_mut().zip(up.iter()) {
+                *g = nx_f32::silu(*g) * u;
+            }
+        }
+        FfnActivation::GeluTanh => {
+            let table = GeluTable::shared();
+            for (g, u) in gate.iter_mut().zip(up.iter()) {
+                *g = table.gelu(*g) * u;
+            }
+        }
+    }
+    s.projector.reset();
+    s.projector.project(&w.w_down, gate, n, proj)?;
+    if let Some(pn) = w.post_ffn_norm {
+        check(layer, "post_ffw_norm", pn, n_embd)?;
+        nx_f32::rmsnorm_rows_in_place(proj, pn, n_embd, cfg.rms_eps);
+    }
+    nx_f32::add_in_place(x, proj);
+    Ok(())
+}
+
+/// One query head against one KV head, whatever the cache's storage type.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    keys: KvRows<'_>,
+    values: KvRows<'_>,
+    cfg: &LayerConfig,
+    kv_head: usize,
+    q: &[f32],
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+    probs: &mut [f32],
+) -> Result<(), BlockError> {
+    let bad = |what| BlockError::Shape {
+        layer: usize::MAX,
+        what,
+        expected: 0,
+        actual: 0,
+    };
+    match (keys, values) {
+        (KvRows::F16 { data: kd, .. }, KvRows::F16 { data: vd, .. }) => {
+            let kh = HeadRows::head(kd, cfg.n_head_kv, cfg.head_dim, kv_head)
+                .ok_or_else(|| bad("key cache view"))?;
+            let vh = HeadRows::head(vd, cfg.n_head_kv, cfg.value_dim, kv_head)
+                .ok_or_else(|| bad("value cache view"))?;
+            attend_head(q, kh, vh, rows, cfg.kq_scale, out, probs);
+        }
+        (KvRows::F32 { data: kd, .. }, KvRows::F32 { data: vd, .. }) => {
+            let kh = HeadRows::head(kd, cfg.n_head_kv, cfg.head_dim, kv_head)
+                .ok_or_else(|| bad("key cache view"))?;
+            let vh = HeadRows::head(vd, cfg.n_head_kv, cfg.value_dim, kv_head)
+                .ok_or_else(|| bad("value cache view"))?;
+            attend_head(q, kh, vh, rows, cfg.kq_scale, out, probs);
+        }
+        _ => return Err(bad("mixed K/V storage types")),
+    }
+    Ok(())
+}

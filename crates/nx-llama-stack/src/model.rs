@@ -1,0 +1,406 @@
+//! `Model`: the mapped file, its config and tensor table, and the forward pass.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use nx_gguf::{GgmlType, Gguf, TensorInfo};
+use nx_kv_cache::{KvCache, KvDtype};
+use nx_lazy_weight::{LazyWeight, QuantizedActs};
+use nx_llama_block::{BlockScratch, LayerConfig, LayerWeights};
+
+use crate::config::{Arch, ModelConfig};
+use crate::StackError;
+
+/// A 1-D f32 tensor (norm weight, bias), dequantized on first use and kept: a few
+/// kilobytes per layer, and reading it lazily keeps opening the model free of data reads.
+struct Vector {
+    info: TensorInfo,
+    values: OnceLock<Vec<f32>>,
+}
+
+struct LayerTensors {
+    attn_norm: usize,
+    wq: TensorInfo,
+    wk: TensorInfo,
+    wv: TensorInfo,
+    bq: Option<usize>,
+    bk: Option<usize>,
+    bv: Option<usize>,
+    q_norm: Option<usize>,
+    k_norm: Option<usize>,
+    wo: TensorInfo,
+    post_attn_norm: Option<usize>,
+    ffn_norm: usize,
+    w_gate: TensorInfo,
+    w_up: TensorInfo,
+    w_down: TensorInfo,
+    post_ffn_norm: Option<usize>,
+}
+
+/// A loaded model. Holds the mapping; every weight is a view into it.
+pub struct Model {
+    gguf: Gguf,
+    config: ModelConfig,
+    token_embd: TensorInfo,
+    output_norm: usize,
+    /// `output.weight`, or the token embedding when the head is tied.
+    lm_head: TensorInfo,
+    rope_freqs: Option<usize>,
+    layers: Vec<LayerTensors>,
+    vectors: Vec<Vector>,
+}
+
+/// Per-sequence scratch of the forward pass, reused across calls.
+#[derive(Default)]
+pub struct ForwardState {
+    x: Vec<f32>,       // [n, n_embd] residual stream
+    head_in: Vec<f32>, // [rows, n_embd]
+    head_acts: QuantizedActs,
+    block: BlockScratch,
+}
+
+impl Model {
+    /// Maps `path` and reads its header and config. No tensor data is read.
+    pub fn open(path: impl AsRef<Path>) -> Result<Model, StackError> {
+        Model::from_gguf(Gguf::open(path)?)
+    }
+
+    /// Builds the model over an already-parsed file.
+    pub fn from_gguf(gguf: Gguf) -> Result<Model, StackError> {
+        // Fail on the architecture before looking for its tensors.
+        Arch::from_name(gguf.architecture()?)?;
+        let token_embd = find(&gguf, "token_embd.weight")?;
+        if token_embd.ne.len() != 2 {
+            return Err(StackError::TensorShape {
+                name: token_embd.name.clone(),
+                ne: token_embd.ne.clone(),
+                expected: "[n_embd, n_vocab]".into(),
+            });
+        }
+        let n_vocab = token_embd.ne[1] as usize;
+        let config = ModelConfig::from_metadata(gguf.metadata(), n_vocab)?;
+        let mut vectors = Vec::new();
+        let mut vector = |gguf: &Gguf, name: &str, len: usize| -> Result<usize, StackError> {
+            let info = find(gguf, name)?;
+            expect_shape(&info, &[len])?;
+            vectors.push(Vector {
+                info,
+                values: OnceLock::new(),
+            });
+            Ok(vectors.len() - 1)
+        };
+        let c = &config;
+        expect_shape(&token_embd, &[c.n_embd, n_vocab])?;
+        let output_norm = vector(&gguf, "output_norm.weight", c.n_embd)?;
+        let lm_head = match gguf.tensor("output.weight") {
+            Some(t) => t.clone(),
+            None => token_embd.clone(),
+        };
+        expect_shape(&lm_head, &[c.n_embd, n_vocab])?;
+        let rope_freqs = match gguf.tensor("rope_freqs.weight") {
+            Some(_) => Some(vector(&gguf, "rope_freqs.weight", c.rope_dim / 2)?),
+            None => None,
+        };
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for i in 0..c.n_layers {
+            let name = |s: &str| format!("blk.{i}.{s}");
+            let matrix = |s: &str, k: usize, n: usize| -> Result<TensorInfo, StackError> {
+                let t = find(&gguf, &name(s))?;
+                expect_shape(&t, &[k, n])?;
+                Ok(t)
+            };
+            let has = |s: &str| gguf.tensor(&name(s)).is_some();
+            let q_dim = c.q_dim();
+            let (bq, bk, bv) = if has("attn_q.bias") {
+                (
+                    Some(vector(&gguf, &name("attn_q.bias"), q_dim)?),
+                    Some(vector(&gguf, &name("attn_k.bias"), c.k_dim())?),
+                    Some(vector(&gguf, &name("attn_v.bias"), c.v_dim())?),
+                )
+            } else {
+                (None, None, None)
+            };
+            let (q_norm, k_norm) = if c.qk_norm {
+                (
+                    Some(vector(&gguf, &name("attn_q_norm.weight"), c.head_dim)?),
+                    Some(vector(&gguf, &name("attn_k_norm.weight"), c.head_dim)?),
+                )
+            } else {
+                (None, None)
+            };
+            let (post_attn_norm, post_ffn_norm) = if c.post_norms {
+                (
+                    Some(vector(
+                        &gguf,
+                        &name("post_attention_norm.weight"),
+                        c.n_embd,
+                    )?),
+                    Some(vector(&gguf, &name("post_ffw_norm.weight"), c.n_embd)?),
+                )
+            } else {
+                (None, None)
+            };
+            layers.push(LayerTensors {
+                attn_norm: vector(&gguf, &name("attn_norm.weight"), c.n_embd)?,
+                wq: matrix("attn_q.weight", c.n_embd, q_dim)?,
+                wk: matrix("attn_k.weight", c.n_embd, c.k_dim())?,
+                wv: matrix("attn_v.weight", c.n_embd, c.v_dim())?,
+                bq,
+                bk,
+                bv,
+                q_norm,
+                k_norm,
+                wo: matrix("attn_output.weight", c.n_head * c.value_dim, c.n_embd)?,
+                post_attn_norm,
+                ffn_norm: vector(&gguf, &name("ffn_norm.weight"), c.n_embd)?,
+                w_gate: matrix("ffn_gate.weight", c.n_embd, c.n_ff)?,
+                w_up: matrix("ffn_up.weight", c.n_embd, c.n_ff)?,
+                w_down: matrix("ffn_down.weight", c.n_ff, c.n_embd)?,
+                post_ffn_norm,
+            });
+        }
+        let model = Model {
+            gguf,
+            config,
+            token_embd,
+            output_norm,
+            lm_head,
+            rope_freqs,
+            layers,
+            vectors,
+        };
+        // Validate every matrix view now (sizes only; no data is read).
+        for l in &model.layers {
+            for t in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                model.weight(t)?;
+            }
+        }
+        model.weight(&model.token_embd)?;
+        model.weight(&model.lm_head)?;
+        Ok(model)
+    }
+
+    /// The model's hyperparameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The underlying file (metadata for the tokenizer, chat template, …).
+    pub fn gguf(&self) -> &Gguf {
+        &self.gguf
+    }
+
+    /// A KV cache sized for this model (`n_ctx` positions).
+    pub fn new_cache(&self, n_ctx: usize, dtype: KvDtype) -> Result<KvCache, StackError> {
+        let c = &self.config;
+        Ok(KvCache::with_layer_widths(
+            n_ctx,
+            &vec![
+                nx_kv_cache::LayerWidths {
+                    k: c.k_dim(),
+                    v: c.v_dim()
+                };
+                c.n_layers
+            ],
+            dtype,
+        )?)
+    }
+
+    fn weight(&self, info: &TensorInfo) -> Result<LazyWeight<'_>, StackError> {
+        Ok(LazyWeight::new(info, self.gguf.tensor_bytes(info))?)
+    }
+
+    fn vector(&self, idx: usize) -> Result<&[f32], StackError> {
+        let v = &self.vectors[idx];
+        if let Some(values) = v.values.get() {
+            return Ok(values);
+        }
+        let w = self.weight(&v.info)?;
+        let mut values = vec![0f32; w.row_len() * w.n_rows()];
+        for (r, out) in values.chunks_exact_mut(w.row_len().max(1)).enumerate() {
+            w.dequantize_row(r, out)?;
+        }
+        Ok(v.values.get_or_init(|| values))
+    }
+
+    fn opt_vector(&self, idx: Option<usize>) -> Result<Option<&[f32]>, StackError> {
+        idx.map(|i| self.vector(i)).transpose()
+    }
+
+    /// The per-layer view the block needs.
+    pub fn layer_config(&self, layer: usize) -> LayerConfig {
+        let c = &self.config;
+        let (q_scale, kq_scale) = match c.arch {
+            // Gemma scales Q and runs attention unscaled.
+            Arch::Gemma3 => (c.attn_scale, 1.0),
+            _ => (1.0, c.attn_scale),
+        };
+        LayerConfig {
+            n_embd: c.n_embd,
+            n_ff: c.n_ff,
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+            value_dim: c.value_dim,
+            rms_eps: c.rms_eps,
+            rope_base: c.rope_base_of(layer),
+            rope_dim: c.rope_dim,
+            rope_style: c.rope_style,
+            window: c.window_of(layer),
+            q_scale,
+            kq_scale,
+            ffn_activation: c.ffn_activation,
+        }
+    }
+
+    fn layer_weights(&self, layer: usize) -> Result<LayerWeights<'_>, StackError> {
+        let l = &self.layers[layer];
+        Ok(LayerWeights {
+            attn_norm: self.vector(l.attn_norm)?,
+            wq: self.weight(&l.wq)?,
+            wk: self.weight(&l.wk)?,
+            wv: self.weight(&l.wv)?,
+            bq: self.opt_vector(l.bq)?,
+            bk: self.opt_vector(l.bk)?,
+            bv: self.opt_vector(l.bv)?,
+            q_norm: self.opt_vector(l.q_norm)?,
+            k_norm: self.opt_vector(l.k_norm)?,
+            wo: self.weight(&l.wo)?,
+            post_attn_norm: self.opt_vector(l.post_attn_norm)?,
+            ffn_norm: self.vector(l.ffn_norm)?,
+            w_gate: self.weight(&l.w_gate)?,
+            w_up: self.weight(&l.w_up)?,
+            w_down: self.weight(&l.w_down)?,
+            post_ffn_norm: self.opt_vector(l.post_ffn_norm)?,
+            rope_freq_factors: self.opt_vector(self.rope_freqs)?,
+        })
+    }
+
+    /// Runs `tokens` (one chunk, at positions `pos..pos+n`) through the model, appending
+    /// their K/V rows to `cache`, and writes into `logits` the LM-head logits of the chunk
+    /// rows listed in `rows` (indices into the chunk): `logits` becomes
+    /// `[rows.len(), n_vocab]`. Only those rows pay for the final norm and LM head.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        pos: usize,
+        cache: &mut KvCache,
+        rows: &[usize],
+        state: &mut ForwardState,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), StackError> {
+        let c = &self.config;
+        let n = tokens.len();
+        if pos != cache.len() {
+            return Err(StackError::PositionMismatch {
+                pos,
+                cache_len: cache.len(),
+            });
+        }
+        if let Some(&row) = rows.iter().find(|&&r| r >= n) {
+            return Err(StackError::RowOutOfRange { row, n });
+        }
+        cache.ensure_room(n)?;
+        logits.clear();
+        if n == 0 {
+            return Ok(());
+        }
+
+        // Embeddings: [n, n_embd]
+        let embd = self.weight(&self.token_embd)?;
+        state.x.resize(n * c.n_embd, 0.0);
+        for (t, &id) in tokens.iter().enumerate() {
+            if id as usize >= c.n_vocab {
+                return Err(StackError::TokenOutOfRange {
+                    id,
+                    n_vocab: c.n_vocab,
+                });
+            }
+            let row = &mut state.x[t * c.n_embd..(t + 1) * c.n_embd];
+            embd.dequantize_row(id as usize, row)?;
+            if let Some(s) = c.embed_scale {
+                nx_f32::scale(row, s);
+            }
+        }
+
+        for layer in 0..c.n_layers {
+            let cfg = self.layer_config(layer);
+            let w = self.layer_weights(layer)?;
+            nx_llama_block::forward(
+                &cfg,
+                &w,
+                layer,
+                &mut state.x,
+                n,
+                pos,
+                cache,
+                &mut state.block,
+            )?;
+        }
+        cache.advance(n)?;
+
+        // Final norm and LM head, only for the requested rows: [rows, n_vocab]
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let norm = self.vector(self.output_norm)?;
+        state.head_in.resize(rows.len() * c.n_embd, 0.0);
+        for (i, &r) in rows.iter().enumerate() {
+            nx_f32::rmsnorm(
+                &mut state.head_in[i * c.n_embd..(i + 1) * c.n_embd],
+                &state.x[r * c.n_embd..(r + 1) * c.n_embd],
+                norm,
+                c.rms_eps,
+            );
+        }
+        let head = self.weight(&self.lm_head)?;
+        logits.resize(rows.len() * c.n_vocab, 0.0);
+        nx_lazy_weight::matmul(
+            &head,
+            &state.head_in,
+            rows.len(),
+            logits,
+            &mut state.head_acts,
+        )?;
+        if let Some(cap) = c.final_logit_softcap {
+            for l in logits.iter_mut() {
+                *l = (*l / cap).tanh() * cap;
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of weights a decode step reads (every matrix once, plus one embedding row).
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        let mut total = 0;
+        for l in &self.layers {
+            for t in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                total += t.n_bytes;
+            }
+        }
+        total + self.lm_head.n_bytes
+    }
+
+    /// The token embedding's type (for reports).
+    pub fn embedding_type(&self) -> GgmlType {
+        self.token_embd.ggml_type
+    }
+}
+
+fn find(gguf: &Gguf, name: &str) -> Result<TensorInfo, StackError> {
+    gguf.tensor(name)
+        .cloned()
+        .ok_or_else(|| StackError::MissingTensor(name.to_string()))
+}
+
+fn expect_shape(t: &TensorInfo, dims: &[usize]) -> Result<(), StackError> {
+    let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+    if t.ne != want {
+        return Err(StackError::TensorShape {
+            name: t.name.clone(),
+            ne: t.ne.clone(),
+            expected: format!("{want:?}"),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,84 @@
+//! The table of named gates that `cargo xtask gate` runs after fmt, clippy, fetch and tests.
+//!
+//! A named gate is one integration-test target whose tests are all marked
+//! `#[ignore = "gate: run by cargo xtask gate"]` (they need fetched files, so plain
+//! `cargo test` skips them). The gate runs
+//! `cargo test --release -p PACKAGE --test TEST -- --ignored` with `env` added.
+//!
+//! To add a gate: write the test target, then append one line below, e.g.
+//! `Gate::new("GOLD-TOK-VECTORS", "nx-bpe", "gold_tok_vectors"),` or, with environment,
+//! `Gate::new("DECODE-SCALAR", "nx-run", "decode_parity").with_env(&[("NX_TIER", "scalar")]),`.
+//! `tests/gates_table.rs` checks that each entry names a real test target that uses the
+//! ignore marker.
+
+/// The reason string every gate test's `#[ignore]` carries.
+pub const IGNORE_REASON: &str = "gate: run by cargo xtask gate";
+
+/// One named gate: an ignored integration-test target run in release mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gate {
+    /// Upper-case name used in reports and by `--only` (e.g. `GOLD-TOK-VECTORS`).
+    pub name: &'static str,
+    /// Cargo package that owns the test target.
+    pub package: &'static str,
+    /// Test target name (`tests/<test>.rs`).
+    pub test: &'static str,
+    /// Extra environment for the test process.
+    pub env: &'static [(&'static str, &'static str)],
+}
+
+impl Gate {
+    /// A gate with no extra environment.
+    pub const fn new(name: &'static str, package: &'static str, test: &'static str) -> Gate {
+        Gate {
+            name,
+            package,
+            test,
+            env: &[],
+        }
+    }
+
+    /// The same gate with `env` set for its test process.
+    pub const fn with_env(self, env: &'static [(&'static str, &'static str)]) -> Gate {
+        Gate { env, ..self }
+    }
+}
+
+/// Named gates, run in this order.
+pub const GATES: &[Gate] = &[
+    // The fetched model and llama.cpp vocabs/test vectors match their pins, hashed in full
+    // (no stamps), and the model starts with a GGUF v3 header.
+    Gate::new("FETCH-PINS", "xtask", "fetched_pins"),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gate_names_are_unique_upper_kebab() {
+        for (i, gate) in GATES.iter().enumerate() {
+            assert!(
+                !gate.name.is_empty()
+                    && gate
+                        .name
+                        .bytes()
+                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'-'),
+                "gate name {:?} is not UPPER-KEBAB",
+                gate.name
+            );
+            assert!(
+                GATES[..i].iter().all(|g| g.name != gate.name),
+                "duplicate gate {}",
+                gate.name
+            );
+        }
+    }
+
+    #[test]
+    fn with_env_keeps_the_rest() {
+        const G: Gate = Gate::new("X", "p", "t").with_env(&[("A", "1")]);
+        assert_eq!((G.name, G.package, G.test), ("X", "p", "t"));
+        assert_eq!(G.env, &[("A", "1")]);
+    }
+}

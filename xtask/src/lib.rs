@@ -1,0 +1,13 @@
+//! Project automation behind `cargo xtask`: fetching pinned artifacts, building the
+//! reference engine, golden data, the gate and the demo. `main.rs` is only the CLI.
+
+pub mod demo;
+pub mod fetch;
+pub mod gate;
+pub mod gates;
+pub mod golden;
+pub mod http;
+pub mod pins;
+pub mod reference;
+pub mod synth;
+pub mod util;

@@ -1,0 +1,277 @@
+//! `cargo xtask reference`: build the llama.cpp reference tools once, outside the source tree.
+//!
+//! The build lives in `$NX_CACHE/llama.cpp/build` (binaries in `build/bin`), with logs
+//! `cmake.log` and `build.log` next to it. It is skipped when every tool already exists;
+//! a lock file (`build.lock`) keeps two xtask processes from building at once.
+
+use crate::fetch::{ensure_llama_src, llama_root_dir, lock_file};
+use crate::pins;
+use crate::util::{display_command, duration_text};
+use anyhow::{bail, Context, Result};
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Default parallelism of the reference build (the dev machines have two cores).
+pub const DEFAULT_JOBS: u32 = 2;
+
+/// The CMake build directory of the reference engine.
+pub fn build_dir() -> PathBuf {
+    llama_root_dir().join("build")
+}
+
+/// Path of a built llama.cpp tool, e.g. `llama_bin("llama-server")`. It exists only after
+/// [`ensure_reference`] (or `cargo xtask reference`) succeeded.
+pub fn llama_bin(name: &str) -> PathBuf {
+    build_dir().join("bin").join(name)
+}
+
+/// The pinned tools that are not built yet.
+pub fn missing_tools() -> Vec<&'static str> {
+    pins::LLAMA_TOOLS
+        .into_iter()
+        .filter(|name| !llama_bin(name).is_file())
+        .collect()
+}
+
+/// Makes every tool in [`pins::LLAMA_TOOLS`] present, building with `jobs` parallel jobs.
+pub fn ensure_reference(jobs: u32) -> Result<()> {
+    if missing_tools().is_empty() {
+        eprintln!(
+            "reference: llama.cpp tools already built in {} ({})",
+            build_dir().join("bin").display(),
+            pins::LLAMA_TOOLS.join(", ")
+        );
+        return Ok(());
+    }
+    let source = ensure_llama_src()?;
+    let root = llama_root_dir();
+    let _lock = lock_file(&root.join("build.lock"))?;
+    let missing = missing_tools();
+    if missing.is_empty() {
+        eprintln!("reference: built by another process meanwhile");
+        return Ok(());
+    }
+    eprintln!("reference: missing {}; building", missing.join(", "));
+
+    let cmake = find_or_install_cmake()?;
+    let build = build_dir();
+    let started = Instant::now();
+
+    let mut configure = Command::new(&cmake);
+    configure
+        .arg("-S")
+        .arg(&source)
+        .arg("-B")
+        .arg(&build)
+        .args(pins::LLAMA_CMAKE_FLAGS);
+    run_logged(&mut configure, &root.join("cmake.log"), "configure")?;
+
+    let mut compile = Command::new(&cmake);
+    compile
+        .arg("--build")
+        .arg(&build)
+        .arg(format!("-j{jobs}"))
+        .arg("--target")
+        .args(pins::LLAMA_TOOLS);
+    run_logged(&mut compile, &root.join("build.log"), "build")?;
+
+    let still_missing = missing_tools();
+    if !still_missing.is_empty() {
+        bail!(
+            "the build finished but {} are missing in {}",
+            still_missing.join(", "),
+            build.join("bin").display()
+        );
+    }
+    eprintln!(
+        "reference: built {} in {}",
+        pins::LLAMA_TOOLS.join(", "),
+        duration_text(started.elapsed())
+    );
+    Ok(())
+}
+
+/// `cmake` from PATH; else the one from `python3 -m pip install cmake`.
+fn find_or_install_cmake() -> Result<OsString> {
+    let on_path = OsString::from("cmake");
+    if cmake_works(&on_path) {
+        return Ok(on_path);
+    }
+    if let Some(from_pip) = pip_cmake() {
+        return Ok(from_pip);
+    }
+    let python = std::env::var_os("NX_PYTHON")
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| OsString::from("python3"));
+    crate::fetch::check_pip(&python)?;
+    eprintln!("reference: cmake not found; installing it with `python3 -m pip install cmake`");
+    let mut install = Command::new(&python);
+    install.args(["-m", "pip", "install", "cmake"]);
+    crate::util::run_checked(&mut install)?;
+    match pip_cmake() {
+        Some(cmake) => Ok(cmake),
+        None => bail!(
+            "`{}` succeeded but no working cmake was found",
+            display_command(&install)
+        ),
+    }
+}
+
+fn cmake_works(program: &OsString) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// The cmake binary that the `cmake` Python package ships, if it is installed and works.
+fn pip_cmake() -> Option<OsString> {
+    let python = std::env::var_os("NX_PYTHON")
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| OsString::from("python3"));
+    let out = Command::new(python)
+        .args(["-c", "import cmake; print(cmake.CMAKE_BIN_DIR)"])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let cmake = Path::new(&dir).join("cmake").into_os_string();
+    cmake_works(&cmake).then_some(cmake)
+}
+
+/// Runs `cmd` with its output going to `log`; prints a line at each new tenth of the
+/// `[ NN%]` progress cmake reports, and the log's tail when the command fails.
+fn run_logged(cmd: &mut Command, log: &Path, what: &str) -> Result<()> {
+    eprintln!(
+        "reference: {what}: {} (log: {})",
+        display_command(cmd),
+        log.display()
+    );
+    let started = Instant::now();
+    let log_file = Arc::new(Mutex::new(
+        File::create(log).with_context(|| format!("cannot create {}", log.display()))?,
+    ));
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("could not run `{}`", display_command(cmd)))?;
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let stderr_log = Arc::clone(&log_file);
+    let stderr_thread = std::thread::spawn(move || copy_lines(stderr, &stderr_log, |_| {}));
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut last_tenth = None;
+    copy_lines(stdout, &log_file, |line| {
+        if let Some(percent) = progress_percent(line) {
+            let tenth = percent / 10;
+            if last_tenth != Some(tenth) {
+                last_tenth = Some(tenth);
+                eprintln!(
+                    "reference: {what}: {percent:3}% after {}",
+                    duration_text(started.elapsed())
+                );
+            }
+        }
+    });
+    let _ = stderr_thread.join();
+    let status = child.wait().context("waiting for cmake")?;
+    if !status.success() {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(30).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!(
+            "`{}` failed ({status}); last lines of {}:\n{}",
+            display_command(cmd),
+            log.display(),
+            tail.join("\n")
+        );
+    }
+    eprintln!(
+        "reference: {what}: done in {}",
+        duration_text(started.elapsed())
+    );
+    Ok(())
+}
+
+fn copy_lines(source: impl Read, log: &Mutex<File>, mut on_line: impl FnMut(&str)) {
+    let reader = BufReader::new(source);
+    for line in reader.split(b'\n') {
+        let Ok(line) = line else { break };
+        let text = String::from_utf8_lossy(&line);
+        if let Ok(mut file) = log.lock() {
+            let _ = writeln!(file, "{text}");
+        }
+        on_line(&text);
+    }
+}
+
+/// `Some(92)` for a line starting with `[ 92%]`, as make's progress lines do.
+fn progress_percent(line: &str) -> Option<u32> {
+    let rest = line.trim_start().strip_prefix('[')?;
+    let (number, _) = rest.split_once("%]")?;
+    number.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_lines_are_parsed() {
+        assert_eq!(
+            progress_percent("[ 92%] Building CXX object tools/server/x.o"),
+            Some(92)
+        );
+        assert_eq!(
+            progress_percent("[100%] Built target llama-server"),
+            Some(100)
+        );
+        assert_eq!(progress_percent("[  0%] Generating build details"), Some(0));
+        assert_eq!(progress_percent("-- Configuring done"), None);
+        assert_eq!(progress_percent("[abc%] nope"), None);
+    }
+
+    #[test]
+    fn logged_command_writes_both_streams_and_reports_failure_with_the_tail() {
+        let dir = crate::util::TestDir::new("run-logged");
+        let log = dir.path().join("build.log");
+        let mut ok = Command::new("sh");
+        ok.args(["-c", "echo '[ 10%] one'; echo oops >&2; echo '[100%] done'"]);
+        run_logged(&mut ok, &log, "build").unwrap();
+        let text = std::fs::read_to_string(&log).unwrap();
+        for line in ["[ 10%] one", "oops", "[100%] done"] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line:?} missing from {text:?}"
+            );
+        }
+
+        let mut failing = Command::new("sh");
+        failing.args(["-c", "echo 'last words'; exit 3"]);
+        let err = run_logged(&mut failing, &log, "build")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("exit status: 3"), "{err}");
+        assert!(err.contains("last words"), "{err}");
+    }
+
+    #[test]
+    fn tool_paths_live_in_build_bin() {
+        let server = llama_bin("llama-server");
+        assert!(
+            server.ends_with("llama.cpp/build/bin/llama-server"),
+            "{server:?}"
+        );
+    }
+}

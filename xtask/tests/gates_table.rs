@@ -1,0 +1,39 @@
+//! The named-gate table points at real, ignored integration-test targets.
+
+use serde_json::Value;
+use xtask::gates::{GATES, IGNORE_REASON};
+
+fn test_target<'m>(meta: &'m Value, package: &str, test: &str) -> Option<&'m Value> {
+    let package = meta["packages"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == package)?;
+    package["targets"].as_array()?.iter().find(|t| {
+        t["name"] == test
+            && t["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|k| k == "test"))
+    })
+}
+
+#[test]
+fn every_gate_names_an_ignored_test_target() {
+    let meta = xtask::util::cargo_metadata().expect("cargo metadata");
+    for gate in GATES {
+        let target = test_target(&meta, gate.package, gate.test).unwrap_or_else(|| {
+            panic!(
+                "gate {} names `-p {} --test {}`, which is not a test target",
+                gate.name, gate.package, gate.test
+            )
+        });
+        let src_path = target["src_path"].as_str().expect("src_path");
+        let source = std::fs::read_to_string(src_path).expect("read gate test source");
+        let marker = format!("#[ignore = \"{IGNORE_REASON}\"]");
+        assert!(
+            source.contains(&marker),
+            "gate {}: {src_path} has no test marked {marker} (without it, plain \
+             `cargo test` would need the fetched files)",
+            gate.name
+        );
+    }
+}
