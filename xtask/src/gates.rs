@@ -49,6 +49,12 @@ pub const GATES: &[Gate] = &[
     // The fetched model and llama.cpp vocabs/test vectors match their pins, hashed in full
     // (no stamps), and the model starts with a GGUF v3 header.
     Gate::new("FETCH-PINS", "xtask", "fetched_pins"),
+    // The default model's header parses and matches reference.md (types, shapes, vocab).
+    Gate::new("GGUF-DEFAULT-MODEL", "nx-gguf", "real_model"),
+    // llama.cpp's tokenizer test vectors: qwen2, llama-bpe, llama-spm (138 cases).
+    Gate::new("GOLD-TOK-VECTORS", "nx-bpe", "gold_tok_vectors"),
+    // The default model's vocab against llama-server's /tokenize answers.
+    Gate::new("GOLD-TOK-GEMMA", "nx-bpe", "gold_tok_gemma"),
 ];
 
 #[cfg(test)]

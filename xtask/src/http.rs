@@ -201,7 +201,11 @@ mod tests {
         let r = parse_response(raw).unwrap();
         assert_eq!(r.status, 503);
         assert_eq!(r.body, b"Wikipedia in \r\n\r\nchunks.");
-        assert!(r.ensure_success("x").unwrap_err().to_string().contains("503"));
+        assert!(r
+            .ensure_success("x")
+            .unwrap_err()
+            .to_string()
+            .contains("503"));
     }
 
     #[test]
@@ -229,8 +233,10 @@ mod tests {
                     break;
                 }
             }
-            conn.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n7\r\n{\"y\":2}\r\n0\r\n\r\n")
-                .unwrap();
+            conn.write_all(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n7\r\n{\"y\":2}\r\n0\r\n\r\n",
+            )
+            .unwrap();
             String::from_utf8(seen).unwrap()
         });
         let body = serde_json::json!({"x": 1});

@@ -199,7 +199,10 @@ pub const SHAPES: [Shape; 5] = [
 pub fn shape(name: &str) -> Result<&'static Shape> {
     SHAPES.iter().find(|s| s.name == name).ok_or_else(|| {
         let names: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
-        anyhow!("unknown synth shape {name:?}; choose one of {}", names.join(", "))
+        anyhow!(
+            "unknown synth shape {name:?}; choose one of {}",
+            names.join(", ")
+        )
     })
 }
 
@@ -215,7 +218,10 @@ pub fn synth_path(name: &str) -> PathBuf {
 
 /// The committed digest list.
 pub fn hashes_path() -> PathBuf {
-    workspace_root().join("fixtures").join("synth").join("sha256.txt")
+    workspace_root()
+        .join("fixtures")
+        .join("synth")
+        .join("sha256.txt")
 }
 
 // ---------------------------------------------------------------------------------------
@@ -283,18 +289,39 @@ impl TensorSpec {
     }
 }
 
+/// RMS of each block's attention and FFN output relative to the RMS of the token
+/// embeddings (where the residual stream starts).
+///
+/// Why well below 1: llama.cpp quantizes every matmul input to 8 bits (Q8_0/Q8_K), and
+/// rounding is discontinuous, so two engines whose float results differ in the last bit
+/// round a few activations differently; those flips cascade through the layers until
+/// the logits differ by a sizeable fraction of the quantization noise. With gain 1
+/// a 1e-5 relative perturbation moved top-2 log-probs by 0.12 nats (median) in a
+/// float64 simulation of llama.cpp's arithmetic; with 0.25 by 0.06, while removing
+/// attention still changes the log-probs by about 0.9 nats (so attention matters).
+const BLOCK_OUT_GAIN: f32 = 0.25;
+
+/// [`BLOCK_OUT_GAIN`] for tied embeddings. With the residual stream dominated by the
+/// current token's embedding, which is also its LM-head row, the bilinear score
+/// `e_next · diag(norm) · e_current` is symmetric, so greedy decoding falls into
+/// two-token cycles (A→B→A→B); stronger blocks mix in more context.
+const TIED_BLOCK_OUT_GAIN: f32 = 1.0;
+
 /// llama.cpp's Q4_K_M gives attn_v and ffn_down more bits in the first and last eighth
 /// of the layers and in every third layer between; we use the same pattern so the
 /// fixtures mix types like real Q4_K_M files.
 fn more_bits_layer(layer: u64, n_layer: u64) -> bool {
     let eighth = n_layer / 8;
-    layer < eighth || layer >= 7 * n_layer / 8 || (layer >= eighth && (layer - eighth) % 3 == 2)
+    if layer < eighth || layer >= 7 * n_layer / 8 {
+        return true;
+    }
+    (layer - eighth) % 3 == 2
 }
 
 /// K-quants need rows that are whole 256-element super-blocks; otherwise use the
 /// 32-element type llama.cpp's quantizer falls back to.
 fn fit_type(wanted: GgmlType, row_len: u64) -> GgmlType {
-    if wanted.block_size() as u64 > 0 && row_len % wanted.block_size() as u64 == 0 {
+    if row_len.is_multiple_of(wanted.block_size() as u64) {
         return wanted;
     }
     match wanted {
@@ -325,7 +352,16 @@ fn tensor_specs(shape: &Shape, n_vocab: u64) -> Vec<TensorSpec> {
     let lm_head_std = shape.logit_std / sqrt(n_embd);
     // Untied: unit-scale embeddings, so the residual stream starts at RMS 1 like the
     // block outputs. Tied: the embedding is also the LM head and sets the logit scale.
-    let embd_std = if shape.tied_embeddings { lm_head_std } else { 1.0 };
+    let embd_std = if shape.tied_embeddings {
+        lm_head_std
+    } else {
+        1.0
+    };
+    let block_gain = if shape.tied_embeddings {
+        TIED_BLOCK_OUT_GAIN
+    } else {
+        BLOCK_OUT_GAIN
+    } * embd_std;
 
     let mut specs = vec![matrix(
         "token_embd.weight".into(),
@@ -344,15 +380,33 @@ fn tensor_specs(shape: &Shape, n_vocab: u64) -> Vec<TensorSpec> {
         };
         specs.push(vector(blk("attn_norm.weight"), n_embd, 1.0, 0.1));
         // Projections: std 1/sqrt(K) keeps unit-RMS inputs at unit-RMS outputs.
-        specs.push(matrix(blk("attn_q.weight"), n_embd, q_dim, GgmlType::Q4_K, 1.0 / sqrt(n_embd)));
+        specs.push(matrix(
+            blk("attn_q.weight"),
+            n_embd,
+            q_dim,
+            GgmlType::Q4_K,
+            1.0 / sqrt(n_embd),
+        ));
         if shape.arch == Arch::Qwen2 {
             specs.push(vector(blk("attn_q.bias"), q_dim, 0.0, 0.5));
         }
-        specs.push(matrix(blk("attn_k.weight"), n_embd, kv_dim, GgmlType::Q4_K, 1.0 / sqrt(n_embd)));
+        specs.push(matrix(
+            blk("attn_k.weight"),
+            n_embd,
+            kv_dim,
+            GgmlType::Q4_K,
+            1.0 / sqrt(n_embd),
+        ));
         if shape.arch == Arch::Qwen2 {
             specs.push(vector(blk("attn_k.bias"), kv_dim, 0.0, 0.5));
         }
-        specs.push(matrix(blk("attn_v.weight"), n_embd, kv_dim, more, 1.0 / sqrt(n_embd)));
+        specs.push(matrix(
+            blk("attn_v.weight"),
+            n_embd,
+            kv_dim,
+            more,
+            1.0 / sqrt(n_embd),
+        ));
         if shape.arch == Arch::Qwen2 {
             specs.push(vector(blk("attn_v.bias"), kv_dim, 0.0, 0.1));
         }
@@ -360,17 +414,61 @@ fn tensor_specs(shape: &Shape, n_vocab: u64) -> Vec<TensorSpec> {
             specs.push(vector(blk("attn_q_norm.weight"), shape.head_dim, 1.0, 0.1));
             specs.push(vector(blk("attn_k_norm.weight"), shape.head_dim, 1.0, 0.1));
         }
-        specs.push(matrix(blk("attn_output.weight"), q_dim, n_embd, GgmlType::Q4_K, 1.0 / sqrt(q_dim)));
+        specs.push(matrix(
+            blk("attn_output.weight"),
+            q_dim,
+            n_embd,
+            GgmlType::Q4_K,
+            block_gain / sqrt(q_dim),
+        ));
         specs.push(vector(blk("ffn_norm.weight"), n_embd, 1.0, 0.1));
-        specs.push(matrix(blk("ffn_gate.weight"), n_embd, shape.n_ff, GgmlType::Q4_K, 1.0 / sqrt(n_embd)));
-        specs.push(matrix(blk("ffn_up.weight"), n_embd, shape.n_ff, GgmlType::Q4_K, 1.0 / sqrt(n_embd)));
-        // silu(gate)·up has RMS well below 1; the larger std keeps the FFN's share of
-        // the residual stream comparable to attention's.
-        specs.push(matrix(blk("ffn_down.weight"), shape.n_ff, n_embd, more, 2.0 / sqrt(shape.n_ff)));
+        specs.push(matrix(
+            blk("ffn_gate.weight"),
+            n_embd,
+            shape.n_ff,
+            GgmlType::Q4_K,
+            1.0 / sqrt(n_embd),
+        ));
+        specs.push(matrix(
+            blk("ffn_up.weight"),
+            n_embd,
+            shape.n_ff,
+            GgmlType::Q4_K,
+            1.0 / sqrt(n_embd),
+        ));
+        // silu(gate)·up has RMS well below 1 (about 0.5); twice the gain keeps the FFN's
+        // share of the residual stream comparable to attention's.
+        specs.push(matrix(
+            blk("ffn_down.weight"),
+            shape.n_ff,
+            n_embd,
+            more,
+            2.0 * block_gain / sqrt(shape.n_ff),
+        ));
     }
-    specs.push(vector("output_norm.weight".into(), n_embd, 1.0, 0.1));
+    // Tied: the residual stream is mostly the current token's embedding, which is also
+    // its LM-head row, so with positive norm weights the logit of the current token
+    // (about |e|²) would beat every other and the model would only repeat itself.
+    // Zero-mean norm weights turn that self term into one more random logit.
+    let (norm_mean, norm_std) = if shape.tied_embeddings {
+        (0.0, 1.0)
+    } else {
+        (1.0, 0.1)
+    };
+    specs.push(vector(
+        "output_norm.weight".into(),
+        n_embd,
+        norm_mean,
+        norm_std,
+    ));
     if !shape.tied_embeddings {
-        specs.push(matrix("output.weight".into(), n_embd, n_vocab, GgmlType::Q6_K, lm_head_std));
+        specs.push(matrix(
+            "output.weight".into(),
+            n_embd,
+            n_vocab,
+            GgmlType::Q6_K,
+            lm_head_std,
+        ));
     }
     specs
 }
@@ -380,14 +478,18 @@ fn tensor_specs(shape: &Shape, n_vocab: u64) -> Vec<TensorSpec> {
 fn tensor_bytes(shape: &Shape, spec: &TensorSpec) -> Result<Vec<u8>> {
     let row_len = spec.row_len() as usize;
     let n_rows = spec.n_rows() as usize;
-    let row_bytes = spec
-        .ggml_type
-        .row_bytes(row_len as u64)
-        .ok_or_else(|| anyhow!("{}: row of {row_len} does not fit {}", spec.name, spec.ggml_type.name()))?
-        as usize;
+    let row_bytes = spec.ggml_type.row_bytes(row_len as u64).ok_or_else(|| {
+        anyhow!(
+            "{}: row of {row_len} does not fit {}",
+            spec.name,
+            spec.ggml_type.name()
+        )
+    })? as usize;
     let seed = fnv1a(&format!("{GENERATOR_VERSION}/{}/{}", shape.name, spec.name));
     let mut out = vec![0u8; row_bytes * n_rows];
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(16);
     let rows_per_thread = n_rows.div_ceil(threads).max(1);
     std::thread::scope(|scope| -> Result<()> {
         let mut handles = Vec::new();
@@ -437,7 +539,10 @@ pub fn generate(shape: &Shape) -> Result<Vec<u8>> {
     let key = |suffix: &str| format!("{arch}.{suffix}");
     let mut w = GgufWriter::new();
     w.add_metadata("general.architecture", Value::String(arch.into()));
-    w.add_metadata("general.name", Value::String(format!("nx synth {}", shape.name)));
+    w.add_metadata(
+        "general.name",
+        Value::String(format!("nx synth {}", shape.name)),
+    );
     // 15 = LLAMA_FTYPE_MOSTLY_Q4_K_M, the mix these files imitate.
     w.add_metadata("general.file_type", Value::U32(15));
     w.add_metadata("general.quantization_version", Value::U32(2));
@@ -446,23 +551,41 @@ pub fn generate(shape: &Shape) -> Result<Vec<u8>> {
     w.add_metadata(key("block_count"), Value::U32(shape.n_layer as u32));
     w.add_metadata(key("feed_forward_length"), Value::U32(shape.n_ff as u32));
     w.add_metadata(key("attention.head_count"), Value::U32(shape.n_head as u32));
-    w.add_metadata(key("attention.head_count_kv"), Value::U32(shape.n_head_kv as u32));
-    w.add_metadata(key("attention.layer_norm_rms_epsilon"), Value::F32(shape.rms_eps));
+    w.add_metadata(
+        key("attention.head_count_kv"),
+        Value::U32(shape.n_head_kv as u32),
+    );
+    w.add_metadata(
+        key("attention.layer_norm_rms_epsilon"),
+        Value::F32(shape.rms_eps),
+    );
     w.add_metadata(key("rope.freq_base"), Value::F32(shape.rope_freq_base));
     match shape.arch {
         Arch::Qwen3 => {
-            w.add_metadata(key("attention.key_length"), Value::U32(shape.head_dim as u32));
-            w.add_metadata(key("attention.value_length"), Value::U32(shape.head_dim as u32));
+            w.add_metadata(
+                key("attention.key_length"),
+                Value::U32(shape.head_dim as u32),
+            );
+            w.add_metadata(
+                key("attention.value_length"),
+                Value::U32(shape.head_dim as u32),
+            );
         }
         Arch::Llama => {
             // Real Llama 3 files carry both; llama.cpp checks the rotary width.
             w.add_metadata(key("vocab_size"), Value::U32(n_vocab as u32));
-            w.add_metadata(key("rope.dimension_count"), Value::U32(shape.head_dim as u32));
+            w.add_metadata(
+                key("rope.dimension_count"),
+                Value::U32(shape.head_dim as u32),
+            );
         }
         Arch::Qwen2 => {}
     }
     if shape.n_embd != shape.n_head * shape.head_dim && shape.arch != Arch::Qwen3 {
-        bail!("{}: head_dim must be n_embd / n_head for {arch}", shape.name);
+        bail!(
+            "{}: head_dim must be n_embd / n_head for {arch}",
+            shape.name
+        );
     }
     for (k, v) in vocab.metadata().iter() {
         if k.starts_with("tokenizer.") {
@@ -489,11 +612,17 @@ pub fn parse_hashes(text: &str) -> Result<BTreeMap<String, String>> {
         }
         let mut parts = line.split_whitespace();
         let (Some(digest), Some(file), None) = (parts.next(), parts.next(), parts.next()) else {
-            bail!("sha256.txt line {}: expected `SHA256  NAME.gguf`, got {line:?}", i + 1);
+            bail!(
+                "sha256.txt line {}: expected `SHA256  NAME.gguf`, got {line:?}",
+                i + 1
+            );
         };
         let is_hex = digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit());
         let Some(name) = file.strip_suffix(".gguf").filter(|_| is_hex) else {
-            bail!("sha256.txt line {}: expected `SHA256  NAME.gguf`, got {line:?}", i + 1);
+            bail!(
+                "sha256.txt line {}: expected `SHA256  NAME.gguf`, got {line:?}",
+                i + 1
+            );
         };
         map.insert(name.to_string(), digest.to_ascii_lowercase());
     }
@@ -523,7 +652,10 @@ fn read_hashes(path: &Path) -> Result<BTreeMap<String, String>> {
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().context("path without a parent directory")?;
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let file_name = path.file_name().context("path without a file name")?.to_string_lossy();
+    let file_name = path
+        .file_name()
+        .context("path without a file name")?
+        .to_string_lossy();
     let temp = dir.join(format!(".{file_name}.tmp-{}", unique_suffix()));
     fs::write(&temp, bytes).with_context(|| format!("cannot write {}", temp.display()))?;
     fs::rename(&temp, path).with_context(|| {
@@ -551,10 +683,7 @@ pub fn run(args: &SynthArgs) -> Result<()> {
     } else {
         args.shapes.clone()
     };
-    let shapes = names
-        .iter()
-        .map(|n| shape(n))
-        .collect::<Result<Vec<_>>>()?;
+    let shapes = names.iter().map(|n| shape(n)).collect::<Result<Vec<_>>>()?;
     if args.update_hashes {
         let _lock = synth_lock()?;
         let path = hashes_path();
@@ -609,7 +738,10 @@ fn ensure_shape(shape: &Shape) -> Result<PathBuf> {
         if &actual == expected {
             return Ok(path);
         }
-        eprintln!("synth: {} on disk has digest {actual}, regenerating", path.display());
+        eprintln!(
+            "synth: {} on disk has digest {actual}, regenerating",
+            path.display()
+        );
     }
     let (bytes, digest) = generate_timed(shape)?;
     match expected {
@@ -662,7 +794,11 @@ mod tests {
 
     #[test]
     fn more_bits_layers_follow_the_q4_k_m_pattern() {
-        let pick = |n: u64| (0..n).filter(|&i| more_bits_layer(i, n)).collect::<Vec<_>>();
+        let pick = |n: u64| {
+            (0..n)
+                .filter(|&i| more_bits_layer(i, n))
+                .collect::<Vec<_>>()
+        };
         assert_eq!(pick(4), vec![2, 3]);
         assert_eq!(pick(3), vec![2]);
         // 24 layers: first 3, last 3, and every third in between starting at 5.
@@ -692,9 +828,24 @@ mod tests {
                 );
             }
             let has = |name: &str| specs.iter().any(|s| s.name == name);
-            assert_eq!(has("output.weight"), !shape.tied_embeddings, "{}", shape.name);
-            assert_eq!(has("blk.0.attn_q.bias"), shape.arch == Arch::Qwen2, "{}", shape.name);
-            assert_eq!(has("blk.0.attn_q_norm.weight"), shape.arch == Arch::Qwen3, "{}", shape.name);
+            assert_eq!(
+                has("output.weight"),
+                !shape.tied_embeddings,
+                "{}",
+                shape.name
+            );
+            assert_eq!(
+                has("blk.0.attn_q.bias"),
+                shape.arch == Arch::Qwen2,
+                "{}",
+                shape.name
+            );
+            assert_eq!(
+                has("blk.0.attn_q_norm.weight"),
+                shape.arch == Arch::Qwen3,
+                "{}",
+                shape.name
+            );
         }
         // The tiny shapes together exercise all four weight quant types.
         let mut types: Vec<GgmlType> = TINY_SHAPES
@@ -704,7 +855,13 @@ mod tests {
             .collect();
         types.sort();
         types.dedup();
-        for t in [GgmlType::F32, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        for t in [
+            GgmlType::F32,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
             assert!(types.contains(&t), "{} unused", t.name());
         }
     }
@@ -716,11 +873,17 @@ mod tests {
             name: "blk.0.ffn_down.weight".into(),
             ne: vec![512, 7],
             ggml_type: GgmlType::Q4_K,
-            init: Init::Normal { mean: 0.0, std: 0.5 },
+            init: Init::Normal {
+                mean: 0.0,
+                std: 0.5,
+            },
         };
         let all = tensor_bytes(shape, &spec).unwrap();
         // A tensor with fewer rows holds exactly the leading rows of the larger one.
-        let fewer = TensorSpec { ne: vec![512, 3], ..spec.clone() };
+        let fewer = TensorSpec {
+            ne: vec![512, 3],
+            ..spec.clone()
+        };
         let part = tensor_bytes(shape, &fewer).unwrap();
         assert_eq!(&all[..part.len()], &part[..]);
         // Dequantized values have the requested scale.
@@ -740,7 +903,7 @@ mod tests {
         assert_eq!(parse_hashes(&text).unwrap(), map);
         assert!(parse_hashes("abc  x.gguf").is_err());
         assert!(parse_hashes(&format!("{}  x.bin", "ab".repeat(32))).is_err());
-        assert!(parse_hashes(&format!("{}", "ab".repeat(32))).is_err());
+        assert!(parse_hashes(&"ab".repeat(32)).is_err());
     }
 
     #[test]

@@ -16,7 +16,8 @@
 //! Round trip: `decode(encode(s)) == s` for byte-level BPE. For SentencePiece with
 //! `add_space_prefix` (the metadata flag, default true), a non-empty text — and every
 //! text fragment after a special token — gains one leading space:
-//! `decode(encode(s)) == " " + s`.
+//! `decode(encode(s)) == " " + s`. SentencePiece also reads a literal U+2581 in the input
+//! as the space it stands for, so such a character decodes as `' '`.
 
 mod bpe;
 mod decode;
@@ -32,7 +33,7 @@ use nx_gguf::{Gguf, Metadata};
 
 pub use decode::StreamDecoder;
 pub use error::TokenizerError;
-pub use pretok::PreTokenizer;
+pub use pretok::{PreTokenizer, PreTokenizerConfig, SplitScratch};
 pub use vocab::TokenType;
 
 use bpe::{alphabet_to_bytes, BpeModel, BpeWork};
@@ -274,6 +275,11 @@ impl Tokenizer {
         opts: EncodeOptions,
         out: &mut Vec<u32>,
     ) -> Result<(), TokenizerError> {
+        // Positions inside the tokenizer are 32-bit, and SentencePiece's escaping can
+        // triple a text's length.
+        if text.len() > MAX_INPUT_BYTES {
+            return Err(TokenizerError::InputTooLong { len: text.len() });
+        }
         if let Model::Spm(_) = self.model {
             if let Err(e) = std::str::from_utf8(text) {
                 return Err(TokenizerError::InvalidUtf8 {

@@ -111,7 +111,9 @@ impl SpmModel {
         let text = &w.text;
         let n_bytes = text.len();
         if n_bytes > i32::MAX as usize {
-            return Err(TokenizerError::InputTooLong { len: fragment.len() });
+            return Err(TokenizerError::InputTooLong {
+                len: fragment.len(),
+            });
         }
 
         w.syms.clear();

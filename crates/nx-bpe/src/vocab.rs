@@ -113,44 +113,63 @@ const END_OF_GENERATION_TEXTS: &[&str] = &[
     "[e~[",
 ];
 
-/// Fill-in-the-middle marker texts, forced to control (like the above) when the file does
-/// not name the corresponding ids.
-const FIM_TEXTS: &[&str] = &[
-    "<|fim_prefix|>",
-    "<fim-prefix>",
-    "<fim_prefix>",
-    "<｜fim▁begin｜>",
-    "<PRE>",
-    "▁<PRE>",
-    "<|code_prefix|>",
-    "<|prefix|>",
-    "<|fim_suffix|>",
-    "<fim-suffix>",
-    "<fim_suffix>",
-    "<｜fim▁hole｜>",
-    "<SUF>",
-    "▁<SUF>",
-    "<|code_suffix|>",
-    "<|suffix|>",
-    "<|fim_middle|>",
-    "<fim-middle>",
-    "<fim_middle>",
-    "<｜fim▁end｜>",
-    "<MID>",
-    "▁<MID>",
-    "<|code_middle|>",
-    "<|middle|>",
-    "<|fim_pad|>",
-    "<fim-pad>",
-    "<fim_pad>",
-    "<PAD>",
-    "[PAD]",
-    "<|fim_repo|>",
-    "<|repo_name|>",
-    "<fim-repo>",
-    "<REPO>",
-    "<reponame>",
-    "<|file_sep|>",
+/// Fill-in-the-middle marker texts by kind (the `tokenizer.ggml.fim_KIND_token_id` key),
+/// forced to control like the above when the file does not name that kind's id.
+const FIM_TEXTS: &[(&str, &[&str])] = &[
+    (
+        "pre",
+        &[
+            "<|fim_prefix|>",
+            "<fim-prefix>",
+            "<fim_prefix>",
+            "<｜fim▁begin｜>",
+            "<PRE>",
+            "▁<PRE>",
+            "<|code_prefix|>",
+            "<|prefix|>",
+        ],
+    ),
+    (
+        "suf",
+        &[
+            "<|fim_suffix|>",
+            "<fim-suffix>",
+            "<fim_suffix>",
+            "<｜fim▁hole｜>",
+            "<SUF>",
+            "▁<SUF>",
+            "<|code_suffix|>",
+            "<|suffix|>",
+        ],
+    ),
+    (
+        "mid",
+        &[
+            "<|fim_middle|>",
+            "<fim-middle>",
+            "<fim_middle>",
+            "<｜fim▁end｜>",
+            "<MID>",
+            "▁<MID>",
+            "<|code_middle|>",
+            "<|middle|>",
+        ],
+    ),
+    (
+        "pad",
+        &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
+    ),
+    (
+        "rep",
+        &[
+            "<|fim_repo|>",
+            "<|repo_name|>",
+            "<fim-repo>",
+            "<REPO>",
+            "<reponame>",
+        ],
+    ),
+    ("sep", &["<|file_sep|>"]),
 ];
 
 /// The token table.
@@ -305,11 +324,11 @@ impl Vocab {
                 eog.push(id);
             }
         }
-        let has_fim_keys = ["pre", "suf", "mid", "pad", "rep", "sep"]
-            .iter()
-            .any(|k| md.contains(&format!("tokenizer.ggml.fim_{k}_token_id")));
-        if !has_fim_keys {
-            for text in FIM_TEXTS {
+        for (kind, candidates) in FIM_TEXTS {
+            if md.contains(&format!("tokenizer.ggml.fim_{kind}_token_id")) {
+                continue;
+            }
+            for text in *candidates {
                 if let Some(id) = index.get(&texts, text.as_bytes()) {
                     attrs[id as usize] |= attr::CONTROL;
                 }

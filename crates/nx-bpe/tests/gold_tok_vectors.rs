@@ -52,19 +52,3 @@ fn gold_tok_vectors() {
     assert_eq!(total, 138, "expected 3 × 46 cases");
     assert_eq!(passed, total, "GOLD-TOK-VECTORS: {passed}/{total}");
 }
-
-/// More of the pinned vectors, for the other splitters this crate implements (not part of
-/// the gate's count): GPT-2's pattern (`gpt-2`, `mpt`) and the Gemma-style SentencePiece.
-#[test]
-#[ignore = "needs the fetched llama.cpp tree"]
-fn extra_vocab_vectors() {
-    let mut budget = 8;
-    let mut failed = Vec::new();
-    for name in ["gpt-2", "mpt", "phi-3"] {
-        let (p, t) = run_vocab(name, &mut budget);
-        if p != t {
-            failed.push(format!("{name}: {p}/{t}"));
-        }
-    }
-    assert!(failed.is_empty(), "{failed:?}");
-}

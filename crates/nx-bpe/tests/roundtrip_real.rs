@@ -15,7 +15,8 @@ use nx_gguf::Gguf;
 use proptest::prelude::*;
 
 fn load(path: &Path) -> Tokenizer {
-    let gguf = Gguf::open(path).unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask fetch`)", path.display()));
+    let gguf = Gguf::open(path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask fetch`)", path.display()));
     Tokenizer::from_gguf(&gguf).unwrap()
 }
 
@@ -42,7 +43,9 @@ fn text() -> impl Strategy<Value = String> {
         "[ a-zA-Z0-9'\t\n\r.,;:!?<>|_\\-éжк中🦀\u{200d}\u{3000}]{0,60}",
         "(<\\|im_start\\|>|<start_of_turn>|<end_of_turn>|<bos>|  |\n\n|\t| |x|é){0,12}",
     ]
-    .prop_filter("U+2581 is SentencePiece's space", |s| !s.contains('\u{2581}'))
+    .prop_filter("U+2581 is SentencePiece's space", |s| {
+        !s.contains('\u{2581}')
+    })
 }
 
 proptest! {

@@ -4,8 +4,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod inspect;
-mod tokenize; // TEMP-NXBPE
+mod run;
+mod tokenize;
 
 /// nx runs GGUF language models (Gemma 3, Qwen2/2.5, Qwen3, Llama) on the CPU, with
 /// logits that are bit-identical whatever the prefill chunk size or thread count.
@@ -20,8 +22,13 @@ struct Cli {
 enum Command {
     /// Print a GGUF file's metadata and tensor table without reading tensor data.
     Inspect(inspect::InspectArgs),
-    /// TEMP-NXBPE
+    /// Print the token ids of a text (or, with --decode, the text of ids) using a GGUF
+    /// file's tokenizer.
     Tokenize(tokenize::TokenizeArgs),
+    /// Generate a completion of a prompt, streamed to stdout.
+    Run(run::RunArgs),
+    /// Measure prompt-processing and generation speed (like llama-bench).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,7 +43,9 @@ fn main() -> ExitCode {
     };
     let result = match &cli.command {
         Command::Inspect(args) => inspect::run(args),
-        Command::Tokenize(args) => tokenize::run(args), // TEMP-NXBPE
+        Command::Tokenize(args) => tokenize::run(args),
+        Command::Run(args) => run::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,8 +11,6 @@ use std::ops::Range;
 
 use half::f16;
 
-use crate::scalar;
-
 /// An element type K/V rows can be stored in (`f32` or `half::f16`).
 ///
 /// The row kernels are trait methods so that each storage type gets its own
@@ -66,11 +64,11 @@ impl KvElem for f16 {
     }
     #[inline]
     fn dot_row(q: &[f32], row: &[Self]) -> f32 {
-        scalar::dot_f16(q, row)
+        crate::dot_f16(q, row)
     }
     #[inline]
     fn axpy_row(acc: &mut [f32], weight: f32, row: &[Self]) {
-        scalar::axpy_f16(acc, weight, row)
+        crate::axpy_f16(acc, weight, row)
     }
     #[inline(always)]
     fn round_activation(x: f32) -> f32 {

@@ -2,9 +2,10 @@
 //!
 //! Everything works on caller-provided slices and never allocates in a hot loop. The
 //! reference definitions live in [`scalar`]; the functions at the crate root are the
-//! ones callers use, and today they forward to [`scalar`]. When SIMD twins arrive, the
-//! root functions dispatch on the process's CPU tier (`nx_syscalls::cpu_tier`) and each
-//! twin is tested against its scalar reference.
+//! ones callers use, and mostly forward to [`scalar`]. Where a SIMD twin exists
+//! (`dot_f16` and `axpy_f16`, AVX2, used by attention over an f16 KV cache) the root
+//! function dispatches on the process's CPU tier (`nx_syscalls::cpu_tier`); the twins
+//! are bit-identical to their scalar references and tested against them.
 //!
 //! Reduction order is part of the contract: every reduction runs in an order fixed by
 //! the slice lengths alone, so results never depend on how work is chunked or threaded
@@ -18,6 +19,8 @@
 //! builds process the common prefix — never undefined behaviour.
 
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 pub mod convert;
 pub mod gelu_table;
 pub mod rope;
@@ -38,10 +41,45 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     scalar::dot(a, b)
 }
 
-/// Dot product of an f32 vector with an f16 row, same order as [`dot`].
+/// True when the f16 helpers run their AVX2 twins: the process tier
+/// (`nx_syscalls::cpu_tier`, lowered by `NX_TIER`) is AVX2 or higher and the CPU has
+/// AVX2 and F16C. The twins are bit-identical to the scalar references, so this only
+/// changes speed; an unusable `NX_TIER` picks scalar here (the quantized matmul is
+/// where that error is reported).
+#[cfg(target_arch = "x86_64")]
+fn use_avx2() -> bool {
+    use nx_syscalls::CpuTier;
+    static USE_AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USE_AVX2.get_or_init(|| {
+        matches!(
+            nx_syscalls::cpu_tier(),
+            Ok(CpuTier::Avx2 | CpuTier::Avx512Vnni)
+        ) && avx2::available()
+    })
+}
+
+/// Dot product of an f32 vector with an f16 row, same order as [`dot`] (AVX2 when the
+/// tier allows, bit-identical to [`scalar::dot_f16`]).
 #[inline]
 pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: `use_avx2` verified AVX2 and F16C on this CPU.
+        return unsafe { avx2::dot_f16(a, b) };
+    }
     scalar::dot_f16(a, b)
+}
+
+/// `y += alpha·f32(x)` for an f16 row, multiply then add (AVX2 when the tier allows,
+/// bit-identical to [`scalar::axpy_f16`]).
+#[inline]
+pub fn axpy_f16(y: &mut [f32], alpha: f32, x: &[f16]) {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: `use_avx2` verified AVX2 and F16C on this CPU.
+        return unsafe { avx2::axpy_f16(y, alpha, x) };
+    }
+    scalar::axpy_f16(y, alpha, x)
 }
 
 /// `y += alpha·x`, element-wise.

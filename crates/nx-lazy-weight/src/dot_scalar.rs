@@ -1,12 +1,14 @@
 //! Scalar reference dot products of one weight row with one quantized activation row.
 //!
-//! These mirror ggml's generic (non-SIMD) `ggml_vec_dot_*` kernels: integer sums
+//! Q4_0/Q5_0/Q8_0 and Q4_K/Q6_K reproduce the float order of the reference engine's x86
+//! kernels (see `Lanes8`); Q5_K and the float types mirror ggml's generic kernels: integer sums
 //! inside each block, then one float accumulation whose order depends on the row
 //! length K alone. For the K formats that order is ggml's: eight f32 lane sums
 //! (`lane l` collects positions ≡ l mod 8 of each super-block, scaled by `d_w·d_x`),
 //! a separate running f32 sum of the min terms (`−dmin_w·d_x·Σ bsum·m`), and at the
-//! end the eight lanes added to it in lane order. The SIMD kernels that come later are
-//! tested against these.
+//! end the eight lanes added to it in lane order. The SIMD kernels ([`crate::avx2`],
+//! [`crate::avx512`]) compute the same per-block integer sums and are tested against
+//! these in `tests/simd_twins.rs`; which kernel runs is chosen in [`crate::dispatch`].
 //!
 //! | weight | activations | per block | accumulation |
 //! |---|---|---|---|
@@ -23,54 +25,9 @@ use nx_gguf::GgmlType;
 use crate::dequant::q6_k_quads;
 use crate::formats::{
     bf16_to_f32, f16_to_f32, q4_k, q5_0, q6_k, q8_k, read_f16, read_f32, read_i16, read_u32,
-    row_bytes, scale_min_k4, vec_dot_type, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES,
-    Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK_K,
+    scale_min_k4, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+    Q8_K_BYTES, QK_K,
 };
-use crate::LazyWeightError;
-
-/// Dot product of a weight row (`weight_type`, `row_len` elements) with an activation
-/// row already quantized to the weight's [`vec_dot_type`].
-///
-/// Errors when the type is unsupported or either slice has the wrong length.
-pub fn dot_row(
-    weight_type: GgmlType,
-    w_row: &[u8],
-    x_row: &[u8],
-    row_len: usize,
-) -> Result<f32, LazyWeightError> {
-    let act_type = vec_dot_type(weight_type).ok_or(LazyWeightError::UnsupportedType {
-        ggml_type: weight_type,
-        op: "dot",
-    })?;
-    let w_bytes = row_bytes(weight_type, row_len)?;
-    let x_bytes = row_bytes(act_type, row_len)?;
-    if w_row.len() != w_bytes {
-        return Err(LazyWeightError::LengthMismatch {
-            what: "dot_row: weight row bytes",
-            expected: w_bytes,
-            actual: w_row.len(),
-        });
-    }
-    if x_row.len() != x_bytes {
-        return Err(LazyWeightError::LengthMismatch {
-            what: "dot_row: activation row bytes",
-            expected: x_bytes,
-            actual: x_row.len(),
-        });
-    }
-    Ok(dot_row_unchecked(weight_type, w_row, x_row))
-}
-
-/// [`dot_row`] without checks. The slices must hold the same number of elements in
-/// their formats (a mismatch only shortens the sum; nothing reads out of bounds).
-/// Unsupported types give 0.
-#[inline]
-pub(crate) fn dot_row_unchecked(weight_type: GgmlType, w: &[u8], x: &[u8]) -> f32 {
-    match dot_kernel(weight_type) {
-        Some(kernel) => kernel(w, x),
-        None => 0.0,
-    }
-}
 
 /// A dot kernel: weight row bytes, activation row bytes (same element count) → f32.
 pub type DotKernel = fn(&[u8], &[u8]) -> f32;
@@ -123,36 +80,64 @@ pub fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
     sum as f32
 }
 
-/// Sum of `w[j]·x[j]` over 32 i8 quants of a Q8_0 block against `wq` (already signed).
-#[inline(always)]
-fn isum32(wq: &[i32; 32], xq: &[u8]) -> i32 {
-    let mut lo = 0i32;
-    let mut hi = 0i32;
-    for j in 0..16 {
-        lo += wq[j] * xq[j] as i8 as i32;
-        hi += wq[j + 16] * xq[j + 16] as i8 as i32;
+/// The reference engine's x86 float reduction for 32-element formats and the K formats:
+/// eight f32 lanes, each fed once per block by a fused multiply-add of the block scale
+/// with that lane's exact integer sum, then added pairwise as
+/// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`. Reproducing it (rather than any other order)
+/// makes our matmuls bit-identical to llama.cpp's on x86 for identical inputs; the order
+/// depends on K alone, so batch and thread invariance hold.
+#[derive(Default)]
+struct Lanes8 {
+    acc: [f32; 8],
+}
+
+impl Lanes8 {
+    #[inline(always)]
+    fn fma_block(&mut self, d: f32, ints: &[i32; 8]) {
+        for l in 0..8 {
+            self.acc[l] = d.mul_add(ints[l] as f32, self.acc[l]);
+        }
     }
-    lo + hi
+
+    #[inline(always)]
+    fn sum(&self) -> f32 {
+        let a = &self.acc;
+        ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+    }
+}
+
+/// Lane sums of a 32-quant block: lane `l` holds `Σ w[k]·x[k]` for `k` in `4l..4l+4`.
+#[inline(always)]
+fn quad_lanes(wq: &[i32; 32], xq: &[u8]) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for (l, lane) in lanes.iter_mut().enumerate() {
+        for k in 4 * l..4 * l + 4 {
+            *lane += wq[k] * xq[k] as i8 as i32;
+        }
+    }
+    lanes
 }
 
 /// Q4_0 × Q8_0.
 pub fn dot_q4_0_q8_0(w: &[u8], x: &[u8]) -> f32 {
-    let mut sumf = 0.0f32;
+    let mut acc = Lanes8::default();
     for (wb, xb) in w.chunks_exact(Q4_0_BYTES).zip(x.chunks_exact(Q8_0_BYTES)) {
         let mut wq = [0i32; 32];
         for j in 0..16 {
             wq[j] = (wb[2 + j] & 0x0F) as i32 - 8;
             wq[j + 16] = (wb[2 + j] >> 4) as i32 - 8;
         }
-        let sumi = isum32(&wq, &xb[2..]);
-        sumf += sumi as f32 * read_f16(wb, 0) * read_f16(xb, 0);
+        acc.fma_block(
+            read_f16(wb, 0) * read_f16(xb, 0),
+            &quad_lanes(&wq, &xb[2..]),
+        );
     }
-    sumf
+    acc.sum()
 }
 
 /// Q5_0 × Q8_0.
 pub fn dot_q5_0_q8_0(w: &[u8], x: &[u8]) -> f32 {
-    let mut sumf = 0.0f32;
+    let mut acc = Lanes8::default();
     for (wb, xb) in w.chunks_exact(Q5_0_BYTES).zip(x.chunks_exact(Q8_0_BYTES)) {
         let qh = read_u32(wb, q5_0::QH);
         let qs = &wb[q5_0::QS..q5_0::QS + 16];
@@ -163,23 +148,28 @@ pub fn dot_q5_0_q8_0(w: &[u8], x: &[u8]) -> f32 {
             wq[j] = ((qs[j] & 0x0F) as u32 | h_lo) as i32 - 16;
             wq[j + 16] = ((qs[j] >> 4) as u32 | h_hi) as i32 - 16;
         }
-        let sumi = isum32(&wq, &xb[2..]);
-        sumf += (read_f16(wb, 0) * read_f16(xb, 0)) * sumi as f32;
+        acc.fma_block(
+            read_f16(wb, 0) * read_f16(xb, 0),
+            &quad_lanes(&wq, &xb[2..]),
+        );
     }
-    sumf
+    acc.sum()
 }
 
 /// Q8_0 × Q8_0.
 pub fn dot_q8_0_q8_0(w: &[u8], x: &[u8]) -> f32 {
-    let mut sumf = 0.0f32;
+    let mut acc = Lanes8::default();
     for (wb, xb) in w.chunks_exact(Q8_0_BYTES).zip(x.chunks_exact(Q8_0_BYTES)) {
-        let mut sumi = 0i32;
-        for j in 0..32 {
-            sumi += wb[2 + j] as i8 as i32 * xb[2 + j] as i8 as i32;
+        let mut wq = [0i32; 32];
+        for (q, &b) in wq.iter_mut().zip(&wb[2..34]) {
+            *q = b as i8 as i32;
         }
-        sumf += sumi as f32 * (read_f16(wb, 0) * read_f16(xb, 0));
+        acc.fma_block(
+            read_f16(wb, 0) * read_f16(xb, 0),
+            &quad_lanes(&wq, &xb[2..]),
+        );
     }
-    sumf
+    acc.sum()
 }
 
 /// Lane sums of one K super-block: `lanes[l] += scale(position)·w[p]·x[p]` over the
@@ -263,9 +253,34 @@ impl KAccumulator {
     }
 }
 
-/// Q4_K × Q8_K.
+/// K-format lane sums: lane `l` collects, for every 32-quant group `g` of the
+/// super-block, `scale(g, l)·Σ w[32g+k]·x[32g+k]` over `k` in `4l..4l+4`, where
+/// `scale(g, l)` is the scale of the sub-block holding those quants (sub-blocks of
+/// `sub_len` = 32 or 16 quants).
+#[inline(always)]
+fn k_quad_lanes(wq: &[i8; QK_K], xq: &[u8], scales: &[i32], sub_len: usize) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for g in 0..QK_K / 32 {
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let first = 32 * g + 4 * l;
+            let scale = scales[first / sub_len];
+            let mut quad = 0i32;
+            for k in first..first + 4 {
+                quad += wq[k] as i32 * xq[k] as i8 as i32;
+            }
+            *lane += scale * quad;
+        }
+    }
+    lanes
+}
+
+/// Q4_K × Q8_K: lanes as [`k_quad_lanes`]; the min terms go to four more lanes
+/// (`lane m = m[2m]·(b[4m]+b[4m+1]) + m[2m+1]·(b[4m+2]+b[4m+3])` over the bsums `b`),
+/// each fed by a fused multiply-add with `−d_x·dmin_w`, summed `(m0+m2)+(m1+m3)` and
+/// added to the eight-lane sum at the end.
 pub fn dot_q4_k_q8_k(w: &[u8], x: &[u8]) -> f32 {
-    let mut acc = KAccumulator::new();
+    let mut acc = Lanes8::default();
+    let mut acc_m = [0f32; 4];
     for (wb, xb) in w.chunks_exact(Q4_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
         let mut wq = [0i8; QK_K];
         for chunk in 0..4 {
@@ -276,13 +291,21 @@ pub fn dot_q4_k_q8_k(w: &[u8], x: &[u8]) -> f32 {
             }
         }
         let (sc, mn) = k4_scales_mins(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
-        let sumi_min = bsum_min_term(xb, &mn);
-        let ints = k_block_lanes(&wq, &xb[q8_k::QS..q8_k::QS + QK_K], &sc, 32);
         let dx = read_f32(xb, 0);
-        acc.add_block(read_f16(wb, 0) * dx, &ints);
-        acc.sub_min(read_f16(wb, q4_k::DMIN) * dx, sumi_min);
+        let d = dx * read_f16(wb, 0);
+        let dmin = -dx * read_f16(wb, q4_k::DMIN);
+        let bsum = |j: usize| read_i16(xb, q8_k::BSUMS + 2 * j) as i32;
+        for (m, lane) in acc_m.iter_mut().enumerate() {
+            let pair = |k: usize| bsum(2 * k) + bsum(2 * k + 1);
+            let prod = mn[2 * m] * pair(2 * m) + mn[2 * m + 1] * pair(2 * m + 1);
+            *lane = dmin.mul_add(prod as f32, *lane);
+        }
+        acc.fma_block(
+            d,
+            &k_quad_lanes(&wq, &xb[q8_k::QS..q8_k::QS + QK_K], &sc, 32),
+        );
     }
-    acc.finish()
+    acc.sum() + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
 }
 
 /// Q5_K × Q8_K.
@@ -310,9 +333,11 @@ pub fn dot_q5_k_q8_k(w: &[u8], x: &[u8]) -> f32 {
     acc.finish()
 }
 
-/// Q6_K × Q8_K.
+/// Q6_K × Q8_K: the unsigned 0..63 quants in [`k_quad_lanes`], minus, per lane `l`,
+/// `32·(b[2l]·s[2l] + b[2l+1]·s[2l+1])` over the bsums `b` and scales `s`; one fused
+/// multiply-add per lane and block with `d_x·d_w`.
 pub fn dot_q6_k_q8_k(w: &[u8], x: &[u8]) -> f32 {
-    let mut acc = KAccumulator::new();
+    let mut acc = Lanes8::default();
     for (wb, xb) in w.chunks_exact(Q6_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
         let mut wq = [0i8; QK_K];
         for half in 0..2 {
@@ -321,7 +346,8 @@ pub fn dot_q6_k_q8_k(w: &[u8], x: &[u8]) -> f32 {
             for l in 0..32 {
                 let q = q6_k_quads(ql, qh, l);
                 for (k, &qk) in q.iter().enumerate() {
-                    wq[128 * half + 32 * k + l] = qk;
+                    // q6_k_quads yields q − 32; the reference multiplies the unsigned q.
+                    wq[128 * half + 32 * k + l] = qk + 32;
                 }
             }
         }
@@ -329,27 +355,12 @@ pub fn dot_q6_k_q8_k(w: &[u8], x: &[u8]) -> f32 {
         for (j, s) in sc.iter_mut().enumerate() {
             *s = wb[q6_k::SCALES + j] as i8 as i32;
         }
-        let ints = k_block_lanes(&wq, &xb[q8_k::QS..q8_k::QS + QK_K], &sc, 16);
-        acc.add_block(read_f16(wb, q6_k::D) * read_f32(xb, 0), &ints);
+        let mut lanes = k_quad_lanes(&wq, &xb[q8_k::QS..q8_k::QS + QK_K], &sc, 16);
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let b = |j: usize| read_i16(xb, q8_k::BSUMS + 2 * j) as i32;
+            *lane -= 32 * (b(2 * l) * sc[2 * l] + b(2 * l + 1) * sc[2 * l + 1]);
+        }
+        acc.fma_block(read_f32(xb, 0) * read_f16(wb, q6_k::D), &lanes);
     }
-    acc.finish()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dot_row_checks_lengths() {
-        let w = [0u8; Q4_K_BYTES];
-        let x = [0u8; Q8_K_BYTES];
-        assert_eq!(dot_row(GgmlType::Q4_K, &w, &x, 256).unwrap(), 0.0);
-        assert!(dot_row(GgmlType::Q4_K, &w, &x[..100], 256).is_err());
-        assert!(dot_row(GgmlType::Q4_K, &w[..100], &x, 256).is_err());
-        assert!(dot_row(GgmlType::Q4_K, &w, &x, 32).is_err());
-        assert!(matches!(
-            dot_row(GgmlType::Q8_K, &x, &x, 256),
-            Err(LazyWeightError::UnsupportedType { .. })
-        ));
-    }
+    acc.sum()
 }

@@ -69,6 +69,9 @@ pub enum LazyWeightError {
         /// The activation type given.
         actual: GgmlType,
     },
+    /// `NX_TIER` asks for a kernel tier this CPU cannot run (or is not a tier name).
+    #[error("kernel tier: {0}")]
+    Tier(#[from] nx_syscalls::TierError),
     /// A row index past the end of the tensor.
     #[error("row {row} out of range: tensor has {n_rows} rows")]
     RowOutOfRange {

@@ -7,7 +7,7 @@
 use nx_gguf::{GgmlType, TensorInfo};
 
 use crate::dequant::dequantize_row_unchecked;
-use crate::dot_scalar::dot_row_unchecked;
+use crate::dispatch::active_dot_kernel;
 use crate::formats::{is_supported_weight, row_bytes, vec_dot_type};
 use crate::matmul::{matmul, QuantizedActs};
 use crate::LazyWeightError;
@@ -182,7 +182,7 @@ impl<'a> LazyWeight<'a> {
             row: t,
             n_rows: xq.n_rows(),
         })?;
-        Ok(dot_row_unchecked(self.ggml_type, row, x))
+        Ok(active_dot_kernel(self.ggml_type)?(row, x))
     }
 
     /// `y[t][r] = Σ_k W[r][k]·x[t][k]` for `n` activation rows `x` (`[n, K]`) into

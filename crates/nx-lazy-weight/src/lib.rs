@@ -7,6 +7,10 @@
 //! - [`quant`]: activation quantizers (Q8_0, Q8_K, F16, BF16), bit-exact with ggml's
 //!   reference quantizers, and weight quantizers used to build fixtures.
 //! - [`dot_scalar`]: scalar reference dot products, mirroring ggml's generic path.
+//! - `avx2`, `avx512` (x86-64), `neon` (AArch64, a scalar fallback for now): SIMD
+//!   twins of the quantized dot products, same per-block integer sums.
+//! - [`dispatch`]: the kernel of a weight type for a [`CpuTier`], the process tier
+//!   ([`active_tier`], from `nx_syscalls::cpu_tier`), and [`dot_row`].
 //! - [`matmul`]: quantize activations once, then `y[t][r] = dot(w row r, xq[t])`.
 //! - [`lazy`]: [`LazyWeight`], a borrowed view of one tensor's bytes.
 //!
@@ -18,19 +22,30 @@
 // mirror the block layouts; iterator chains would hide that correspondence.
 #![allow(clippy::needless_range_loop)]
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod dequant;
+pub mod dispatch;
 pub mod dot_scalar;
 mod error;
 pub mod formats;
 pub mod lazy;
 pub mod matmul;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub mod quant;
 
 pub use dequant::dequantize_row;
-pub use dot_scalar::dot_row;
+pub use dispatch::{active_tier, dot_kernel_for, dot_row, supported_tiers};
+pub use dot_scalar::DotKernel;
 pub use error::LazyWeightError;
 pub use formats::{is_supported_weight, row_bytes, vec_dot_type};
 pub use lazy::LazyWeight;
-pub use matmul::{matmul, matmul_quantized, matmul_rows, QuantizedActs};
+pub use matmul::{
+    matmul, matmul_pool, matmul_quantized, matmul_quantized_pool, matmul_rows, QuantizedActs,
+};
 pub use nx_gguf::GgmlType;
+pub use nx_syscalls::CpuTier;
 pub use quant::{quantize_row, quantize_row_q8_0, quantize_row_q8_k};

@@ -4,14 +4,16 @@
 //! weight's `vec_dot_type`. Every output element is a single call of a dot kernel
 //! whose reduction order depends on K alone, so `y[t][r]` is bit-identical whether
 //! it is computed alone, inside a batch of any size, or inside any range of weight
-//! rows — the batch- and thread-invariance guarantee. Threads will split work by
-//! weight rows through [`matmul_rows`], never along K.
+//! rows — the batch- and thread-invariance guarantee. Threads split the work by
+//! weight rows ([`matmul_quantized_pool`]), never along K.
 
 use std::ops::Range;
 
 use nx_gguf::GgmlType;
+use nx_syscalls::ThreadPool;
 
-use crate::dot_scalar::dot_kernel;
+use crate::dispatch::{active_tier, dot_kernel_for};
+use crate::dot_scalar::DotKernel;
 use crate::formats::row_bytes;
 use crate::lazy::LazyWeight;
 use crate::quant::quantize_row;
@@ -177,6 +179,20 @@ pub fn matmul(
     matmul_quantized(w, scratch, y)
 }
 
+/// [`matmul`] with the weight rows split across `pool`'s threads. Bit-identical to
+/// [`matmul`] for any thread count.
+pub fn matmul_pool(
+    w: &LazyWeight<'_>,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    scratch: &mut QuantizedActs,
+    pool: &ThreadPool,
+) -> Result<(), LazyWeightError> {
+    scratch.quantize_for(w, x, n)?;
+    matmul_quantized_pool(w, scratch, y, pool)
+}
+
 /// `y[t][r] = dot(W row r, xq row t)` for all tokens and all weight rows; `y` is
 /// `[xq.n_rows(), w.n_rows()]`.
 pub fn matmul_quantized(
@@ -188,19 +204,94 @@ pub fn matmul_quantized(
     matmul_rows(w, xq, 0..w.n_rows(), y)
 }
 
+/// Below this much work (weight bytes × tokens) a matmul runs on the calling thread:
+/// waking the pool would cost more than it saves.
+const MIN_PARALLEL_WORK: usize = 32 << 10;
+/// Upper bound on one chunk's work, so a thread that is descheduled mid-matmul holds back
+/// only a small part of it.
+const MAX_CHUNK_WORK: usize = 256 << 10;
+/// Chunks are whole multiples of this many weight rows (kernels may tile rows).
+const ROW_GRAIN: usize = 16;
+
+/// Weight rows per chunk for `n_cols` rows costing `row_work` each on `n_threads`
+/// threads, or `None` when the matmul should not be split.
+fn rows_per_chunk(n_cols: usize, row_work: usize, n_threads: usize) -> Option<usize> {
+    if n_threads <= 1
+        || n_cols < 2 * ROW_GRAIN
+        || n_cols.saturating_mul(row_work) < MIN_PARALLEL_WORK
+    {
+        return None;
+    }
+    // About eight chunks per thread balances uneven progress; the cap bounds a chunk's
+    // cost for huge matrices (the LM head).
+    let balanced = n_cols.div_ceil(n_threads * 8);
+    let capped = balanced.min(MAX_CHUNK_WORK / row_work.max(1));
+    Some(capped.max(1).next_multiple_of(ROW_GRAIN))
+}
+
+/// [`matmul_quantized`] with the weight rows split across `pool`'s threads in chunks
+/// claimed dynamically. Every output element is still one dot-kernel call over its full
+/// row, so `y` is bit-identical for any thread count.
+pub fn matmul_quantized_pool(
+    w: &LazyWeight<'_>,
+    xq: &QuantizedActs,
+    y: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), LazyWeightError> {
+    let n_cols = w.n_rows();
+    let row_work = w.row_bytes().saturating_mul(xq.n_rows());
+    let Some(chunk) = rows_per_chunk(n_cols, row_work, pool.n_threads()) else {
+        return matmul_quantized(w, xq, y);
+    };
+    let kernel = checked_kernel(w, xq, 0..n_cols, y.len())?;
+    let out = OutPtr(y.as_mut_ptr());
+    pool.parallel_for(n_cols, chunk, |rows| {
+        // SAFETY: `y` holds `[n, n_cols]` (checked above) and stays mutably borrowed until
+        // parallel_for returns; each chunk writes only the columns `rows` of every token
+        // row, and the chunks' row ranges are disjoint, so no element is written twice or
+        // by two threads.
+        unsafe { rows_into(kernel, w, xq, rows, out.get(), n_cols, 0) }
+    });
+    Ok(())
+}
+
 /// The inner entry for splitting work across threads by weight rows: computes
 /// `out[t][r − rows.start] = dot(W row r, xq row t)` for `r` in `rows` and every token
 /// `t`, with `out` laid out `[xq.n_rows(), rows.len()]` (token-major).
 ///
-/// For one token (decode) `out` is simply `y[rows]`; for several, the caller copies
-/// each token's slice into place. The value of each element does not depend on
-/// `rows` or on the number of tokens.
+/// The value of each element does not depend on `rows` or on the number of tokens.
 pub fn matmul_rows(
     w: &LazyWeight<'_>,
     xq: &QuantizedActs,
     rows: Range<usize>,
     out: &mut [f32],
 ) -> Result<(), LazyWeightError> {
+    let kernel = checked_kernel(w, xq, rows.clone(), out.len())?;
+    let width = rows.len();
+    // SAFETY: `out` holds exactly `[n, width]` (checked), and the writes go to
+    // `t·width + (r − rows.start)` for `t < n`, `r ∈ rows`: all in bounds.
+    unsafe {
+        rows_into(
+            kernel,
+            w,
+            xq,
+            rows.clone(),
+            out.as_mut_ptr(),
+            width,
+            rows.start,
+        )
+    };
+    Ok(())
+}
+
+/// Validates a `rows` slice of `w` times `xq` into an output of `out_len` elements laid
+/// out `[n, rows.len()]`, and returns the dot kernel.
+fn checked_kernel(
+    w: &LazyWeight<'_>,
+    xq: &QuantizedActs,
+    rows: Range<usize>,
+    out_len: usize,
+) -> Result<DotKernel, LazyWeightError> {
     xq.check_for(w)?;
     if rows.start > rows.end || rows.end > w.n_rows() {
         return Err(LazyWeightError::RowOutOfRange {
@@ -210,27 +301,82 @@ pub fn matmul_rows(
     }
     let width = rows.end - rows.start;
     let n = xq.n_rows();
-    if out.len() != n * width {
+    if out_len != n * width {
         return Err(LazyWeightError::LengthMismatch {
             what: "matmul output [n, rows]",
             expected: n * width,
-            actual: out.len(),
+            actual: out_len,
         });
     }
-    let kernel = dot_kernel(w.ggml_type()).ok_or(LazyWeightError::UnsupportedType {
+    // The process tier's kernel (SIMD where available), the same one `dot_row` uses.
+    dot_kernel_for(active_tier()?, w.ggml_type()).ok_or(LazyWeightError::UnsupportedType {
         ggml_type: w.ggml_type(),
         op: "matmul",
-    })?;
-    if width == 0 || n == 0 {
-        return Ok(());
+    })
+}
+
+/// Writes `dot(W row r, xq row t)` to `out[t·stride + r − col0]` for `r` in `rows` and
+/// every token `t`.
+///
+/// # Safety
+/// `rows` must lie within `w`'s rows, `xq` must fit `w` and `kernel` must be `w`'s dot
+/// kernel (see [`checked_kernel`]); `out` must be valid for writes at every index
+/// `t·stride + r − col0` (`t < xq.n_rows()`, `r ∈ rows`), with no other thread
+/// accessing those elements during the call.
+unsafe fn rows_into(
+    kernel: DotKernel,
+    w: &LazyWeight<'_>,
+    xq: &QuantizedActs,
+    rows: Range<usize>,
+    out: *mut f32,
+    stride: usize,
+    col0: usize,
+) {
+    let n = xq.n_rows();
+    if rows.is_empty() || n == 0 {
+        return;
     }
     let w_rows = &w.bytes()[rows.start * w.row_bytes()..rows.end * w.row_bytes()];
     // Weight row outer, tokens inner: each weight row is read once and reused for
     // every token while it is in cache.
-    for (j, w_row) in w_rows.chunks_exact(w.row_bytes()).enumerate() {
+    for (r, w_row) in rows.zip(w_rows.chunks_exact(w.row_bytes())) {
         for (t, x_row) in xq.data.chunks_exact(xq.row_bytes).take(n).enumerate() {
-            out[t * width + j] = kernel(w_row, x_row);
+            // SAFETY: in bounds and unshared by the caller's contract.
+            unsafe { *out.add(t * stride + r - col0) = kernel(w_row, x_row) };
         }
     }
-    Ok(())
+}
+
+/// The output pointer of a threaded matmul, shared by the pool's threads.
+struct OutPtr(*mut f32);
+
+impl OutPtr {
+    /// A method (not the field) so closures capture the `Sync` wrapper.
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+// SAFETY: threads write disjoint elements through it; see `matmul_quantized_pool`.
+unsafe impl Sync for OutPtr {}
+
+#[cfg(test)]
+mod thread_split_tests {
+    use super::*;
+
+    #[test]
+    fn chunking_splits_real_matmuls_and_skips_tiny_ones() {
+        // One thread, or too little work: not split.
+        assert_eq!(rows_per_chunk(2048, 680, 1), None);
+        assert_eq!(rows_per_chunk(16, 100_000, 4), None);
+        assert_eq!(rows_per_chunk(64, 64, 4), None);
+        // The sizes thread_invariance.rs uses (N = 260, K = 256) are split for every
+        // type at one token (Q4_0/Q4_K rows are the smallest, 144 bytes).
+        let c = rows_per_chunk(260, 144, 2).expect("split");
+        assert!(c.is_multiple_of(ROW_GRAIN) && c < 260, "{c}");
+        // Decode through an LM head (262144 rows of 680 bytes): chunks capped in work.
+        let c = rows_per_chunk(262_144, 680, 2).expect("split");
+        assert!(c * 680 <= MAX_CHUNK_WORK + ROW_GRAIN * 680, "{c}");
+        assert!(262_144 / c >= 16);
+    }
 }

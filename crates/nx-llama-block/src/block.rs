@@ -1,8 +1,11 @@
 //! The block forward pass for one chunk of tokens.
 
-use nx_f32::{attend_head, GeluTable, HeadRows, RopeStyle, RopeTable};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use nx_f32::{attend_head, GeluTable, HeadRows, KvElem, RopeStyle, RopeTable};
 use nx_kv_cache::{KvCache, KvError, KvRows};
 use nx_lazy_weight::{LazyWeight, LazyWeightError};
+use nx_syscalls::ThreadPool;
 
 use crate::Projector;
 
@@ -93,7 +96,8 @@ pub struct BlockScratch {
     proj: Vec<f32>,   // [n, n_embd]
     gate: Vec<f32>,   // [n, n_ff]
     up: Vec<f32>,     // [n, n_ff]
-    probs: Vec<f32>,  // [kv rows]
+    /// One `[kv rows]` probability row per pool thread.
+    probs: Vec<Vec<f32>>,
     projector: Projector,
     rope: Option<(usize, u32, RopeTable)>, // (rope_dim, base bits, table)
 }
@@ -129,6 +133,10 @@ fn add_bias_rows(x: &mut [f32], bias: Option<&[f32]>) {
 /// at positions `pos..pos+n`. Writes the chunk's K/V rows into `cache` (rows
 /// `pos..pos+n` of this layer), then token `i` attends to rows `0..=pos+i` (only the last
 /// `window` of them in a local layer).
+///
+/// Matmuls (split by weight rows), attention (split by token × head) and the FFN
+/// activation run on `pool`; each output element is computed by one thread in a fixed
+/// order, so the result is bit-identical for any thread count.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     cfg: &LayerConfig,
@@ -139,6 +147,7 @@ pub fn forward(
     pos: usize,
     cache: &mut KvCache,
     s: &mut BlockScratch,
+    pool: &ThreadPool,
 ) -> Result<(), BlockError> {
     let n_embd = cfg.n_embd;
     let q_dim = cfg.n_head * cfg.head_dim;
@@ -157,11 +166,11 @@ pub fn forward(
     nx_f32::rmsnorm_rows(normed, x, w.attn_norm, n_embd, cfg.rms_eps);
     s.projector.reset();
     let q = sized(&mut s.q, n * q_dim); // [n, q_dim]
-    s.projector.project(&w.wq, normed, n, q)?;
+    s.projector.project(&w.wq, normed, n, q, pool)?;
     let k = sized(&mut s.k, n * k_dim); // [n, k_dim]
-    s.projector.project(&w.wk, normed, n, k)?;
+    s.projector.project(&w.wk, normed, n, k, pool)?;
     let v = sized(&mut s.v, n * v_dim); // [n, v_dim]
-    s.projector.project(&w.wv, normed, n, v)?;
+    s.projector.project(&w.wv, normed, n, v, pool)?;
     add_bias_rows(q, w.bq);
     add_bias_rows(k, w.bk);
     add_bias_rows(v, w.bv);
@@ -204,26 +213,34 @@ pub fn forward(
     cache.write_rows(layer, pos, k, v)?;
     let (keys, values) = cache.layer_rows(layer, pos + n)?;
     let attn = sized(&mut s.attn, n * attn_dim); // [n, n_head · value_dim]
-    let probs = sized(&mut s.probs, pos + n);
-    let group = cfg.n_head / cfg.n_head_kv;
-    for t in 0..n {
-        let end = pos + t + 1;
-        let start = match cfg.window {
-            Some(wnd) => end.saturating_sub(wnd),
-            None => 0,
-        };
-        for h in 0..cfg.n_head {
-            let kv_head = h / group;
-            let qh = &q[t * q_dim + h * cfg.head_dim..t * q_dim + (h + 1) * cfg.head_dim];
-            let out =
-                &mut attn[t * attn_dim + h * cfg.value_dim..t * attn_dim + (h + 1) * cfg.value_dim];
-            attend(keys, values, cfg, kv_head, qh, start..end, out, probs)?;
+
+    // One probability row per thread; a single one when the work is too small to split.
+    let work = n * cfg.n_head * (pos + n) * (cfg.head_dim + cfg.value_dim);
+    let n_slots = if work < MIN_PARALLEL_ATTENTION_WORK {
+        1
+    } else {
+        pool.n_threads()
+    };
+    if s.probs.len() < n_slots {
+        s.probs.resize_with(n_slots, Vec::new);
+    }
+    for p in &mut s.probs[..n_slots] {
+        sized(p, pos + n);
+    }
+    let probs = &mut s.probs[..n_slots];
+    match (keys, values) {
+        (KvRows::F16 { data: kd, .. }, KvRows::F16 { data: vd, .. }) => {
+            attend_chunk(cfg, layer, kd, vd, q, pos, attn, probs, pool)?
         }
+        (KvRows::F32 { data: kd, .. }, KvRows::F32 { data: vd, .. }) => {
+            attend_chunk(cfg, layer, kd, vd, q, pos, attn, probs, pool)?
+        }
+        _ => return Err(bad_view(layer, "mixed K/V storage types")),
     }
 
     let proj = sized(&mut s.proj, n * n_embd); // [n, n_embd]
     s.projector.reset();
-    s.projector.project(&w.wo, attn, n, proj)?;
+    s.projector.project(&w.wo, attn, n, proj, pool)?;
     if let Some(pn) = w.post_attn_norm {
         check(layer, "post_attention_norm", pn, n_embd)?;
         nx_f32::rmsnorm_rows_in_place(proj, pn, n_embd, cfg.rms_eps);
@@ -235,25 +252,31 @@ pub fn forward(
     nx_f32::rmsnorm_rows(normed, x, w.ffn_norm, n_embd, cfg.rms_eps);
     s.projector.reset();
     let gate = sized(&mut s.gate, n * cfg.n_ff); // [n, n_ff]
-    s.projector.project(&w.w_gate, normed, n, gate)?;
+    s.projector.project(&w.w_gate, normed, n, gate, pool)?;
     let up = sized(&mut s.up, n * cfg.n_ff); // [n, n_ff]
-    s.projector.project(&w.w_up, normed, n, up)?;
-    // hidden = act(gate)·up, written over gate.
-    match cfg.ffn_activation {
-        FfnActivation::Silu => {
-            for (g, u) in gate.iter_mut().zip(up.iter()) {
-                *g = nx_f32::silu(*g) * u;
+    s.projector.project(&w.w_up, normed, n, up, pool)?;
+    // hidden = act(gate)·up, written over gate; elementwise, split by token rows.
+    let activation = cfg.ffn_activation;
+    let up = &*up;
+    let mut no_state = vec![(); pool.n_threads()]; // zero-sized: allocates nothing
+    pool.parallel_chunks_mut(gate, cfg.n_ff, 1, &mut no_state, |_, tokens, gate| {
+        let up = &up[tokens.start * cfg.n_ff..tokens.end * cfg.n_ff];
+        match activation {
+            FfnActivation::Silu => {
+                for (g, u) in gate.iter_mut().zip(up.iter()) {
+                    *g = nx_f32::silu(*g) * u;
+                }
+            }
+            FfnActivation::GeluTanh => {
+                let table = GeluTable::shared();
+                for (g, u) in gate.iter_mut().zip(up.iter()) {
+                    *g = table.gelu(*g) * u;
+                }
             }
         }
-        FfnActivation::GeluTanh => {
-            let table = GeluTable::shared();
-            for (g, u) in gate.iter_mut().zip(up.iter()) {
-                *g = table.gelu(*g) * u;
-            }
-        }
-    }
+    });
     s.projector.reset();
-    s.projector.project(&w.w_down, gate, n, proj)?;
+    s.projector.project(&w.w_down, gate, n, proj, pool)?;
     if let Some(pn) = w.post_ffn_norm {
         check(layer, "post_ffw_norm", pn, n_embd)?;
         nx_f32::rmsnorm_rows_in_place(proj, pn, n_embd, cfg.rms_eps);
@@ -262,40 +285,66 @@ pub fn forward(
     Ok(())
 }
 
-/// One query head against one KV head, whatever the cache's storage type.
-#[allow(clippy::too_many_arguments)]
-fn attend(
-    keys: KvRows<'_>,
-    values: KvRows<'_>,
-    cfg: &LayerConfig,
-    kv_head: usize,
-    q: &[f32],
-    rows: std::ops::Range<usize>,
-    out: &mut [f32],
-    probs: &mut [f32],
-) -> Result<(), BlockError> {
-    let bad = |what| BlockError::Shape {
-        layer: usize::MAX,
+/// Below this much attention work (tokens × heads × rows × (head_dim + value_dim)) the
+/// chunk's attention runs on the calling thread.
+const MIN_PARALLEL_ATTENTION_WORK: usize = 1 << 15;
+
+fn bad_view(layer: usize, what: &'static str) -> BlockError {
+    BlockError::Shape {
+        layer,
         what,
         expected: 0,
         actual: 0,
-    };
-    match (keys, values) {
-        (KvRows::F16 { data: kd, .. }, KvRows::F16 { data: vd, .. }) => {
-            let kh = HeadRows::head(kd, cfg.n_head_kv, cfg.head_dim, kv_head)
-                .ok_or_else(|| bad("key cache view"))?;
-            let vh = HeadRows::head(vd, cfg.n_head_kv, cfg.value_dim, kv_head)
-                .ok_or_else(|| bad("value cache view"))?;
-            attend_head(q, kh, vh, rows, cfg.kq_scale, out, probs);
+    }
+}
+
+/// Attention of every (token, query head) pair of the chunk against the cache rows
+/// `keys`/`values` (`[rows, n_head_kv · dim]`), written to `attn` (`[n, n_head ·
+/// value_dim]`). The pairs are spread over `pool`, one `probs` row per thread (at most
+/// `probs.len()` threads); each pair is computed whole by one thread, so the result does
+/// not depend on the split.
+#[allow(clippy::too_many_arguments)]
+fn attend_chunk<T: KvElem>(
+    cfg: &LayerConfig,
+    layer: usize,
+    keys: &[T],
+    values: &[T],
+    q: &[f32],
+    pos: usize,
+    attn: &mut [f32],
+    probs: &mut [Vec<f32>],
+    pool: &ThreadPool,
+) -> Result<(), BlockError> {
+    if cfg.value_dim == 0 || attn.is_empty() {
+        return Ok(());
+    }
+    let q_dim = cfg.n_head * cfg.head_dim;
+    let group = cfg.n_head / cfg.n_head_kv;
+    let n_pairs = attn.len() / cfg.value_dim;
+    // Small claims balance the causal mask's uneven rows (later tokens see more).
+    let chunk = n_pairs.div_ceil(probs.len() * 8).max(1);
+    let missing_view = AtomicBool::new(false);
+    pool.parallel_chunks_mut(attn, cfg.value_dim, chunk, probs, |probs, pairs, out| {
+        for (i, out) in pairs.zip(out.chunks_exact_mut(cfg.value_dim)) {
+            let (t, h) = (i / cfg.n_head, i % cfg.n_head);
+            let end = pos + t + 1;
+            let start = match cfg.window {
+                Some(wnd) => end.saturating_sub(wnd),
+                None => 0,
+            };
+            let kv_head = h / group;
+            let qh = &q[t * q_dim + h * cfg.head_dim..t * q_dim + (h + 1) * cfg.head_dim];
+            let kh = HeadRows::head(keys, cfg.n_head_kv, cfg.head_dim, kv_head);
+            let vh = HeadRows::head(values, cfg.n_head_kv, cfg.value_dim, kv_head);
+            let (Some(kh), Some(vh)) = (kh, vh) else {
+                missing_view.store(true, Ordering::Relaxed);
+                return;
+            };
+            attend_head(qh, kh, vh, start..end, cfg.kq_scale, out, probs);
         }
-        (KvRows::F32 { data: kd, .. }, KvRows::F32 { data: vd, .. }) => {
-            let kh = HeadRows::head(kd, cfg.n_head_kv, cfg.head_dim, kv_head)
-                .ok_or_else(|| bad("key cache view"))?;
-            let vh = HeadRows::head(vd, cfg.n_head_kv, cfg.value_dim, kv_head)
-                .ok_or_else(|| bad("value cache view"))?;
-            attend_head(q, kh, vh, rows, cfg.kq_scale, out, probs);
-        }
-        _ => return Err(bad("mixed K/V storage types")),
+    });
+    if missing_view.load(Ordering::Relaxed) {
+        return Err(bad_view(layer, "key/value cache view"));
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! Projections that share one quantized copy of their input.
 
-use nx_lazy_weight::{matmul_quantized, GgmlType, LazyWeight, LazyWeightError, QuantizedActs};
+use nx_lazy_weight::{matmul_quantized_pool, GgmlType, LazyWeight, LazyWeightError, QuantizedActs};
+use nx_syscalls::ThreadPool;
 
 /// Quantizes an activation matrix at most once per activation type and multiplies it by
 /// any number of weights. Q, K and V (and gate and up) read the same normalised input;
@@ -19,14 +20,16 @@ impl Projector {
         }
     }
 
-    /// `y = x·Wᵀ` for `x: [n, K]`, `y: [n, N]`. `x` must be the same matrix on every
-    /// call between two resets.
+    /// `y = x·Wᵀ` for `x: [n, K]`, `y: [n, N]`, the weight rows split across `pool`
+    /// (bit-identical for any thread count). `x` must be the same matrix on every call
+    /// between two resets.
     pub fn project(
         &mut self,
         w: &LazyWeight<'_>,
         x: &[f32],
         n: usize,
         y: &mut [f32],
+        pool: &ThreadPool,
     ) -> Result<(), LazyWeightError> {
         let idx = match self
             .holders
@@ -47,6 +50,6 @@ impl Projector {
                 slot
             }
         };
-        matmul_quantized(w, &self.holders[idx], y)
+        matmul_quantized_pool(w, &self.holders[idx], y, pool)
     }
 }

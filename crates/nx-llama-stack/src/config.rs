@@ -98,7 +98,7 @@ impl ModelConfig {
             Err(nx_gguf::GgufError::MissingKey { .. }) => n_head,
             Err(e) => return Err(e.into()),
         };
-        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 || n_layers == 0 {
+        if n_head == 0 || n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) || n_layers == 0 {
             return Err(StackError::BadConfig(format!(
                 "{n_head} heads, {n_head_kv} KV heads, {n_layers} layers"
             )));

@@ -1,12 +1,13 @@
 //! `Model`: the mapped file, its config and tensor table, and the forward pass.
 
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use nx_gguf::{GgmlType, Gguf, TensorInfo};
 use nx_kv_cache::{KvCache, KvDtype};
 use nx_lazy_weight::{LazyWeight, QuantizedActs};
 use nx_llama_block::{BlockScratch, LayerConfig, LayerWeights};
+use nx_syscalls::ThreadPool;
 
 use crate::config::{Arch, ModelConfig};
 use crate::StackError;
@@ -48,6 +49,8 @@ pub struct Model {
     rope_freqs: Option<usize>,
     layers: Vec<LayerTensors>,
     vectors: Vec<Vector>,
+    /// Threads of the forward pass; the process-wide pool unless set.
+    pool: Arc<ThreadPool>,
 }
 
 /// Per-sequence scratch of the forward pass, reused across calls.
@@ -168,6 +171,7 @@ impl Model {
             rope_freqs,
             layers,
             vectors,
+            pool: ThreadPool::global(),
         };
         // Validate every matrix view now (sizes only; no data is read).
         for l in &model.layers {
@@ -183,6 +187,32 @@ impl Model {
     /// The model's hyperparameters.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// Threads the forward pass runs on (the caller's included).
+    pub fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// Runs the forward pass on `n_threads` threads from now on, in a pool of this
+    /// model's own; `0` returns to the process-wide pool (`NX_THREADS`, else every CPU).
+    /// Logits are bit-identical for any thread count.
+    pub fn set_threads(&mut self, n_threads: usize) {
+        self.pool = if n_threads == 0 {
+            ThreadPool::global()
+        } else {
+            Arc::new(ThreadPool::new(n_threads))
+        };
+    }
+
+    /// Runs the forward pass on `pool` (shared with other models or work).
+    pub fn set_pool(&mut self, pool: Arc<ThreadPool>) {
+        self.pool = pool;
+    }
+
+    /// The pool the forward pass runs on.
+    pub fn pool(&self) -> &Arc<ThreadPool> {
+        &self.pool
     }
 
     /// The underlying file (metadata for the tokenizer, chat template, …).
@@ -335,6 +365,7 @@ impl Model {
                 pos,
                 cache,
                 &mut state.block,
+                &self.pool,
             )?;
         }
         cache.advance(n)?;
@@ -355,12 +386,13 @@ impl Model {
         }
         let head = self.weight(&self.lm_head)?;
         logits.resize(rows.len() * c.n_vocab, 0.0);
-        nx_lazy_weight::matmul(
+        nx_lazy_weight::matmul_pool(
             &head,
             &state.head_in,
             rows.len(),
             logits,
             &mut state.head_acts,
+            &self.pool,
         )?;
         if let Some(cap) = c.final_logit_softcap {
             for l in logits.iter_mut() {

@@ -40,15 +40,33 @@ pub const ROBUST_MARGIN: f64 = 0.05;
 pub const N_CTX: usize = 4096;
 
 /// Server flags that affect the numbers (besides `-m`, `--host` and `--port`).
-/// - `-fa off`: attention is the plain `softmax(K·Q)·V` with F16 K/V (llama.cpp's
-///   default cache type), not the flash-attention kernel that accumulates V in F16.
+/// - `-fa off`: attention is the plain `softmax(K·Q)·V`, not the flash-attention kernel
+///   that accumulates V in F16.
+/// - `-ctk f32 -ctv f32`: an f32 KV cache. With the default f16 cache, a `-march=native`
+///   build on a CPU with AVX512-FP16 accumulates the K·Q and P·V dot products in f16
+///   (ggml's F16 vector macros), which moves log-probabilities by up to ~0.2 nats; the
+///   gates compare both engines with f32 caches instead.
 /// - `--no-repack`: weights stay in their GGUF layout and go through ggml's standard
 ///   `vec_dot` kernels. The repacked (and AMX) paths differ per CPU, so without this
 ///   the numbers would depend on the machine; and on machines that report AMX without
 ///   enabling it, a `-march=native` build dies with SIGILL in the AMX kernels.
 /// - `-np 1`: one slot with the whole context.
-pub const SERVER_ARGS: [&str; 11] = [
-    "-c", "4096", "-t", "2", "-np", "1", "-fa", "off", "--no-repack", "--temp", "0",
+pub const SERVER_ARGS: [&str; 15] = [
+    "-c",
+    "4096",
+    "-t",
+    "2",
+    "-np",
+    "1",
+    "-fa",
+    "off",
+    "--no-repack",
+    "-ctk",
+    "f32",
+    "-ctv",
+    "f32",
+    "--temp",
+    "0",
 ];
 
 const HTTP_TIMEOUT: Duration = Duration::from_secs(300);
@@ -112,7 +130,10 @@ struct PromptFile {
 
 /// `fixtures/prompts/forward.json`.
 pub fn prompts_path() -> PathBuf {
-    workspace_root().join("fixtures").join("prompts").join("forward.json")
+    workspace_root()
+        .join("fixtures")
+        .join("prompts")
+        .join("forward.json")
 }
 
 /// `fixtures/golden/forward-NAME.json`.
@@ -126,7 +147,8 @@ pub fn golden_path(model: &str) -> PathBuf {
 /// Reads the committed prompts.
 pub fn load_prompts() -> Result<Vec<Prompt>> {
     let path = prompts_path();
-    let text = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text =
+        fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let file: PromptFile =
         serde_json::from_str(&text).with_context(|| format!("cannot parse {}", path.display()))?;
     if file.prompts.is_empty() {
@@ -138,7 +160,8 @@ pub fn load_prompts() -> Result<Vec<Prompt>> {
 /// Reads a committed golden file.
 pub fn load_golden(model: &str) -> Result<ForwardGolden> {
     let path = golden_path(model);
-    let text = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text =
+        fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("cannot parse {}", path.display()))
 }
 
@@ -151,6 +174,12 @@ pub fn run(check: bool) -> Result<()> {
         let model_path = synth::ensure(model)?;
         let golden = generate(model, &model_path, &prompts)?;
         print_margins(&golden);
+        if !check {
+            // Diagnostic only (not stored): how much the reference moves by itself.
+            if let Err(err) = print_reference_spread(model, &model_path, &golden) {
+                eprintln!("golden forward: {model}: spread diagnostic failed: {err:#}");
+            }
+        }
         let path = golden_path(model);
         if check {
             let committed = load_golden(model)?;
@@ -162,7 +191,10 @@ pub fn run(check: bool) -> Result<()> {
                     eprintln!("golden forward: {model}: {d}");
                 }
                 if diffs.len() > 10 {
-                    eprintln!("golden forward: {model}: ... {} differences in all", diffs.len());
+                    eprintln!(
+                        "golden forward: {model}: ... {} differences in all",
+                        diffs.len()
+                    );
                 }
                 failures.push(model);
             }
@@ -183,7 +215,7 @@ pub fn run(check: bool) -> Result<()> {
 /// Runs the reference on one model and collects the golden data.
 pub fn generate(model: &str, model_path: &Path, prompts: &[Prompt]) -> Result<ForwardGolden> {
     let (_, model_sha256) = sha256_file(model_path)?;
-    let server = Server::start(model, model_path)?;
+    let server = Server::start(model, model_path, &[])?;
     let mut out = Vec::with_capacity(prompts.len());
     let mut recovered = 0;
     for prompt in prompts {
@@ -200,7 +232,10 @@ pub fn generate(model: &str, model_path: &Path, prompts: &[Prompt]) -> Result<Fo
         );
     }
     if !out.iter().any(|p| p.prompt_ids.len() >= 100) {
-        bail!("{model}: no prompt has 100 tokens or more; add a longer one to {}", prompts_path().display());
+        bail!(
+            "{model}: no prompt has 100 tokens or more; add a longer one to {}",
+            prompts_path().display()
+        );
     }
     Ok(ForwardGolden {
         model: model.to_string(),
@@ -295,8 +330,13 @@ fn complete(
             Some(step) => step,
             None => {
                 recovered += 1;
-                recover_step(server, prompt_ids, &completion.tokens[..i], completion.tokens[i])
-                    .with_context(|| format!("recovering step {i}"))?
+                recover_step(
+                    server,
+                    prompt_ids,
+                    &completion.tokens[..i],
+                    completion.tokens[i],
+                )
+                .with_context(|| format!("recovering step {i}"))?
             }
         };
         steps.push(step);
@@ -314,13 +354,20 @@ fn complete(
 /// still those of the raw logits, whose top entry must be the forbidden greedy token.
 /// The context is evaluated as one batch here instead of token by token; on the CPU
 /// this gave bit-identical log-probs on every step we compared.
-fn recover_step(server: &Server, prompt_ids: &[u32], generated: &[u32], greedy: u32) -> Result<Step> {
+fn recover_step(
+    server: &Server,
+    prompt_ids: &[u32],
+    generated: &[u32],
+    greedy: u32,
+) -> Result<Step> {
     let context: Vec<u32> = prompt_ids.iter().chain(generated).copied().collect();
     let mut banned = vec![greedy];
     for _ in 0..8 {
         let mut request = greedy_request(serde_json::json!(context), 1);
-        let bias: Vec<serde_json::Value> =
-            banned.iter().map(|&id| serde_json::json!([id, false])).collect();
+        let bias: Vec<serde_json::Value> = banned
+            .iter()
+            .map(|&id| serde_json::json!([id, false]))
+            .collect();
         request["logit_bias"] = serde_json::Value::Array(bias);
         let response = http::post_json(server.port, "/completion", &request, HTTP_TIMEOUT)?
             .ensure_success("/completion")?
@@ -330,7 +377,11 @@ fn recover_step(server: &Server, prompt_ids: &[u32], generated: &[u32], greedy: 
             bail!("no token generated");
         };
         if completion.n_evaluated != context.len() {
-            bail!("evaluated {} context tokens, sent {}", completion.n_evaluated, context.len());
+            bail!(
+                "evaluated {} context tokens, sent {}",
+                completion.n_evaluated,
+                context.len()
+            );
         }
         match completion.entries.first() {
             Some(entry) if entry.id == sampled => {
@@ -375,7 +426,9 @@ pub fn parse_completion(response: &serde_json::Value) -> Result<Completion> {
     let empty = Vec::new();
     let probs = match &response["completion_probabilities"] {
         serde_json::Value::Null => &empty,
-        v => v.as_array().context("/completion: `completion_probabilities` is not an array")?,
+        v => v
+            .as_array()
+            .context("/completion: `completion_probabilities` is not an array")?,
     };
     let mut entries = Vec::with_capacity(probs.len());
     for (i, entry) in probs.iter().enumerate() {
@@ -390,7 +443,9 @@ pub fn parse_completion(response: &serde_json::Value) -> Result<Completion> {
             .map(|t| {
                 Ok(TopToken {
                     id: as_id(&t["id"])?,
-                    logprob: t["logprob"].as_f64().context("top token without `logprob`")?,
+                    logprob: t["logprob"]
+                        .as_f64()
+                        .context("top token without `logprob`")?,
                 })
             })
             .collect::<Result<Vec<_>>>()
@@ -404,12 +459,19 @@ pub fn parse_completion(response: &serde_json::Value) -> Result<Completion> {
         entries.push(Step { id, logprob, top });
     }
     if entries.len() > tokens.len() {
-        bail!("{} probability entries for {} tokens", entries.len(), tokens.len());
+        bail!(
+            "{} probability entries for {} tokens",
+            entries.len(),
+            tokens.len()
+        );
     }
     let n_evaluated = response["tokens_evaluated"]
         .as_u64()
         .context("/completion: no `tokens_evaluated`")? as usize;
-    let stop_type = response["stop_type"].as_str().unwrap_or_default().to_string();
+    let stop_type = response["stop_type"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     Ok(Completion {
         tokens,
         entries,
@@ -434,9 +496,14 @@ pub fn align(tokens: &[u32], entries: Vec<Step>) -> Result<Vec<Option<Step>>> {
         }
     }
     if let Some(extra) = pending.next() {
-        bail!("probability entry for token {} matches no generated token", extra.id);
+        bail!(
+            "probability entry for token {} matches no generated token",
+            extra.id
+        );
     }
-    let missing: Vec<usize> = (0..tokens.len()).filter(|&i| aligned[i].is_none()).collect();
+    let missing: Vec<usize> = (0..tokens.len())
+        .filter(|&i| aligned[i].is_none())
+        .collect();
     for i in missing {
         let mut lo = i;
         while lo > 0 && tokens[lo - 1] == tokens[i] {
@@ -507,11 +574,18 @@ pub fn compare(committed: &ForwardGolden, fresh: &ForwardGolden) -> Vec<String> 
             continue;
         }
         if c.prompt_ids != f.prompt_ids {
-            diffs.push(format!("prompt {at:?}: prompt ids {:?} vs {:?}", c.prompt_ids, f.prompt_ids));
+            diffs.push(format!(
+                "prompt {at:?}: prompt ids {:?} vs {:?}",
+                c.prompt_ids, f.prompt_ids
+            ));
             continue;
         }
         if c.steps.len() != f.steps.len() {
-            diffs.push(format!("prompt {at:?}: {} steps vs {}", c.steps.len(), f.steps.len()));
+            diffs.push(format!(
+                "prompt {at:?}: {} steps vs {}",
+                c.steps.len(),
+                f.steps.len()
+            ));
         }
         for (i, (cs, fs)) in c.steps.iter().zip(&f.steps).enumerate() {
             let c_ids: Vec<u32> = cs.top.iter().map(|t| t.id).collect();
@@ -523,8 +597,12 @@ pub fn compare(committed: &ForwardGolden, fresh: &ForwardGolden) -> Vec<String> 
                 ));
                 break; // later steps see different inputs
             }
-            let pairs = std::iter::once((cs.logprob, fs.logprob))
-                .chain(cs.top.iter().zip(&fs.top).map(|(a, b)| (a.logprob, b.logprob)));
+            let pairs = std::iter::once((cs.logprob, fs.logprob)).chain(
+                cs.top
+                    .iter()
+                    .zip(&fs.top)
+                    .map(|(a, b)| (a.logprob, b.logprob)),
+            );
             for (a, b) in pairs {
                 if (a - b).abs() > LOGPROB_TOLERANCE {
                     diffs.push(format!("prompt {at:?} step {i}: logprob {a} vs {b}"));
@@ -559,9 +637,18 @@ fn print_margins(golden: &ForwardGolden) {
         .collect();
     all.sort_by(f64::total_cmp);
     let median = all.get(all.len() / 2).copied().unwrap_or(f64::NAN);
-    let distinct: std::collections::BTreeSet<u32> =
-        golden.prompts.iter().flat_map(|p| &p.steps).map(|s| s.id).collect();
-    let max_prompt = golden.prompts.iter().map(|p| p.prompt_ids.len()).max().unwrap_or(0);
+    let distinct: std::collections::BTreeSet<u32> = golden
+        .prompts
+        .iter()
+        .flat_map(|p| &p.steps)
+        .map(|s| s.id)
+        .collect();
+    let max_prompt = golden
+        .prompts
+        .iter()
+        .map(|p| p.prompt_ids.len())
+        .max()
+        .unwrap_or(0);
     eprintln!(
         "golden forward: {}: {} prompts (longest {max_prompt} tokens), {steps} steps, \
          {robust} with top-2 margin >= {ROBUST_MARGIN}, min margin {min:.4}, median {median:.3}, \
@@ -572,6 +659,55 @@ fn print_margins(golden: &ForwardGolden) {
     );
 }
 
+/// Prints how far llama.cpp's own log-probs move when the prompt is evaluated one token
+/// at a time (`-ub 1`) instead of in one batch: the same arithmetic up to float
+/// rounding, so the difference is the noise floor any other engine (nx) should expect.
+/// Steps are compared while both runs generated the same tokens.
+fn print_reference_spread(model: &str, model_path: &Path, golden: &ForwardGolden) -> Result<()> {
+    let server = Server::start(model, model_path, &["-ub", "1"])?;
+    let mut diffs = Vec::new();
+    let mut diverged = 0;
+    for prompt in &golden.prompts {
+        let request = greedy_request(serde_json::json!(prompt.prompt_ids), N_PREDICT);
+        let response = http::post_json(server.port, "/completion", &request, HTTP_TIMEOUT)?
+            .ensure_success("/completion")?
+            .json()?;
+        let completion = parse_completion(&response)?;
+        let aligned = align(&completion.tokens, completion.entries)?;
+        for (i, (ours, theirs)) in aligned.iter().zip(&prompt.steps).enumerate() {
+            if completion.tokens[i] != theirs.id {
+                diverged += 1;
+                break;
+            }
+            let Some(ours) = ours else { continue };
+            for (a, b) in ours.top.iter().zip(&theirs.top) {
+                if a.id == b.id {
+                    diffs.push((a.logprob - b.logprob).abs());
+                }
+            }
+        }
+    }
+    drop(server);
+    diffs.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        diffs
+            .get(((diffs.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    eprintln!(
+        "golden forward: {model}: reference spread (prompt token by token vs batched): \
+         {} log-probs compared, median {:.4}, p90 {:.4}, max {:.4}; greedy paths diverged in \
+         {diverged} of {} prompts",
+        diffs.len(),
+        at(0.5),
+        at(0.9),
+        at(1.0),
+        golden.prompts.len()
+    );
+    Ok(())
+}
+
 /// The JSON text of a golden: one step per line, so diffs stay readable.
 pub fn to_json_text(golden: &ForwardGolden) -> Result<String> {
     fn s<T: Serialize + ?Sized>(value: &T) -> Result<String> {
@@ -579,9 +715,15 @@ pub fn to_json_text(golden: &ForwardGolden) -> Result<String> {
     }
     let mut out = String::from("{\n");
     out.push_str(&format!("  \"model\": {},\n", s(&golden.model)?));
-    out.push_str(&format!("  \"model_sha256\": {},\n", s(&golden.model_sha256)?));
+    out.push_str(&format!(
+        "  \"model_sha256\": {},\n",
+        s(&golden.model_sha256)?
+    ));
     out.push_str(&format!("  \"llama_cpp\": {},\n", s(&golden.llama_cpp)?));
-    out.push_str(&format!("  \"server_args\": {},\n", s(&golden.server_args)?));
+    out.push_str(&format!(
+        "  \"server_args\": {},\n",
+        s(&golden.server_args)?
+    ));
     out.push_str(&format!("  \"n_predict\": {},\n", golden.n_predict));
     out.push_str("  \"prompts\": [\n");
     for (pi, p) in golden.prompts.iter().enumerate() {
@@ -595,7 +737,11 @@ pub fn to_json_text(golden: &ForwardGolden) -> Result<String> {
             out.push_str(&format!("        {}{comma}\n", s(step)?));
         }
         out.push_str("      ]\n");
-        let comma = if pi + 1 < golden.prompts.len() { "," } else { "" };
+        let comma = if pi + 1 < golden.prompts.len() {
+            ","
+        } else {
+            ""
+        };
         out.push_str(&format!("    }}{comma}\n"));
     }
     out.push_str("  ]\n}\n");
@@ -628,7 +774,7 @@ struct Server {
 }
 
 impl Server {
-    fn start(model: &str, model_path: &Path) -> Result<Server> {
+    fn start(model: &str, model_path: &Path, extra_args: &[&str]) -> Result<Server> {
         let bin = llama_bin("llama-server");
         if !bin.is_file() {
             bail!("{} is missing; run `cargo xtask reference`", bin.display());
@@ -639,7 +785,7 @@ impl Server {
         let mut last_err = None;
         for _attempt in 0..3 {
             let port = free_port()?;
-            match Server::start_on(&bin, model_path, port, &log_path) {
+            match Server::start_on(&bin, model_path, extra_args, port, &log_path) {
                 Ok(server) => return Ok(server),
                 Err(err) => {
                     eprintln!("golden forward: llama-server on port {port}: {err:#}");
@@ -650,7 +796,13 @@ impl Server {
         Err(last_err.unwrap_or_else(|| anyhow!("llama-server did not start")))
     }
 
-    fn start_on(bin: &Path, model_path: &Path, port: u16, log_path: &Path) -> Result<Server> {
+    fn start_on(
+        bin: &Path,
+        model_path: &Path,
+        extra_args: &[&str],
+        port: u16,
+        log_path: &Path,
+    ) -> Result<Server> {
         let log = fs::File::create(log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))?;
         let mut cmd = Command::new(bin);
@@ -658,6 +810,7 @@ impl Server {
             .arg(model_path)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(SERVER_ARGS)
+            .args(extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -668,7 +821,10 @@ impl Server {
         let started = Instant::now();
         loop {
             if let Some(status) = server.child.try_wait()? {
-                bail!("exited ({status}) while loading; log:\n{}", log_tail(log_path));
+                bail!(
+                    "exited ({status}) while loading; log:\n{}",
+                    log_tail(log_path)
+                );
             }
             match http::get(port, "/health", Duration::from_secs(5)) {
                 Ok(r) if r.status == 200 => break,
@@ -677,7 +833,10 @@ impl Server {
                 Err(_) => {} // not listening yet
             }
             if started.elapsed() > STARTUP_TIMEOUT {
-                bail!("not healthy after {STARTUP_TIMEOUT:?}; log:\n{}", log_tail(log_path));
+                bail!(
+                    "not healthy after {STARTUP_TIMEOUT:?}; log:\n{}",
+                    log_tail(log_path)
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -700,7 +859,8 @@ impl Drop for Server {
 
 /// A port on 127.0.0.1 that was free a moment ago.
 fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("cannot bind a loopback port")?;
+    let listener =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("cannot bind a loopback port")?;
     Ok(listener.local_addr()?.port())
 }
 
@@ -749,7 +909,13 @@ mod tests {
         assert!(steps.iter().all(Option::is_some));
         let step = steps[3].as_ref().unwrap();
         assert_eq!(step.id, 103);
-        assert_eq!(step.top[1], TopToken { id: 7, logprob: -1.5 });
+        assert_eq!(
+            step.top[1],
+            TopToken {
+                id: 7,
+                logprob: -1.5
+            }
+        );
     }
 
     #[test]
@@ -757,7 +923,10 @@ mod tests {
         let mut r = sample_response();
         r["completion_probabilities"][2]["top_logprobs"][0]["id"] = serde_json::json!(9);
         let c = parse_completion(&r).unwrap();
-        assert!(align(&c.tokens, c.entries).unwrap_err().to_string().contains("not greedy"));
+        assert!(align(&c.tokens, c.entries)
+            .unwrap_err()
+            .to_string()
+            .contains("not greedy"));
 
         let mut r = sample_response();
         let entry = r["completion_probabilities"][0].as_object_mut().unwrap();
@@ -767,7 +936,10 @@ mod tests {
 
         let mut r = sample_response();
         r["completion_probabilities"][1]["top_logprobs"][1]["logprob"] = serde_json::json!(0.0);
-        assert!(parse_completion(&r).unwrap_err().to_string().contains("sorted"));
+        assert!(parse_completion(&r)
+            .unwrap_err()
+            .to_string()
+            .contains("sorted"));
 
         // An entry for a token that was never generated.
         let mut r = sample_response();
@@ -780,7 +952,13 @@ mod tests {
         Step {
             id,
             logprob: -0.1,
-            top: vec![TopToken { id, logprob: -0.1 }, TopToken { id: 0, logprob: -3.0 }],
+            top: vec![
+                TopToken { id, logprob: -0.1 },
+                TopToken {
+                    id: 0,
+                    logprob: -3.0,
+                },
+            ],
         }
     }
 
@@ -825,7 +1003,10 @@ mod tests {
         let back: ForwardGolden = serde_json::from_str(&text).unwrap();
         assert!(compare(&golden, &back).is_empty());
         assert_eq!(back.prompts[0].text, golden.prompts[0].text);
-        let step_lines = text.lines().filter(|l| l.trim_start().starts_with("{\"id\"")).count();
+        let step_lines = text
+            .lines()
+            .filter(|l| l.trim_start().starts_with("{\"id\""))
+            .count();
         assert_eq!(step_lines, N_PREDICT);
         assert_eq!(llama_cpp_version(), "11434.0.0");
     }
@@ -866,7 +1047,10 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), prompts.len());
-        assert!(prompts.iter().any(|p| p.text.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c))));
+        assert!(prompts.iter().any(|p| p
+            .text
+            .chars()
+            .any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c))));
         assert!(prompts.iter().any(|p| p.text.len() >= 500));
     }
 }

@@ -1,0 +1,182 @@
+//! `nx bench`: prompt-processing and generation speed, like `llama-bench -p P -n N`.
+//!
+//! - **pp**: prompt tokens per second prefilling a `P`-token prompt into an empty cache,
+//!   in chunks of `--prefill-chunk` (default 512, llama-bench's default micro-batch), with
+//!   logits for the last row only. The same run gives **ttft_ms**: prefill plus the
+//!   choice of the first token.
+//! - **tg**: tokens per second generating `N` tokens greedily after a 1-token prompt,
+//!   counting only the `N` single-token decode steps (forward pass and sampling), as
+//!   llama-bench's `tg` measures generation alone.
+//!
+//! The prompt is a fixed sequence of ordinary (non-special) token ids, so runs are
+//! comparable. Each figure is the median over `--reps` repetitions; the runner is
+//! reset between runs and no stop rule other than the token count applies. Peak RSS is
+//! the process's high-water mark (`VmHWM`).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use nx_bpe::{TokenType, Tokenizer};
+use nx_run::{Prompt, RunConfig, Runner, SamplerConfig};
+use serde_json::json;
+
+use crate::run::{apply_threads, open_model, resolve_model};
+
+/// Arguments of `nx bench`.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// GGUF model file (default: $NX_CACHE/models/gemma-3-270m-q4_k_m.gguf, when fetched).
+    #[arg(long, short = 'm', value_name = "FILE")]
+    pub model: Option<PathBuf>,
+    /// Prompt tokens for the prompt-processing test (0 skips it).
+    #[arg(
+        long = "n-prompt",
+        short = 'p',
+        value_name = "P",
+        default_value_t = 512
+    )]
+    pub n_prompt: usize,
+    /// Tokens to generate for the generation test (0 skips it).
+    #[arg(long = "n-gen", short = 'n', value_name = "N", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Worker threads (passed on as NX_THREADS to the process-wide thread pool).
+    #[arg(long, short = 't', value_name = "N")]
+    pub threads: Option<usize>,
+    /// Repetitions; each figure is the median.
+    #[arg(long, short = 'r', value_name = "R", default_value_t = 3)]
+    pub reps: usize,
+    /// Most prompt tokens one forward pass processes.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub prefill_chunk: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `n` ordinary token ids spread over the vocabulary (deterministic).
+fn bench_ids(n: usize, n_vocab: usize, tokenizer: Option<&Tokenizer>) -> Vec<u32> {
+    let ordinary = |id: u32| match tokenizer {
+        Some(t) => matches!(t.token_type(id), Ok(TokenType::Normal)) && !t.is_eog(id),
+        None => true,
+    };
+    let mut ids = Vec::with_capacity(n);
+    // A stride coprime with most vocabulary sizes walks the whole vocabulary.
+    let mut id = 1000 % n_vocab as u64;
+    let mut tried = 0usize;
+    while ids.len() < n {
+        if ordinary(id as u32) || tried > 4 * n_vocab {
+            ids.push(id as u32);
+        }
+        tried += 1;
+        id = (id + 7919) % n_vocab as u64;
+    }
+    ids
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    Some(if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    })
+}
+
+/// Peak resident set size in MB (`VmHWM`), if the platform reports it.
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    apply_threads(args.threads)?;
+    if args.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    if args.prefill_chunk == 0 {
+        bail!("--prefill-chunk must be at least 1");
+    }
+    if args.n_prompt == 0 && args.n_gen == 0 {
+        bail!("nothing to measure: -p and -n are both 0");
+    }
+    let path = resolve_model(args.model.as_deref())?;
+    let model = open_model(&path)?;
+    let n_vocab = model.config().n_vocab;
+    // The tokenizer only helps pick ordinary ids; a model without one still benches.
+    let tokenizer = Tokenizer::from_gguf(model.gguf()).ok();
+    let prompt = bench_ids(args.n_prompt.max(1), n_vocab, tokenizer.as_ref());
+    // Without a tokenizer the runner knows no end-of-generation token: only the token
+    // count stops a run, as in llama-bench.
+    let config = RunConfig {
+        prefill_chunk: args.prefill_chunk,
+        n_ctx: (args.n_prompt + 1).max(args.n_gen + 2),
+        max_tokens: 1,
+        sampler: SamplerConfig::greedy(),
+        ..RunConfig::default()
+    };
+    let mut runner = Runner::new(model, None, config)?;
+    let ignore = |_| std::ops::ControlFlow::Continue(());
+
+    let (mut pp, mut ttft, mut tg) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.reps {
+        if args.n_prompt > 0 {
+            runner.set_max_tokens(1);
+            let c = runner.generate(Prompt::Ids(prompt[..args.n_prompt].to_vec()), ignore)?;
+            pp.push(c.stats.prompt_tps);
+            ttft.push(c.stats.ttft_ms);
+        }
+        if args.n_gen > 0 {
+            // The first token comes from the prompt's logits; the N after it are timed.
+            runner.set_max_tokens(args.n_gen + 1);
+            let c = runner.generate(Prompt::Ids(vec![prompt[0]]), ignore)?;
+            tg.push(c.stats.gen_tps);
+        }
+    }
+    let (pp, ttft, tg) = (median(pp), median(ttft), median(tg));
+    let rss = peak_rss_mb();
+    let threads = args.threads.unwrap_or_else(nx_syscalls::threads_from_env);
+    let model_name = path.display().to_string();
+
+    if args.json {
+        let v = json!({
+            "model": model_name,
+            "threads": threads,
+            "pp_tokens": args.n_prompt,
+            "tg_tokens": args.n_gen,
+            "pp_tps": pp,
+            "tg_tps": tg,
+            "ttft_ms": ttft,
+            "peak_rss_mb": rss,
+            "reps": args.reps,
+        });
+        println!("{v}");
+        return Ok(());
+    }
+    let fmt = |x: Option<f64>, digits: usize| match x {
+        Some(v) => format!("{v:.digits$}"),
+        None => "-".to_string(),
+    };
+    println!("model: {model_name}");
+    println!(
+        "threads: {threads}   reps: {}   prefill chunk: {}",
+        args.reps, args.prefill_chunk
+    );
+    println!("{:<10} {:>12}", "test", "t/s (median)");
+    if args.n_prompt > 0 {
+        println!("{:<10} {:>12}", format!("pp{}", args.n_prompt), fmt(pp, 2));
+    }
+    if args.n_gen > 0 {
+        println!("{:<10} {:>12}", format!("tg{}", args.n_gen), fmt(tg, 2));
+    }
+    if args.n_prompt > 0 {
+        println!("ttft:      {} ms", fmt(ttft, 1));
+    }
+    println!("peak RSS:  {} MB", fmt(rss, 1));
+    Ok(())
+}

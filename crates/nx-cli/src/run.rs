@@ -1,0 +1,336 @@
+//! `nx run`: generate a completion of a prompt and stream it to stdout.
+//!
+//! `nx run [--model F] (--prompt TEXT | -f FILE | --prompt-ids 1,2,3) [-n N] [sampling
+//! flags] [--stop STR]... [--json [--logprobs K]]` prints the generated text as it is
+//! produced (flushed per token) and, at the end, prompt and generation speeds on
+//! stderr. With `--json`, stdout carries one JSON object per generated token
+//! (`{"id","text","logprob","top":[{"id","logprob"},…]}`) and a last object with the
+//! stop reason and the statistics (`{"stop","text","prompt_tokens",…}`; its `text` is
+//! any output held back until the end, usually empty).
+//!
+//! A text prompt gets BOS as the vocabulary asks (unless `--no-special`), and
+//! special-token texts in it (e.g. `<start_of_turn>`) are read as those tokens, as
+//! llama.cpp's tools do. The KV cache is sized for this one completion (prompt + `-n`),
+//! at most `--ctx` positions, which is itself capped by the model's trained context.
+
+use std::io::{Read, Write};
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use nx_bpe::{EncodeOptions, Tokenizer};
+use nx_run::{Event, Model, Prompt, RunConfig, Runner, SamplerConfig, Stats, StopReason};
+use serde_json::json;
+
+/// File name of the default model under `$NX_CACHE/models`.
+pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+
+/// Arguments of `nx run`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// GGUF model file (default: $NX_CACHE/models/gemma-3-270m-q4_k_m.gguf, when fetched).
+    #[arg(long, short = 'm', value_name = "FILE")]
+    pub model: Option<PathBuf>,
+    /// The prompt text.
+    #[arg(long, short = 'p', value_name = "TEXT", conflicts_with_all = ["file", "prompt_ids"])]
+    pub prompt: Option<String>,
+    /// Read the prompt text from FILE (`-` for standard input).
+    #[arg(
+        long = "file",
+        short = 'f',
+        value_name = "FILE",
+        conflicts_with = "prompt_ids"
+    )]
+    pub file: Option<PathBuf>,
+    /// The prompt as comma-separated token ids, used as given (no BOS is added).
+    #[arg(long, value_name = "IDS")]
+    pub prompt_ids: Option<String>,
+    /// Most tokens to generate.
+    #[arg(
+        long = "n-predict",
+        short = 'n',
+        value_name = "N",
+        default_value_t = 128
+    )]
+    pub n_predict: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(
+        long,
+        value_name = "T",
+        default_value_t = 0.8,
+        allow_negative_numbers = true
+    )]
+    pub temp: f32,
+    /// Keep only the K most likely tokens (0: off).
+    #[arg(long, value_name = "K", default_value_t = SamplerConfig::default().top_k)]
+    pub top_k: usize,
+    /// Nucleus sampling threshold in (0, 1] (1: off).
+    #[arg(long, value_name = "P", default_value_t = SamplerConfig::default().top_p, allow_negative_numbers = true)]
+    pub top_p: f32,
+    /// Drop tokens less likely than P times the most likely one (0: off).
+    #[arg(long, value_name = "P", default_value_t = SamplerConfig::default().min_p, allow_negative_numbers = true)]
+    pub min_p: f32,
+    /// Penalty on recently seen tokens (1: off).
+    #[arg(long, value_name = "X", default_value_t = SamplerConfig::default().repeat_penalty, allow_negative_numbers = true)]
+    pub repeat_penalty: f32,
+    /// How many recent tokens (prompt included) the penalty looks at.
+    #[arg(long, value_name = "N", default_value_t = SamplerConfig::default().penalty_last_n)]
+    pub repeat_last_n: usize,
+    /// Seed of the sampler's random generator.
+    #[arg(long, value_name = "N", default_value_t = SamplerConfig::default().seed)]
+    pub seed: u64,
+    /// Most prompt tokens one forward pass processes (bounds prefill memory).
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub prefill_chunk: usize,
+    /// Context size in tokens (prompt + generation), capped by the model's trained context.
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    pub ctx: usize,
+    /// Worker threads (passed on as NX_THREADS to the process-wide thread pool).
+    #[arg(long, short = 't', value_name = "N")]
+    pub threads: Option<usize>,
+    /// Stop before this text (repeatable).
+    #[arg(long, value_name = "STR")]
+    pub stop: Vec<String>,
+    /// Cap on the bytes of output text.
+    #[arg(long, value_name = "N")]
+    pub max_bytes: Option<usize>,
+    /// Print one JSON object per token and a final statistics object.
+    #[arg(long)]
+    pub json: bool,
+    /// With --json: report the K most likely alternatives of each token.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub logprobs: usize,
+    /// Don't add BOS to a text prompt.
+    #[arg(long)]
+    pub no_special: bool,
+}
+
+/// `$NX_CACHE`, or `~/.cache/nx`.
+pub fn cache_dir() -> PathBuf {
+    match std::env::var_os("NX_CACHE") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            PathBuf::from(home).join(".cache").join("nx")
+        }
+    }
+}
+
+/// The model to open: the one given, or the default model when it has been fetched.
+pub fn resolve_model(given: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p.to_path_buf());
+    }
+    let default = cache_dir().join("models").join(DEFAULT_MODEL_FILE);
+    if default.is_file() {
+        Ok(default)
+    } else {
+        bail!("no --model given and the default model is not fetched; run `cargo xtask fetch`")
+    }
+}
+
+/// Opens a model file, naming it in the error.
+pub fn open_model(path: &Path) -> Result<Arc<Model>> {
+    let model = Model::open(path).with_context(|| format!("{}", path.display()))?;
+    Ok(Arc::new(model))
+}
+
+/// Makes `--threads` reach the process-wide pool, which reads `NX_THREADS` when it is
+/// first created. Called at the start of a command, before any thread exists.
+pub fn apply_threads(threads: Option<usize>) -> Result<()> {
+    if let Some(n) = threads {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        std::env::set_var("NX_THREADS", n.to_string());
+    }
+    Ok(())
+}
+
+/// Parses `1,2,3` (spaces allowed).
+pub fn parse_ids(list: &str) -> Result<Vec<u32>> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<u32>()
+                .map_err(|_| anyhow!("--prompt-ids: {s:?} is not a token id"))
+        })
+        .collect()
+}
+
+fn read_prompt_file(path: &Path) -> Result<String> {
+    let mut bytes = Vec::new();
+    if path == Path::new("-") {
+        std::io::stdin()
+            .read_to_end(&mut bytes)
+            .context("reading the prompt from standard input")?;
+    } else {
+        bytes = std::fs::read(path).with_context(|| format!("{}", path.display()))?;
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow!(
+            "the prompt is not valid UTF-8 (byte {})",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+impl RunArgs {
+    fn sampler(&self) -> SamplerConfig {
+        SamplerConfig {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            penalty_last_n: self.repeat_last_n,
+            seed: self.seed,
+            ..SamplerConfig::default()
+        }
+    }
+}
+
+pub fn run(args: &RunArgs) -> Result<()> {
+    apply_threads(args.threads)?;
+    // Check the cheap things before opening anything.
+    let sampler = args.sampler();
+    sampler.validate()?;
+    if args.prefill_chunk == 0 {
+        bail!("--prefill-chunk must be at least 1");
+    }
+    if args.ctx == 0 {
+        bail!("--ctx must be at least 1");
+    }
+    let text_prompt = match (&args.prompt, &args.file, &args.prompt_ids) {
+        (Some(p), _, _) => Some(p.clone()),
+        (None, Some(f), _) => Some(read_prompt_file(f)?),
+        (None, None, Some(_)) => None,
+        (None, None, None) => bail!("no prompt: give --prompt TEXT, -f FILE or --prompt-ids IDS"),
+    };
+
+    let path = resolve_model(args.model.as_deref())?;
+    let model = open_model(&path)?;
+    let tokenizer = Arc::new(
+        Tokenizer::from_gguf(model.gguf())
+            .with_context(|| format!("tokenizer of {}", path.display()))?,
+    );
+    // Encode here (as the runner would) to size the cache for this one completion.
+    let ids = match (&text_prompt, &args.prompt_ids) {
+        (Some(text), _) => tokenizer.encode(
+            text,
+            EncodeOptions {
+                add_special: !args.no_special,
+                parse_special: true,
+            },
+        )?,
+        (None, Some(list)) => parse_ids(list)?,
+        (None, None) => unreachable!("checked above"),
+    };
+    let ctx_cap = args.ctx.min(model.config().n_ctx_train.max(1));
+    let needed = ids.len().saturating_add(args.n_predict);
+    let config = RunConfig {
+        prefill_chunk: args.prefill_chunk,
+        // Big enough for this completion; an overflow is reported by the runner.
+        n_ctx: needed.clamp(1, ctx_cap),
+        max_tokens: args.n_predict,
+        max_bytes: args.max_bytes,
+        stop_strings: args.stop.clone(),
+        logprobs: if args.json { args.logprobs } else { 0 },
+        sampler,
+        ..RunConfig::default()
+    };
+    let mut runner = Runner::new(model, Some(tokenizer), config)?;
+
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut write_error: Option<std::io::Error> = None;
+    let mut last_text = String::new();
+    let mut done: Option<(StopReason, Stats)> = None;
+    let json = args.json;
+    let result = runner.generate(Prompt::Ids(ids), |event| {
+        let written = match event {
+            Event::Token {
+                id,
+                text,
+                logprob,
+                top,
+            } => {
+                let r = if json {
+                    let top: Vec<_> = top
+                        .iter()
+                        .map(|&(id, logprob)| json!({ "id": id, "logprob": logprob }))
+                        .collect();
+                    let line = json!({ "id": id, "text": text, "logprob": logprob, "top": top });
+                    writeln!(out, "{line}")
+                } else {
+                    out.write_all(text.as_bytes())
+                };
+                if !text.is_empty() {
+                    last_text = text;
+                }
+                r.and_then(|_| out.flush())
+            }
+            Event::Done {
+                reason,
+                stats,
+                flushed,
+            } => {
+                done = Some((reason, stats));
+                let r = if json {
+                    let line = json!({
+                        "stop": reason.as_str(),
+                        "text": flushed,
+                        "prompt_tokens": stats.prompt_tokens,
+                        "generated_tokens": stats.generated_tokens,
+                        "prefill_secs": stats.prefill_secs,
+                        "decode_secs": stats.decode_secs,
+                        "prompt_tps": stats.prompt_tps,
+                        "gen_tps": stats.gen_tps,
+                        "ttft_ms": stats.ttft_ms,
+                    });
+                    writeln!(out, "{line}")
+                } else {
+                    out.write_all(flushed.as_bytes())
+                };
+                if !flushed.is_empty() {
+                    last_text = flushed;
+                }
+                r.and_then(|_| out.flush())
+            }
+        };
+        match written {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                write_error = Some(e);
+                ControlFlow::Break(())
+            }
+        }
+    });
+    result?;
+    if let Some(e) = write_error {
+        // A closed pipe (`nx run … | head`) just ends the output.
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e).context("writing the output");
+        }
+        return Ok(());
+    }
+    if !json {
+        if let Some((reason, s)) = done {
+            let newline = if last_text.ends_with('\n') { "" } else { "\n" };
+            eprintln!(
+                "{newline}prompt: {} tokens in {:.2} s ({:.1} tok/s) | generation: {} tokens, \
+                 {:.1} tok/s | ttft {:.0} ms | stop: {}",
+                s.prompt_tokens,
+                s.prefill_secs,
+                s.prompt_tps,
+                s.generated_tokens,
+                s.gen_tps,
+                s.ttft_ms,
+                reason
+            );
+        }
+    }
+    Ok(())
+}

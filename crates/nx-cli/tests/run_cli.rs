@@ -1,0 +1,391 @@
+//! `nx run` and `nx bench` end to end on a tiny random-weight model written to a temp
+//! dir: token-id prompts, JSON lines that parse and agree with each other, text prompts
+//! from a flag and from stdin, and bad input (flags, model, context) exiting 2 with one
+//! line.
+
+// The tiny model builder is shared with nx-run's tests.
+#[path = "../../nx-run/tests/common/tiny_model.rs"]
+mod tiny_model;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+fn nx() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_nx"))
+}
+
+fn scratch_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("nx-cli-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The tiny model, written once per test process.
+fn model_path() -> &'static PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let p = scratch_dir().join("tiny.gguf");
+        std::fs::write(
+            &p,
+            tiny_model::tiny_gguf(tiny_model::TinyOptions::default()),
+        )
+        .unwrap();
+        p
+    })
+}
+
+fn run_ok(args: &[&str]) -> (String, String) {
+    let out = nx()
+        .arg("run")
+        .arg("--model")
+        .arg(model_path())
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "nx run {args:?}: {stderr}");
+    (stdout, stderr)
+}
+
+/// Exit code 2, exactly one line on stderr, no panic, and the line mentions `needle`.
+fn assert_one_line_error(out: std::process::Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "stderr: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "stderr should mention {needle:?}: {stderr}"
+    );
+}
+
+fn json_lines(stdout: &str) -> Vec<Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+#[test]
+fn prompt_ids_with_json_lines() {
+    let (stdout, _) = run_ok(&[
+        "--prompt-ids",
+        "10,11,12,13",
+        "-n",
+        "6",
+        "--temp",
+        "0",
+        "--json",
+        "--logprobs",
+        "3",
+    ]);
+    let lines = json_lines(&stdout);
+    let (last, tokens) = lines.split_last().unwrap();
+    let stop = last["stop"].as_str().unwrap();
+    assert!(stop == "max_tokens" || stop == "eos", "{last}");
+    assert_eq!(
+        last["generated_tokens"].as_u64().unwrap() as usize,
+        tokens.len()
+    );
+    assert_eq!(last["prompt_tokens"], 4);
+    for key in [
+        "prompt_tps",
+        "gen_tps",
+        "ttft_ms",
+        "prefill_secs",
+        "decode_secs",
+    ] {
+        assert!(last[key].as_f64().unwrap() >= 0.0, "{key}: {last}");
+    }
+    if stop == "max_tokens" {
+        assert_eq!(tokens.len(), 6);
+    }
+    let n_vocab = tiny_model::n_vocab() as u64;
+    for t in tokens {
+        let id = t["id"].as_u64().unwrap();
+        assert!(id < n_vocab);
+        assert!(t["text"].is_string());
+        let lp = t["logprob"].as_f64().unwrap();
+        assert!(lp <= 0.0);
+        let top = t["top"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(top[0]["id"].as_u64().unwrap(), id);
+        assert!((top[0]["logprob"].as_f64().unwrap() - lp).abs() < 1e-6);
+    }
+
+    // Without --logprobs the alternatives are empty; the tokens are the same.
+    let (stdout, _) = run_ok(&[
+        "--prompt-ids",
+        "10,11,12,13",
+        "-n",
+        "6",
+        "--temp",
+        "0",
+        "--json",
+    ]);
+    let again = json_lines(&stdout);
+    assert_eq!(again.len(), lines.len());
+    for (a, b) in again.iter().zip(&lines).take(tokens.len()) {
+        assert_eq!(a["id"], b["id"]);
+        assert_eq!(a["top"].as_array().unwrap().len(), 0);
+    }
+
+    // Plain output is the concatenated token texts, and speeds go to stderr.
+    let (text, stderr) = run_ok(&["--prompt-ids", "10,11,12,13", "-n", "6", "--temp", "0"]);
+    let joined: String = lines.iter().map(|l| l["text"].as_str().unwrap()).collect();
+    assert_eq!(text, joined);
+    assert!(stderr.contains("tok/s"), "{stderr}");
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_from_the_command_line() {
+    let args = [
+        "--prompt-ids",
+        "20,21,22",
+        "-n",
+        "10",
+        "--temp",
+        "1.0",
+        "--seed",
+        "7",
+        "--json",
+    ];
+    let a = run_ok(&args).0;
+    let b = run_ok(&args).0;
+    let ids = |s: &str| -> Vec<Value> { json_lines(s).iter().map(|l| l["id"].clone()).collect() };
+    assert_eq!(ids(&a), ids(&b));
+    let chunked = run_ok(&[&args[..], &["--prefill-chunk", "1"]].concat()).0;
+    assert_eq!(ids(&chunked), ids(&a));
+}
+
+#[test]
+fn text_prompt_from_flag_and_from_stdin_agree() {
+    let (from_flag, _) = run_ok(&[
+        "--prompt",
+        "the cat sat",
+        "-n",
+        "5",
+        "--temp",
+        "0",
+        "--json",
+    ]);
+    let mut child = nx()
+        .arg("run")
+        .arg("--model")
+        .arg(model_path())
+        .args(["-f", "-", "-n", "5", "--temp", "0", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"the cat sat")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let from_stdin = String::from_utf8(out.stdout).unwrap();
+    let strip = |s: &str| -> Vec<Value> {
+        json_lines(s)
+            .into_iter()
+            .map(|mut v| {
+                // Timings differ between runs.
+                if let Some(o) = v.as_object_mut() {
+                    o.retain(|k, _| {
+                        !k.ends_with("_tps") && !k.ends_with("_secs") && k != "ttft_ms"
+                    });
+                }
+                v
+            })
+            .collect()
+    };
+    assert_eq!(strip(&from_flag), strip(&from_stdin));
+    // BOS was added: the prompt is longer than without it.
+    let last = |s: &str| json_lines(s).pop().unwrap();
+    let (no_bos, _) = run_ok(&[
+        "--prompt",
+        "the cat sat",
+        "-n",
+        "5",
+        "--temp",
+        "0",
+        "--json",
+        "--no-special",
+    ]);
+    assert_eq!(
+        last(&from_flag)["prompt_tokens"].as_u64().unwrap(),
+        last(&no_bos)["prompt_tokens"].as_u64().unwrap() + 1
+    );
+}
+
+#[test]
+fn bad_sampling_flags_exit_2_with_one_line() {
+    let base = |extra: &[&str]| {
+        nx().arg("run")
+            .arg("--model")
+            .arg(model_path())
+            .args(["--prompt-ids", "10,11"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    assert_one_line_error(base(&["--temp", "-1"]), "temperature");
+    assert_one_line_error(base(&["--top-p", "1.5"]), "top_p");
+    assert_one_line_error(base(&["--min-p", "2"]), "min_p");
+    assert_one_line_error(base(&["--prefill-chunk", "0"]), "prefill-chunk");
+    assert_one_line_error(base(&["--stop", ""]), "stop string");
+}
+
+#[test]
+fn bad_prompts_exit_2_with_one_line() {
+    let run = |args: &[&str]| {
+        nx().arg("run")
+            .arg("--model")
+            .arg(model_path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert_one_line_error(run(&["--prompt-ids", "10,x"]), "\"x\"");
+    let too_big = tiny_model::n_vocab().to_string();
+    assert_one_line_error(run(&["--prompt-ids", &too_big]), &too_big);
+    assert_one_line_error(run(&["--prompt-ids", ""]), "empty");
+    assert_one_line_error(run(&["-n", "3"]), "no prompt");
+    // 5 prompt tokens + 5 to generate do not fit in 8 positions.
+    assert_one_line_error(
+        run(&["--prompt-ids", "10,11,12,13,14", "-n", "5", "--ctx", "8"]),
+        "context of 8",
+    );
+}
+
+#[test]
+fn missing_model_exits_2_with_one_line() {
+    let out = nx()
+        .args([
+            "run",
+            "--model",
+            "/nonexistent/nx-model.gguf",
+            "--prompt",
+            "hi",
+        ])
+        .output()
+        .unwrap();
+    assert_one_line_error(out, "/nonexistent/nx-model.gguf");
+
+    // No --model and no fetched default model.
+    let empty_cache = scratch_dir().join("empty-cache");
+    std::fs::create_dir_all(&empty_cache).unwrap();
+    let out = nx()
+        .args(["run", "--prompt", "hi"])
+        .env("NX_CACHE", &empty_cache)
+        .output()
+        .unwrap();
+    assert_one_line_error(out, "run `cargo xtask fetch`");
+    let out = nx()
+        .args(["bench", "-p", "4", "-n", "2"])
+        .env("NX_CACHE", &empty_cache)
+        .output()
+        .unwrap();
+    assert_one_line_error(out, "default model is not fetched");
+}
+
+#[test]
+fn default_model_is_used_when_fetched() {
+    let cache = scratch_dir().join("cache-with-model");
+    std::fs::create_dir_all(cache.join("models")).unwrap();
+    std::fs::copy(model_path(), cache.join("models/gemma-3-270m-q4_k_m.gguf")).unwrap();
+    let out = nx()
+        .args(["run", "--prompt-ids", "10,11", "-n", "2", "--json"])
+        .env("NX_CACHE", &cache)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(json_lines(&String::from_utf8(out.stdout).unwrap()).len() >= 2);
+}
+
+#[test]
+fn stop_string_ends_the_output() {
+    let (full, _) = run_ok(&["--prompt-ids", "10,11,12", "-n", "12", "--temp", "0"]);
+    // Stop at the third character of the output (if it has one).
+    let Some((i, c)) = full.char_indices().nth(2) else {
+        return;
+    };
+    let stop = c.to_string();
+    let expected = &full[..full.find(&stop).unwrap()];
+    assert!(expected.len() <= i);
+    let (out, stderr) = run_ok(&[
+        "--prompt-ids",
+        "10,11,12",
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "--stop",
+        &stop,
+    ]);
+    assert_eq!(out, expected);
+    assert!(stderr.contains("stop: stop_string"), "{stderr}");
+}
+
+#[test]
+fn bench_json_reports_every_field() {
+    let out = nx()
+        .arg("bench")
+        .arg("--model")
+        .arg(model_path())
+        .args([
+            "-p",
+            "16",
+            "-n",
+            "4",
+            "--reps",
+            "2",
+            "--json",
+            "--threads",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["pp_tokens"], 16);
+    assert_eq!(v["tg_tokens"], 4);
+    assert_eq!(v["reps"], 2);
+    assert_eq!(v["threads"], 1);
+    for key in ["pp_tps", "tg_tps", "ttft_ms", "peak_rss_mb"] {
+        assert!(v[key].as_f64().unwrap() > 0.0, "{key}: {v}");
+    }
+    assert!(v["model"].as_str().unwrap().ends_with("tiny.gguf"));
+
+    let out = nx()
+        .arg("bench")
+        .arg("--model")
+        .arg(model_path())
+        .args(["-p", "8", "-n", "2", "--reps", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("pp8") && table.contains("tg2"), "{table}");
+}

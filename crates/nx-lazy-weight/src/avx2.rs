@@ -1,0 +1,453 @@
+//! AVX2 dot kernels (x86-64 with AVX2, FMA and F16C) for the quantized weight types.
+//!
+//! Each kernel computes, per block, the same integer sum as its scalar twin in
+//! [`crate::dot_scalar`], exactly, and only then goes to f32. Integer parts:
+//!
+//! | weight | per block (i32, exact) | how |
+//! |---|---|---|
+//! | Q4_0 | `Σ (q−8)·x` | `maddubs(q, x) − maddubs(8, x)` with q unsigned 0..15 |
+//! | Q5_0 | `Σ (q−16)·x` | as Q4_0 with the fifth bit merged, q 0..31 |
+//! | Q8_0 | `Σ w·x` | both sides widened to i16, `madd` (exact even for −128) |
+//! | Q4_K / Q5_K | `Σ_s sc_s·Σ q·x` and `Σ_j m_{j/2}·bsum_j` | `maddubs`, `madd` by the scale |
+//! | Q6_K | `Σ_s sc_s·Σ q·x − 32·Σ_j sc_j·bsum_j` | q unsigned 0..63, offset from the bsums |
+//!
+//! `maddubs` adds two u8×i8 products into an i16 with saturation; with the unsigned
+//! weight ranges above (at most 63·128·2 = 16128) it never saturates, whatever the
+//! activation bytes. The K formats read the Q8_K `bsums`, so they assume those are the
+//! sums of the quants (as [`crate::quant`] writes them); Q4_K/Q5_K's scalar twins do too.
+//!
+//! Float part: each block adds `d·lane_sum` (`d = d_w·d_x`) to eight f32 lanes with one
+//! FMA; the 32-element formats and Q6_K alternate two such accumulators (even and odd
+//! blocks, see [`two_chains`]), Q4_K/Q5_K keep the min terms in a second set of eight
+//! lanes, subtracted at the end; all lanes are summed at the end. The order depends on
+//! the row length only, never on which rows or tokens are computed together, so batch
+//! invariance holds for a fixed tier. Against the scalar twins only float rounding
+//! differs.
+
+use std::arch::x86_64::*;
+
+use nx_gguf::GgmlType;
+
+use crate::dot_scalar::DotKernel;
+use crate::formats::{
+    q4_k, q5_0, q6_k, q8_k, read_f32, read_u32, scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES,
+    Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES,
+};
+
+/// True when this CPU can run the kernels of this module.
+pub(crate) fn available() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// The AVX2 kernel of a weight type; `None` for types without one (the float types) or
+/// when this CPU lacks AVX2, FMA or F16C.
+pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
+    if !available() {
+        return None;
+    }
+    let k: DotKernel = match weight_type {
+        GgmlType::Q4_0 => dot_q4_0_q8_0,
+        GgmlType::Q5_0 => dot_q5_0_q8_0,
+        GgmlType::Q8_0 => dot_q8_0_q8_0,
+        GgmlType::Q4_K => dot_q4_k_q8_k,
+        GgmlType::Q5_K => dot_q5_k_q8_k,
+        GgmlType::Q6_K => dot_q6_k_q8_k,
+        _ => return None,
+    };
+    Some(k)
+}
+
+/// Safe entry points: fn pointers to them leave this module only through [`kernel`],
+/// which first checks the CPU features the implementations are compiled for.
+macro_rules! checked_entry {
+    ($($name:ident => $imp:ident),* $(,)?) => {$(
+        fn $name(w: &[u8], x: &[u8]) -> f32 {
+            // SAFETY: reachable only through `kernel`, which verified AVX2, FMA and F16C
+            // on this CPU; the implementation reads only inside whole blocks of `w`, `x`.
+            unsafe { $imp(w, x) }
+        }
+    )*};
+}
+
+checked_entry! {
+    dot_q4_0_q8_0 => q4_0_impl,
+    dot_q5_0_q8_0 => q5_0_impl,
+    dot_q8_0_q8_0 => q8_0_impl,
+    dot_q4_k_q8_k => q4_k_impl,
+    dot_q5_k_q8_k => q5_k_impl,
+    dot_q6_k_q8_k => q6_k_impl,
+}
+
+/// The f16 at `bytes[offset..offset + 2]` as f32, in all eight lanes (F16C).
+///
+/// Broadcasting before converting writes whole registers: a scalar `cvtph` lets the
+/// compiler merge into a stale register (the accumulator), which chained every block's
+/// scale to the previous block's FMA and ran several times slower.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn f16_splat(bytes: &[u8], offset: usize) -> __m256 {
+    let bits = u16::from_le_bytes([bytes[offset], bytes[offset + 1]]);
+    _mm256_cvtph_ps(_mm_set1_epi16(bits as i16))
+}
+
+/// The little-endian f32 at `bytes[offset..offset + 4]`, in all eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn f32_splat(bytes: &[u8], offset: usize) -> __m256 {
+    _mm256_set1_ps(read_f32(bytes, offset))
+}
+
+/// 32 bytes at `bytes[offset..offset + 32]`.
+///
+/// # Safety
+/// `offset + 32 <= bytes.len()`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load32(bytes: &[u8], offset: usize) -> __m256i {
+    debug_assert!(offset + 32 <= bytes.len());
+    // SAFETY: in bounds by the caller's contract; unaligned load.
+    unsafe { _mm256_loadu_si256(bytes.as_ptr().add(offset) as *const __m256i) }
+}
+
+/// 16 bytes at `bytes[offset..offset + 16]`.
+///
+/// # Safety
+/// `offset + 16 <= bytes.len()`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load16(bytes: &[u8], offset: usize) -> __m128i {
+    debug_assert!(offset + 16 <= bytes.len());
+    // SAFETY: in bounds by the caller's contract; unaligned load.
+    unsafe { _mm_loadu_si128(bytes.as_ptr().add(offset) as *const __m128i) }
+}
+
+/// Sum of the eight lanes: (0+4, 1+5, 2+6, 3+7), then pairs, then the two halves.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+/// `madd` of 16 i16 lanes with 1: pairwise i32 sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn pair_sums(v: __m256i) -> __m256i {
+    _mm256_madd_epi16(v, _mm256_set1_epi16(1))
+}
+
+/// Runs a per-block expression over the whole blocks of `$w` and `$x` (`$wbytes` and
+/// `$xbytes` bytes each). The block gives `(d, lanes)`, both `__m256`; even blocks are
+/// FMA'd into one accumulator and odd blocks into another, so two dependency chains run
+/// in parallel (one chain made the small formats latency-bound), and the result is the
+/// sum of all lanes of both. The order depends on the block count only.
+macro_rules! two_chains {
+    ($w:expr, $x:expr, $wbytes:expr, $xbytes:expr, |$wb:ident, $xb:ident| $block:block) => {{
+        let (w, x) = ($w, $x);
+        let n = (w.len() / $wbytes).min(x.len() / $xbytes);
+        let mut even = _mm256_setzero_ps();
+        let mut odd = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 2 <= n {
+            let (d, lanes) = {
+                let $wb = &w[i * $wbytes..(i + 1) * $wbytes];
+                let $xb = &x[i * $xbytes..(i + 1) * $xbytes];
+                $block
+            };
+            even = _mm256_fmadd_ps(d, lanes, even);
+            let (d, lanes) = {
+                let $wb = &w[(i + 1) * $wbytes..(i + 2) * $wbytes];
+                let $xb = &x[(i + 1) * $xbytes..(i + 2) * $xbytes];
+                $block
+            };
+            odd = _mm256_fmadd_ps(d, lanes, odd);
+            i += 2;
+        }
+        if i < n {
+            let (d, lanes) = {
+                let $wb = &w[i * $wbytes..(i + 1) * $wbytes];
+                let $xb = &x[i * $xbytes..(i + 1) * $xbytes];
+                $block
+            };
+            even = _mm256_fmadd_ps(d, lanes, even);
+        }
+        hsum_ps(_mm256_add_ps(even, odd))
+    }};
+}
+pub(crate) use two_chains;
+
+/// Q4_0 × Q8_0. Per block `Σ (q−8)·x = Σ q·x − 8·Σ x`, both in i16 pair sums
+/// (|15·128·2| and |8·128·2| are far from saturation).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0_impl(w: &[u8], x: &[u8]) -> f32 {
+    let low4 = _mm_set1_epi8(0x0F);
+    let eights = _mm256_set1_epi8(8);
+    two_chains!(w, x, Q4_0_BYTES, Q8_0_BYTES, |wb, xb| {
+        // SAFETY: qs is bytes 2..18 of an 18-byte block; x quants are 2..34 of 34.
+        let (qs, xq) = unsafe { (load16(wb, 2), load32(xb, 2)) };
+        let lo = _mm_and_si128(qs, low4);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+        let q = _mm256_set_m128i(hi, lo);
+        let p16 = _mm256_sub_epi16(
+            _mm256_maddubs_epi16(q, xq),
+            _mm256_maddubs_epi16(eights, xq),
+        );
+        let d = _mm256_mul_ps(f16_splat(wb, 0), f16_splat(xb, 0));
+        (d, _mm256_cvtepi32_ps(pair_sums(p16)))
+    })
+}
+
+/// 32 bytes, byte `p` = 0x10 when bit `p` of `qh` is set, else 0: the Q5_0 fifth bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn q5_0_high_bits(qh: u32) -> __m256i {
+    // Byte p takes qh byte p/8 (within each 128-bit lane: lane 0 bytes 0, 1; lane 1
+    // bytes 2, 3), then tests bit p mod 8.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(qh as i32),
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0x0000_0000_0000_0000,
+        ),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// Q5_0 × Q8_0: q = nibble | fifth bit (0..31), `Σ q·x − 16·Σ x` in i16 pair sums.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0_impl(w: &[u8], x: &[u8]) -> f32 {
+    let low4 = _mm_set1_epi8(0x0F);
+    let sixteens = _mm256_set1_epi8(16);
+    two_chains!(w, x, Q5_0_BYTES, Q8_0_BYTES, |wb, xb| {
+        // SAFETY: qs is bytes 6..22 of a 22-byte block; x quants are 2..34 of 34.
+        let (qs, xq) = unsafe { (load16(wb, q5_0::QS), load32(xb, 2)) };
+        let lo = _mm_and_si128(qs, low4);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+        let q = _mm256_or_si256(
+            _mm256_set_m128i(hi, lo),
+            q5_0_high_bits(read_u32(wb, q5_0::QH)),
+        );
+        let p16 = _mm256_sub_epi16(
+            _mm256_maddubs_epi16(q, xq),
+            _mm256_maddubs_epi16(sixteens, xq),
+        );
+        let d = _mm256_mul_ps(f16_splat(wb, 0), f16_splat(xb, 0));
+        (d, _mm256_cvtepi32_ps(pair_sums(p16)))
+    })
+}
+
+/// Q8_0 × Q8_0: both sides sign-extended to i16 and multiplied with `madd` (pairs of
+/// products fit i32 for every byte value, −128·−128 included).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_impl(w: &[u8], x: &[u8]) -> f32 {
+    two_chains!(w, x, Q8_0_BYTES, Q8_0_BYTES, |wb, xb| {
+        // SAFETY: quants are bytes 2..34 of 34-byte blocks.
+        let (w0, w1, x0, x1) =
+            unsafe { (load16(wb, 2), load16(wb, 18), load16(xb, 2), load16(xb, 18)) };
+        let p = _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_cvtepi8_epi16(w0), _mm256_cvtepi8_epi16(x0)),
+            _mm256_madd_epi16(_mm256_cvtepi8_epi16(w1), _mm256_cvtepi8_epi16(x1)),
+        );
+        let d = _mm256_mul_ps(f16_splat(wb, 0), f16_splat(xb, 0));
+        (d, _mm256_cvtepi32_ps(p))
+    })
+}
+
+/// `set1_epi16` of word `j` of a 128-bit lane (both lanes hold the same 8 words).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn word_broadcast(words: __m256i, j: i16) -> __m256i {
+    _mm256_shuffle_epi8(words, _mm256_set1_epi16(((2 * j + 1) << 8) | (2 * j)))
+}
+
+/// The Q4_K/Q5_K min term's integer part, `Σ_j bsum_j·m_{j/2}`, as eight i32 lanes:
+/// each min is duplicated so one `madd` pairs it with both bsums of its sub-block.
+///
+/// # Safety
+/// `xb` is a whole Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn k4_min_lanes(xb: &[u8], mins: u64) -> __m256i {
+    let m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins as i64));
+    let dup = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+    // SAFETY: bsums are bytes 260..292 of a 292-byte block.
+    let bsums = unsafe { load32(xb, q8_k::BSUMS) };
+    _mm256_madd_epi16(bsums, dup)
+}
+
+/// Q4_K × Q8_K.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_impl(w: &[u8], x: &[u8]) -> f32 {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_min = _mm256_setzero_ps();
+    for (wb, xb) in w.chunks_exact(Q4_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
+        let dx = f32_splat(xb, 0);
+        let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
+        let dmin = _mm256_mul_ps(f16_splat(wb, q4_k::DMIN), dx);
+        let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
+        // SAFETY: xb is a whole Q8_K block.
+        let min_lanes = unsafe { k4_min_lanes(xb, mn) };
+        acc_min = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(min_lanes), acc_min);
+        let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
+        let scales = _mm256_set_m128i(sc16, sc16);
+        let mut sumi = _mm256_setzero_si256();
+        for chunk in 0..4 {
+            // SAFETY: qs chunk is bytes 16+32c..48+32c of 144; x quants 4+64c..68+64c of 292.
+            let (qs, x0, x1) = unsafe {
+                (
+                    load32(wb, q4_k::QS + 32 * chunk),
+                    load32(xb, q8_k::QS + 64 * chunk),
+                    load32(xb, q8_k::QS + 64 * chunk + 32),
+                )
+            };
+            let lo = _mm256_and_si256(qs, low4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), low4);
+            let j = 2 * chunk as i16;
+            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), word_broadcast(scales, j));
+            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), word_broadcast(scales, j + 1));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - hsum_ps(acc_min)
+}
+
+/// Q5_K × Q8_K: Q4_K plus a fifth bit per weight from `qh`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_min = _mm256_setzero_ps();
+    for (wb, xb) in w.chunks_exact(Q5_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
+        let dx = f32_splat(xb, 0);
+        let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
+        let dmin = _mm256_mul_ps(f16_splat(wb, q4_k::DMIN), dx);
+        let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
+        // SAFETY: xb is a whole Q8_K block.
+        let min_lanes = unsafe { k4_min_lanes(xb, mn) };
+        acc_min = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(min_lanes), acc_min);
+        let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
+        let scales = _mm256_set_m128i(sc16, sc16);
+        // SAFETY: qh is bytes 16..48 of 176.
+        let mut qh = unsafe { load32(wb, q4_k::Q5_QH) };
+        let mut sumi = _mm256_setzero_si256();
+        for chunk in 0..4 {
+            // SAFETY: qs chunk is bytes 48+32c..80+32c of 176; x quants as in Q4_K.
+            let (qs, x0, x1) = unsafe {
+                (
+                    load32(wb, q4_k::Q5_QS + 32 * chunk),
+                    load32(xb, q8_k::QS + 64 * chunk),
+                    load32(xb, q8_k::QS + 64 * chunk + 32),
+                )
+            };
+            // Bits 0 and 1 of each (shifted) qh byte are this chunk's two fifth bits;
+            // the 16-bit shifts only move bits across bytes outside the 0x10 mask.
+            let h_lo = _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bit4);
+            let h_hi = _mm256_and_si256(_mm256_slli_epi16::<3>(qh), bit4);
+            qh = _mm256_srli_epi16::<2>(qh);
+            let lo = _mm256_or_si256(_mm256_and_si256(qs, low4), h_lo);
+            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(qs), low4), h_hi);
+            let j = 2 * chunk as i16;
+            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), word_broadcast(scales, j));
+            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), word_broadcast(scales, j + 1));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - hsum_ps(acc_min)
+}
+
+/// Q6_K × Q8_K: unsigned quants 0..63 into `maddubs`, scaled per 16 weights, minus
+/// `32·Σ_j sc_j·bsum_j` once per super-block.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let bits45 = _mm256_set1_epi8(0x30);
+    two_chains!(w, x, Q6_K_BYTES, Q8_K_BYTES, |wb, xb| {
+        let d = _mm256_mul_ps(f16_splat(wb, q6_k::D), f32_splat(xb, 0));
+        // SAFETY: scales are bytes 192..208 of 210; bsums 260..292 of 292.
+        let (sc8, bsums) = unsafe { (load16(wb, q6_k::SCALES), load32(xb, q8_k::BSUMS)) };
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
+        let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
+        let mut sumi = _mm256_setzero_si256();
+        for half in 0..2 {
+            let sc_half = if half == 0 {
+                _mm256_castsi256_si128(sc16)
+            } else {
+                _mm256_extracti128_si256::<1>(sc16)
+            };
+            let scales = _mm256_set_m128i(sc_half, sc_half);
+            // SAFETY: ql half is bytes 64h..64h+64, qh half 128+32h..160+32h, of 210.
+            let (ql0, ql1, qh) = unsafe {
+                (
+                    load32(wb, q6_k::QL + 64 * half),
+                    load32(wb, q6_k::QL + 64 * half + 32),
+                    load32(wb, q6_k::QH + 32 * half),
+                )
+            };
+            // Quants 32k..32k+32 of this half; bits (2k, 2k+1) of qh are their top bits.
+            let q = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, low4),
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bits45),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, low4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), bits45),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4),
+                    _mm256_and_si256(qh, bits45),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), bits45),
+                ),
+            ];
+            for (k, &qk) in q.iter().enumerate() {
+                // SAFETY: x quants 4+128h+32k..36+128h+32k of 292.
+                let xk = unsafe { load32(xb, q8_k::QS + 128 * half + 32 * k) };
+                // Lane 0 (weights 0..16 of the 32) uses scale 2k of this half, lane 1
+                // scale 2k+1.
+                let k = k as i16;
+                let ctrl = _mm256_set_m128i(
+                    _mm_set1_epi16(((4 * k + 3) << 8) | (4 * k + 2)),
+                    _mm_set1_epi16(((4 * k + 1) << 8) | (4 * k)),
+                );
+                let scale = _mm256_shuffle_epi8(scales, ctrl);
+                sumi =
+                    _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(qk, xk), scale));
+            }
+        }
+        let sumi = _mm256_sub_epi32(sumi, offset);
+        (d, _mm256_cvtepi32_ps(sumi))
+    })
+}

@@ -1,0 +1,341 @@
+//! AVX-512 VNNI dot kernels (x86-64 with AVX-512 F/BW/VL/VNNI on top of AVX2, FMA, F16C).
+//!
+//! Same integer sums per block as the scalar twins in [`crate::dot_scalar`], exactly;
+//! what changes from [`crate::avx2`] is how they are formed:
+//!
+//! | weight | per block (i32, exact) | how |
+//! |---|---|---|
+//! | Q4_0 / Q5_0 | `Σ q·x − off·Σ x` | two `dpbusd` (u8×i8 → i32, no saturation) |
+//! | Q8_0 | `Σ (w+128)·x − 128·Σ x` | bias the weights to u8, two `dpbusd` (exact for every byte) |
+//! | Q4_K / Q5_K | `Σ_s sc_s·Σ q·x` | 64 weights per 512-bit `maddubs`, then `dpwssd` by the scales |
+//! | Q6_K | `Σ_s sc_s·Σ q·x − 32·Σ_j sc_j·bsum_j` | as Q4_K, offset from the bsums |
+//!
+//! The 32-element formats use 256-bit registers (one block each); the K formats use
+//! 512-bit ones (two sub-blocks per instruction). The float part is as in
+//! [`crate::avx2`]: per block one FMA of `d·lane_sum` into fixed lanes (two alternating
+//! sets of eight for the 32-element formats, sixteen for the K formats, plus eight for
+//! the Q4_K/Q5_K min terms), lanes summed at the end. The order depends on the row
+//! length only.
+
+use std::arch::x86_64::*;
+
+use nx_gguf::GgmlType;
+
+use crate::avx2::{f16_splat, f32_splat, hsum_ps, k4_min_lanes, load16, load32, two_chains};
+use crate::dot_scalar::DotKernel;
+use crate::formats::{
+    q4_k, q5_0, q6_k, q8_k, read_f32, read_u32, scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES,
+    Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES,
+};
+
+/// True when this CPU can run the kernels of this module.
+pub(crate) fn available() -> bool {
+    crate::avx2::available()
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
+/// The AVX-512 VNNI kernel of a weight type; `None` for types without one (the float
+/// types) or when this CPU lacks one of the features.
+pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
+    if !available() {
+        return None;
+    }
+    let k: DotKernel = match weight_type {
+        GgmlType::Q4_0 => dot_q4_0_q8_0,
+        GgmlType::Q5_0 => dot_q5_0_q8_0,
+        GgmlType::Q8_0 => dot_q8_0_q8_0,
+        GgmlType::Q4_K => dot_q4_k_q8_k,
+        GgmlType::Q5_K => dot_q5_k_q8_k,
+        GgmlType::Q6_K => dot_q6_k_q8_k,
+        _ => return None,
+    };
+    Some(k)
+}
+
+/// Safe entry points: fn pointers to them leave this module only through [`kernel`],
+/// which first checks the CPU features the implementations are compiled for.
+macro_rules! checked_entry {
+    ($($name:ident => $imp:ident),* $(,)?) => {$(
+        fn $name(w: &[u8], x: &[u8]) -> f32 {
+            // SAFETY: reachable only through `kernel`, which verified AVX-512 F/BW/VL/VNNI,
+            // AVX2, FMA and F16C on this CPU; the implementation reads only inside whole
+            // blocks of `w` and `x`.
+            unsafe { $imp(w, x) }
+        }
+    )*};
+}
+
+checked_entry! {
+    dot_q4_0_q8_0 => q4_0_impl,
+    dot_q5_0_q8_0 => q5_0_impl,
+    dot_q8_0_q8_0 => q8_0_impl,
+    dot_q4_k_q8_k => q4_k_impl,
+    dot_q5_k_q8_k => q5_k_impl,
+    dot_q6_k_q8_k => q6_k_impl,
+}
+
+/// 64 bytes at `bytes[offset..offset + 64]`.
+///
+/// # Safety
+/// `offset + 64 <= bytes.len()`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn load64(bytes: &[u8], offset: usize) -> __m512i {
+    debug_assert!(offset + 64 <= bytes.len());
+    // SAFETY: in bounds by the caller's contract; unaligned load.
+    unsafe { _mm512_loadu_si512(bytes.as_ptr().add(offset) as *const _) }
+}
+
+/// The f16 at `bytes[offset..offset + 2]` as f32, in all sixteen lanes (see
+/// [`f16_splat`] for why the broadcast comes first).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn f16_splat512(bytes: &[u8], offset: usize) -> __m512 {
+    let bits = u16::from_le_bytes([bytes[offset], bytes[offset + 1]]);
+    _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16))
+}
+
+/// A 512-bit vector of 32 words: the lower 16 are `lo`, the upper 16 `hi`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn halves_epi16(lo: i16, hi: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi16(lo)),
+        _mm256_set1_epi16(hi),
+    )
+}
+
+/// A 512-bit vector of 32 words, eight per 128-bit quarter: quarter `i` is `first + i`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn quarters_epi16(first: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set_m128i(
+            _mm_set1_epi16(first + 1),
+            _mm_set1_epi16(first),
+        )),
+        _mm256_set_m128i(_mm_set1_epi16(first + 3), _mm_set1_epi16(first + 2)),
+    )
+}
+
+/// Q4_0 × Q8_0.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_0_impl(w: &[u8], x: &[u8]) -> f32 {
+    let low4 = _mm_set1_epi8(0x0F);
+    let eights = _mm256_set1_epi8(8);
+    let zero = _mm256_setzero_si256();
+    two_chains!(w, x, Q4_0_BYTES, Q8_0_BYTES, |wb, xb| {
+        // SAFETY: qs is bytes 2..18 of an 18-byte block; x quants are 2..34 of 34.
+        let (qs, xq) = unsafe { (load16(wb, 2), load32(xb, 2)) };
+        let lo = _mm_and_si128(qs, low4);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+        let q = _mm256_set_m128i(hi, lo);
+        let sumi = _mm256_sub_epi32(
+            _mm256_dpbusd_epi32(zero, q, xq),
+            _mm256_dpbusd_epi32(zero, eights, xq),
+        );
+        let d = _mm256_mul_ps(f16_splat(wb, 0), f16_splat(xb, 0));
+        (d, _mm256_cvtepi32_ps(sumi))
+    })
+}
+
+/// Q5_0 × Q8_0: the fifth bits come straight from `qh` as a byte mask.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q5_0_impl(w: &[u8], x: &[u8]) -> f32 {
+    let low4 = _mm_set1_epi8(0x0F);
+    let sixteens = _mm256_set1_epi8(16);
+    let zero = _mm256_setzero_si256();
+    two_chains!(w, x, Q5_0_BYTES, Q8_0_BYTES, |wb, xb| {
+        // SAFETY: qs is bytes 6..22 of a 22-byte block; x quants are 2..34 of 34.
+        let (qs, xq) = unsafe { (load16(wb, q5_0::QS), load32(xb, 2)) };
+        let lo = _mm_and_si128(qs, low4);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+        let q4 = _mm256_set_m128i(hi, lo);
+        // Bit p of qh is byte p's fifth bit; nibbles are < 16, so adding 16 sets it.
+        let q = _mm256_mask_add_epi8(q4, read_u32(wb, q5_0::QH), q4, sixteens);
+        let sumi = _mm256_sub_epi32(
+            _mm256_dpbusd_epi32(zero, q, xq),
+            _mm256_dpbusd_epi32(zero, sixteens, xq),
+        );
+        let d = _mm256_mul_ps(f16_splat(wb, 0), f16_splat(xb, 0));
+        (d, _mm256_cvtepi32_ps(sumi))
+    })
+}
+
+/// Q8_0 × Q8_0: `w + 128` is an unsigned byte, so `Σ w·x = dpbusd(w ^ 0x80, x) −
+/// dpbusd(128, x)`, exact for every pair of bytes.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_0_impl(w: &[u8], x: &[u8]) -> f32 {
+    let bias = _mm256_set1_epi8(-128);
+    let zero = _mm256_setzero_si256();
+    two_chains!(w, x, Q8_0_BYTES, Q8_0_BYTES, |wb, xb| {
+        // SAFETY: quants are bytes 2..34 of 34-byte blocks.
+        let (wq, xq) = unsafe { (load32(wb, 2), load32(xb, 2)) };
+        let sumi = _mm256_sub_epi32(
+            _mm256_dpbusd_epi32(zero, _mm256_xor_si256(wq, bias), xq),
+            _mm256_dpbusd_epi32(zero, bias, xq),
+        );
+        let d = _mm256_mul_ps(f16_splat(wb, 0), f16_splat(xb, 0));
+        (d, _mm256_cvtepi32_ps(sumi))
+    })
+}
+
+/// Q4_K × Q8_K: per 32-byte chunk of `qs`, both nibble halves side by side in one
+/// 512-bit register against 64 contiguous activation quants.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_k_impl(w: &[u8], x: &[u8]) -> f32 {
+    let low4 = _mm512_set1_epi8(0x0F);
+    // Lower half keeps the low nibbles, upper half is shifted down to the high ones.
+    let nibble_shift = halves_epi16(0, 4);
+    let mut acc = _mm512_setzero_ps();
+    let mut acc_min = _mm256_setzero_ps();
+    for (wb, xb) in w.chunks_exact(Q4_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
+        let dx = f32_splat(xb, 0);
+        let d = _mm512_mul_ps(f16_splat512(wb, 0), _mm512_set1_ps(read_f32(xb, 0)));
+        let dmin = _mm256_mul_ps(f16_splat(wb, q4_k::DMIN), dx);
+        let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
+        // SAFETY: xb is a whole Q8_K block.
+        let min_lanes = unsafe { k4_min_lanes(xb, mn) };
+        acc_min = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(min_lanes), acc_min);
+        let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+        let mut sumi = _mm512_setzero_si512();
+        for chunk in 0..4 {
+            // SAFETY: qs chunk is bytes 16+32c..48+32c of 144; x quants 4+64c..68+64c of 292.
+            let (qs, xq) = unsafe {
+                (
+                    load32(wb, q4_k::QS + 32 * chunk),
+                    load64(xb, q8_k::QS + 64 * chunk),
+                )
+            };
+            let q = _mm512_and_si512(
+                _mm512_srlv_epi16(_mm512_broadcast_i64x4(qs), nibble_shift),
+                low4,
+            );
+            let j = 2 * chunk as i16;
+            let scale = _mm512_permutexvar_epi16(halves_epi16(j, j + 1), scales);
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q, xq), scale);
+        }
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+    }
+    _mm512_reduce_add_ps(acc) - hsum_ps(acc_min)
+}
+
+/// Q5_K × Q8_K: Q4_K plus the fifth bits, added under a byte mask tested from `qh`.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
+    let low4 = _mm512_set1_epi8(0x0F);
+    let sixteens = _mm512_set1_epi8(16);
+    let nibble_shift = halves_epi16(0, 4);
+    let mut acc = _mm512_setzero_ps();
+    let mut acc_min = _mm256_setzero_ps();
+    for (wb, xb) in w.chunks_exact(Q5_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
+        let dx = f32_splat(xb, 0);
+        let d = _mm512_mul_ps(f16_splat512(wb, 0), _mm512_set1_ps(read_f32(xb, 0)));
+        let dmin = _mm256_mul_ps(f16_splat(wb, q4_k::DMIN), dx);
+        let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
+        // SAFETY: xb is a whole Q8_K block.
+        let min_lanes = unsafe { k4_min_lanes(xb, mn) };
+        acc_min = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(min_lanes), acc_min);
+        let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+        // SAFETY: qh is bytes 16..48 of 176.
+        let qh = _mm512_broadcast_i64x4(unsafe { load32(wb, q4_k::Q5_QH) });
+        let mut sumi = _mm512_setzero_si512();
+        for chunk in 0..4 {
+            // SAFETY: qs chunk is bytes 48+32c..80+32c of 176; x quants as in Q4_K.
+            let (qs, xq) = unsafe {
+                (
+                    load32(wb, q4_k::Q5_QS + 32 * chunk),
+                    load64(xb, q8_k::QS + 64 * chunk),
+                )
+            };
+            let q4 = _mm512_and_si512(
+                _mm512_srlv_epi16(_mm512_broadcast_i64x4(qs), nibble_shift),
+                low4,
+            );
+            // Sub-block 2c (lower half) takes bit 2c of each qh byte, 2c+1 the next.
+            let bit = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_set1_epi8(1 << (2 * chunk))),
+                _mm256_set1_epi8(1 << (2 * chunk + 1)),
+            );
+            let high = _mm512_test_epi8_mask(qh, bit);
+            let q = _mm512_mask_add_epi8(q4, high, q4, sixteens);
+            let j = 2 * chunk as i16;
+            let scale = _mm512_permutexvar_epi16(halves_epi16(j, j + 1), scales);
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q, xq), scale);
+        }
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+    }
+    _mm512_reduce_add_ps(acc) - hsum_ps(acc_min)
+}
+
+/// Q6_K × Q8_K: per half super-block, 64 `ql` bytes in one register give two sets of
+/// 64 quants (low nibbles, high nibbles), each completed by two bits of `qh`.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
+    let low4 = _mm512_set1_epi8(0x0F);
+    let bits45 = _mm512_set1_epi8(0x30);
+    // Quants 0..32 / 32..64 of a half take qh bits 0,1 / 2,3 (shift left 4 / 2 to
+    // bits 4,5); quants 64..96 / 96..128 take bits 4,5 / 6,7 (shift right 0 / 2).
+    let shift_first = halves_epi16(4, 2);
+    let shift_second = halves_epi16(0, 2);
+    let mut acc = _mm512_setzero_ps();
+    for (wb, xb) in w.chunks_exact(Q6_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
+        let d = _mm512_mul_ps(f16_splat512(wb, q6_k::D), _mm512_set1_ps(read_f32(xb, 0)));
+        // SAFETY: scales are bytes 192..208 of 210; bsums 260..292 of 292.
+        let (sc8, bsums) = unsafe { (load16(wb, q6_k::SCALES), load32(xb, q8_k::BSUMS)) };
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
+        let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
+        let scales = _mm512_castsi256_si512(sc16);
+        let mut sumi = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), offset));
+        for half in 0..2 {
+            // SAFETY: ql half is bytes 64h..64h+64 and qh half 128+32h..160+32h of 210;
+            // x quants 4+128h..132+128h of 292.
+            let (ql, qh, x_first, x_second) = unsafe {
+                (
+                    load64(wb, q6_k::QL + 64 * half),
+                    _mm512_broadcast_i64x4(load32(wb, q6_k::QH + 32 * half)),
+                    load64(xb, q8_k::QS + 128 * half),
+                    load64(xb, q8_k::QS + 128 * half + 64),
+                )
+            };
+            let q_first = _mm512_or_si512(
+                _mm512_and_si512(ql, low4),
+                _mm512_and_si512(_mm512_sllv_epi16(qh, shift_first), bits45),
+            );
+            let q_second = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4),
+                _mm512_and_si512(_mm512_srlv_epi16(qh, shift_second), bits45),
+            );
+            // Each 128-bit quarter (16 quants) has its own scale: 8h + 0..4, 8h + 4..8.
+            let base = 8 * half as i16;
+            let scale_first = _mm512_permutexvar_epi16(quarters_epi16(base), scales);
+            let scale_second = _mm512_permutexvar_epi16(quarters_epi16(base + 4), scales);
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q_first, x_first), scale_first);
+            sumi =
+                _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q_second, x_second), scale_second);
+        }
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+    }
+    _mm512_reduce_add_ps(acc)
+}

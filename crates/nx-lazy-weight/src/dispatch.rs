@@ -1,0 +1,171 @@
+//! Kernel dispatch: the dot kernel of a weight type for a CPU tier, and the process tier.
+//!
+//! Every dot product in the process goes through [`active_dot_kernel`], so one process
+//! never mixes tiers: a matmul output and a single [`dot_row`] of the same inputs are
+//! the same call of the same kernel, and batch/thread invariance holds per tier. The
+//! tiers differ from each other (and from the scalar reference) only in f32 rounding;
+//! their per-block integer sums are identical (see `tests/simd_twins.rs`).
+
+use std::sync::OnceLock;
+
+use nx_gguf::GgmlType;
+use nx_syscalls::CpuTier;
+
+use crate::dot_scalar::{self, DotKernel};
+use crate::formats::{row_bytes, vec_dot_type};
+use crate::LazyWeightError;
+
+/// The tier every kernel of this process uses: [`nx_syscalls::cpu_tier`] (detected
+/// once, lowered by `NX_TIER`). An `NX_TIER` the CPU cannot honour is an error, reported
+/// by every matmul; callers should check it once at model load.
+pub fn active_tier() -> Result<CpuTier, LazyWeightError> {
+    Ok(nx_syscalls::cpu_tier()?)
+}
+
+/// The best tier of this CPU, ignoring `NX_TIER` (cached).
+fn detected_tier() -> CpuTier {
+    static DETECTED: OnceLock<CpuTier> = OnceLock::new();
+    *DETECTED.get_or_init(nx_syscalls::detect_tier)
+}
+
+/// True when this CPU can run kernels of `tier` (Scalar always; the x86 tiers up to
+/// the detected one; Neon on AArch64).
+pub fn tier_supported(tier: CpuTier) -> bool {
+    // The rule of `nx_syscalls::parse_tier_override`, without its string handling (this
+    // runs once per matmul call).
+    let detected = detected_tier();
+    match tier {
+        CpuTier::Scalar => true,
+        CpuTier::Neon => detected == CpuTier::Neon,
+        CpuTier::Avx2 | CpuTier::Avx512Vnni => detected != CpuTier::Neon && tier <= detected,
+    }
+}
+
+/// Every tier this CPU can run, lowest first (for tests and benchmarks).
+pub fn supported_tiers() -> Vec<CpuTier> {
+    [
+        CpuTier::Scalar,
+        CpuTier::Avx2,
+        CpuTier::Avx512Vnni,
+        CpuTier::Neon,
+    ]
+    .into_iter()
+    .filter(|&t| tier_supported(t))
+    .collect()
+}
+
+/// The dot kernel of `weight_type` at `tier`: the tier's SIMD kernel when it has one,
+/// else the scalar one (the float types, and every type on Neon for now). `None` when
+/// the type has no dot product or this CPU cannot run `tier`.
+pub fn dot_kernel_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel> {
+    if !tier_supported(tier) {
+        return None;
+    }
+    let simd = match tier {
+        CpuTier::Scalar => None,
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Avx2 => crate::avx2::kernel(weight_type),
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Avx512Vnni => crate::avx512::kernel(weight_type),
+        #[cfg(target_arch = "aarch64")]
+        CpuTier::Neon => crate::neon::kernel(weight_type),
+        #[allow(unreachable_patterns)] // tiers of other architectures are unsupported above
+        _ => None,
+    };
+    simd.or_else(|| dot_scalar::dot_kernel(weight_type))
+}
+
+/// The kernel of `weight_type` at the [`active_tier`].
+pub fn active_dot_kernel(weight_type: GgmlType) -> Result<DotKernel, LazyWeightError> {
+    dot_kernel_for(active_tier()?, weight_type).ok_or(LazyWeightError::UnsupportedType {
+        ggml_type: weight_type,
+        op: "dot",
+    })
+}
+
+/// Dot product of a weight row (`weight_type`, `row_len` elements) with an activation
+/// row already quantized to the weight's [`vec_dot_type`], with the active tier's
+/// kernel: bit-identical to the matching element of a [`crate::matmul`].
+///
+/// Errors when the type is unsupported, either slice has the wrong length, or
+/// `NX_TIER` asks for a tier this CPU lacks.
+pub fn dot_row(
+    weight_type: GgmlType,
+    w_row: &[u8],
+    x_row: &[u8],
+    row_len: usize,
+) -> Result<f32, LazyWeightError> {
+    let act_type = vec_dot_type(weight_type).ok_or(LazyWeightError::UnsupportedType {
+        ggml_type: weight_type,
+        op: "dot",
+    })?;
+    let w_bytes = row_bytes(weight_type, row_len)?;
+    let x_bytes = row_bytes(act_type, row_len)?;
+    if w_row.len() != w_bytes {
+        return Err(LazyWeightError::LengthMismatch {
+            what: "dot_row: weight row bytes",
+            expected: w_bytes,
+            actual: w_row.len(),
+        });
+    }
+    if x_row.len() != x_bytes {
+        return Err(LazyWeightError::LengthMismatch {
+            what: "dot_row: activation row bytes",
+            expected: x_bytes,
+            actual: x_row.len(),
+        });
+    }
+    Ok(active_dot_kernel(weight_type)?(w_row, x_row))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scalar_is_always_supported_and_matches_dot_scalar() {
+        assert!(tier_supported(CpuTier::Scalar));
+        assert_eq!(supported_tiers()[0], CpuTier::Scalar);
+        let k = dot_kernel_for(CpuTier::Scalar, GgmlType::Q4_K).unwrap();
+        assert_eq!(
+            k as usize,
+            dot_scalar::dot_kernel(GgmlType::Q4_K).unwrap() as usize
+        );
+        assert!(dot_kernel_for(CpuTier::Scalar, GgmlType::Q8_K).is_none());
+    }
+
+    #[test]
+    fn unsupported_tiers_give_no_kernel() {
+        for tier in [CpuTier::Avx2, CpuTier::Avx512Vnni, CpuTier::Neon] {
+            assert_eq!(
+                dot_kernel_for(tier, GgmlType::Q8_0).is_some(),
+                tier_supported(tier),
+                "{tier}"
+            );
+        }
+        // One process never runs both x86 and Arm tiers.
+        assert!(!(tier_supported(CpuTier::Neon) && tier_supported(CpuTier::Avx2)));
+        // Same answers as nx-syscalls' NX_TIER rule.
+        for tier in [CpuTier::Avx2, CpuTier::Avx512Vnni, CpuTier::Neon] {
+            assert_eq!(
+                tier_supported(tier),
+                nx_syscalls::parse_tier_override(tier.name(), nx_syscalls::detect_tier()).is_ok(),
+                "{tier}"
+            );
+        }
+    }
+
+    #[test]
+    fn dot_row_checks_lengths() {
+        let w = [0u8; crate::formats::Q4_K_BYTES];
+        let x = [0u8; crate::formats::Q8_K_BYTES];
+        assert_eq!(dot_row(GgmlType::Q4_K, &w, &x, 256).unwrap(), 0.0);
+        assert!(dot_row(GgmlType::Q4_K, &w, &x[..100], 256).is_err());
+        assert!(dot_row(GgmlType::Q4_K, &w[..100], &x, 256).is_err());
+        assert!(dot_row(GgmlType::Q4_K, &w, &x, 32).is_err());
+        assert!(matches!(
+            dot_row(GgmlType::Q8_K, &x, &x, 256),
+            Err(LazyWeightError::UnsupportedType { .. })
+        ));
+    }
+}

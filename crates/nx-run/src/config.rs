@@ -1,0 +1,88 @@
+//! `RunConfig` (how a runner generates) and `Prompt` (what it starts from).
+
+use nx_kv_cache::KvDtype;
+use nx_sampler::SamplerConfig;
+
+use crate::RunError;
+
+/// What generation starts from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    /// Text, encoded with the runner's tokenizer. BOS is added when
+    /// [`RunConfig::add_special`] is set, the vocabulary asks for it, and the cache is
+    /// empty (a continuation never gets a second BOS).
+    Text(String),
+    /// Token ids, used exactly as given (no BOS is added).
+    Ids(Vec<u32>),
+}
+
+/// How a [`crate::Runner`] generates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunConfig {
+    /// Most tokens one prefill forward pass processes. Bounds prefill memory; the
+    /// generated tokens do not depend on it.
+    pub prefill_chunk: usize,
+    /// Positions the KV cache holds (prompt, history and generated tokens together).
+    pub n_ctx: usize,
+    /// KV cache element type.
+    pub kv_dtype: KvDtype,
+    /// Most tokens one generation emits (0: prefill only).
+    pub max_tokens: usize,
+    /// Cap on the bytes of output text one generation emits (`None`: no cap).
+    pub max_bytes: Option<usize>,
+    /// Generation stops before the first occurrence of any of these (non-empty) strings.
+    pub stop_strings: Vec<String>,
+    /// How many most likely alternatives each [`crate::Event::Token`] reports (0: none).
+    pub logprobs: usize,
+    /// How tokens are chosen.
+    pub sampler: SamplerConfig,
+    /// Add BOS (and EOS) to text prompts as the vocabulary asks.
+    pub add_special: bool,
+    /// Read special-token texts in a text prompt (e.g. `<start_of_turn>`) as those
+    /// tokens; without it they are plain text.
+    pub parse_special: bool,
+}
+
+impl Default for RunConfig {
+    /// Chunks of 32, 4096 positions of f16 cache, 128 tokens, no byte cap or stop
+    /// strings, no alternatives, the sampler's defaults, BOS added, special-token texts
+    /// in prompts left as plain text.
+    fn default() -> Self {
+        RunConfig {
+            prefill_chunk: 32,
+            n_ctx: 4096,
+            kv_dtype: KvDtype::F16,
+            max_tokens: 128,
+            max_bytes: None,
+            stop_strings: Vec::new(),
+            logprobs: 0,
+            sampler: SamplerConfig::default(),
+            add_special: true,
+            parse_special: false,
+        }
+    }
+}
+
+impl RunConfig {
+    /// Checks the runner's own fields (the sampler checks its settings itself).
+    pub fn validate(&self) -> Result<(), RunError> {
+        if self.prefill_chunk == 0 {
+            return Err(RunError::InvalidConfig(
+                "prefill_chunk must be at least 1".into(),
+            ));
+        }
+        if self.n_ctx == 0 {
+            return Err(RunError::InvalidConfig("n_ctx must be at least 1".into()));
+        }
+        if self.max_bytes == Some(0) {
+            return Err(RunError::InvalidConfig(
+                "max_bytes must be at least 1 (leave it unset for no cap)".into(),
+            ));
+        }
+        if self.stop_strings.iter().any(|s| s.is_empty()) {
+            return Err(RunError::InvalidConfig("a stop string is empty".into()));
+        }
+        self.sampler.validate()?;
+        Ok(())
+    }
+}
