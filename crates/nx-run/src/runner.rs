@@ -352,6 +352,9 @@ impl Runner {
         // Prefill: logits only for the last prompt token, and only if a token follows.
         let t_prefill = Instant::now();
         let n_chunks = feed.len().div_ceil(self.config.prefill_chunk);
+        // The pending token is the first one fed; once its chunk is in the cache it is
+        // part of the history.
+        let pending = self.unfed.take();
         for (i, chunk) in feed.chunks(self.config.prefill_chunk).enumerate() {
             let last_row = [chunk.len() - 1];
             let rows: &[usize] = if i + 1 == n_chunks && max_tokens > 0 {
@@ -359,9 +362,13 @@ impl Runner {
             } else {
                 &[]
             };
-            self.forward(chunk, rows)?;
+            if let Err(e) = self.forward(chunk, rows) {
+                if i == 0 {
+                    self.unfed = pending;
+                }
+                return Err(e);
+            }
         }
-        self.unfed = None;
         let prefill_secs = t_prefill.elapsed().as_secs_f64();
         // The previous generation's last token is already in the penalty window.
         self.sampler.accept_all(&new_tokens);
