@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 pub enum StepKind {
     /// `cargo ARGS` in the workspace root.
     Cargo(Vec<&'static str>),
-    /// `cargo xtask fetch`, in process.
+    /// `cargo xtask fetch` then `cargo xtask synth`, in process.
     Fetch,
     /// A named gate from [`GATES`].
     Named(Gate),
@@ -90,7 +90,7 @@ pub fn step_command(step: &Step) -> Option<Command> {
         StepKind::Named(gate) => {
             let mut cmd = cargo_command();
             cmd.args(["test", "--release", "-p", gate.package, "--test", gate.test])
-                .args(["--", "--ignored"]);
+                .args(["--", "--include-ignored"]);
             cmd.envs(gate.env.iter().copied());
             Some(cmd)
         }
@@ -100,7 +100,11 @@ pub fn step_command(step: &Step) -> Option<Command> {
 
 fn execute(step: &Step) -> Result<()> {
     match &step.kind {
-        StepKind::Fetch => crate::fetch::run(crate::fetch::FetchArgs::default()),
+        // The fixture models are derived from fetched vocabularies; the gates need both.
+        StepKind::Fetch => {
+            crate::fetch::run(crate::fetch::FetchArgs::default())?;
+            crate::synth::run(&crate::synth::SynthArgs::default())
+        }
         _ => {
             let mut cmd = step_command(step).expect("cargo steps have a command");
             let env_text: String = cmd
@@ -242,7 +246,7 @@ mod tests {
                 "--test",
                 "gold",
                 "--",
-                "--ignored"
+                "--include-ignored"
             ]
         );
         let envs: Vec<_> = cmd.get_envs().collect();

@@ -3,7 +3,7 @@
 //! A named gate is one integration-test target whose tests are all marked
 //! `#[ignore = "gate: run by cargo xtask gate"]` (they need fetched files, so plain
 //! `cargo test` skips them). The gate runs
-//! `cargo test --release -p PACKAGE --test TEST -- --ignored` with `env` added.
+//! `cargo test --release -p PACKAGE --test TEST -- --include-ignored` with `env` added.
 //!
 //! To add a gate: write the test target, then append one line below, e.g.
 //! `Gate::new("GOLD-TOK-VECTORS", "nx-bpe", "gold_tok_vectors"),` or, with environment,
@@ -14,7 +14,7 @@
 /// The reason string every gate test's `#[ignore]` carries.
 pub const IGNORE_REASON: &str = "gate: run by cargo xtask gate";
 
-/// One named gate: an ignored integration-test target run in release mode.
+/// One named gate: an integration-test target run in release mode, ignored tests included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Gate {
     /// Upper-case name used in reports and by `--only` (e.g. `GOLD-TOK-VECTORS`).
@@ -55,6 +55,14 @@ pub const GATES: &[Gate] = &[
     Gate::new("GOLD-TOK-VECTORS", "nx-bpe", "gold_tok_vectors"),
     // The default model's vocab against llama-server's /tokenize answers.
     Gate::new("GOLD-TOK-GEMMA", "nx-bpe", "gold_tok_gemma"),
+    // Teacher-forced and free-running comparison with llama.cpp on the synthetic fixtures.
+    Gate::new("GOLD-FWD", "nx-llama-stack", "gold_fwd"),
+    // Bit-identical logits for prefill chunks 1, 7, 32, whole prompt and 1 or 2 threads.
+    Gate::new("EQUIV-1", "nx-llama-stack", "equiv"),
+    // Seeded sampling reproducible; filters and penalties exact; temperature statistics.
+    Gate::new("SAMPLER", "nx-sampler", "sampler"),
+    // The same through the runner: seeds across chunk sizes.
+    Gate::new("SAMPLER-RUNNER", "nx-run", "sampler_runner"),
 ];
 
 #[cfg(test)]

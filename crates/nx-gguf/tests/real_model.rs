@@ -13,7 +13,7 @@ fn model_path() -> std::path::PathBuf {
 }
 
 #[test]
-#[ignore = "gate: run by cargo xtask gate (needs the fetched default model)"]
+#[ignore = "gate: run by cargo xtask gate"]
 fn default_model_header_matches_reference_md() {
     let g = Gguf::open(model_path()).expect("open default model");
     let m = g.metadata();

@@ -54,11 +54,15 @@
 
 mod config;
 mod error;
+pub mod perplexity;
 mod runner;
 mod stop;
 
 pub use config::{Prompt, RunConfig};
 pub use error::RunError;
+pub use perplexity::{
+    perplexity, ChunkProgress, PerplexityConfig, PerplexityError, PerplexityReport,
+};
 pub use runner::{Completion, Event, Runner, Stats, StopReason};
 
 pub use nx_bpe::Tokenizer;
