@@ -7,6 +7,7 @@
 
 pub mod dequant;
 pub mod forward;
+pub mod ppl;
 pub mod tokenizer;
 
 use anyhow::{bail, Result};
@@ -38,6 +39,11 @@ pub const GOLDENS: &[Golden] = &[
         name: "forward",
         about: "greedy tokens and top-2 log-probs of llama-server on the synthetic tiny models",
         run: forward::run,
+    },
+    Golden {
+        name: "ppl",
+        about: "llama-perplexity on the default model and /usr/share/common-licenses/GPL-3",
+        run: ppl::run,
     },
 ];
 

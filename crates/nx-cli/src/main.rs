@@ -5,7 +5,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod chat;
 mod inspect;
+mod perplexity;
 mod run;
 mod tokenize;
 
@@ -27,8 +29,12 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Generate a completion of a prompt, streamed to stdout.
     Run(run::RunArgs),
+    /// Chat with a model in the terminal (one message per line; /reset, /exit).
+    Chat(chat::ChatArgs),
     /// Measure prompt-processing and generation speed (like llama-bench).
     Bench(bench::BenchArgs),
+    /// Compute a model's perplexity on a text file (like llama-perplexity).
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,7 +51,9 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(args),
         Command::Tokenize(args) => tokenize::run(args),
         Command::Run(args) => run::run(args),
+        Command::Chat(args) => chat::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Perplexity(args) => perplexity::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -104,6 +104,14 @@ pub struct RunArgs {
     /// Don't add BOS to a text prompt.
     #[arg(long)]
     pub no_special: bool,
+    /// Wrap the prompt text as one user message in the model's chat template (see
+    /// `nx chat`) and generate the assistant's answer.
+    #[arg(long, conflicts_with_all = ["prompt_ids", "no_special"])]
+    pub chat: bool,
+    /// With --chat: chatml, llama3, gemma, or a Jinja file (default: the model's own,
+    /// else the built-in one for its architecture).
+    #[arg(long, value_name = "NAME|FILE", requires = "chat")]
+    pub chat_template: Option<String>,
 }
 
 /// `$NX_CACHE`, or `~/.cache/nx`.
@@ -218,6 +226,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
     );
     // Encode here (as the runner would) to size the cache for this one completion.
     let ids = match (&text_prompt, &args.prompt_ids) {
+        (Some(text), _) if args.chat => {
+            crate::chat::single_turn_ids(&model, &tokenizer, args.chat_template.as_deref(), text)?
+        }
         (Some(text), _) => tokenizer.encode(
             text,
             EncodeOptions {

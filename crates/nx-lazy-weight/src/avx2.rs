@@ -1,28 +1,29 @@
 //! AVX2 dot kernels (x86-64 with AVX2, FMA and F16C) for the quantized weight types.
 //!
-//! Each kernel computes, per block, the same integer sum as its scalar twin in
-//! [`crate::dot_scalar`], exactly, and only then goes to f32. Integer parts:
+//! Each kernel computes the same integers as its scalar twin in [`crate::dot_scalar`],
+//! exactly, in the same eight i32 lanes (lane `l` holds quants `4l..4l+4` of every
+//! 32-quant group, which is what `madd(maddubs(..))` yields), then goes to f32:
 //!
-//! | weight | per block (i32, exact) | how |
+//! | weight | lane integers (i32, exact) | how |
 //! |---|---|---|
 //! | Q4_0 | `Σ (q−8)·x` | `maddubs(q, x) − maddubs(8, x)` with q unsigned 0..15 |
 //! | Q5_0 | `Σ (q−16)·x` | as Q4_0 with the fifth bit merged, q 0..31 |
-//! | Q8_0 | `Σ w·x` | both sides widened to i16, `madd` (exact even for −128) |
-//! | Q4_K / Q5_K | `Σ_s sc_s·Σ q·x` and `Σ_j m_{j/2}·bsum_j` | `maddubs`, `madd` by the scale |
-//! | Q6_K | `Σ_s sc_s·Σ q·x − 32·Σ_j sc_j·bsum_j` | q unsigned 0..63, offset from the bsums |
+//! | Q8_0 | `Σ w·x` | both sides widened to i16, `madd`, `hadd` (exact even for −128) |
+//! | Q4_K / Q5_K | `Σ sc·Σ q·x`; mins `Σ m·bsum` in four lanes | `maddubs`, `madd` by the scale |
+//! | Q6_K | `Σ sc·Σ q·x − 32·Σ sc·bsum` | q unsigned 0..63, offset from the bsums |
 //!
 //! `maddubs` adds two u8×i8 products into an i16 with saturation; with the unsigned
 //! weight ranges above (at most 63·128·2 = 16128) it never saturates, whatever the
 //! activation bytes. The K formats read the Q8_K `bsums`, so they assume those are the
-//! sums of the quants (as [`crate::quant`] writes them); Q4_K/Q5_K's scalar twins do too.
+//! sums of the quants (as [`crate::quant`] writes them); the scalar twins do too.
 //!
-//! Float part: each block adds `d·lane_sum` (`d = d_w·d_x`) to eight f32 lanes with one
-//! FMA; the 32-element formats and Q6_K alternate two such accumulators (even and odd
-//! blocks, see [`two_chains`]), Q4_K/Q5_K keep the min terms in a second set of eight
-//! lanes, subtracted at the end; all lanes are summed at the end. The order depends on
-//! the row length only, never on which rows or tokens are computed together, so batch
-//! invariance holds for a fixed tier. Against the scalar twins only float rounding
-//! differs.
+//! Float part, the scalar twins' `Lanes8` order: per block one FMA `acc = d·lanes + acc`
+//! (`d = d_w·d_x`, see [`lanes8_chain`]); Q4_K/Q5_K add the min lanes with `−d_x·dmin_w`
+//! into four more lanes; at the end the lanes are summed `((0+4)+(2+6))+((1+5)+(3+7))`
+//! and `(m0+m2)+(m1+m3)`. So Q4_0, Q5_0, Q8_0, Q4_K and Q6_K give the scalar twin's
+//! bits exactly; Q5_K's scalar twin keeps ggml's generic mod-8 lanes, so it agrees to
+//! rounding only. Either way the order depends on the row length alone, never on which
+//! rows or tokens are computed together (batch invariance).
 
 use std::arch::x86_64::*;
 
@@ -141,44 +142,20 @@ fn pair_sums(v: __m256i) -> __m256i {
 }
 
 /// Runs a per-block expression over the whole blocks of `$w` and `$x` (`$wbytes` and
-/// `$xbytes` bytes each). The block gives `(d, lanes)`, both `__m256`; even blocks are
-/// FMA'd into one accumulator and odd blocks into another, so two dependency chains run
-/// in parallel (one chain made the small formats latency-bound), and the result is the
-/// sum of all lanes of both. The order depends on the block count only.
-macro_rules! two_chains {
+/// `$xbytes` bytes each). The block gives `(d, lanes)`, both `__m256`; each is fused
+/// into one accumulator in block order (`acc = d·lanes + acc`), whose lanes are summed
+/// at the end by [`hsum_ps`] — the float order of `dot_scalar`'s `Lanes8`.
+macro_rules! lanes8_chain {
     ($w:expr, $x:expr, $wbytes:expr, $xbytes:expr, |$wb:ident, $xb:ident| $block:block) => {{
-        let (w, x) = ($w, $x);
-        let n = (w.len() / $wbytes).min(x.len() / $xbytes);
-        let mut even = _mm256_setzero_ps();
-        let mut odd = _mm256_setzero_ps();
-        let mut i = 0;
-        while i + 2 <= n {
-            let (d, lanes) = {
-                let $wb = &w[i * $wbytes..(i + 1) * $wbytes];
-                let $xb = &x[i * $xbytes..(i + 1) * $xbytes];
-                $block
-            };
-            even = _mm256_fmadd_ps(d, lanes, even);
-            let (d, lanes) = {
-                let $wb = &w[(i + 1) * $wbytes..(i + 2) * $wbytes];
-                let $xb = &x[(i + 1) * $xbytes..(i + 2) * $xbytes];
-                $block
-            };
-            odd = _mm256_fmadd_ps(d, lanes, odd);
-            i += 2;
+        let mut acc = _mm256_setzero_ps();
+        for ($wb, $xb) in $w.chunks_exact($wbytes).zip($x.chunks_exact($xbytes)) {
+            let (d, lanes): (__m256, __m256) = $block;
+            acc = _mm256_fmadd_ps(d, lanes, acc);
         }
-        if i < n {
-            let (d, lanes) = {
-                let $wb = &w[i * $wbytes..(i + 1) * $wbytes];
-                let $xb = &x[i * $xbytes..(i + 1) * $xbytes];
-                $block
-            };
-            even = _mm256_fmadd_ps(d, lanes, even);
-        }
-        hsum_ps(_mm256_add_ps(even, odd))
+        hsum_ps(acc)
     }};
 }
-pub(crate) use two_chains;
+pub(crate) use lanes8_chain;
 
 /// Q4_0 × Q8_0. Per block `Σ (q−8)·x = Σ q·x − 8·Σ x`, both in i16 pair sums
 /// (|15·128·2| and |8·128·2| are far from saturation).
@@ -189,7 +166,7 @@ pub(crate) use two_chains;
 unsafe fn q4_0_impl(w: &[u8], x: &[u8]) -> f32 {
     let low4 = _mm_set1_epi8(0x0F);
     let eights = _mm256_set1_epi8(8);
-    two_chains!(w, x, Q4_0_BYTES, Q8_0_BYTES, |wb, xb| {
+    lanes8_chain!(w, x, Q4_0_BYTES, Q8_0_BYTES, |wb, xb| {
         // SAFETY: qs is bytes 2..18 of an 18-byte block; x quants are 2..34 of 34.
         let (qs, xq) = unsafe { (load16(wb, 2), load32(xb, 2)) };
         let lo = _mm_and_si128(qs, low4);
@@ -232,7 +209,7 @@ pub(crate) fn q5_0_high_bits(qh: u32) -> __m256i {
 unsafe fn q5_0_impl(w: &[u8], x: &[u8]) -> f32 {
     let low4 = _mm_set1_epi8(0x0F);
     let sixteens = _mm256_set1_epi8(16);
-    two_chains!(w, x, Q5_0_BYTES, Q8_0_BYTES, |wb, xb| {
+    lanes8_chain!(w, x, Q5_0_BYTES, Q8_0_BYTES, |wb, xb| {
         // SAFETY: qs is bytes 6..22 of a 22-byte block; x quants are 2..34 of 34.
         let (qs, xq) = unsafe { (load16(wb, q5_0::QS), load32(xb, 2)) };
         let lo = _mm_and_si128(qs, low4);
@@ -251,22 +228,25 @@ unsafe fn q5_0_impl(w: &[u8], x: &[u8]) -> f32 {
 }
 
 /// Q8_0 × Q8_0: both sides sign-extended to i16 and multiplied with `madd` (pairs of
-/// products fit i32 for every byte value, −128·−128 included).
+/// products fit i32 for every byte value, −128·−128 included); `hadd` then joins the
+/// pairs into quads and a 64-bit permute restores their order, so lane `l` holds bytes
+/// `4l..4l+4` as in the scalar twin.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_0_impl(w: &[u8], x: &[u8]) -> f32 {
-    two_chains!(w, x, Q8_0_BYTES, Q8_0_BYTES, |wb, xb| {
+    lanes8_chain!(w, x, Q8_0_BYTES, Q8_0_BYTES, |wb, xb| {
         // SAFETY: quants are bytes 2..34 of 34-byte blocks.
         let (w0, w1, x0, x1) =
             unsafe { (load16(wb, 2), load16(wb, 18), load16(xb, 2), load16(xb, 18)) };
-        let p = _mm256_add_epi32(
-            _mm256_madd_epi16(_mm256_cvtepi8_epi16(w0), _mm256_cvtepi8_epi16(x0)),
-            _mm256_madd_epi16(_mm256_cvtepi8_epi16(w1), _mm256_cvtepi8_epi16(x1)),
-        );
+        // Pair sums of bytes 0..16 and 16..32; hadd per 128-bit half gives the quads
+        // in the order 0, 1, 4, 5 | 2, 3, 6, 7.
+        let pairs0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(w0), _mm256_cvtepi8_epi16(x0));
+        let pairs1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(w1), _mm256_cvtepi8_epi16(x1));
+        let quads = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_hadd_epi32(pairs0, pairs1));
         let d = _mm256_mul_ps(f16_splat(wb, 0), f16_splat(xb, 0));
-        (d, _mm256_cvtepi32_ps(p))
+        (d, _mm256_cvtepi32_ps(quads))
     })
 }
 
@@ -277,19 +257,33 @@ fn word_broadcast(words: __m256i, j: i16) -> __m256i {
     _mm256_shuffle_epi8(words, _mm256_set1_epi16(((2 * j + 1) << 8) | (2 * j)))
 }
 
-/// The Q4_K/Q5_K min term's integer part, `Σ_j bsum_j·m_{j/2}`, as eight i32 lanes:
-/// each min is duplicated so one `madd` pairs it with both bsums of its sub-block.
+/// The Q4_K/Q5_K min term's integer part as four i32 lanes, lane `m` =
+/// `m_{2m}·(b_{4m} + b_{4m+1}) + m_{2m+1}·(b_{4m+2} + b_{4m+3})` over the bsums `b` (the
+/// scalar twin's lanes). Each min is duplicated so one `madd` pairs it with both bsums
+/// of its sub-block, exactly in i32 for any bsum values; `hadd` joins neighbours.
 ///
 /// # Safety
 /// `xb` is a whole Q8_K block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn k4_min_lanes(xb: &[u8], mins: u64) -> __m256i {
+pub(crate) unsafe fn k4_min_lanes(xb: &[u8], mins: u64) -> __m128i {
     let m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins as i64));
     let dup = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
     // SAFETY: bsums are bytes 260..292 of a 292-byte block.
     let bsums = unsafe { load32(xb, q8_k::BSUMS) };
-    _mm256_madd_epi16(bsums, dup)
+    let per_sub_block = _mm256_madd_epi16(bsums, dup);
+    _mm_hadd_epi32(
+        _mm256_castsi256_si128(per_sub_block),
+        _mm256_extracti128_si256::<1>(per_sub_block),
+    )
+}
+
+/// `(v0 + v2) + (v1 + v3)`: the scalar twins' sum of the four min lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn hsum4_ps(v: __m128) -> f32 {
+    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
 }
 
 /// Q4_K × Q8_K.
@@ -300,15 +294,19 @@ pub(crate) unsafe fn k4_min_lanes(xb: &[u8], mins: u64) -> __m256i {
 unsafe fn q4_k_impl(w: &[u8], x: &[u8]) -> f32 {
     let low4 = _mm256_set1_epi8(0x0F);
     let mut acc = _mm256_setzero_ps();
-    let mut acc_min = _mm256_setzero_ps();
+    let mut acc_min = _mm_setzero_ps();
     for (wb, xb) in w.chunks_exact(Q4_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
         let dx = f32_splat(xb, 0);
         let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
-        let dmin = _mm256_mul_ps(f16_splat(wb, q4_k::DMIN), dx);
+        // −d_x·dmin_w, as the scalar twin forms it.
+        let neg_dmin = _mm_mul_ps(
+            _mm_set1_ps(-read_f32(xb, 0)),
+            _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN)),
+        );
         let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
         // SAFETY: xb is a whole Q8_K block.
         let min_lanes = unsafe { k4_min_lanes(xb, mn) };
-        acc_min = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(min_lanes), acc_min);
+        acc_min = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(min_lanes), acc_min);
         let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
         let scales = _mm256_set_m128i(sc16, sc16);
         let mut sumi = _mm256_setzero_si256();
@@ -330,7 +328,7 @@ unsafe fn q4_k_impl(w: &[u8], x: &[u8]) -> f32 {
         }
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
-    hsum_ps(acc) - hsum_ps(acc_min)
+    hsum_ps(acc) + hsum4_ps(acc_min)
 }
 
 /// Q5_K × Q8_K: Q4_K plus a fifth bit per weight from `qh`.
@@ -342,15 +340,19 @@ unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
     let low4 = _mm256_set1_epi8(0x0F);
     let bit4 = _mm256_set1_epi8(0x10);
     let mut acc = _mm256_setzero_ps();
-    let mut acc_min = _mm256_setzero_ps();
+    let mut acc_min = _mm_setzero_ps();
     for (wb, xb) in w.chunks_exact(Q5_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
         let dx = f32_splat(xb, 0);
         let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
-        let dmin = _mm256_mul_ps(f16_splat(wb, q4_k::DMIN), dx);
+        // −d_x·dmin_w, as the scalar twin forms it.
+        let neg_dmin = _mm_mul_ps(
+            _mm_set1_ps(-read_f32(xb, 0)),
+            _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN)),
+        );
         let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
         // SAFETY: xb is a whole Q8_K block.
         let min_lanes = unsafe { k4_min_lanes(xb, mn) };
-        acc_min = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(min_lanes), acc_min);
+        acc_min = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(min_lanes), acc_min);
         let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
         let scales = _mm256_set_m128i(sc16, sc16);
         // SAFETY: qh is bytes 16..48 of 176.
@@ -379,7 +381,7 @@ unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
         }
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
-    hsum_ps(acc) - hsum_ps(acc_min)
+    hsum_ps(acc) + hsum4_ps(acc_min)
 }
 
 /// Q6_K × Q8_K: unsigned quants 0..63 into `maddubs`, scaled per 16 weights, minus
@@ -391,7 +393,7 @@ unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
 unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
     let low4 = _mm256_set1_epi8(0x0F);
     let bits45 = _mm256_set1_epi8(0x30);
-    two_chains!(w, x, Q6_K_BYTES, Q8_K_BYTES, |wb, xb| {
+    lanes8_chain!(w, x, Q6_K_BYTES, Q8_K_BYTES, |wb, xb| {
         let d = _mm256_mul_ps(f16_splat(wb, q6_k::D), f32_splat(xb, 0));
         // SAFETY: scales are bytes 192..208 of 210; bsums 260..292 of 292.
         let (sc8, bsums) = unsafe { (load16(wb, q6_k::SCALES), load32(xb, q8_k::BSUMS)) };

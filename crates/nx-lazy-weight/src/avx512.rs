@@ -1,27 +1,27 @@
 //! AVX-512 VNNI dot kernels (x86-64 with AVX-512 F/BW/VL/VNNI on top of AVX2, FMA, F16C).
 //!
-//! Same integer sums per block as the scalar twins in [`crate::dot_scalar`], exactly;
-//! what changes from [`crate::avx2`] is how they are formed:
+//! Same lane integers as the scalar twins in [`crate::dot_scalar`] (and as
+//! [`crate::avx2`]), exactly; what changes is how they are formed:
 //!
-//! | weight | per block (i32, exact) | how |
+//! | weight | lane integers (i32, exact) | how |
 //! |---|---|---|
 //! | Q4_0 / Q5_0 | `Σ q·x − off·Σ x` | two `dpbusd` (u8×i8 → i32, no saturation) |
 //! | Q8_0 | `Σ (w+128)·x − 128·Σ x` | bias the weights to u8, two `dpbusd` (exact for every byte) |
-//! | Q4_K / Q5_K | `Σ_s sc_s·Σ q·x` | 64 weights per 512-bit `maddubs`, then `dpwssd` by the scales |
-//! | Q6_K | `Σ_s sc_s·Σ q·x − 32·Σ_j sc_j·bsum_j` | as Q4_K, offset from the bsums |
+//! | Q4_K / Q5_K | `Σ sc·Σ q·x` | 64 quants per 512-bit `maddubs`, then `dpwssd` by the scales |
+//! | Q6_K | `Σ sc·Σ q·x − 32·Σ sc·bsum` | as Q4_K, offset from the bsums |
 //!
 //! The 32-element formats use 256-bit registers (one block each); the K formats use
-//! 512-bit ones (two sub-blocks per instruction). The float part is as in
-//! [`crate::avx2`]: per block one FMA of `d·lane_sum` into fixed lanes (two alternating
-//! sets of eight for the 32-element formats, sixteen for the K formats, plus eight for
-//! the Q4_K/Q5_K min terms), lanes summed at the end. The order depends on the row
-//! length only.
+//! 512-bit ones (two 32-quant groups per instruction, folded to eight lanes once per
+//! super-block by [`fold_halves`]). The float part is [`crate::avx2`]'s, so Q4_0, Q5_0,
+//! Q8_0, Q4_K and Q6_K are bit-identical to the scalar twins and to the AVX2 tier.
 
 use std::arch::x86_64::*;
 
 use nx_gguf::GgmlType;
 
-use crate::avx2::{f16_splat, f32_splat, hsum_ps, k4_min_lanes, load16, load32, two_chains};
+use crate::avx2::{
+    f16_splat, f32_splat, hsum4_ps, hsum_ps, k4_min_lanes, lanes8_chain, load16, load32,
+};
 use crate::dot_scalar::DotKernel;
 use crate::formats::{
     q4_k, q5_0, q6_k, q8_k, read_f32, read_u32, scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES,
@@ -89,13 +89,14 @@ unsafe fn load64(bytes: &[u8], offset: usize) -> __m512i {
     unsafe { _mm512_loadu_si512(bytes.as_ptr().add(offset) as *const _) }
 }
 
-/// The f16 at `bytes[offset..offset + 2]` as f32, in all sixteen lanes (see
-/// [`f16_splat`] for why the broadcast comes first).
+/// The two 256-bit halves of sixteen i32 lanes added: lane `l` of the result is lanes
+/// `l` and `l + 8`. The K kernels keep quads of the even 32-quant groups in the lower
+/// half and of the odd groups in the upper one, so this gives the scalar twins' eight
+/// lanes (lane `l` = quads `4l..4l+4` of every group) exactly.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn f16_splat512(bytes: &[u8], offset: usize) -> __m512 {
-    let bits = u16::from_le_bytes([bytes[offset], bytes[offset + 1]]);
-    _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16))
+fn fold_halves(v: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
 }
 
 /// A 512-bit vector of 32 words: the lower 16 are `lo`, the upper 16 `hi`.
@@ -130,7 +131,7 @@ unsafe fn q4_0_impl(w: &[u8], x: &[u8]) -> f32 {
     let low4 = _mm_set1_epi8(0x0F);
     let eights = _mm256_set1_epi8(8);
     let zero = _mm256_setzero_si256();
-    two_chains!(w, x, Q4_0_BYTES, Q8_0_BYTES, |wb, xb| {
+    lanes8_chain!(w, x, Q4_0_BYTES, Q8_0_BYTES, |wb, xb| {
         // SAFETY: qs is bytes 2..18 of an 18-byte block; x quants are 2..34 of 34.
         let (qs, xq) = unsafe { (load16(wb, 2), load32(xb, 2)) };
         let lo = _mm_and_si128(qs, low4);
@@ -154,7 +155,7 @@ unsafe fn q5_0_impl(w: &[u8], x: &[u8]) -> f32 {
     let low4 = _mm_set1_epi8(0x0F);
     let sixteens = _mm256_set1_epi8(16);
     let zero = _mm256_setzero_si256();
-    two_chains!(w, x, Q5_0_BYTES, Q8_0_BYTES, |wb, xb| {
+    lanes8_chain!(w, x, Q5_0_BYTES, Q8_0_BYTES, |wb, xb| {
         // SAFETY: qs is bytes 6..22 of a 22-byte block; x quants are 2..34 of 34.
         let (qs, xq) = unsafe { (load16(wb, q5_0::QS), load32(xb, 2)) };
         let lo = _mm_and_si128(qs, low4);
@@ -180,7 +181,7 @@ unsafe fn q5_0_impl(w: &[u8], x: &[u8]) -> f32 {
 unsafe fn q8_0_impl(w: &[u8], x: &[u8]) -> f32 {
     let bias = _mm256_set1_epi8(-128);
     let zero = _mm256_setzero_si256();
-    two_chains!(w, x, Q8_0_BYTES, Q8_0_BYTES, |wb, xb| {
+    lanes8_chain!(w, x, Q8_0_BYTES, Q8_0_BYTES, |wb, xb| {
         // SAFETY: quants are bytes 2..34 of 34-byte blocks.
         let (wq, xq) = unsafe { (load32(wb, 2), load32(xb, 2)) };
         let sumi = _mm256_sub_epi32(
@@ -202,16 +203,20 @@ unsafe fn q4_k_impl(w: &[u8], x: &[u8]) -> f32 {
     let low4 = _mm512_set1_epi8(0x0F);
     // Lower half keeps the low nibbles, upper half is shifted down to the high ones.
     let nibble_shift = halves_epi16(0, 4);
-    let mut acc = _mm512_setzero_ps();
-    let mut acc_min = _mm256_setzero_ps();
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_min = _mm_setzero_ps();
     for (wb, xb) in w.chunks_exact(Q4_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
         let dx = f32_splat(xb, 0);
-        let d = _mm512_mul_ps(f16_splat512(wb, 0), _mm512_set1_ps(read_f32(xb, 0)));
-        let dmin = _mm256_mul_ps(f16_splat(wb, q4_k::DMIN), dx);
+        let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
+        // −d_x·dmin_w, as the scalar twin forms it.
+        let neg_dmin = _mm_mul_ps(
+            _mm_set1_ps(-read_f32(xb, 0)),
+            _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN)),
+        );
         let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
         // SAFETY: xb is a whole Q8_K block.
         let min_lanes = unsafe { k4_min_lanes(xb, mn) };
-        acc_min = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(min_lanes), acc_min);
+        acc_min = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(min_lanes), acc_min);
         let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
         let mut sumi = _mm512_setzero_si512();
         for chunk in 0..4 {
@@ -230,9 +235,9 @@ unsafe fn q4_k_impl(w: &[u8], x: &[u8]) -> f32 {
             let scale = _mm512_permutexvar_epi16(halves_epi16(j, j + 1), scales);
             sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q, xq), scale);
         }
-        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold_halves(sumi)), acc);
     }
-    _mm512_reduce_add_ps(acc) - hsum_ps(acc_min)
+    hsum_ps(acc) + hsum4_ps(acc_min)
 }
 
 /// Q5_K × Q8_K: Q4_K plus the fifth bits, added under a byte mask tested from `qh`.
@@ -244,16 +249,20 @@ unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
     let low4 = _mm512_set1_epi8(0x0F);
     let sixteens = _mm512_set1_epi8(16);
     let nibble_shift = halves_epi16(0, 4);
-    let mut acc = _mm512_setzero_ps();
-    let mut acc_min = _mm256_setzero_ps();
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_min = _mm_setzero_ps();
     for (wb, xb) in w.chunks_exact(Q5_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
         let dx = f32_splat(xb, 0);
-        let d = _mm512_mul_ps(f16_splat512(wb, 0), _mm512_set1_ps(read_f32(xb, 0)));
-        let dmin = _mm256_mul_ps(f16_splat(wb, q4_k::DMIN), dx);
+        let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
+        // −d_x·dmin_w, as the scalar twin forms it.
+        let neg_dmin = _mm_mul_ps(
+            _mm_set1_ps(-read_f32(xb, 0)),
+            _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN)),
+        );
         let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
         // SAFETY: xb is a whole Q8_K block.
         let min_lanes = unsafe { k4_min_lanes(xb, mn) };
-        acc_min = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(min_lanes), acc_min);
+        acc_min = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(min_lanes), acc_min);
         let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
         // SAFETY: qh is bytes 16..48 of 176.
         let qh = _mm512_broadcast_i64x4(unsafe { load32(wb, q4_k::Q5_QH) });
@@ -281,9 +290,9 @@ unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
             let scale = _mm512_permutexvar_epi16(halves_epi16(j, j + 1), scales);
             sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q, xq), scale);
         }
-        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold_halves(sumi)), acc);
     }
-    _mm512_reduce_add_ps(acc) - hsum_ps(acc_min)
+    hsum_ps(acc) + hsum4_ps(acc_min)
 }
 
 /// Q6_K × Q8_K: per half super-block, 64 `ql` bytes in one register give two sets of
@@ -299,15 +308,15 @@ unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
     // bits 4,5); quants 64..96 / 96..128 take bits 4,5 / 6,7 (shift right 0 / 2).
     let shift_first = halves_epi16(4, 2);
     let shift_second = halves_epi16(0, 2);
-    let mut acc = _mm512_setzero_ps();
+    let mut acc = _mm256_setzero_ps();
     for (wb, xb) in w.chunks_exact(Q6_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
-        let d = _mm512_mul_ps(f16_splat512(wb, q6_k::D), _mm512_set1_ps(read_f32(xb, 0)));
+        let d = _mm256_mul_ps(f32_splat(xb, 0), f16_splat(wb, q6_k::D));
         // SAFETY: scales are bytes 192..208 of 210; bsums 260..292 of 292.
         let (sc8, bsums) = unsafe { (load16(wb, q6_k::SCALES), load32(xb, q8_k::BSUMS)) };
         let sc16 = _mm256_cvtepi8_epi16(sc8);
         let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
         let scales = _mm512_castsi256_si512(sc16);
-        let mut sumi = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), offset));
+        let mut sumi = _mm512_setzero_si512();
         for half in 0..2 {
             // SAFETY: ql half is bytes 64h..64h+64 and qh half 128+32h..160+32h of 210;
             // x quants 4+128h..132+128h of 292.
@@ -335,7 +344,8 @@ unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
             sumi =
                 _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q_second, x_second), scale_second);
         }
-        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+        let lanes = _mm256_sub_epi32(fold_halves(sumi), offset);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
     }
-    _mm512_reduce_add_ps(acc)
+    hsum_ps(acc)
 }

@@ -2,9 +2,11 @@
 //!
 //! Every dot product in the process goes through [`active_dot_kernel`], so one process
 //! never mixes tiers: a matmul output and a single [`dot_row`] of the same inputs are
-//! the same call of the same kernel, and batch/thread invariance holds per tier. The
-//! tiers differ from each other (and from the scalar reference) only in f32 rounding;
-//! their per-block integer sums are identical (see `tests/simd_twins.rs`).
+//! the same call of the same kernel, and batch/thread invariance holds per tier. For
+//! Q4_0, Q5_0, Q8_0, Q4_K and Q6_K every tier gives the scalar reference's bits exactly;
+//! Q5_K's SIMD kernels differ from its scalar one in f32 rounding only (same integer
+//! sums); the float types use the scalar kernels on every tier (see
+//! `tests/simd_twins.rs`).
 
 use std::sync::OnceLock;
 
@@ -85,7 +87,7 @@ pub fn active_dot_kernel(weight_type: GgmlType) -> Result<DotKernel, LazyWeightE
 
 /// Dot product of a weight row (`weight_type`, `row_len` elements) with an activation
 /// row already quantized to the weight's [`vec_dot_type`], with the active tier's
-/// kernel: bit-identical to the matching element of a [`crate::matmul`].
+/// kernel: bit-identical to the matching element of a [`crate::matmul()`].
 ///
 /// Errors when the type is unsupported, either slice has the wrong length, or
 /// `NX_TIER` asks for a tier this CPU lacks.

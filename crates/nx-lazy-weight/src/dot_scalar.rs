@@ -6,9 +6,10 @@
 //! length K alone. For the K formats that order is ggml's: eight f32 lane sums
 //! (`lane l` collects positions ≡ l mod 8 of each super-block, scaled by `d_w·d_x`),
 //! a separate running f32 sum of the min terms (`−dmin_w·d_x·Σ bsum·m`), and at the
-//! end the eight lanes added to it in lane order. The SIMD kernels ([`crate::avx2`],
-//! [`crate::avx512`]) compute the same per-block integer sums and are tested against
-//! these in `tests/simd_twins.rs`; which kernel runs is chosen in [`crate::dispatch`].
+//! end the eight lanes added to it in lane order. The SIMD kernels (`avx2`, `avx512`)
+//! compute the same lane integers and, for the `Lanes8` types, the same float order, so
+//! they are bit-identical to these (Q5_K: same integers, f32 rounding may differ);
+//! `tests/simd_twins.rs` checks both. Which kernel runs is chosen in [`crate::dispatch`].
 //!
 //! | weight | activations | per block | accumulation |
 //! |---|---|---|---|
@@ -32,7 +33,8 @@ use crate::formats::{
 /// A dot kernel: weight row bytes, activation row bytes (same element count) → f32.
 pub type DotKernel = fn(&[u8], &[u8]) -> f32;
 
-/// The scalar dot kernel for a weight type (activations in its [`vec_dot_type`]).
+/// The scalar dot kernel for a weight type (activations in its
+/// [`vec_dot_type`](crate::formats::vec_dot_type)).
 pub fn dot_kernel(weight_type: GgmlType) -> Option<DotKernel> {
     let kernel: DotKernel = match weight_type {
         GgmlType::F32 => dot_f32,

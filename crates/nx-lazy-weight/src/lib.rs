@@ -8,7 +8,8 @@
 //!   reference quantizers, and weight quantizers used to build fixtures.
 //! - [`dot_scalar`]: scalar reference dot products, mirroring ggml's generic path.
 //! - `avx2`, `avx512` (x86-64), `neon` (AArch64, a scalar fallback for now): SIMD
-//!   twins of the quantized dot products, same per-block integer sums.
+//!   twins of the quantized dot products, bit-identical to the scalar ones except Q5_K
+//!   (same integer sums, f32 rounding may differ).
 //! - [`dispatch`]: the kernel of a weight type for a [`CpuTier`], the process tier
 //!   ([`active_tier`], from `nx_syscalls::cpu_tier`), and [`dot_row`].
 //! - [`matmul`]: quantize activations once, then `y[t][r] = dot(w row r, xq[t])`.

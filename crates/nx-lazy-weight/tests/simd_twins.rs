@@ -12,12 +12,15 @@
 //!    Both kernels sum the same exact per-block integers in f32, each with at most
 //!    `n_blocks + 16` roundings in any chain, so this is a worst-case bound, not a fit.
 //!    The bound is checked to be tight enough to notice one flipped sub-block scale bit.
+//! 3. Bits identical. Where the scalar twin uses the x86 float order (`Lanes8`: Q4_0,
+//!    Q5_0, Q8_0, Q4_K, Q6_K) the SIMD result must equal it bit for bit on realistic and
+//!    raw random rows, so the tier never changes a model's output for those types.
 
 mod common;
 
 use common::{random_row_bytes, Rng};
 use nx_lazy_weight::dot_scalar::dot_kernel;
-use nx_lazy_weight::formats::{pack_scale_min_k4, q4_k, q6_k, q8_k, vec_dot_type};
+use nx_lazy_weight::formats::{f32_to_f16, pack_scale_min_k4, q4_k, q6_k, q8_k, vec_dot_type};
 use nx_lazy_weight::{
     dequantize_row, dot_kernel_for, dot_row, quantize_row, row_bytes, supported_tiers, CpuTier,
     DotKernel, GgmlType,
@@ -285,6 +288,63 @@ fn floats_agree_within_the_rounding_bound() {
                 }
             }
             eprintln!("{tier} {ty}: worst |simd − scalar| = {worst:.3}·ε·M");
+        }
+    }
+}
+
+/// The weight types whose scalar twin uses the x86 float order (`Lanes8`): for these
+/// the SIMD kernels are bit-identical to scalar, so the tier never changes an output.
+/// (Q5_K's scalar twin keeps ggml's generic mod-8 lanes; it is only within the bound.)
+const BIT_IDENTICAL_TYPES: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
+/// An activation row with random scales and random quant bytes (−128 included); Q8_K
+/// bsums consistent with the quants.
+fn random_acts(rng: &mut Rng, act: GgmlType, row_len: usize) -> Vec<u8> {
+    let mut row = unit_scale_acts(rng, act, row_len);
+    for block in row.chunks_exact_mut(act.type_size()) {
+        let d = rng.signed_pow2(-10.0, 0.0);
+        match act {
+            GgmlType::Q8_0 => block[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes()),
+            _ => block[0..4].copy_from_slice(&d.to_le_bytes()),
+        }
+    }
+    row
+}
+
+#[test]
+fn x86_order_types_are_bit_identical_to_scalar() {
+    for tier in simd_tiers() {
+        for ty in BIT_IDENTICAL_TYPES {
+            let (scalar, simd) = kernels(tier, ty);
+            let act = vec_dot_type(ty).unwrap();
+            let lens: &[usize] = if ty.block_size() == 256 {
+                &[256, 768, 2048, 4096]
+            } else {
+                &[32, 96, 640, 2048, 4096 + 32]
+            };
+            for &row_len in lens {
+                let mut rng = Rng::new(ty.id() as u64 * 31 + row_len as u64);
+                for case in 0..40 {
+                    let (w, xq, _) = realistic_case(&mut rng, ty, row_len);
+                    let (a, b) = (scalar(&w, &xq), simd(&w, &xq));
+                    assert!(
+                        a.to_bits() == b.to_bits(),
+                        "{tier} {ty} K={row_len} realistic case {case}: scalar {a:e} simd {b:e}"
+                    );
+                    let x_raw = random_acts(&mut rng, act, row_len);
+                    let (a, b) = (scalar(&w, &x_raw), simd(&w, &x_raw));
+                    assert!(
+                        a.to_bits() == b.to_bits(),
+                        "{tier} {ty} K={row_len} raw case {case}: scalar {a:e} simd {b:e}"
+                    );
+                }
+            }
         }
     }
 }

@@ -40,6 +40,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for &i in idx.iter().take(5) {
         println!("{i}\t{:.5}\t(logit {:.4})", logits[i] - lse, logits[i]);
     }
-    eprintln!("{} tokens in {:?} ({} threads)", ids.len(), dt, model.threads());
+    eprintln!(
+        "{} tokens in {:?} ({} threads)",
+        ids.len(),
+        dt,
+        model.threads()
+    );
     Ok(())
 }

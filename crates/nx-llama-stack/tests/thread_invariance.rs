@@ -23,11 +23,25 @@ fn logits(model: &mut Model, threads: usize) -> Vec<f32> {
     let mut out = Vec::new();
     let mut step = Vec::new();
     model
-        .forward(&prompt, 0, &mut cache, &[prompt.len() - 1], &mut state, &mut step)
+        .forward(
+            &prompt,
+            0,
+            &mut cache,
+            &[prompt.len() - 1],
+            &mut state,
+            &mut step,
+        )
         .unwrap();
     out.extend_from_slice(&step);
     model
-        .forward(&[236761], prompt.len(), &mut cache, &[0], &mut state, &mut step)
+        .forward(
+            &[236761],
+            prompt.len(),
+            &mut cache,
+            &[0],
+            &mut state,
+            &mut step,
+        )
         .unwrap();
     out.extend_from_slice(&step);
     out

@@ -52,12 +52,16 @@
 //!
 //! [`ControlFlow::Break`]: std::ops::ControlFlow::Break
 
+pub mod chat;
 mod config;
 mod error;
 pub mod perplexity;
 mod runner;
 mod stop;
 
+pub use chat::{
+    BuiltinTemplate, ChatError, ChatMessage, ChatSession, ChatTemplate, ChatTurn, TemplateChoice,
+};
 pub use config::{Prompt, RunConfig};
 pub use error::RunError;
 pub use perplexity::{

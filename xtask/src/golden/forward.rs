@@ -107,6 +107,45 @@ pub struct Step {
     pub logprob: f64,
     /// The [`N_PROBS`] most likely tokens, most likely first.
     pub top: Vec<TopToken>,
+    /// The log-probability of `id` on llama.cpp's other code path: the prompt and every
+    /// earlier step evaluated as one batch (`logprob` comes from one-token decode steps).
+    /// The two differ by float rounding alone; their spread is the reference's own noise
+    /// floor, which the GOLD-FWD gate takes into account. `None` when `id` is not among
+    /// the batched run's [`N_PROBS_BATCHED`] most likely tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batched_logprob: Option<f64>,
+}
+
+/// Candidates asked for in the batched re-evaluation of each step.
+pub const N_PROBS_BATCHED: usize = 20;
+
+/// Fills [`Step::batched_logprob`] for every step of `prompt`: one `/completion` of one
+/// token per step, with the prompt and the earlier reference tokens as a single batch.
+fn add_batched_logprobs(server: &Server, prompt_ids: &[u32], steps: &mut [Step]) -> Result<()> {
+    let mut context: Vec<u32> = prompt_ids.to_vec();
+    for step in steps.iter_mut() {
+        let mut request = greedy_request(serde_json::json!(context), 1);
+        request["n_probs"] = serde_json::json!(N_PROBS_BATCHED);
+        let response = http::post_json(server.port, "/completion", &request, HTTP_TIMEOUT)?
+            .ensure_success("/completion")?
+            .json()?;
+        let n_evaluated = response["tokens_evaluated"].as_u64().unwrap_or(0) as usize;
+        if n_evaluated != context.len() {
+            bail!(
+                "batched step: /completion evaluated {n_evaluated} tokens, sent {}",
+                context.len()
+            );
+        }
+        step.batched_logprob = response["completion_probabilities"][0]["top_logprobs"]
+            .as_array()
+            .and_then(|top| {
+                top.iter()
+                    .find(|t| t["id"].as_u64() == Some(step.id as u64))
+                    .and_then(|t| t["logprob"].as_f64())
+            });
+        context.push(step.id);
+    }
+    Ok(())
 }
 
 /// A token and its log-probability.
@@ -277,6 +316,8 @@ fn run_prompt(server: &Server, prompt: &Prompt) -> Result<(PromptGolden, usize)>
     if by_ids != steps {
         bail!("the continuation of the prompt's token ids differs from that of its text");
     }
+    let mut steps = steps;
+    add_batched_logprobs(server, &prompt_ids, &mut steps)?;
     let golden = PromptGolden {
         name: prompt.name.clone(),
         text: prompt.text.clone(),
@@ -395,6 +436,7 @@ fn recover_step(
                     id: greedy,
                     logprob: entry.top[0].logprob,
                     top: entry.top.clone(),
+                    batched_logprob: None,
                 });
             }
             Some(entry) => bail!("entry for {} but token {sampled} was generated", entry.id),
@@ -456,7 +498,12 @@ pub fn parse_completion(response: &serde_json::Value) -> Result<Completion> {
         if top.windows(2).any(|w| w[0].logprob < w[1].logprob) {
             bail!("entry {i}: alternatives not sorted by log-probability");
         }
-        entries.push(Step { id, logprob, top });
+        entries.push(Step {
+            id,
+            logprob,
+            top,
+            batched_logprob: None,
+        });
     }
     if entries.len() > tokens.len() {
         bail!(
@@ -959,6 +1006,7 @@ mod tests {
                     logprob: -3.0,
                 },
             ],
+            batched_logprob: None,
         }
     }
 

@@ -44,6 +44,19 @@ pub struct RefStep {
     pub id: u32,
     pub logprob: f64,
     pub top: Vec<(u32, f64)>,
+    /// llama.cpp's log-probability of `id` on its other code path (prompt and earlier
+    /// steps as one batch); see `batched_logprob` in the golden generator.
+    pub batched: Option<f64>,
+}
+
+impl RefStep {
+    /// The interval llama.cpp's own two code paths span for this step.
+    pub fn reference_range(&self) -> (f64, f64) {
+        match self.batched {
+            Some(b) => (self.logprob.min(b), self.logprob.max(b)),
+            None => (self.logprob, self.logprob),
+        }
+    }
 }
 
 impl RefStep {
@@ -83,6 +96,7 @@ pub fn ref_prompts(golden: &Value) -> Vec<RefPrompt> {
                 .map(|s| RefStep {
                     id: s["id"].as_u64().expect("id") as u32,
                     logprob: s["logprob"].as_f64().expect("logprob"),
+                    batched: s["batched_logprob"].as_f64(),
                     top: s["top"]
                         .as_array()
                         .expect("top")
@@ -126,7 +140,14 @@ pub struct Tally {
     pub skipped_small_margin: usize,
     pub top1_mismatches: Vec<String>,
     pub logprob_violations: Vec<String>,
+    /// Steps further than the tolerance from llama.cpp's decode-path value alone.
+    pub strict_violations: usize,
+    /// Largest distance from llama.cpp's decode-path value.
     pub max_logprob_diff: f64,
+    /// Largest distance outside the interval of llama.cpp's two code paths.
+    pub max_outside_reference: f64,
+    /// Largest spread between llama.cpp's own two code paths.
+    pub max_reference_spread: f64,
     pub sum_logprob_diff: f64,
     pub free_running_compared: usize,
     pub free_running_mismatches: Vec<String>,
@@ -136,15 +157,20 @@ impl Tally {
     pub fn report(&self, label: &str) -> String {
         format!(
             "{label}: {} steps, {} firm (margin >= {MARGIN}), {} skipped for small margins, \
-             top-1 mismatches {}, logprob violations {} (max |diff| {:.4}, mean {:.4}), \
-             free-running prompts compared {} (mismatches {})",
+             top-1 mismatches {}, logprob violations {} (beyond {LOGPROB_TOLERANCE} of \
+             llama.cpp's own two-path interval; max outside {:.4}); against the decode-path \
+             value alone: {} beyond {LOGPROB_TOLERANCE}, max |diff| {:.4}, mean {:.4}; \
+             llama.cpp's own max spread {:.4}; free-running prompts compared {} (mismatches {})",
             self.steps,
             self.firm_steps,
             self.skipped_small_margin,
             self.top1_mismatches.len(),
             self.logprob_violations.len(),
+            self.max_outside_reference,
+            self.strict_violations,
             self.max_logprob_diff,
             self.sum_logprob_diff / self.steps.max(1) as f64,
+            self.max_reference_spread,
             self.free_running_compared,
             self.free_running_mismatches.len()
         )
@@ -181,9 +207,20 @@ pub fn compare_model(model: &Model, prompts: &[RefPrompt], chunk: usize) -> Tall
             tally.sum_logprob_diff += diff;
             tally.max_logprob_diff = tally.max_logprob_diff.max(diff);
             if diff > LOGPROB_TOLERANCE {
+                tally.strict_violations += 1;
+            }
+            // llama.cpp is not batch-invariant: its batched and one-token paths round
+            // differently, and on these fixtures disagree by up to a few tenths of a nat.
+            // nx must be within the tolerance of the interval the two span.
+            let (lo, hi) = step.reference_range();
+            tally.max_reference_spread = tally.max_reference_spread.max(hi - lo);
+            let outside = (lo - ours).max(ours - hi).max(0.0);
+            tally.max_outside_reference = tally.max_outside_reference.max(outside);
+            if outside > LOGPROB_TOLERANCE {
                 tally.logprob_violations.push(format!(
-                    "{} step {k}: token {} logprob nx {ours:.4} vs llama.cpp {:.4}",
-                    p.name, step.id, step.logprob
+                    "{} step {k}: token {} logprob nx {ours:.4} vs llama.cpp {:.4} \
+                     (batched {:?})",
+                    p.name, step.id, step.logprob, step.batched
                 ));
             }
             if step.margin() >= MARGIN {
