@@ -169,6 +169,8 @@ pub fn gelu_tanh(x: f32) -> f32 {
     scalar::gelu_tanh(x)
 }
 
+pub use scalar::{expf_vector, swiglu_row_in_place};
+
 /// `x = silu(x)`, element-wise.
 pub fn silu_in_place(x: &mut [f32]) {
     for v in x.iter_mut() {
