@@ -1,6 +1,7 @@
 //! Project automation behind `cargo xtask`: fetching pinned artifacts, building the
-//! reference engine, golden data, the gate and the demo. `main.rs` is only the CLI.
+//! reference engine, golden data, the gate, benchmarks and the demo. `main.rs` is only the CLI.
 
+pub mod bench;
 pub mod demo;
 pub mod fetch;
 pub mod gate;

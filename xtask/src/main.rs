@@ -1,7 +1,7 @@
-//! Project automation: `cargo xtask fetch|reference|gate|golden|synth|demo` (see `--help`).
+//! Project automation: `cargo xtask fetch|reference|gate|golden|synth|bench|demo` (see `--help`).
 
 use clap::{Parser, Subcommand};
-use xtask::{demo, fetch, gate, golden, reference, synth};
+use xtask::{bench, demo, fetch, gate, golden, reference, synth};
 
 const AFTER_HELP: &str = "\
 Environment:
@@ -77,9 +77,30 @@ enum Command {
         #[arg(long)]
         update_hashes: bool,
     },
-    /// Fetch the default model and run nx on it.
+    /// Benchmark nx against llama.cpp's llama-bench (pp512, tg128, TTFT, peak RSS).
+    ///
+    /// Alternates the two engines --reps times per file; prints a markdown table, writes
+    /// JSON to target/bench/bench-<date>.json and the table to docs/benchmarks.md.
+    Bench {
+        /// Runs per engine and file; each figure is the median.
+        #[arg(long, default_value_t = bench::DEFAULT_REPS)]
+        reps: usize,
+        /// Smoke test: -p 128 -n 32, one rep; docs/benchmarks.md is not rewritten.
+        #[arg(long)]
+        quick: bool,
+        /// Files to bench: `default` (Gemma 3 270M) and synth shape names.
+        #[arg(long, value_delimiter = ',', default_values_t = bench::DEFAULT_MODELS.map(String::from))]
+        models: Vec<String>,
+        /// Worker threads for both engines.
+        #[arg(long, default_value_t = bench::DEFAULT_THREADS)]
+        threads: usize,
+        /// Use the existing target/release/nx instead of building it first.
+        #[arg(long)]
+        no_build: bool,
+    },
+    /// Fetch the default model (once), build nx and stream a greedy completion.
     Demo {
-        /// Prompt for text generation (not used yet: the demo inspects the model).
+        /// Prompt to complete (default: "The three most important inventions in history are").
         prompt: Option<String>,
     },
 }
@@ -110,6 +131,19 @@ fn main() {
             shapes,
             update_hashes,
         }),
+        Command::Bench {
+            reps,
+            quick,
+            models,
+            threads,
+            no_build,
+        } => bench::run(&bench::BenchArgs {
+            reps,
+            quick,
+            models,
+            threads,
+            no_build,
+        }),
         Command::Demo { prompt } => demo::run(prompt.as_deref()),
     };
     if let Err(err) = result {
@@ -126,6 +160,28 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn bench_defaults_and_model_list() {
+        let cli = Cli::try_parse_from(["cargo xtask", "bench"]).unwrap();
+        let Command::Bench {
+            reps,
+            quick,
+            models,
+            threads,
+            no_build,
+        } = cli.command
+        else {
+            panic!("not bench");
+        };
+        assert_eq!((reps, quick, threads, no_build), (3, false, 2, false));
+        assert_eq!(models, ["default", "qwen2.5-0.5b", "qwen2.5-1.5b"]);
+        let cli =
+            Cli::try_parse_from(["cargo xtask", "bench", "--quick", "--models", "a,b"]).unwrap();
+        assert!(
+            matches!(cli.command, Command::Bench { quick: true, ref models, .. } if models == &["a", "b"])
+        );
     }
 
     #[test]

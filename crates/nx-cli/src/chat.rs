@@ -235,6 +235,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let runner = Runner::new(model, Some(tokenizer), config)?;
     let mut session = ChatSession::new(runner, template, args.system.clone())?;
     session.set_max_answer_tokens(args.n_predict);
+    install_sigint_handler()?;
     if args.verbose {
         eprintln!(
             "[model {} | chat template: {} | context {} tokens]",
@@ -244,7 +245,6 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         );
     }
 
-    install_sigint_handler()?;
     let stdin = std::io::stdin();
     let interactive = stdin.is_terminal();
     let mut input = stdin.lock();

@@ -37,7 +37,12 @@ pub struct PerplexityArgs {
     #[arg(long = "file", short = 'f', value_name = "FILE")]
     pub file: PathBuf,
     /// Window length in tokens; the second half of each window is scored.
-    #[arg(long = "ctx-size", short = 'c', value_name = "N", default_value_t = 512)]
+    #[arg(
+        long = "ctx-size",
+        short = 'c',
+        value_name = "N",
+        default_value_t = 512
+    )]
     pub ctx_size: usize,
     /// Tokens per forward pass while filling a window (at most the window length).
     #[arg(long, short = 'b', value_name = "N", default_value_t = 512)]
@@ -86,7 +91,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
             KvType::F32 => KvDtype::F32,
         },
     };
-    eprintln!(
+    let header = format!(
         "perplexity: {} on {}: windows of {} tokens, batch {}, {} threads, {} KV cache",
         path.display(),
         args.file.display(),
@@ -98,11 +103,13 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
 
     let mut stderr = std::io::stderr();
     let report = perplexity(&model, &tokenizer, &text, &config, |p| {
+        // Printed once the first window is done, so that input the library rejects
+        // before any work (a text too short) leaves only the error line.
         if p.chunk == 0 {
             let eta = p.elapsed.as_secs_f64() * p.n_chunks as f64;
             let _ = writeln!(
                 stderr,
-                "perplexity: {} windows, {:.2} s per window, ETA {:.1} s",
+                "{header}\nperplexity: {} windows, {:.2} s per window, ETA {:.1} s",
                 p.n_chunks,
                 p.elapsed.as_secs_f64(),
                 eta

@@ -36,15 +36,15 @@ fn model_path() -> &'static PathBuf {
     })
 }
 
-/// A template in the tiny vocabulary's characters: one line per message, the role's
-/// first letter, then the content.
+/// A template in the tiny vocabulary's characters: per message, a line with the role's
+/// first letter, then the content and a newline; the generation prompt is `a\n`.
 fn template_path() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let p = scratch_dir().join("plain.jinja");
         std::fs::write(
             &p,
-            "{% for m in messages %}{{ m.role[0] }} {{ m.content }}\n{% endfor %}\
+            "{% for m in messages %}{{ m.role[0] }}\n{{ m.content }}\n{% endfor %}\
              {% if add_generation_prompt %}a\n{% endif %}",
         )
         .unwrap();
@@ -64,12 +64,8 @@ fn chat(args: &[&str], input: &str) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
+    // nx may exit before reading its input (a bad flag): a closed pipe is fine.
+    let _ = child.stdin.take().unwrap().write_all(input.as_bytes());
     child.wait_with_output().unwrap()
 }
 
@@ -126,7 +122,10 @@ fn two_turns_then_exit_reuse_the_cache() {
     let turns = turn_stats(&stderr);
     // Two answers; the line after /exit is never read as a turn.
     assert_eq!(turns.len(), 2, "{stderr}");
-    assert_eq!(turns[0].1, 0, "nothing cached before the first turn: {stderr}");
+    assert_eq!(
+        turns[0].1, 0,
+        "nothing cached before the first turn: {stderr}"
+    );
     let (total1, _, _) = turns[0];
     let (total2, reused2, new2) = turns[1];
     assert_eq!(reused2 + new2, total2);
@@ -184,7 +183,10 @@ fn first_answer_equals_nx_run_chat() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let run_text = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(stdout.trim_end_matches('\n'), run_text.trim_end_matches('\n'));
+    assert_eq!(
+        stdout.trim_end_matches('\n'),
+        run_text.trim_end_matches('\n')
+    );
 }
 
 #[test]
@@ -192,8 +194,13 @@ fn a_full_context_keeps_the_program_running() {
     // 40 positions: a few turns fit, then answers are cut and turns refused; /reset
     // makes room again.
     let args = vec![
-        "--temp", "0", "--ctx", "40", "--chat-template",
-        template_path().to_str().unwrap(), "--verbose",
+        "--temp",
+        "0",
+        "--ctx",
+        "40",
+        "--chat-template",
+        template_path().to_str().unwrap(),
+        "--verbose",
     ];
     let input = "the cat sat on the mat\n".repeat(6) + "/reset\nthe cat sat on the mat\n";
     let (_, stderr) = chat_ok(&args, &input);
@@ -209,7 +216,10 @@ fn a_full_context_keeps_the_program_running() {
 fn built_in_template_is_the_default() {
     // The tiny model is a plain llama without a template: ChatML is used.
     let (_, stderr) = chat_ok(&["--temp", "0", "-n", "3", "--verbose"], "the cat\n");
-    assert!(stderr.contains("chat template: built-in chatml"), "{stderr}");
+    assert!(
+        stderr.contains("chat template: built-in chatml"),
+        "{stderr}"
+    );
     assert_eq!(turn_stats(&stderr).len(), 1, "{stderr}");
 }
 
@@ -219,7 +229,10 @@ fn assert_one_line_error(out: Output, needle: &str) {
     assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "stderr: {stderr}");
     assert!(!stderr.contains("panicked"), "stderr: {stderr}");
-    assert!(stderr.contains(needle), "stderr should mention {needle:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "stderr should mention {needle:?}: {stderr}"
+    );
 }
 
 #[test]
@@ -233,4 +246,76 @@ fn bad_flags_are_one_line_errors() {
         chat(&["--chat-template", bad.to_str().unwrap()], "hi\n"),
         "does not parse",
     );
+}
+
+/// Ctrl-C (SIGINT) during an answer stops that answer and the program goes on; at the
+/// prompt it quits with status 130.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_the_answer_not_the_program() {
+    use std::io::Read;
+
+    // A long answer: no cap, so it runs until the 512-position context is full (about
+    // a second on the tiny model) unless interrupted.
+    let mut child = nx()
+        .arg("chat")
+        .arg("--model")
+        .arg(model_path())
+        .args(["--temp", "0", "--verbose", "--chat-template"])
+        .arg(template_path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    stdin.write_all(b"the cat sat\n").unwrap();
+    stdin.flush().unwrap();
+    // Wait for the answer to start streaming, then interrupt it.
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: kill(2) with the id of our own child process and a valid signal number.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    // The program is still reading: a second turn is answered, then /exit.
+    stdin.write_all(b"the dog ran\n/exit\n").unwrap();
+    drop(stdin);
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("[answer interrupted]"), "{stderr}");
+    let first_turn = stderr.lines().find(|l| l.starts_with("[prompt: ")).unwrap();
+    assert!(first_turn.ends_with("stop: callback]"), "{stderr}");
+    let turns = turn_stats(&stderr);
+    assert_eq!(turns.len(), 2, "{stderr}");
+    // The interrupted answer stays in the conversation and the cache.
+    assert!(turns[1].1 >= turns[0].0, "{stderr}");
+
+    // At the prompt, Ctrl-C quits.
+    let mut child = nx()
+        .arg("chat")
+        .arg("--model")
+        .arg(model_path())
+        .args(["--verbose"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    // The --verbose banner is printed once the handler is installed.
+    let mut banner = [0u8; 1];
+    stderr.read_exact(&mut banner).unwrap();
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) },
+        0
+    );
+    let status = child.wait().unwrap();
+    drop(stdin);
+    assert_eq!(status.code(), Some(130), "{status:?}");
 }

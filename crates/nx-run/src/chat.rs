@@ -225,7 +225,10 @@ impl BuiltinTemplate {
 pub enum TemplateChoice {
     Builtin(BuiltinTemplate),
     /// A Jinja source read from `path`.
-    File { path: PathBuf, source: String },
+    File {
+        path: PathBuf,
+        source: String,
+    },
 }
 
 impl TemplateChoice {
@@ -308,12 +311,15 @@ impl ChatTemplate {
         env.set_undefined_behavior(UndefinedBehavior::Lenient);
         env.set_fuel(Some(RENDER_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |message: String| -> Result<Value, minijinja::Error> {
-            Err(
-                minijinja::Error::new(ErrorKind::InvalidOperation, message.clone())
-                    .with_source(RaisedByTemplate(message)),
-            )
-        });
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<Value, minijinja::Error> {
+                Err(
+                    minijinja::Error::new(ErrorKind::InvalidOperation, message.clone())
+                        .with_source(RaisedByTemplate(message)),
+                )
+            },
+        );
         env.add_global("bos_token", Value::from(bos_token.clone()));
         env.add_global("eos_token", Value::from(eos_token.clone()));
         env.add_template_owned(TEMPLATE_NAME, source.into())
@@ -591,11 +597,7 @@ impl ChatSession {
             });
         }
         let cached = self.runner.tokens();
-        let mut keep = cached
-            .iter()
-            .zip(&ids)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let mut keep = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
         // The runner needs at least one new token to produce logits from.
         keep = keep.min(ids.len() - 1);
         self.runner.truncate(keep);

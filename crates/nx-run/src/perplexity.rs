@@ -201,12 +201,18 @@ pub fn perplexity_of_tokens(
         });
     }
     let n_vocab = model.config().n_vocab;
-    if let Some(&id) = tokens.iter().chain(bos.as_ref()).find(|&&id| id as usize >= n_vocab) {
+    if let Some(&id) = tokens
+        .iter()
+        .chain(bos.as_ref())
+        .find(|&&id| id as usize >= n_vocab)
+    {
         return Err(PerplexityError::TokenOutOfRange { id, n_vocab });
     }
 
     let n_chunk_max = tokens.len() / n_ctx;
-    let n_chunks = config.max_chunks.map_or(n_chunk_max, |m| m.min(n_chunk_max));
+    let n_chunks = config
+        .max_chunks
+        .map_or(n_chunk_max, |m| m.min(n_chunk_max));
     let batch = config.batch.min(n_ctx);
     let first = n_ctx / 2;
     // Logits rows `first..n_ctx-1` predict tokens `first+1..n_ctx`; row `n_ctx-1` would

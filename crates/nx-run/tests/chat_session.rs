@@ -139,7 +139,10 @@ fn an_answer_stopped_by_the_caller_is_kept_and_the_next_turn_is_right() {
     assert_eq!(t1.completion.tokens.len(), 2);
     assert!(!t1.context_full);
     assert_eq!(t1.text, streamed);
-    assert_eq!(s.messages().last().unwrap(), &ChatMessage::assistant(streamed));
+    assert_eq!(
+        s.messages().last().unwrap(),
+        &ChatMessage::assistant(streamed)
+    );
 
     let t2 = say(&mut s, "the dog ran");
     assert_eq!(
@@ -195,8 +198,13 @@ fn a_full_context_ends_the_answer_and_then_refuses_new_turns() {
                 assert!(turn > 0, "the first turn fits");
                 // After a reset the same turn fits again.
                 s.reset();
-                assert!(s.respond("the cat sat on the mat", |_| ControlFlow::Continue(())).is_ok());
-                assert!(saw_full_answer, "some answer should have hit the context first");
+                assert!(s
+                    .respond("the cat sat on the mat", |_| ControlFlow::Continue(()))
+                    .is_ok());
+                assert!(
+                    saw_full_answer,
+                    "some answer should have hit the context first"
+                );
                 return;
             }
             Err(e) => panic!("{e}"),

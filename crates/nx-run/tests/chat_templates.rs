@@ -58,12 +58,48 @@ const GEMMA_EXPECTED: [(&str, &str); 6] = [
 ];
 
 const GEMMA_EXPECTED_IDS: [(&str, &[u32]); 6] = [
-    ("sys_user/gen", &[2, 105, 2364, 107, 3048, 659, 17514, 236761, 108, 10979, 993, 106, 107, 105, 4368, 107]),
-    ("sys_user/nogen", &[2, 105, 2364, 107, 3048, 659, 17514, 236761, 108, 10979, 993, 106, 107]),
-    ("multi/gen", &[2, 105, 2364, 107, 3689, 563, 236743, 236778, 236862, 236778, 236881, 106, 107, 105, 4368, 107, 236812, 106, 107, 105, 2364, 107, 3133, 236743, 236800, 236862, 236800, 236881, 106, 107, 105, 4368, 107]),
-    ("multi/nogen", &[2, 105, 2364, 107, 3689, 563, 236743, 236778, 236862, 236778, 236881, 106, 107, 105, 4368, 107, 236812, 106, 107, 105, 2364, 107, 3133, 236743, 236800, 236862, 236800, 236881, 106, 107]),
-    ("sys_multi/gen", &[2, 105, 2364, 107, 3912, 2712, 236761, 108, 9259, 106, 107, 105, 4368, 107, 10979, 236888, 106, 107, 105, 2364, 107, 98874, 106, 107, 105, 4368, 107]),
-    ("sys_multi/nogen", &[2, 105, 2364, 107, 3912, 2712, 236761, 108, 9259, 106, 107, 105, 4368, 107, 10979, 236888, 106, 107, 105, 2364, 107, 98874, 106, 107]),
+    (
+        "sys_user/gen",
+        &[
+            2, 105, 2364, 107, 3048, 659, 17514, 236761, 108, 10979, 993, 106, 107, 105, 4368, 107,
+        ],
+    ),
+    (
+        "sys_user/nogen",
+        &[
+            2, 105, 2364, 107, 3048, 659, 17514, 236761, 108, 10979, 993, 106, 107,
+        ],
+    ),
+    (
+        "multi/gen",
+        &[
+            2, 105, 2364, 107, 3689, 563, 236743, 236778, 236862, 236778, 236881, 106, 107, 105,
+            4368, 107, 236812, 106, 107, 105, 2364, 107, 3133, 236743, 236800, 236862, 236800,
+            236881, 106, 107, 105, 4368, 107,
+        ],
+    ),
+    (
+        "multi/nogen",
+        &[
+            2, 105, 2364, 107, 3689, 563, 236743, 236778, 236862, 236778, 236881, 106, 107, 105,
+            4368, 107, 236812, 106, 107, 105, 2364, 107, 3133, 236743, 236800, 236862, 236800,
+            236881, 106, 107,
+        ],
+    ),
+    (
+        "sys_multi/gen",
+        &[
+            2, 105, 2364, 107, 3912, 2712, 236761, 108, 9259, 106, 107, 105, 4368, 107, 10979,
+            236888, 106, 107, 105, 2364, 107, 98874, 106, 107, 105, 4368, 107,
+        ],
+    ),
+    (
+        "sys_multi/nogen",
+        &[
+            2, 105, 2364, 107, 3912, 2712, 236761, 108, 9259, 106, 107, 105, 4368, 107, 10979,
+            236888, 106, 107, 105, 2364, 107, 98874, 106, 107,
+        ],
+    ),
 ];
 
 const CHATML_EXPECTED: [(&str, &str); 6] = [
@@ -93,7 +129,11 @@ fn builtin_gemma_matches_the_reference() {
     let t = builtin(BuiltinTemplate::Gemma, "<bos>", "<eos>");
     for (key, expected) in GEMMA_EXPECTED {
         let (messages, gen) = case(key);
-        assert_eq!(t.apply(&messages, gen, true, false).unwrap(), expected, "{key}");
+        assert_eq!(
+            t.apply(&messages, gen, true, false).unwrap(),
+            expected,
+            "{key}"
+        );
         // The template itself writes BOS first; without add_bos it stays.
         assert_eq!(
             t.render(&messages, gen).unwrap(),
@@ -127,7 +167,11 @@ fn builtin_llama3_matches_the_reference() {
     );
     for (key, expected) in LLAMA3_EXPECTED {
         let (messages, gen) = case(key);
-        assert_eq!(t.apply(&messages, gen, true, false).unwrap(), expected, "{key}");
+        assert_eq!(
+            t.apply(&messages, gen, true, false).unwrap(),
+            expected,
+            "{key}"
+        );
         assert_eq!(
             t.render(&messages, gen).unwrap(),
             format!("<|begin_of_text|>{expected}"),
@@ -179,7 +223,8 @@ fn jinja_template_string_renders_as_worked_out_by_hand() {
     // body prints one line per kept message; `continue` drops "skip me".
     let expected = "<s>\n[SYS BE BRIEF]\n1:user=\"hello world\"(2)\n3:user=\"say \\\"hi\\\"\"(4)\nn=2 of 4\n></s>";
     assert_eq!(t.render(&messages, true).unwrap(), expected);
-    let expected_no_gen = "<s>\n[SYS BE BRIEF]\n1:user=\"hello world\"(2)\n3:user=\"say \\\"hi\\\"\"(4)\nn=2 of 4\n";
+    let expected_no_gen =
+        "<s>\n[SYS BE BRIEF]\n1:user=\"hello world\"(2)\n3:user=\"say \\\"hi\\\"\"(4)\nn=2 of 4\n";
     assert_eq!(t.render(&messages, false).unwrap(), expected_no_gen);
     // BOS text dropped when the tokenizer adds BOS.
     assert_eq!(
@@ -192,10 +237,7 @@ fn jinja_template_string_renders_as_worked_out_by_hand() {
 fn raise_exception_is_a_typed_error() {
     let src = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}ok";
     let t = ChatTemplate::new(src, "strict", "", "").unwrap();
-    assert_eq!(
-        t.render(&[ChatMessage::user("hi")], true).unwrap(),
-        "ok"
-    );
+    assert_eq!(t.render(&[ChatMessage::user("hi")], true).unwrap(), "ok");
     match t.render(&[ChatMessage::system("x"), ChatMessage::user("hi")], true) {
         Err(ChatError::Raised { origin, message }) => {
             assert_eq!(origin, "strict");
@@ -218,10 +260,7 @@ fn bad_templates_are_errors_not_panics() {
     ));
     // Parses, fails while rendering.
     let t = ChatTemplate::new("{{ no_such_function() }}", "t", "", "").unwrap();
-    assert!(matches!(
-        t.render(&[], true),
-        Err(ChatError::Render { .. })
-    ));
+    assert!(matches!(t.render(&[], true), Err(ChatError::Render { .. })));
     let t = ChatTemplate::new("{{ messages[0].content + 1 }}", "t", "", "").unwrap();
     assert!(matches!(
         t.render(&[ChatMessage::user("a")], true),
@@ -235,10 +274,7 @@ fn bad_templates_are_errors_not_panics() {
         "",
     )
     .unwrap();
-    assert!(matches!(
-        t.render(&[], true),
-        Err(ChatError::Render { .. })
-    ));
+    assert!(matches!(t.render(&[], true), Err(ChatError::Render { .. })));
 }
 
 #[test]
@@ -315,7 +351,11 @@ fn template_is_chosen_by_file_then_architecture() {
         let gguf = vocab_gguf(arch, extra, tmpl);
         let tok = Tokenizer::from_gguf(&gguf).unwrap();
         let t = ChatTemplate::for_model(gguf.metadata(), &tok, None).unwrap();
-        (t.origin().to_string(), t.bos_token().to_string(), t.eos_token().to_string())
+        (
+            t.origin().to_string(),
+            t.bos_token().to_string(),
+            t.eos_token().to_string(),
+        )
     };
     assert_eq!(pick("gemma3", &[], None).0, "built-in gemma");
     assert_eq!(pick("qwen2", &[], None).0, "built-in chatml");
@@ -324,7 +364,12 @@ fn template_is_chosen_by_file_then_architecture() {
     // tokens select the Llama 3 format.
     assert_eq!(pick("llama", &[], None).0, "built-in chatml");
     assert_eq!(
-        pick("llama", &["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], None).0,
+        pick(
+            "llama",
+            &["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+            None
+        )
+        .0,
         "built-in llama3"
     );
     // The file's own template wins over the architecture.
@@ -358,7 +403,11 @@ fn encode_adds_bos_once_and_parses_special_texts() {
     let sot = tok.token_id("<start_of_turn>").unwrap();
     let eot = tok.token_id("<end_of_turn>").unwrap();
     assert_eq!(ids[0], 1, "BOS first: {ids:?}");
-    assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 1, "one BOS: {ids:?}");
+    assert_eq!(
+        ids.iter().filter(|&&i| i == 1).count(),
+        1,
+        "one BOS: {ids:?}"
+    );
     assert_eq!(ids[1], sot);
     assert_eq!(ids.iter().filter(|&&i| i == sot).count(), 2);
     assert_eq!(ids.iter().filter(|&&i| i == eot).count(), 1);
@@ -395,7 +444,8 @@ fn llama_template(name: &str) -> String {
 
 fn default_model() -> Gguf {
     let path = cache_dir().join("models/gemma-3-270m-q4_k_m.gguf");
-    Gguf::open(&path).unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask fetch`)", path.display()))
+    Gguf::open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask fetch`)", path.display()))
 }
 
 #[test]
@@ -427,7 +477,11 @@ fn gemma2_file_template_matches_reference() {
     for key in ["multi/gen", "multi/nogen"] {
         let (messages, gen) = case(key);
         let text = GEMMA_EXPECTED.iter().find(|(k, _)| *k == key).unwrap().1;
-        let ids = GEMMA_EXPECTED_IDS.iter().find(|(k, _)| *k == key).unwrap().1;
+        let ids = GEMMA_EXPECTED_IDS
+            .iter()
+            .find(|(k, _)| *k == key)
+            .unwrap()
+            .1;
         assert_eq!(t.apply(&messages, gen, true, false).unwrap(), text);
         assert_eq!(t.encode(&tok, &messages, gen).unwrap(), ids);
     }

@@ -57,7 +57,10 @@ fn list_field(json: &str, key: &str) -> Vec<f64> {
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse().unwrap_or_else(|_| panic!("{key}: bad number {s:?}")))
+        .map(|s| {
+            s.parse()
+                .unwrap_or_else(|_| panic!("{key}: bad number {s:?}"))
+        })
         .collect()
 }
 

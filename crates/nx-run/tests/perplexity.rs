@@ -20,8 +20,12 @@ fn load(opts: TinyOptions) -> (Model, Tokenizer) {
 /// A text of a few hundred tokens in the tiny vocabulary.
 fn text() -> String {
     let words = [
-        "the cat sat on the mat", "and then it ran far away", "the dog was good",
-        "blue sky and sun", "moon and star", "it was a good day.",
+        "the cat sat on the mat",
+        "and then it ran far away",
+        "the dog was good",
+        "blue sky and sun",
+        "moon and star",
+        "it was a good day.",
     ];
     let mut s = String::new();
     for i in 0..40 {
@@ -89,11 +93,19 @@ fn matches_a_brute_force_recomputation() {
     for (k, (a, b)) in report.running_ppl.iter().zip(&running).enumerate() {
         assert!((a - b).abs() <= 1e-9 * b, "window {k}: {a} vs {b}");
     }
-    assert!((report.ppl - ppl).abs() <= 1e-9 * ppl, "{} vs {ppl}", report.ppl);
+    assert!(
+        (report.ppl - ppl).abs() <= 1e-9 * ppl,
+        "{} vs {ppl}",
+        report.ppl
+    );
     assert_eq!(*report.running_ppl.last().unwrap(), report.ppl);
     // A random-weight model is much worse than perfect and not absurdly bad.
     let n_vocab = tiny_model::n_vocab() as f64;
-    assert!(report.ppl > 1.5 && report.ppl < 20.0 * n_vocab, "{}", report.ppl);
+    assert!(
+        report.ppl > 1.5 && report.ppl < 20.0 * n_vocab,
+        "{}",
+        report.ppl
+    );
     assert!(report.ppl_error.unwrap() > 0.0);
 }
 
@@ -165,7 +177,10 @@ fn max_chunks_scores_a_prefix_of_the_windows() {
         max_chunks: Some(10_000),
         ..config(16, 512)
     };
-    assert_eq!(run(&model, &tok, text.as_bytes(), &many).running_ppl, all.running_ppl);
+    assert_eq!(
+        run(&model, &tok, text.as_bytes(), &many).running_ppl,
+        all.running_ppl
+    );
 }
 
 #[test]
@@ -201,7 +216,10 @@ fn typed_errors_for_bad_input() {
     let mut bad = tokens.clone();
     bad[40] = 100_000;
     let err = perplexity_of_tokens(&model, &bad, Some(BOS), &cfg, |_| {}).unwrap_err();
-    assert!(matches!(err, PerplexityError::TokenOutOfRange { id: 100_000, .. }));
+    assert!(matches!(
+        err,
+        PerplexityError::TokenOutOfRange { id: 100_000, .. }
+    ));
 
     let bad_cfg = PerplexityConfig { n_ctx: 2, ..cfg };
     let err = perplexity(&model, &tok, text().as_bytes(), &bad_cfg, |_| {}).unwrap_err();
@@ -216,14 +234,24 @@ fn a_nan_logit_is_an_error_not_a_number() {
     });
     let err = perplexity(&model, &tok, text().as_bytes(), &config(16, 512), |_| {}).unwrap_err();
     assert!(
-        matches!(err, PerplexityError::NonFiniteLogits { chunk: 0, position: 8, token: 12, .. }),
+        matches!(
+            err,
+            PerplexityError::NonFiniteLogits {
+                chunk: 0,
+                position: 8,
+                token: 12,
+                ..
+            }
+        ),
         "{err}"
     );
 }
 
 #[test]
 fn token_nll_agrees_with_the_brute_force_formula() {
-    let logits: Vec<f32> = (0..50).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.7).collect();
+    let logits: Vec<f32> = (0..50)
+        .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.7)
+        .collect();
     let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
     for t in [0u32, 7, 49] {
         let want = -((logits[t as usize] as f64).exp() / z).ln();

@@ -95,8 +95,8 @@ pub fn run(check: bool) -> Result<()> {
     );
     let path = golden_path();
     if check {
-        let text = fs::read_to_string(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
         let committed: PplGolden = serde_json::from_str(&text)
             .with_context(|| format!("cannot parse {}", path.display()))?;
         let diffs = compare(&committed, &golden);
@@ -118,8 +118,7 @@ pub fn run(check: bool) -> Result<()> {
         json.push('\n');
         let temp = path.with_extension(format!("json.tmp-{}", crate::util::unique_suffix()));
         fs::write(&temp, json).with_context(|| format!("cannot write {}", temp.display()))?;
-        fs::rename(&temp, &path)
-            .with_context(|| format!("cannot rename to {}", path.display()))?;
+        fs::rename(&temp, &path).with_context(|| format!("cannot rename to {}", path.display()))?;
         eprintln!("golden ppl: wrote {}", path.display());
     }
     Ok(())
@@ -268,7 +267,10 @@ pub fn compare(committed: &PplGolden, fresh: &PplGolden) -> Vec<String> {
         ));
     }
     if !same(committed.ppl, fresh.ppl) {
-        diffs.push(format!("PPL: committed {}, now {}", committed.ppl, fresh.ppl));
+        diffs.push(format!(
+            "PPL: committed {}, now {}",
+            committed.ppl, fresh.ppl
+        ));
     }
     if !same(committed.ppl_error, fresh.ppl_error) {
         diffs.push(format!(
@@ -302,7 +304,8 @@ mod tests {
     use super::*;
 
     // Output shaped like llama-perplexity's (stdout then stderr, interleaved logging).
-    const SAMPLE: &str = "perplexity: calculating perplexity over 3 chunks, n_ctx=512, batch_size=2048, n_seq=4\n\
+    const SAMPLE: &str =
+        "perplexity: calculating perplexity over 3 chunks, n_ctx=512, batch_size=2048, n_seq=4\n\
         perplexity: 57.98 seconds per pass - ETA 3.37 minutes\n\
         [1]12.9110,[2]13.8597,[3]13.7620,\n\
         0.03.36.808.625 I Final estimate: PPL = 13.7620 +/- 0.64587\n";

@@ -1,0 +1,1230 @@
+//! `cargo xtask bench`: nx against llama.cpp's `llama-bench` on the same files and threads.
+//!
+//! For every model file the two engines run alternately, `--reps` times each, one process
+//! per run, so neither gets a systematically warmer or quieter machine:
+//!
+//! - nx: `nx bench --model F -p P -n N --threads T --reps 1 --json` (release build);
+//! - llama.cpp: `llama-bench -m F -t T -p P -n N -r 1 --repack 0 -o json`. `--repack 0`
+//!   because the dev machines advertise AMX but fault on it, and repacking is what selects
+//!   the AMX kernels.
+//!
+//! Reported per engine: the median prompt-processing and generation speed (t/s), the
+//! median peak RSS of the process (`/usr/bin/time -f %M` when present, else polling
+//! `VmHWM`), and time to first token (TTFT). nx measures its TTFT itself; llama-bench does
+//! not, so for llama.cpp it is *derived* as `P / pp_tps + 1 / tg_tps` (prefill plus one
+//! decode step). A single-core and a `T`-thread read-bandwidth probe (summing a 1 GiB
+//! buffer) put nx's effective decode bandwidth, weight bytes read per token times tg t/s,
+//! in context.
+//!
+//! Output: a markdown table on stdout, JSON in `target/bench/bench-<date>.json`, and (except
+//! with `--quick`) the table with its context in `docs/benchmarks.md`.
+
+use crate::fetch::{default_model_path, ensure_model};
+use crate::reference::{ensure_reference, llama_bin, DEFAULT_JOBS};
+use crate::synth;
+use crate::util::{cargo_command, cargo_metadata, duration_text, run_checked, workspace_root};
+use anyhow::{bail, Context, Result};
+use nx_gguf::{Gguf, TensorInfo};
+use serde::{Deserialize, Serialize};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The files benched by default: the real default model and the two Qwen2.5-shaped
+/// synthetic files (`cargo xtask synth --shape ...`).
+pub const DEFAULT_MODELS: [&str; 3] = ["default", "qwen2.5-0.5b", "qwen2.5-1.5b"];
+/// Default repetitions per engine and file.
+pub const DEFAULT_REPS: usize = 3;
+/// Default worker threads for both engines (the dev machines have two cores).
+pub const DEFAULT_THREADS: usize = 2;
+/// Size of the buffer the read-bandwidth probe sums: far larger than any cache.
+pub const PROBE_BYTES: usize = 1 << 30;
+
+/// GNU time, used to read a child's peak RSS (`%M`, in KiB).
+const TIME_BIN: &str = "/usr/bin/time";
+
+/// What `cargo xtask bench` was asked to do.
+#[derive(Debug, Clone)]
+pub struct BenchArgs {
+    /// Runs per engine and file; each figure is the median.
+    pub reps: usize,
+    /// Smoke test: -p 128 -n 32, one rep, and `docs/benchmarks.md` left alone.
+    pub quick: bool,
+    /// `default` (the pinned Gemma 3 270M) or synth shape names.
+    pub models: Vec<String>,
+    /// Worker threads for both engines.
+    pub threads: usize,
+    /// Use the existing `target/release/nx` instead of building it first.
+    pub no_build: bool,
+}
+
+/// The benchmark parameters that follow from [`BenchArgs`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Settings {
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub reps: usize,
+    pub threads: usize,
+}
+
+impl Settings {
+    pub fn from_args(args: &BenchArgs) -> Result<Settings> {
+        if args.threads == 0 {
+            bail!("--threads must be at least 1");
+        }
+        if args.quick {
+            return Ok(Settings {
+                n_prompt: 128,
+                n_gen: 32,
+                reps: 1,
+                threads: args.threads,
+            });
+        }
+        if args.reps == 0 {
+            bail!("--reps must be at least 1");
+        }
+        Ok(Settings {
+            n_prompt: 512,
+            n_gen: 128,
+            reps: args.reps,
+            threads: args.threads,
+        })
+    }
+}
+
+/// One run of one engine on one file.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sample {
+    pub pp_tps: f64,
+    pub tg_tps: f64,
+    /// Measured by nx; `None` for llama.cpp (derived later from the medians).
+    pub ttft_ms: Option<f64>,
+    /// Peak RSS of the process as measured from outside (MB = 2^20 bytes).
+    pub peak_rss_mb: Option<f64>,
+    /// Peak RSS the process reported itself (nx only).
+    pub self_reported_rss_mb: Option<f64>,
+    /// Wall time of the whole process, load and warm-up included.
+    pub wall_s: f64,
+}
+
+/// Medians over one engine's samples on one file.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EngineSummary {
+    pub pp_tps: f64,
+    pub tg_tps: f64,
+    pub ttft_ms: f64,
+    /// True when `ttft_ms` is computed from pp and tg speed rather than measured.
+    pub ttft_derived: bool,
+    pub peak_rss_mb: Option<f64>,
+    pub samples: Vec<Sample>,
+}
+
+/// Everything measured on one file.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelResult {
+    pub name: String,
+    pub path: String,
+    pub file_bytes: u64,
+    /// Weight bytes one decode step reads (see [`decode_bytes_per_token`]).
+    pub decode_bytes_per_token: u64,
+    pub nx: EngineSummary,
+    pub llama_cpp: EngineSummary,
+    /// nx ÷ llama.cpp; above 1 means nx is faster.
+    pub pp_ratio: f64,
+    pub tg_ratio: f64,
+    /// `decode_bytes_per_token × tg t/s`, in GB/s (10^9 bytes).
+    pub nx_decode_gbs: f64,
+    pub llama_cpp_decode_gbs: f64,
+}
+
+/// The read-bandwidth probe's result (GB/s = 10^9 bytes per second, best of 3 passes).
+#[derive(Debug, Clone, Serialize)]
+pub struct Probe {
+    pub buffer_bytes: usize,
+    pub single_thread_gbs: f64,
+    pub threads: usize,
+    pub multi_thread_gbs: f64,
+}
+
+/// The whole report, as written to `target/bench/bench-<date>.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub command: String,
+    pub date: String,
+    pub time_utc: String,
+    pub cpu: String,
+    pub logical_cpus: usize,
+    pub load_average_before: String,
+    pub load_average_after: String,
+    pub settings: Settings,
+    pub quick: bool,
+    pub nx_command: String,
+    pub llama_cpp_command: String,
+    pub rss_method: String,
+    pub probe: Probe,
+    pub models: Vec<ModelResult>,
+}
+
+/// `cargo xtask bench`.
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let settings = Settings::from_args(args)?;
+    if args.models.is_empty() {
+        bail!("--models names no model");
+    }
+    let started = Instant::now();
+    let load_before = load_average();
+
+    // Resolve every file first, so a missing shape fails before minutes of benching.
+    let mut files = Vec::new();
+    for name in &args.models {
+        let path = resolve_model(name)?;
+        files.push((name.clone(), path));
+    }
+    let target_dir = target_dir()?;
+    let nx = target_dir.join("release").join("nx");
+    if args.no_build {
+        if !nx.is_file() {
+            bail!("--no-build: {} does not exist", nx.display());
+        }
+    } else {
+        eprintln!("bench: building nx (release)");
+        run_checked(cargo_command().args(["build", "--release", "-p", "nx-cli", "--bin", "nx"]))?;
+    }
+    let llama = llama_bin("llama-bench");
+    if !llama.is_file() {
+        ensure_reference(DEFAULT_JOBS)?;
+    }
+
+    eprintln!(
+        "bench: read-bandwidth probe ({} MiB, 1 and {} threads, best of 3)",
+        PROBE_BYTES >> 20,
+        settings.threads
+    );
+    let probe = read_bandwidth_probe(PROBE_BYTES, settings.threads);
+    eprintln!(
+        "bench: probe {:.1} GB/s (1 thread), {:.1} GB/s ({} threads)",
+        probe.single_thread_gbs, probe.multi_thread_gbs, probe.threads
+    );
+
+    let mut models = Vec::new();
+    for (name, path) in &files {
+        models.push(bench_file(name, path, &nx, &llama, &settings)?);
+    }
+
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (date, time_utc) = utc_date_time(now);
+    let report = Report {
+        command: command_line(args, &settings),
+        date: date.clone(),
+        time_utc,
+        cpu: cpu_model(),
+        logical_cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load_average_before: load_before,
+        load_average_after: load_average(),
+        settings,
+        quick: args.quick,
+        nx_command: nx_args(Path::new("F"), &settings).join(" "),
+        llama_cpp_command: llama_args(Path::new("F"), &settings).join(" "),
+        rss_method: rss_method().to_string(),
+        probe,
+        models,
+    };
+
+    let table = markdown_table(&report);
+    println!("{}", summary_lines(&report));
+    println!();
+    println!("{table}");
+
+    let bench_dir = target_dir.join("bench");
+    std::fs::create_dir_all(&bench_dir)
+        .with_context(|| format!("cannot create {}", bench_dir.display()))?;
+    let suffix = if args.quick { "-quick" } else { "" };
+    let json_path = bench_dir.join(format!("bench-{date}{suffix}.json"));
+    let json = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
+    std::fs::write(&json_path, json + "\n")
+        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    eprintln!("bench: wrote {}", json_path.display());
+    if args.quick {
+        eprintln!("bench: --quick leaves docs/benchmarks.md alone");
+    } else {
+        let docs = workspace_root().join("docs").join("benchmarks.md");
+        std::fs::write(&docs, benchmarks_doc(&report, &table))
+            .with_context(|| format!("cannot write {}", docs.display()))?;
+        eprintln!("bench: wrote {}", docs.display());
+    }
+    eprintln!("bench: done in {}", duration_text(started.elapsed()));
+    Ok(())
+}
+
+fn resolve_model(name: &str) -> Result<PathBuf> {
+    if name == "default" {
+        if !default_model_path().is_file() {
+            eprintln!("bench: fetching the default model");
+        }
+        return ensure_model();
+    }
+    eprintln!("bench: making sure synth shape {name} is present (generates it if missing)");
+    synth::ensure(name)
+}
+
+fn target_dir() -> Result<PathBuf> {
+    let meta = cargo_metadata()?;
+    let dir = meta["target_directory"]
+        .as_str()
+        .context("cargo metadata has no target_directory")?;
+    Ok(PathBuf::from(dir))
+}
+
+/// Runs both engines `reps` times on one file, alternating, and summarises.
+fn bench_file(
+    name: &str,
+    path: &Path,
+    nx: &Path,
+    llama: &Path,
+    settings: &Settings,
+) -> Result<ModelResult> {
+    let gguf = Gguf::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let decode_bytes = decode_bytes_per_token(gguf.tensors());
+    drop(gguf);
+    let file_bytes = std::fs::metadata(path)
+        .with_context(|| format!("cannot stat {}", path.display()))?
+        .len();
+
+    let (mut nx_samples, mut llama_samples) = (Vec::new(), Vec::new());
+    for rep in 1..=settings.reps {
+        let tag = format!("{name} rep {rep}/{}", settings.reps);
+        eprintln!("bench: [{tag}] nx ...");
+        let s = run_nx(nx, path, settings)?;
+        eprintln!("bench: [{tag}] nx        {}", sample_text(&s, settings));
+        nx_samples.push(s);
+        eprintln!("bench: [{tag}] llama.cpp ...");
+        let s = run_llama(llama, path, settings)?;
+        eprintln!("bench: [{tag}] llama.cpp {}", sample_text(&s, settings));
+        llama_samples.push(s);
+    }
+    let nx_summary = summarize(nx_samples, settings.n_prompt)?;
+    let llama_summary = summarize(llama_samples, settings.n_prompt)?;
+    let gbs = |tps: f64| decode_bytes as f64 * tps / 1e9;
+    Ok(ModelResult {
+        name: name.to_string(),
+        path: path.display().to_string(),
+        file_bytes,
+        decode_bytes_per_token: decode_bytes,
+        pp_ratio: nx_summary.pp_tps / llama_summary.pp_tps,
+        tg_ratio: nx_summary.tg_tps / llama_summary.tg_tps,
+        nx_decode_gbs: gbs(nx_summary.tg_tps),
+        llama_cpp_decode_gbs: gbs(llama_summary.tg_tps),
+        nx: nx_summary,
+        llama_cpp: llama_summary,
+    })
+}
+
+fn sample_text(s: &Sample, settings: &Settings) -> String {
+    let rss = s
+        .peak_rss_mb
+        .map_or_else(|| "-".to_string(), |v| format!("{v:.0} MB"));
+    format!(
+        "pp{} {:.1} t/s, tg{} {:.2} t/s, peak RSS {rss} ({:.1} s)",
+        settings.n_prompt, s.pp_tps, settings.n_gen, s.tg_tps, s.wall_s
+    )
+}
+
+/// `nx bench` arguments for one run of file `model`.
+pub fn nx_args(model: &Path, s: &Settings) -> Vec<String> {
+    vec![
+        "bench".into(),
+        "--model".into(),
+        model.display().to_string(),
+        "-p".into(),
+        s.n_prompt.to_string(),
+        "-n".into(),
+        s.n_gen.to_string(),
+        "--threads".into(),
+        s.threads.to_string(),
+        "--reps".into(),
+        "1".into(),
+        "--json".into(),
+    ]
+}
+
+/// `llama-bench` arguments for one run of file `model`.
+pub fn llama_args(model: &Path, s: &Settings) -> Vec<String> {
+    vec![
+        "-m".into(),
+        model.display().to_string(),
+        "-t".into(),
+        s.threads.to_string(),
+        "-p".into(),
+        s.n_prompt.to_string(),
+        "-n".into(),
+        s.n_gen.to_string(),
+        "-r".into(),
+        "1".into(),
+        // This machine advertises AMX but faults on it; repacking is what selects AMX.
+        "--repack".into(),
+        "0".into(),
+        "-o".into(),
+        "json".into(),
+    ]
+}
+
+fn run_nx(nx: &Path, model: &Path, settings: &Settings) -> Result<Sample> {
+    let out = run_measured(nx, &nx_args(model, settings))?;
+    if !out.status.success() {
+        bail!(
+            "nx bench on {} failed ({}): {}",
+            model.display(),
+            out.status,
+            tail(&out.stderr)
+        );
+    }
+    let report = parse_nx_json(&out.stdout)?;
+    Ok(Sample {
+        pp_tps: report.pp_tps,
+        tg_tps: report.tg_tps,
+        ttft_ms: report.ttft_ms,
+        peak_rss_mb: out
+            .peak_rss_kib
+            .map(|kib| kib as f64 / 1024.0)
+            .or(report.peak_rss_mb),
+        self_reported_rss_mb: report.peak_rss_mb,
+        wall_s: out.wall.as_secs_f64(),
+    })
+}
+
+fn run_llama(llama: &Path, model: &Path, settings: &Settings) -> Result<Sample> {
+    let out = run_measured(llama, &llama_args(model, settings))?;
+    if !out.status.success() {
+        bail!(
+            "llama-bench on {} failed ({}): {}",
+            model.display(),
+            out.status,
+            tail(&out.stderr)
+        );
+    }
+    let (pp_tps, tg_tps) = parse_llama_json(&out.stdout)?;
+    Ok(Sample {
+        pp_tps,
+        tg_tps,
+        ttft_ms: None,
+        peak_rss_mb: out.peak_rss_kib.map(|kib| kib as f64 / 1024.0),
+        self_reported_rss_mb: None,
+        wall_s: out.wall.as_secs_f64(),
+    })
+}
+
+/// The last few lines of a tool's stderr, for error messages.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(8)..].join("\n")
+}
+
+/// The fields of `nx bench --json` this harness uses.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct NxBenchJson {
+    pub pp_tps: f64,
+    pub tg_tps: f64,
+    pub ttft_ms: Option<f64>,
+    pub peak_rss_mb: Option<f64>,
+}
+
+/// Parses the JSON object `nx bench --json` prints (the last `{...}` line of stdout).
+pub fn parse_nx_json(stdout: &str) -> Result<NxBenchJson> {
+    let line = stdout
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('{'))
+        .context("nx bench printed no JSON object")?;
+    serde_json::from_str(line).with_context(|| format!("unexpected nx bench output: {line}"))
+}
+
+/// Parses `llama-bench -o json`: returns (pp t/s, tg t/s), from the test with only a
+/// prompt and the test with only generation.
+pub fn parse_llama_json(stdout: &str) -> Result<(f64, f64)> {
+    let tests: Vec<serde_json::Value> =
+        serde_json::from_str(stdout.trim()).context("llama-bench printed invalid JSON")?;
+    let find = |want_prompt: bool| {
+        tests.iter().find_map(|t| {
+            let n_prompt = t["n_prompt"].as_u64()?;
+            let n_gen = t["n_gen"].as_u64()?;
+            let is_pp = n_prompt > 0 && n_gen == 0;
+            let is_tg = n_gen > 0 && n_prompt == 0;
+            if (want_prompt && is_pp) || (!want_prompt && is_tg) {
+                t["avg_ts"].as_f64()
+            } else {
+                None
+            }
+        })
+    };
+    let pp = find(true).context("llama-bench JSON has no prompt-processing test")?;
+    let tg = find(false).context("llama-bench JSON has no generation test")?;
+    Ok((pp, tg))
+}
+
+/// Medians of one engine's samples. TTFT is the median measured value, or, when the
+/// engine measures none, `n_prompt / pp + 1 / tg` from the median speeds.
+pub fn summarize(samples: Vec<Sample>, n_prompt: usize) -> Result<EngineSummary> {
+    let pp = median(samples.iter().map(|s| s.pp_tps).collect()).context("no samples")?;
+    let tg = median(samples.iter().map(|s| s.tg_tps).collect()).context("no samples")?;
+    let measured_ttft = median(samples.iter().filter_map(|s| s.ttft_ms).collect());
+    let (ttft_ms, ttft_derived) = match measured_ttft {
+        Some(t) => (t, false),
+        None => (derived_ttft_ms(n_prompt, pp, tg), true),
+    };
+    Ok(EngineSummary {
+        pp_tps: pp,
+        tg_tps: tg,
+        ttft_ms,
+        ttft_derived,
+        peak_rss_mb: median(samples.iter().filter_map(|s| s.peak_rss_mb).collect()),
+        samples,
+    })
+}
+
+/// Time to first token from throughput: prefill `n_prompt` tokens, then one decode step.
+pub fn derived_ttft_ms(n_prompt: usize, pp_tps: f64, tg_tps: f64) -> f64 {
+    n_prompt as f64 / pp_tps * 1000.0 + 1000.0 / tg_tps
+}
+
+/// The median (mean of the middle two for an even count); `None` when empty.
+pub fn median(mut values: Vec<f64>) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    Some(if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    })
+}
+
+/// Weight bytes one decode step reads: every tensor in full except the token embedding,
+/// of which it reads one row, plus the LM head: `output.weight` when present (already in
+/// the sum), else the tied embedding table, read in full.
+pub fn decode_bytes_per_token(tensors: &[TensorInfo]) -> u64 {
+    const EMBD: &str = "token_embd.weight";
+    let mut total: u64 = tensors
+        .iter()
+        .filter(|t| t.name != EMBD)
+        .map(|t| t.n_bytes)
+        .sum();
+    if let Some(embd) = tensors.iter().find(|t| t.name == EMBD) {
+        total += embd.n_bytes / embd.n_rows().max(1);
+        if !tensors.iter().any(|t| t.name == "output.weight") {
+            total += embd.n_bytes;
+        }
+    }
+    total
+}
+
+/// A finished child process with its output, peak RSS and wall time.
+struct Measured {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    peak_rss_kib: Option<u64>,
+    wall: Duration,
+}
+
+fn rss_method() -> &'static str {
+    if Path::new(TIME_BIN).is_file() {
+        "/usr/bin/time -f %M (max RSS of the process)"
+    } else {
+        "polling VmHWM in /proc/<pid>/status every 20 ms"
+    }
+}
+
+/// Runs `program args`, capturing stdout and stderr, and measures its peak RSS: under
+/// GNU time when it is installed, else by polling the child's `VmHWM` (a high-water mark,
+/// so polling loses at most the last interval's growth).
+fn run_measured(program: &Path, args: &[String]) -> Result<Measured> {
+    let time_bin = Path::new(TIME_BIN);
+    run_measured_with(program, args, time_bin.is_file().then_some(time_bin))
+}
+
+/// [`run_measured`] with GNU time at `time_bin`, or polling when `None`.
+fn run_measured_with(program: &Path, args: &[String], time_bin: Option<&Path>) -> Result<Measured> {
+    let use_time = time_bin.is_some();
+    let rss_file =
+        std::env::temp_dir().join(format!("nx-bench-rss-{}.txt", crate::util::unique_suffix()));
+    let mut cmd = if let Some(time_bin) = time_bin {
+        let mut cmd = Command::new(time_bin);
+        cmd.arg("-f")
+            .arg("%M")
+            .arg("-o")
+            .arg(&rss_file)
+            .arg(program);
+        cmd
+    } else {
+        Command::new(program)
+    };
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let started = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("could not start {}", program.display()))?;
+    // Drain both pipes on their own threads so a chatty child never blocks on a full pipe.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let mut bytes = Vec::new();
+                let _ = pipe.read_to_end(&mut bytes);
+                text = String::from_utf8_lossy(&bytes).into_owned();
+            }
+            text
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let mut polled_kib = None;
+    let status = if use_time {
+        child.wait().context("waiting for the benchmark process")?
+    } else {
+        let status_path = format!("/proc/{}/status", child.id());
+        loop {
+            if let Some(status) = child.try_wait().context("waiting for the process")? {
+                break status;
+            }
+            if let Some(kib) = std::fs::read_to_string(&status_path)
+                .ok()
+                .and_then(|s| vm_hwm_kib(&s))
+            {
+                polled_kib = Some(polled_kib.map_or(kib, |p: u64| p.max(kib)));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let wall = started.elapsed();
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    let peak_rss_kib = if use_time {
+        let text = std::fs::read_to_string(&rss_file).unwrap_or_default();
+        let _ = std::fs::remove_file(&rss_file);
+        parse_time_max_rss(&text)
+    } else {
+        polled_kib
+    };
+    Ok(Measured {
+        status,
+        stdout,
+        stderr,
+        peak_rss_kib,
+        wall,
+    })
+}
+
+/// The `%M` figure GNU time wrote: the last line that is a number (a failed command adds
+/// a "Command exited with non-zero status" line before it).
+pub fn parse_time_max_rss(text: &str) -> Option<u64> {
+    text.lines().rev().find_map(|l| l.trim().parse().ok())
+}
+
+/// `VmHWM` from a `/proc/<pid>/status` text, in KiB.
+pub fn vm_hwm_kib(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Wrapping sum of `words`, with eight independent accumulators so the loop is limited by
+/// memory, not by one dependency chain.
+pub fn sum_words(words: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    let chunks = words.chunks_exact(8);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (a, w) in acc.iter_mut().zip(chunk) {
+            *a = a.wrapping_add(*w);
+        }
+    }
+    let mut total = acc.iter().fold(0u64, |s, a| s.wrapping_add(*a));
+    for w in rest {
+        total = total.wrapping_add(*w);
+    }
+    total
+}
+
+/// Best-of-3 read bandwidth (GB/s) of summing `words`, split over `threads` threads.
+fn best_read_gbs(words: &[u64], threads: usize) -> f64 {
+    let per_thread = words.len().div_ceil(threads.max(1)).max(1);
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let started = Instant::now();
+        let total = std::thread::scope(|scope| {
+            let handles: Vec<_> = words
+                .chunks(per_thread)
+                .map(|part| scope.spawn(move || sum_words(std::hint::black_box(part))))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        let secs = started.elapsed().as_secs_f64();
+        if secs > 0.0 {
+            best = best.max(std::mem::size_of_val(words) as f64 / secs / 1e9);
+        }
+    }
+    best
+}
+
+/// Sums a `bytes`-byte buffer of `u64` with 1 and with `threads` threads (best of 3 each).
+pub fn read_bandwidth_probe(bytes: usize, threads: usize) -> Probe {
+    // Non-zero contents: an all-zero allocation could be backed by the shared zero page
+    // and never touch memory.
+    let words: Vec<u64> = (0..bytes / 8).map(|i| i as u64 | 1).collect();
+    Probe {
+        buffer_bytes: words.len() * 8,
+        single_thread_gbs: best_read_gbs(&words, 1),
+        threads,
+        multi_thread_gbs: best_read_gbs(&words, threads),
+    }
+}
+
+/// `(YYYY-MM-DD, HH:MM)` in UTC for a Unix time in seconds.
+pub fn utc_date_time(unix_secs: u64) -> (String, String) {
+    let days = (unix_secs / 86_400) as i64;
+    let secs_of_day = unix_secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    (
+        format!("{y:04}-{m:02}-{d:02}"),
+        format!("{:02}:{:02}", secs_of_day / 3600, secs_of_day % 3600 / 60),
+    )
+}
+
+/// Proleptic Gregorian (year, month, day) of `days` since 1970-01-01.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    // Count in 400-year eras starting on 0000-03-01, so the leap day ends each year.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = (day_of_year - (153 * month_from_march + 2) / 5 + 1) as u32;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    } as u32;
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// `model name` from `/proc/cpuinfo`, or "unknown CPU".
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| cpu_model_from(&text))
+        .unwrap_or_else(|| "unknown CPU".to_string())
+}
+
+/// The first `model name` value of a `/proc/cpuinfo` text.
+pub fn cpu_model_from(cpuinfo: &str) -> Option<String> {
+    cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_string())
+}
+
+/// The `cargo xtask bench` command line that reproduces this run.
+fn command_line(args: &BenchArgs, settings: &Settings) -> String {
+    let mut text = String::from("cargo xtask bench");
+    if args.quick {
+        text.push_str(" --quick");
+    } else {
+        text.push_str(&format!(" --reps {}", settings.reps));
+    }
+    text.push_str(&format!(" --threads {}", settings.threads));
+    text.push_str(&format!(" --models {}", args.models.join(",")));
+    text
+}
+
+fn opt_mb(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.0} MB"))
+}
+
+/// The results table in markdown.
+pub fn markdown_table(report: &Report) -> String {
+    let (p, n) = (report.settings.n_prompt, report.settings.n_gen);
+    let mut out = format!(
+        "| file | nx pp{p} | llama.cpp pp{p} | ratio | nx tg{n} | llama.cpp tg{n} | ratio \
+         | nx GB/s (decode) | nx peak RSS | llama.cpp peak RSS | nx TTFT | llama.cpp TTFT |\n"
+    );
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for m in &report.models {
+        let file = Path::new(&m.path)
+            .file_name()
+            .map_or_else(|| m.path.clone(), |f| f.to_string_lossy().into_owned());
+        let ttft = |e: &EngineSummary| {
+            format!(
+                "{:.0} ms{}",
+                e.ttft_ms,
+                if e.ttft_derived { " (derived)" } else { "" }
+            )
+        };
+        out.push_str(&format!(
+            "| {file} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {} | {} | {} |\n",
+            m.nx.pp_tps,
+            m.llama_cpp.pp_tps,
+            m.pp_ratio,
+            m.nx.tg_tps,
+            m.llama_cpp.tg_tps,
+            m.tg_ratio,
+            m.nx_decode_gbs,
+            opt_mb(m.nx.peak_rss_mb),
+            opt_mb(m.llama_cpp.peak_rss_mb),
+            ttft(&m.nx),
+            ttft(&m.llama_cpp),
+        ));
+    }
+    out
+}
+
+/// The lines printed above the table: machine, settings and the probe.
+fn summary_lines(report: &Report) -> String {
+    format!(
+        "CPU: {} ({} logical CPUs)\ndate: {} {} UTC\nthreads: {}   reps: {}   \
+         load average before/after: {} / {}\nread-bandwidth probe ({} MiB of u64, best of 3): \
+         {:.1} GB/s with 1 thread, {:.1} GB/s with {} threads",
+        report.cpu,
+        report.logical_cpus,
+        report.date,
+        report.time_utc,
+        report.settings.threads,
+        report.settings.reps,
+        report.load_average_before,
+        report.load_average_after,
+        report.probe.buffer_bytes >> 20,
+        report.probe.single_thread_gbs,
+        report.probe.multi_thread_gbs,
+        report.probe.threads,
+    )
+}
+
+/// The text of `docs/benchmarks.md`.
+fn benchmarks_doc(report: &Report, table: &str) -> String {
+    let s = &report.settings;
+    let mut per_token = String::new();
+    for m in &report.models {
+        per_token.push_str(&format!(
+            "- `{}` ({}): {:.1} MB of weights read per decode step ({} bytes); file {:.1} MB. \
+             llama.cpp's decode at the same count: {:.1} GB/s.\n",
+            m.name,
+            Path::new(&m.path)
+                .file_name()
+                .map_or_else(|| m.path.clone(), |f| f.to_string_lossy().into_owned()),
+            m.decode_bytes_per_token as f64 / 1e6,
+            m.decode_bytes_per_token,
+            m.file_bytes as f64 / 1e6,
+            m.llama_cpp_decode_gbs,
+        ));
+    }
+    format!(
+        "# Benchmarks: nx vs llama.cpp\n\n\
+         Generated by `cargo xtask bench` (this file is overwritten on every full run; raw \
+         samples are in `target/bench/bench-{date}.json`).\n\n\
+         Command:\n\n```sh\n{command}\n```\n\n\
+         {summary}\n\n\
+         {table}\n\
+         Columns: pp{p} and tg{n} are tokens per second (median of {reps} runs per engine); \
+         ratio is nx ÷ llama.cpp (above 1: nx faster). nx GB/s (decode) is the weight bytes \
+         one decode step reads times nx's tg t/s (GB = 10^9 bytes). Peak RSS is the \
+         process's maximum resident set (MB = 2^20 bytes), measured with {rss}; it includes \
+         the memory-mapped model pages that were touched. nx TTFT is measured by `nx bench` \
+         (prefill of a {p}-token prompt plus choosing the first token); llama-bench reports no \
+         TTFT, so llama.cpp's is **derived**: {p} / pp t/s + 1 / tg t/s.\n\n\
+         ## Method\n\n\
+         For each file the engines run alternately, one process per run, {reps} times each:\n\n\
+         - nx: `target/release/nx {nx_cmd}`\n\
+         - llama.cpp: `llama-bench {llama_cmd}`\n\n\
+         `--repack 0` is needed on this machine: it advertises AMX, but AMX instructions fault \
+         (SIGILL), and weight repacking is what selects llama.cpp's AMX kernels. Everything \
+         else is llama-bench's default (f16 KV cache, flash attention `auto`, micro-batch 512, \
+         one warm-up run per test before the timed one). `nx bench` does no warm-up run and \
+         keeps its KV cache in f32. Both engines use {threads} threads and the same prompt \
+         length; the prompt tokens themselves differ (llama-bench uses random ids, nx a fixed \
+         spread of ordinary ids), which does not change the amount of work.\n\n\
+         Weight bytes per decode step: every tensor in full except the token embedding, of \
+         which one row is read, plus the LM head (the tied embedding table in full when the \
+         file has no `output.weight`):\n\n\
+         {per_token}\n\
+         The read-bandwidth probe sums a {probe_mib} MiB buffer of `u64` (best of 3 passes), \
+         once on one thread and once split over {threads} threads; decode speed is bounded by \
+         roughly that bandwidth divided by the bytes per step.\n\n\
+         **These numbers are noisy.** The dev machine is a shared VM with {cpus} logical CPUs \
+         that other jobs (builds, tests) use at the same time; the load average was {load_before} \
+         before the run and {load_after} after. llama.cpp's worker threads spin while waiting \
+         (`--poll 50`), which suffers more than nx from a busy machine. Compare ratios within \
+         one run rather than absolute figures across runs, and rerun on an idle machine before \
+         drawing conclusions.\n\n\
+         The `qwen2.5-*` files are synthetic: the Qwen2.5 0.5B and 1.5B shapes and quantization \
+         mix with deterministic random weights (`cargo xtask synth --shape NAME`), so their \
+         speed is representative and their text output is not.\n",
+        date = report.date,
+        command = report.command,
+        summary = summary_lines(report),
+        p = s.n_prompt,
+        n = s.n_gen,
+        reps = s.reps,
+        rss = report.rss_method,
+        nx_cmd = report.nx_command,
+        llama_cmd = report.llama_cpp_command,
+        threads = s.threads,
+        probe_mib = report.probe.buffer_bytes >> 20,
+        cpus = report.logical_cpus,
+        load_before = report.load_average_before,
+        load_after = report.load_average_after,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nx_gguf::{GgmlType, GgufWriter};
+
+    fn args(quick: bool, reps: usize) -> BenchArgs {
+        BenchArgs {
+            reps,
+            quick,
+            models: DEFAULT_MODELS.iter().map(|s| s.to_string()).collect(),
+            threads: 2,
+            no_build: false,
+        }
+    }
+
+    #[test]
+    fn settings_follow_quick_and_reject_zero() {
+        let full = Settings::from_args(&args(false, 3)).unwrap();
+        assert_eq!((full.n_prompt, full.n_gen, full.reps), (512, 128, 3));
+        let quick = Settings::from_args(&args(true, 3)).unwrap();
+        assert_eq!((quick.n_prompt, quick.n_gen, quick.reps), (128, 32, 1));
+        assert!(Settings::from_args(&args(false, 0)).is_err());
+        let mut no_threads = args(false, 3);
+        no_threads.threads = 0;
+        assert!(Settings::from_args(&no_threads).is_err());
+    }
+
+    #[test]
+    fn median_handles_odd_even_and_empty() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(vec![]), None);
+    }
+
+    // Shape of llama-bench's `-o json` output, trimmed from a real run of this build on
+    // the default model (`-p 128 -n 32 -r 1 --repack 0`).
+    const LLAMA_JSON: &str = r#"[
+      {"model_type": "gemma3 270M Q4_K - Medium", "n_threads": 2, "repack": false,
+       "n_prompt": 128, "n_gen": 0, "n_depth": 0, "avg_ns": 2335850255,
+       "avg_ts": 54.798033, "stddev_ts": 0.000000, "samples_ts": [ 54.798 ]},
+      {"model_type": "gemma3 270M Q4_K - Medium", "n_threads": 2, "repack": false,
+       "n_prompt": 0, "n_gen": 32, "n_depth": 0, "avg_ns": 16606090762,
+       "avg_ts": 1.927004, "stddev_ts": 0.000000, "samples_ts": [ 1.927 ]}
+    ]"#;
+
+    #[test]
+    fn llama_json_gives_pp_and_tg() {
+        assert_eq!(parse_llama_json(LLAMA_JSON).unwrap(), (54.798033, 1.927004));
+        // Order does not matter; a missing test is an error.
+        let v: Vec<serde_json::Value> = serde_json::from_str(LLAMA_JSON).unwrap();
+        let swapped = serde_json::to_string(&vec![v[1].clone(), v[0].clone()]).unwrap();
+        assert_eq!(parse_llama_json(&swapped).unwrap(), (54.798033, 1.927004));
+        let only_pp = serde_json::to_string(&vec![v[0].clone()]).unwrap();
+        assert!(parse_llama_json(&only_pp).is_err());
+        assert!(parse_llama_json("not json").is_err());
+    }
+
+    #[test]
+    fn nx_json_is_the_last_object_line() {
+        // A line as printed by `nx bench --json` in this tree.
+        let out = "some log line\n{\"model\":\"m.gguf\",\"peak_rss_mb\":299.3,\"pp_tokens\":128,\
+                   \"pp_tps\":104.7,\"reps\":1,\"tg_tokens\":32,\"tg_tps\":15.8,\"threads\":2,\
+                   \"ttft_ms\":1225.2}\n";
+        let parsed = parse_nx_json(out).unwrap();
+        assert_eq!(
+            parsed,
+            NxBenchJson {
+                pp_tps: 104.7,
+                tg_tps: 15.8,
+                ttft_ms: Some(1225.2),
+                peak_rss_mb: Some(299.3)
+            }
+        );
+        assert!(parse_nx_json("no json here\n").is_err());
+        // pp_tps is null when -p 0: the harness needs both figures.
+        assert!(parse_nx_json("{\"pp_tps\":null,\"tg_tps\":1.0}").is_err());
+    }
+
+    #[test]
+    fn time_and_proc_rss_parsing() {
+        assert_eq!(parse_time_max_rss("310332\n"), Some(310332));
+        assert_eq!(
+            parse_time_max_rss("Command exited with non-zero status 1\n4242\n"),
+            Some(4242)
+        );
+        assert_eq!(parse_time_max_rss(""), None);
+        let status = "Name:\tx\nVmPeak:\t  9000 kB\nVmHWM:\t    1234 kB\nVmRSS:\t 1000 kB\n";
+        assert_eq!(vm_hwm_kib(status), Some(1234));
+        assert_eq!(vm_hwm_kib("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn measured_run_reports_output_and_rss_both_ways() {
+        // The sleep gives the polling path time to read the child's status at least once.
+        let script = [
+            "-c".to_string(),
+            "echo out; echo err >&2; sleep 0.3; exit 3".to_string(),
+        ];
+        let time_bin = Path::new(TIME_BIN);
+        let mut ways = vec![None];
+        if time_bin.is_file() {
+            ways.push(Some(time_bin));
+        }
+        for way in ways {
+            let out = run_measured_with(Path::new("/bin/sh"), &script, way).unwrap();
+            assert_eq!(out.stdout, "out\n", "{way:?}");
+            assert!(out.stderr.contains("err"), "{way:?}: {}", out.stderr);
+            assert_eq!(out.status.code(), Some(3), "{way:?}");
+            // Any running process has a non-zero resident set.
+            assert!(
+                out.peak_rss_kib.is_some_and(|k| k > 0),
+                "{way:?}: {:?}",
+                out.peak_rss_kib
+            );
+            assert!(out.wall >= Duration::from_millis(300), "{way:?}");
+        }
+    }
+
+    #[test]
+    fn summary_uses_measured_ttft_or_derives_it() {
+        let sample = |pp: f64, tg: f64, ttft: Option<f64>| Sample {
+            pp_tps: pp,
+            tg_tps: tg,
+            ttft_ms: ttft,
+            peak_rss_mb: Some(pp),
+            self_reported_rss_mb: None,
+            wall_s: 1.0,
+        };
+        let nx = summarize(
+            vec![
+                sample(100.0, 10.0, Some(900.0)),
+                sample(50.0, 30.0, Some(1100.0)),
+                sample(80.0, 20.0, Some(1000.0)),
+            ],
+            512,
+        )
+        .unwrap();
+        assert_eq!((nx.pp_tps, nx.tg_tps, nx.ttft_ms), (80.0, 20.0, 1000.0));
+        assert!(!nx.ttft_derived);
+        assert_eq!(nx.peak_rss_mb, Some(80.0));
+        let llama = summarize(vec![sample(256.0, 4.0, None)], 512).unwrap();
+        assert!(llama.ttft_derived);
+        // 512 tokens at 256 t/s = 2000 ms, one step at 4 t/s = 250 ms.
+        assert_eq!(llama.ttft_ms, 2250.0);
+        assert!(summarize(vec![], 512).is_err());
+    }
+
+    fn tensor_bytes(t: GgmlType, ne: &[u64]) -> u64 {
+        t.row_bytes(ne[0]).unwrap() * ne[1..].iter().product::<u64>()
+    }
+
+    fn gguf_with(tied: bool) -> Gguf {
+        let mut w = GgufWriter::new();
+        let mut add = |name: &str, t: GgmlType, ne: Vec<u64>| {
+            let n = tensor_bytes(t, &ne) as usize;
+            w.add_tensor(name, t, ne, vec![0u8; n]);
+        };
+        add("token_embd.weight", GgmlType::Q8_0, vec![64, 100]);
+        add("blk.0.attn_norm.weight", GgmlType::F32, vec![64]);
+        add("blk.0.ffn_up.weight", GgmlType::Q4_K, vec![256, 64]);
+        if !tied {
+            add("output.weight", GgmlType::Q6_K, vec![256, 100]);
+        }
+        Gguf::from_bytes(w.to_bytes()).unwrap()
+    }
+
+    #[test]
+    fn decode_bytes_count_the_lm_head_once_and_one_embedding_row() {
+        // Q8_0: 34 bytes per 32 values; Q4_K: 144 per 256; Q6_K: 210 per 256.
+        let embd_row = 2 * 34;
+        let norm = 64 * 4;
+        let ffn = 144 * 64;
+        let tied = gguf_with(true);
+        assert_eq!(
+            decode_bytes_per_token(tied.tensors()),
+            (norm + ffn + embd_row + 100 * embd_row) as u64
+        );
+        let untied = gguf_with(false);
+        assert_eq!(
+            decode_bytes_per_token(untied.tensors()),
+            (norm + ffn + embd_row + 210 * 100) as u64
+        );
+    }
+
+    #[test]
+    fn sum_words_matches_a_plain_sum() {
+        for len in [0usize, 1, 7, 8, 9, 1000, 1003] {
+            let words: Vec<u64> = (0..len as u64)
+                .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .collect();
+            let plain = words.iter().fold(0u64, |s, w| s.wrapping_add(*w));
+            assert_eq!(sum_words(&words), plain, "len {len}");
+        }
+    }
+
+    #[test]
+    fn probe_reports_positive_bandwidth() {
+        let probe = read_bandwidth_probe(8 << 20, 2);
+        assert_eq!(probe.buffer_bytes, 8 << 20);
+        assert!(probe.single_thread_gbs > 0.0 && probe.single_thread_gbs.is_finite());
+        assert!(probe.multi_thread_gbs > 0.0 && probe.multi_thread_gbs.is_finite());
+    }
+
+    #[test]
+    fn utc_dates_match_gnu_date() {
+        // Expected values from `date -u -d @SECS '+%F %H:%M'`.
+        assert_eq!(utc_date_time(0), ("1970-01-01".into(), "00:00".into()));
+        assert_eq!(
+            utc_date_time(951_868_800),
+            ("2000-03-01".into(), "00:00".into())
+        );
+        assert_eq!(
+            utc_date_time(1_709_164_800),
+            ("2024-02-29".into(), "00:00".into())
+        );
+        assert_eq!(
+            utc_date_time(4_102_444_799),
+            ("2099-12-31".into(), "23:59".into())
+        );
+        assert_eq!(
+            utc_date_time(1_795_996_800),
+            ("2026-11-30".into(), "00:00".into())
+        );
+    }
+
+    #[test]
+    fn cpu_model_is_the_first_model_name() {
+        let text = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) \
+                    Processor\nprocessor\t: 1\nmodel name\t: other\n";
+        assert_eq!(
+            cpu_model_from(text).as_deref(),
+            Some("Intel(R) Xeon(R) Processor")
+        );
+        assert_eq!(cpu_model_from("processor: 0\n"), None);
+    }
+
+    #[test]
+    fn engine_arguments_pin_threads_sizes_and_repack() {
+        let s = Settings {
+            n_prompt: 512,
+            n_gen: 128,
+            reps: 3,
+            threads: 2,
+        };
+        assert_eq!(
+            llama_args(Path::new("m.gguf"), &s).join(" "),
+            "-m m.gguf -t 2 -p 512 -n 128 -r 1 --repack 0 -o json"
+        );
+        assert_eq!(
+            nx_args(Path::new("m.gguf"), &s).join(" "),
+            "bench --model m.gguf -p 512 -n 128 --threads 2 --reps 1 --json"
+        );
+    }
+
+    fn summary(pp: f64, tg: f64, derived: bool) -> EngineSummary {
+        EngineSummary {
+            pp_tps: pp,
+            tg_tps: tg,
+            ttft_ms: 1234.0,
+            ttft_derived: derived,
+            peak_rss_mb: Some(300.0),
+            samples: vec![],
+        }
+    }
+
+    #[test]
+    fn table_has_one_row_per_file_and_marks_derived_ttft() {
+        let model = ModelResult {
+            name: "default".into(),
+            path: "/cache/models/gemma.gguf".into(),
+            file_bytes: 1,
+            decode_bytes_per_token: 1,
+            nx: summary(100.0, 20.0, false),
+            llama_cpp: summary(50.0, 10.0, true),
+            pp_ratio: 2.0,
+            tg_ratio: 2.0,
+            nx_decode_gbs: 5.0,
+            llama_cpp_decode_gbs: 2.5,
+        };
+        let report = Report {
+            command: "cargo xtask bench".into(),
+            date: "2026-11-30".into(),
+            time_utc: "00:00".into(),
+            cpu: "cpu".into(),
+            logical_cpus: 2,
+            load_average_before: "1 1 1".into(),
+            load_average_after: "1 1 1".into(),
+            settings: Settings {
+                n_prompt: 512,
+                n_gen: 128,
+                reps: 3,
+                threads: 2,
+            },
+            quick: false,
+            nx_command: String::new(),
+            llama_cpp_command: String::new(),
+            rss_method: String::new(),
+            probe: Probe {
+                buffer_bytes: 1 << 30,
+                single_thread_gbs: 10.0,
+                threads: 2,
+                multi_thread_gbs: 15.0,
+            },
+            models: vec![model.clone(), model],
+        };
+        let table = markdown_table(&report);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 4, "{table}");
+        assert!(lines[0].starts_with("| file | nx pp512 | llama.cpp pp512 | ratio | nx tg128"));
+        assert_eq!(lines[0].matches('|').count(), lines[2].matches('|').count());
+        assert!(lines[2].starts_with("| gemma.gguf | 100.0 | 50.0 | 2.00 | 20.00 | 10.00 |"));
+        assert!(
+            lines[2].ends_with("| 1234 ms | 1234 ms (derived) |"),
+            "{}",
+            lines[2]
+        );
+        let doc = benchmarks_doc(&report, &table);
+        assert!(doc.contains("cargo xtask bench"));
+        assert!(doc.contains(&table));
+    }
+}
