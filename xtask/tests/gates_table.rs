@@ -32,11 +32,7 @@ fn every_gate_names_a_test_target() {
         // plain `cargo test` does not need them) or needs nothing and runs everywhere.
         let marker = format!("#[ignore = \"{IGNORE_REASON}\"]");
         let has_tests = source.contains("#[test]") || source.contains("proptest!");
-        assert!(
-            has_tests,
-            "gate {}: {src_path} holds no test",
-            gate.name
-        );
+        assert!(has_tests, "gate {}: {src_path} holds no test", gate.name);
         if source.contains("#[ignore") {
             assert!(
                 source.contains(&marker),

@@ -114,7 +114,10 @@ fn bad_files_exit_2_with_one_line() {
     // Truncated inside the metadata, bad version, tensor past the end.
     // Cut inside the metadata: the declared counts can no longer fit.
     let cut = scratch("cut.gguf", &good[..40]);
-    assert_one_line_error(&["inspect".as_ref(), cut.as_os_str()], "cannot fit in the file");
+    assert_one_line_error(
+        &["inspect".as_ref(), cut.as_os_str()],
+        "cannot fit in the file",
+    );
     // Cut inside a string of the metadata.
     let cut = scratch("cut2.gguf", &good[..good.len() / 2]);
     assert_one_line_error(&["inspect".as_ref(), cut.as_os_str()], "");

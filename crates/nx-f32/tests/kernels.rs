@@ -678,7 +678,9 @@ fn attend_head_f16_matches_reference_on_widened_rows() {
         .map(|e| f16::from_f32((e / total) as f32).to_f32() as f64)
         .collect();
     for i in 0..head_dim {
-        let want: f64 = (0..n_rows).map(|j| probs16[j] * vw[j * head_dim + i] as f64).sum();
+        let want: f64 = (0..n_rows)
+            .map(|j| probs16[j] * vw[j * head_dim + i] as f64)
+            .sum();
         assert_close(out16[i], want, 1e-5, &format!("i={i}"));
     }
 }

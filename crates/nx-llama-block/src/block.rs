@@ -263,7 +263,10 @@ pub fn forward(
         let up = &up[tokens.start * cfg.n_ff..tokens.end * cfg.n_ff];
         match activation {
             FfnActivation::Silu => {
-                for (g, u) in gate.chunks_exact_mut(cfg.n_ff).zip(up.chunks_exact(cfg.n_ff)) {
+                for (g, u) in gate
+                    .chunks_exact_mut(cfg.n_ff)
+                    .zip(up.chunks_exact(cfg.n_ff))
+                {
                     nx_f32::swiglu_row_in_place(g, u);
                 }
             }

@@ -24,7 +24,11 @@ fn long_prompt(fixture: &str) -> Vec<u32> {
         .expect("prompts");
     let mut ids = p.prompt_ids.clone();
     ids.extend(p.steps.iter().map(|s| s.id));
-    assert!(ids.len() >= 100, "EQUIV-1 needs >= 100 tokens, have {}", ids.len());
+    assert!(
+        ids.len() >= 100,
+        "EQUIV-1 needs >= 100 tokens, have {}",
+        ids.len()
+    );
     ids
 }
 

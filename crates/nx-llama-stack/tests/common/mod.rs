@@ -265,9 +265,7 @@ pub fn forward_rows_kv(
     chunk: usize,
     kv: KvDtype,
 ) -> Vec<f32> {
-    let mut cache = model
-        .new_cache(tokens.len() + 1, kv)
-        .expect("cache");
+    let mut cache = model.new_cache(tokens.len() + 1, kv).expect("cache");
     let mut state = ForwardState::default();
     let mut out = Vec::new();
     let mut logits = Vec::new();
@@ -291,7 +289,14 @@ pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut state = ForwardState::default();
     let mut logits = Vec::new();
     model
-        .forward(prompt, 0, &mut cache, &[prompt.len() - 1], &mut state, &mut logits)
+        .forward(
+            prompt,
+            0,
+            &mut cache,
+            &[prompt.len() - 1],
+            &mut state,
+            &mut logits,
+        )
         .expect("prefill");
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
