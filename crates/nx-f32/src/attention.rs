@@ -2,8 +2,9 @@
 //!
 //! Invariance rule: for a given query, the result depends only on the row range and
 //! `head_dim`, because the reduction order is fixed — scores in row order, softmax in
-//! row order ([`crate::softmax_in_place`]), the weighted sum of values in row order,
-//! each dot product in [`crate::dot`]'s lane order. Nothing here depends on how many
+//! row order ([`crate::softmax_in_place`]), the weighted sum of values in an order set by
+//! the absolute row index (f32 storage: the reference engine's 64-lane order; f16: row
+//! order), each dot product in a lane order fixed by `head_dim`. Nothing here depends on how many
 //! query rows a prefill chunk holds or on the thread count; that is what makes the
 //! engine's logits bit-identical whatever the chunk size.
 
@@ -28,6 +29,10 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     /// f16 cache rows by f16 copies of the query and of the probabilities; doing the same
     /// keeps our logits next to its own on models with large activations (Gemma).
     fn round_activation(x: f32) -> f32;
+    /// Whether the weighted sum of value rows follows the reference engine's f32 lane
+    /// order (f32 storage) or plain row order (f16 storage, whose reference arithmetic is
+    /// f16 and CPU-specific).
+    const LANE_ORDERED_VALUES: bool;
 }
 
 impl KvElem for f32 {
@@ -41,7 +46,7 @@ impl KvElem for f32 {
     }
     #[inline]
     fn dot_row(q: &[f32], row: &[Self]) -> f32 {
-        crate::dot(q, row)
+        crate::scalar::dot_vec_order(q, row)
     }
     #[inline]
     fn axpy_row(acc: &mut [f32], weight: f32, row: &[Self]) {
@@ -51,6 +56,7 @@ impl KvElem for f32 {
     fn round_activation(x: f32) -> f32 {
         x
     }
+    const LANE_ORDERED_VALUES: bool = true;
 }
 
 impl KvElem for f16 {
@@ -74,6 +80,7 @@ impl KvElem for f16 {
     fn round_activation(x: f32) -> f32 {
         f16::from_f32(x).to_f32()
     }
+    const LANE_ORDERED_VALUES: bool = false;
 }
 
 /// A strided view of one head's slice inside K or V rows.
@@ -221,7 +228,23 @@ pub fn attend_head<T: KvElem>(
         *s = scale * T::dot_row(q, keys.row(j));
     }
     crate::softmax_in_place(probs);
-    for (&p, j) in probs.iter().zip(rows) {
-        T::axpy_row(out, T::round_activation(p), values.row(j));
+    if T::LANE_ORDERED_VALUES {
+        // out[d] = Σ_j p_j·v_j[d] as the reference engine's f32 dot over the cache rows:
+        // 64 running sums, row j feeding sum j mod 64 by a fused multiply-add, then the
+        // register reduction. Lanes follow the absolute row index; rows outside `rows`
+        // would add exact zeros there, so skipping them changes nothing.
+        let mut lanes = [0f32; 64];
+        for (d, o) in out.iter_mut().enumerate() {
+            lanes.fill(0.0);
+            for (&p, j) in probs.iter().zip(rows.clone()) {
+                let v = values.row(j)[d].to_f32();
+                lanes[j % 64] = v.mul_add(p, lanes[j % 64]);
+            }
+            *o = crate::scalar::reduce_lanes_64(&lanes);
+        }
+    } else {
+        for (&p, j) in probs.iter().zip(rows) {
+            T::axpy_row(out, T::round_activation(p), values.row(j));
+        }
     }
 }

@@ -193,6 +193,42 @@ pub fn softmax_in_place(x: &mut [f32]) {
     scale(x, inv);
 }
 
+/// `Σ a[i]·b[i]` in the reference engine's f32 vector order: 64 running sums (four
+/// 16-lane registers) fed by fused multiply-adds over whole groups of 64, reduced as
+/// [`reduce_lanes_64`]; the tail (`len % 64` elements) then added one fused multiply-add
+/// at a time.
+pub fn dot_vec_order(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let whole = n / 64 * 64;
+    let mut sumf = if whole > 0 {
+        let mut lanes = [0f32; 64];
+        for (ca, cb) in a[..whole].chunks_exact(64).zip(b[..whole].chunks_exact(64)) {
+            for l in 0..64 {
+                lanes[l] = ca[l].mul_add(cb[l], lanes[l]);
+            }
+        }
+        reduce_lanes_64(&lanes)
+    } else {
+        0.0
+    };
+    for i in whole..n {
+        sumf = a[i].mul_add(b[i], sumf);
+    }
+    sumf
+}
+
+/// Reduces 64 running sums held as four 16-lane registers `r0..r3` (lane `l` of `r_k` is
+/// element `16k + l`): `r0 += r2`, `r1 += r3`, `r0 += r1`, then [`reduce_add_16`].
+pub fn reduce_lanes_64(lanes: &[f32; 64]) -> f32 {
+    let mut r = [0f32; 16];
+    for l in 0..16 {
+        let r0 = lanes[l] + lanes[32 + l];
+        let r1 = lanes[16 + l] + lanes[48 + l];
+        r[l] = r0 + r1;
+    }
+    reduce_add_16(&r)
+}
+
 /// Horizontal sum of 16 lanes in the order a 512-bit register is reduced: halves, then
 /// quarters, then pairs.
 #[inline(always)]
@@ -310,5 +346,49 @@ pub fn rotate_half_pairs(x: &mut [f32], cos: &[f32], sin: &[f32]) {
         let (x0, x1) = (*a, *b);
         *a = x0 * c - x1 * s;
         *b = x0 * s + x1 * c;
+    }
+}
+
+#[cfg(test)]
+mod vec_order_tests {
+    use super::*;
+
+    #[test]
+    fn dot_vec_order_is_a_dot_product() {
+        for n in [0usize, 1, 31, 64, 100, 256, 257] {
+            let a: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919) % 97) as f32 / 13.0 - 3.0)
+                .collect();
+            let b: Vec<f32> = (0..n)
+                .map(|i| ((i * 104729) % 89) as f32 / 11.0 - 4.0)
+                .collect();
+            let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+            let mag: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(&x, &y)| (x as f64 * y as f64).abs())
+                .sum();
+            let got = dot_vec_order(&a, &b) as f64;
+            assert!(
+                (got - exact).abs() <= 1e-5 * (1.0 + mag),
+                "n={n}: {got} vs {exact}"
+            );
+        }
+    }
+
+    #[test]
+    fn lane_reductions_follow_register_order() {
+        // Distinct powers of two expose the order: every partial sum is exact, so the
+        // total is the plain sum whichever way it is grouped...
+        let lanes: [f32; 64] = std::array::from_fn(|i| (i as f32) * 0.5);
+        let total: f32 = (0..64).map(|i| i as f32 * 0.5).sum();
+        assert_eq!(reduce_lanes_64(&lanes), total);
+        // ...while values that cancel only in one grouping show it is the register order:
+        // (a0 + a8) first, so 1e8 and -1e8 cancel exactly before 1.0 is added.
+        let mut a = [0f32; 16];
+        a[0] = 1e8;
+        a[8] = -1e8;
+        a[1] = 1.0;
+        assert_eq!(reduce_add_16(&a), 1.0);
     }
 }
