@@ -813,7 +813,7 @@ pub fn markdown_table(report: &Report) -> String {
 /// The lines printed above the table: machine, settings and the probe.
 fn summary_lines(report: &Report) -> String {
     format!(
-        "CPU: {} ({} logical CPUs)\ndate: {} {} UTC\nthreads: {}   reps: {}   \
+        "CPU: {} ({} logical CPUs)\ndate: {} {} UTC (end of run)\nthreads: {}   reps: {}   \
          load average before/after: {} / {}\nread-bandwidth probe ({} MiB of u64, best of 3): \
          {:.1} GB/s with 1 thread, {:.1} GB/s with {} threads",
         report.cpu,
@@ -829,6 +829,32 @@ fn summary_lines(report: &Report) -> String {
         report.probe.multi_thread_gbs,
         report.probe.threads,
     )
+}
+
+/// Every sample of every engine, in the order they ran, as a markdown table.
+pub fn runs_table(report: &Report) -> String {
+    let (p, n) = (report.settings.n_prompt, report.settings.n_gen);
+    let mut out = format!(
+        "| file | run | engine | pp{p} t/s | tg{n} t/s | peak RSS | wall |\n\
+         |---|---:|---|---:|---:|---:|---:|\n"
+    );
+    for m in &report.models {
+        let runs = m.nx.samples.iter().zip(&m.llama_cpp.samples).enumerate();
+        for (i, (nx, llama)) in runs {
+            for (engine, s) in [("nx", nx), ("llama.cpp", llama)] {
+                out.push_str(&format!(
+                    "| {} | {} | {engine} | {:.1} | {:.2} | {} | {:.1} s |\n",
+                    m.name,
+                    i + 1,
+                    s.pp_tps,
+                    s.tg_tps,
+                    opt_mb(s.peak_rss_mb),
+                    s.wall_s
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// The text of `docs/benchmarks.md`.
@@ -868,10 +894,12 @@ fn benchmarks_doc(report: &Report, table: &str) -> String {
          - nx: `target/release/nx {nx_cmd}`\n\
          - llama.cpp: `llama-bench {llama_cmd}`\n\n\
          `--repack 0` is needed on this machine: it advertises AMX, but AMX instructions fault \
-         (SIGILL), and weight repacking is what selects llama.cpp's AMX kernels. Everything \
-         else is llama-bench's default (f16 KV cache, flash attention `auto`, micro-batch 512, \
-         one warm-up run per test before the timed one). `nx bench` does no warm-up run and \
-         keeps its KV cache in f32. Both engines use {threads} threads and the same prompt \
+         (SIGILL). The flag turns off llama.cpp's extra CPU buffer types, which hold both the \
+         AMX kernels' weights and the repacked (interleaved) weight layouts, so llama.cpp runs \
+         its plain quantized kernels. Everything else is llama-bench's default (f16 KV cache, \
+         flash attention `auto`, micro-batch 512, one untimed warm-up run per test). `nx bench` \
+         also keeps an f16 KV cache and prefills in chunks of 512, but does no warm-up run. \
+         Both engines use {threads} threads and the same prompt \
          length; the prompt tokens themselves differ (llama-bench uses random ids, nx a fixed \
          spread of ordinary ids), which does not change the amount of work.\n\n\
          Weight bytes per decode step: every tensor in full except the token embedding, of \
@@ -889,7 +917,12 @@ fn benchmarks_doc(report: &Report, table: &str) -> String {
          drawing conclusions.\n\n\
          The `qwen2.5-*` files are synthetic: the Qwen2.5 0.5B and 1.5B shapes and quantization \
          mix with deterministic random weights (`cargo xtask synth --shape NAME`), so their \
-         speed is representative and their text output is not.\n",
+         speed is representative and their text output is not.\n\n\
+         ## Every run\n\n\
+         In the order they ran (nx and llama.cpp alternate). Wall time is the whole process: \
+         loading, llama-bench's warm-up runs, and both tests.\n\n\
+         {runs}",
+        runs = runs_table(report),
         date = report.date,
         command = report.command,
         summary = summary_lines(report),
@@ -1168,7 +1201,14 @@ mod tests {
             ttft_ms: 1234.0,
             ttft_derived: derived,
             peak_rss_mb: Some(300.0),
-            samples: vec![],
+            samples: vec![Sample {
+                pp_tps: pp,
+                tg_tps: tg,
+                ttft_ms: None,
+                peak_rss_mb: Some(300.0),
+                self_reported_rss_mb: None,
+                wall_s: 1.0,
+            }],
         }
     }
 
@@ -1226,5 +1266,10 @@ mod tests {
         let doc = benchmarks_doc(&report, &table);
         assert!(doc.contains("cargo xtask bench"));
         assert!(doc.contains(&table));
+        // Two files with one nx and one llama.cpp run each: four rows under the header.
+        let runs = runs_table(&report);
+        assert_eq!(runs.lines().count(), 2 + 4, "{runs}");
+        assert!(runs.contains("| default | 1 | llama.cpp | 50.0 | 10.00 | 300 MB | 1.0 s |"));
+        assert!(doc.contains(&runs));
     }
 }

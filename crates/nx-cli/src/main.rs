@@ -9,6 +9,7 @@ mod chat;
 mod inspect;
 mod perplexity;
 mod run;
+mod sampling;
 mod tokenize;
 
 /// nx runs GGUF language models (Gemma 3, Qwen2/2.5, Qwen3, Llama) on the CPU, with
