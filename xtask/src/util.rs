@@ -156,6 +156,27 @@ impl Drop for TestDir {
     }
 }
 
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> anyhow::Result<u16> {
+    use anyhow::Context;
+    let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        .context("cannot bind a loopback port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// The last few KiB of a log file, for error messages.
+pub fn log_tail(path: &std::path::Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return String::from("(no log)");
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = file.seek(SeekFrom::Start(len.saturating_sub(4096)));
+    let mut text = Vec::new();
+    let _ = file.read_to_end(&mut text);
+    String::from_utf8_lossy(&text).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

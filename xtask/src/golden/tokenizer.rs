@@ -13,11 +13,10 @@ use crate::fetch::ensure_model;
 use crate::http;
 use crate::reference::{ensure_reference, llama_bin, DEFAULT_JOBS};
 use crate::util::workspace_root;
+use crate::util::{free_port, log_tail};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::fs;
-use std::io::{Read, Seek, SeekFrom};
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -259,25 +258,6 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// A port on 127.0.0.1 that was free a moment ago.
-fn free_port() -> Result<u16> {
-    let listener =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("cannot bind a loopback port")?;
-    Ok(listener.local_addr()?.port())
-}
-
-/// The last few KiB of a log file, for error messages.
-fn log_tail(path: &Path) -> String {
-    let Ok(mut file) = fs::File::open(path) else {
-        return String::from("(no log)");
-    };
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = file.seek(SeekFrom::Start(len.saturating_sub(4096)));
-    let mut text = Vec::new();
-    let _ = file.read_to_end(&mut text);
-    String::from_utf8_lossy(&text).into_owned()
 }
 
 #[cfg(test)]
