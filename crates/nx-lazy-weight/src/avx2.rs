@@ -29,6 +29,7 @@ use std::arch::x86_64::*;
 
 use nx_gguf::GgmlType;
 
+use crate::dispatch::DotKernel4;
 use crate::dot_scalar::DotKernel;
 use crate::formats::{
     q4_k, q5_0, q6_k, q8_k, read_f32, read_u32, scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES,
@@ -156,6 +157,45 @@ macro_rules! lanes8_chain {
     }};
 }
 pub(crate) use lanes8_chain;
+
+/// The number of whole blocks the single-token kernels would visit for each of the four
+/// pairs `(w, x[t])`; the four-token kernels visit the smallest (all equal in a matmul).
+#[inline]
+pub(crate) fn common_blocks(w: &[u8], x: &[&[u8]; 4], w_bytes: usize, x_bytes: usize) -> usize {
+    x.iter()
+        .map(|xt| xt.len() / x_bytes)
+        .fold(w.len() / w_bytes, usize::min)
+}
+
+/// Runs a per-block, per-token expression over the whole blocks of `$w` and four
+/// activation rows `$x`. `$weight` decodes the weight block `$wb` once (into the named
+/// values); `$token` then
+/// gives `(d, lanes)` for token block `$xb`, fused into that token's own accumulator
+/// exactly as [`lanes8_chain`] does for one token, so each output has the single-token
+/// kernel's bits.
+macro_rules! lanes8_chain4 {
+    ($w:expr, $x:expr, $wbytes:expr, $xbytes:expr,
+     |$wb:ident| ($($wv:ident),*) = $weight:block, |$xb:ident| $token:block) => {{
+        let n_blocks = common_blocks($w, &$x, $wbytes, $xbytes);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for b in 0..n_blocks {
+            let $wb = &$w[b * $wbytes..(b + 1) * $wbytes];
+            let ($($wv),*) = $weight;
+            for t in 0..4 {
+                let $xb = &$x[t][b * $xbytes..(b + 1) * $xbytes];
+                let (d, lanes): (__m256, __m256) = $token;
+                acc[t] = _mm256_fmadd_ps(d, lanes, acc[t]);
+            }
+        }
+        [
+            hsum_ps(acc[0]),
+            hsum_ps(acc[1]),
+            hsum_ps(acc[2]),
+            hsum_ps(acc[3]),
+        ]
+    }};
+}
+pub(crate) use lanes8_chain4;
 
 /// Q4_0 × Q8_0. Per block `Σ (q−8)·x = Σ q·x − 8·Σ x`, both in i16 pair sums
 /// (|15·128·2| and |8·128·2| are far from saturation).
@@ -452,4 +492,305 @@ unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
         let sumi = _mm256_sub_epi32(sumi, offset);
         (d, _mm256_cvtepi32_ps(sumi))
     })
+}
+
+/// The AVX2 four-token kernel of a weight type (see [`crate::dispatch::DotKernel4`]);
+/// `None` for types without one or when this CPU lacks AVX2, FMA or F16C.
+pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
+    if !available() {
+        return None;
+    }
+    let k: DotKernel4 = match weight_type {
+        GgmlType::Q4_0 => dot4_q4_0_q8_0,
+        GgmlType::Q5_0 => dot4_q5_0_q8_0,
+        GgmlType::Q8_0 => dot4_q8_0_q8_0,
+        GgmlType::Q4_K => dot4_q4_k_q8_k,
+        GgmlType::Q6_K => dot4_q6_k_q8_k,
+        _ => return None,
+    };
+    Some(k)
+}
+
+/// Safe four-token entry points, handed out only by [`kernel4`].
+macro_rules! checked_entry4 {
+    ($($name:ident => $imp:ident),* $(,)?) => {$(
+        fn $name(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+            // SAFETY: reachable only through `kernel4`, which verified AVX2, FMA and F16C
+            // on this CPU; the implementation reads only inside whole blocks of `w` and
+            // of every `x`.
+            unsafe { $imp(w, x) }
+        }
+    )*};
+}
+
+checked_entry4! {
+    dot4_q4_0_q8_0 => q4_0_x4_impl,
+    dot4_q5_0_q8_0 => q5_0_x4_impl,
+    dot4_q8_0_q8_0 => q8_0_x4_impl,
+    dot4_q4_k_q8_k => q4_k_x4_impl,
+    dot4_q6_k_q8_k => q6_k_x4_impl,
+}
+
+/// Block `b` (of `block_bytes` bytes) of each of four rows. Written out rather than
+/// with `array::from_fn`, which the compiler left as a call inside the kernels' loops.
+#[inline(always)]
+pub(crate) fn block_of_each<'a>(x: &[&'a [u8]; 4], b: usize, block_bytes: usize) -> [&'a [u8]; 4] {
+    let r = b * block_bytes..(b + 1) * block_bytes;
+    [
+        &x[0][r.clone()],
+        &x[1][r.clone()],
+        &x[2][r.clone()],
+        &x[3][r],
+    ]
+}
+
+/// Q4_0 × Q8_0 for four tokens: [`q4_0_impl`] with the nibbles unpacked once per block.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let low4 = _mm_set1_epi8(0x0F);
+    let eights = _mm256_set1_epi8(8);
+    lanes8_chain4!(
+        w,
+        x,
+        Q4_0_BYTES,
+        Q8_0_BYTES,
+        |wb| (q, dw) = {
+            // SAFETY: qs is bytes 2..18 of an 18-byte block.
+            let qs = unsafe { load16(wb, 2) };
+            let lo = _mm_and_si128(qs, low4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+            (_mm256_set_m128i(hi, lo), f16_splat(wb, 0))
+        },
+        |xb| {
+            // SAFETY: x quants are bytes 2..34 of a 34-byte block.
+            let xq = unsafe { load32(xb, 2) };
+            let p16 = _mm256_sub_epi16(
+                _mm256_maddubs_epi16(q, xq),
+                _mm256_maddubs_epi16(eights, xq),
+            );
+            let d = _mm256_mul_ps(dw, f16_splat(xb, 0));
+            (d, _mm256_cvtepi32_ps(pair_sums(p16)))
+        }
+    )
+}
+
+/// Q5_0 × Q8_0 for four tokens: [`q5_0_impl`] with the 5-bit quants formed once per
+/// block.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let low4 = _mm_set1_epi8(0x0F);
+    let sixteens = _mm256_set1_epi8(16);
+    lanes8_chain4!(
+        w,
+        x,
+        Q5_0_BYTES,
+        Q8_0_BYTES,
+        |wb| (q, dw) = {
+            // SAFETY: qs is bytes 6..22 of a 22-byte block.
+            let qs = unsafe { load16(wb, q5_0::QS) };
+            let lo = _mm_and_si128(qs, low4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+            let q = _mm256_or_si256(
+                _mm256_set_m128i(hi, lo),
+                q5_0_high_bits(read_u32(wb, q5_0::QH)),
+            );
+            (q, f16_splat(wb, 0))
+        },
+        |xb| {
+            // SAFETY: x quants are bytes 2..34 of a 34-byte block.
+            let xq = unsafe { load32(xb, 2) };
+            let p16 = _mm256_sub_epi16(
+                _mm256_maddubs_epi16(q, xq),
+                _mm256_maddubs_epi16(sixteens, xq),
+            );
+            let d = _mm256_mul_ps(dw, f16_splat(xb, 0));
+            (d, _mm256_cvtepi32_ps(pair_sums(p16)))
+        }
+    )
+}
+
+/// Q8_0 × Q8_0 for four tokens: [`q8_0_impl`] with the weights widened to i16 once per
+/// block.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    lanes8_chain4!(
+        w,
+        x,
+        Q8_0_BYTES,
+        Q8_0_BYTES,
+        |wb| (w0, w1, dw) = {
+            // SAFETY: quants are bytes 2..34 of a 34-byte block.
+            let (w0, w1) = unsafe { (load16(wb, 2), load16(wb, 18)) };
+            (
+                _mm256_cvtepi8_epi16(w0),
+                _mm256_cvtepi8_epi16(w1),
+                f16_splat(wb, 0),
+            )
+        },
+        |xb| {
+            // SAFETY: quants are bytes 2..34 of a 34-byte block.
+            let (x0, x1) = unsafe { (load16(xb, 2), load16(xb, 18)) };
+            let pairs0 = _mm256_madd_epi16(w0, _mm256_cvtepi8_epi16(x0));
+            let pairs1 = _mm256_madd_epi16(w1, _mm256_cvtepi8_epi16(x1));
+            let quads =
+                _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_hadd_epi32(pairs0, pairs1));
+            let d = _mm256_mul_ps(dw, f16_splat(xb, 0));
+            (d, _mm256_cvtepi32_ps(quads))
+        }
+    )
+}
+
+/// Q4_K × Q8_K for four tokens: [`q4_k_impl`] with each 32-byte chunk of quants and its
+/// two scales decoded once for the four tokens. The i32 lane sums are the single-token
+/// kernel's (integer adds give the same bits in any order); the float part, per token,
+/// is its two FMA chains exactly.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let n_blocks = common_blocks(w, &x, Q4_K_BYTES, Q8_K_BYTES);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc_min = [_mm_setzero_ps(); 4];
+    for b in 0..n_blocks {
+        let wb = &w[b * Q4_K_BYTES..(b + 1) * Q4_K_BYTES];
+        let xb = block_of_each(&x, b, Q8_K_BYTES);
+        let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
+        let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
+        let scales = _mm256_set_m128i(sc16, sc16);
+        let mut sumi = [_mm256_setzero_si256(); 4];
+        for chunk in 0..4 {
+            // SAFETY: qs chunk is bytes 16+32c..48+32c of 144.
+            let qs = unsafe { load32(wb, q4_k::QS + 32 * chunk) };
+            let lo = _mm256_and_si256(qs, low4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), low4);
+            let j = 2 * chunk as i16;
+            let (s0, s1) = (word_broadcast(scales, j), word_broadcast(scales, j + 1));
+            for t in 0..4 {
+                // SAFETY: x quants 4+64c..68+64c of 292.
+                let (x0, x1) = unsafe {
+                    (
+                        load32(xb[t], q8_k::QS + 64 * chunk),
+                        load32(xb[t], q8_k::QS + 64 * chunk + 32),
+                    )
+                };
+                let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s0);
+                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s1);
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
+            }
+        }
+        let dw = f16_splat(wb, 0);
+        let dmin_w = _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN));
+        for t in 0..4 {
+            let d = _mm256_mul_ps(dw, f32_splat(xb[t], 0));
+            // −d_x·dmin_w, as the scalar twin forms it.
+            let neg_dmin = _mm_mul_ps(_mm_set1_ps(-read_f32(xb[t], 0)), dmin_w);
+            // SAFETY: xb[t] is a whole Q8_K block.
+            let min_lanes = unsafe { k4_min_lanes(xb[t], mn) };
+            acc_min[t] = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(min_lanes), acc_min[t]);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        }
+    }
+    [
+        hsum_ps(acc[0]) + hsum4_ps(acc_min[0]),
+        hsum_ps(acc[1]) + hsum4_ps(acc_min[1]),
+        hsum_ps(acc[2]) + hsum4_ps(acc_min[2]),
+        hsum_ps(acc[3]) + hsum4_ps(acc_min[3]),
+    ]
+}
+
+/// Q6_K × Q8_K for four tokens: [`q6_k_impl`] with each 32-quant vector and its scales
+/// formed once for the four tokens (same i32 lanes, same FMA chain per token).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let bits45 = _mm256_set1_epi8(0x30);
+    let n_blocks = common_blocks(w, &x, Q6_K_BYTES, Q8_K_BYTES);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for b in 0..n_blocks {
+        let wb = &w[b * Q6_K_BYTES..(b + 1) * Q6_K_BYTES];
+        let xb = block_of_each(&x, b, Q8_K_BYTES);
+        // SAFETY: scales are bytes 192..208 of 210.
+        let sc16 = _mm256_cvtepi8_epi16(unsafe { load16(wb, q6_k::SCALES) });
+        let mut sumi = [_mm256_setzero_si256(); 4];
+        for half in 0..2 {
+            let sc_half = if half == 0 {
+                _mm256_castsi256_si128(sc16)
+            } else {
+                _mm256_extracti128_si256::<1>(sc16)
+            };
+            let scales = _mm256_set_m128i(sc_half, sc_half);
+            // SAFETY: ql half is bytes 64h..64h+64, qh half 128+32h..160+32h, of 210.
+            let (ql0, ql1, qh) = unsafe {
+                (
+                    load32(wb, q6_k::QL + 64 * half),
+                    load32(wb, q6_k::QL + 64 * half + 32),
+                    load32(wb, q6_k::QH + 32 * half),
+                )
+            };
+            for k in 0..4 {
+                // Quants 32k..32k+32 of this half, as in the single-token kernel.
+                let qk = match k {
+                    0 => _mm256_or_si256(
+                        _mm256_and_si256(ql0, low4),
+                        _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bits45),
+                    ),
+                    1 => _mm256_or_si256(
+                        _mm256_and_si256(ql1, low4),
+                        _mm256_and_si256(_mm256_slli_epi16::<2>(qh), bits45),
+                    ),
+                    2 => _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4),
+                        _mm256_and_si256(qh, bits45),
+                    ),
+                    _ => _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(qh), bits45),
+                    ),
+                };
+                let k16 = k as i16;
+                let ctrl = _mm256_set_m128i(
+                    _mm_set1_epi16(((4 * k16 + 3) << 8) | (4 * k16 + 2)),
+                    _mm_set1_epi16(((4 * k16 + 1) << 8) | (4 * k16)),
+                );
+                let scale = _mm256_shuffle_epi8(scales, ctrl);
+                for t in 0..4 {
+                    // SAFETY: x quants 4+128h+32k..36+128h+32k of 292.
+                    let xk = unsafe { load32(xb[t], q8_k::QS + 128 * half + 32 * k) };
+                    sumi[t] = _mm256_add_epi32(
+                        sumi[t],
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(qk, xk), scale),
+                    );
+                }
+            }
+        }
+        let dw = f16_splat(wb, q6_k::D);
+        for t in 0..4 {
+            // SAFETY: bsums are bytes 260..292 of 292.
+            let bsums = unsafe { load32(xb[t], q8_k::BSUMS) };
+            let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
+            let lanes = _mm256_sub_epi32(sumi[t], offset);
+            let d = _mm256_mul_ps(dw, f32_splat(xb[t], 0));
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[t]);
+        }
+    }
+    [
+        hsum_ps(acc[0]),
+        hsum_ps(acc[1]),
+        hsum_ps(acc[2]),
+        hsum_ps(acc[3]),
+    ]
 }

@@ -20,8 +20,10 @@ use std::arch::x86_64::*;
 use nx_gguf::GgmlType;
 
 use crate::avx2::{
-    f16_splat, f32_splat, hsum4_ps, hsum_ps, k4_min_lanes, lanes8_chain, load16, load32,
+    block_of_each, common_blocks, f16_splat, f32_splat, hsum4_ps, hsum_ps, k4_min_lanes,
+    lanes8_chain, lanes8_chain4, load16, load32,
 };
+use crate::dispatch::DotKernel4;
 use crate::dot_scalar::DotKernel;
 use crate::formats::{
     q4_k, q5_0, q6_k, q8_k, read_f32, read_u32, scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES,
@@ -348,4 +350,271 @@ unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
     }
     hsum_ps(acc)
+}
+
+/// The AVX-512 VNNI four-token kernel of a weight type (see
+/// [`crate::dispatch::DotKernel4`]); `None` for types without one or when this CPU
+/// lacks one of the features.
+pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
+    if !available() {
+        return None;
+    }
+    let k: DotKernel4 = match weight_type {
+        GgmlType::Q4_0 => dot4_q4_0_q8_0,
+        GgmlType::Q5_0 => dot4_q5_0_q8_0,
+        GgmlType::Q8_0 => dot4_q8_0_q8_0,
+        GgmlType::Q4_K => dot4_q4_k_q8_k,
+        GgmlType::Q6_K => dot4_q6_k_q8_k,
+        _ => return None,
+    };
+    Some(k)
+}
+
+/// Safe four-token entry points, handed out only by [`kernel4`].
+macro_rules! checked_entry4 {
+    ($($name:ident => $imp:ident),* $(,)?) => {$(
+        fn $name(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+            // SAFETY: reachable only through `kernel4`, which verified AVX-512 F/BW/VL/VNNI,
+            // AVX2, FMA and F16C on this CPU; the implementation reads only inside whole
+            // blocks of `w` and of every `x`.
+            unsafe { $imp(w, x) }
+        }
+    )*};
+}
+
+checked_entry4! {
+    dot4_q4_0_q8_0 => q4_0_x4_impl,
+    dot4_q5_0_q8_0 => q5_0_x4_impl,
+    dot4_q8_0_q8_0 => q8_0_x4_impl,
+    dot4_q4_k_q8_k => q4_k_x4_impl,
+    dot4_q6_k_q8_k => q6_k_x4_impl,
+}
+
+/// Q4_0 × Q8_0 for four tokens: [`q4_0_impl`] with the nibbles unpacked once per block.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_0_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let low4 = _mm_set1_epi8(0x0F);
+    let eights = _mm256_set1_epi8(8);
+    let zero = _mm256_setzero_si256();
+    lanes8_chain4!(
+        w,
+        x,
+        Q4_0_BYTES,
+        Q8_0_BYTES,
+        |wb| (q, dw) = {
+            // SAFETY: qs is bytes 2..18 of an 18-byte block.
+            let qs = unsafe { load16(wb, 2) };
+            let lo = _mm_and_si128(qs, low4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+            (_mm256_set_m128i(hi, lo), f16_splat(wb, 0))
+        },
+        |xb| {
+            // SAFETY: x quants are bytes 2..34 of a 34-byte block.
+            let xq = unsafe { load32(xb, 2) };
+            let sumi = _mm256_sub_epi32(
+                _mm256_dpbusd_epi32(zero, q, xq),
+                _mm256_dpbusd_epi32(zero, eights, xq),
+            );
+            let d = _mm256_mul_ps(dw, f16_splat(xb, 0));
+            (d, _mm256_cvtepi32_ps(sumi))
+        }
+    )
+}
+
+/// Q5_0 × Q8_0 for four tokens: [`q5_0_impl`] with the weight quants decoded once per
+/// block.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q5_0_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let low4 = _mm_set1_epi8(0x0F);
+    let sixteens = _mm256_set1_epi8(16);
+    let zero = _mm256_setzero_si256();
+    lanes8_chain4!(
+        w,
+        x,
+        Q5_0_BYTES,
+        Q8_0_BYTES,
+        |wb| (q, dw) = {
+            // SAFETY: qs is bytes 6..22 of a 22-byte block.
+            let qs = unsafe { load16(wb, q5_0::QS) };
+            let lo = _mm_and_si128(qs, low4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+            let q4 = _mm256_set_m128i(hi, lo);
+            (
+                _mm256_mask_add_epi8(q4, read_u32(wb, q5_0::QH), q4, sixteens),
+                f16_splat(wb, 0),
+            )
+        },
+        |xb| {
+            // SAFETY: x quants are bytes 2..34 of a 34-byte block.
+            let xq = unsafe { load32(xb, 2) };
+            let sumi = _mm256_sub_epi32(
+                _mm256_dpbusd_epi32(zero, q, xq),
+                _mm256_dpbusd_epi32(zero, sixteens, xq),
+            );
+            let d = _mm256_mul_ps(dw, f16_splat(xb, 0));
+            (d, _mm256_cvtepi32_ps(sumi))
+        }
+    )
+}
+
+/// Q8_0 × Q8_0 for four tokens: [`q8_0_impl`] with the biased weights formed once per
+/// block.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_0_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let bias = _mm256_set1_epi8(-128);
+    let zero = _mm256_setzero_si256();
+    lanes8_chain4!(
+        w,
+        x,
+        Q8_0_BYTES,
+        Q8_0_BYTES,
+        |wb| (wq, dw) = {
+            // SAFETY: quants are bytes 2..34 of a 34-byte block.
+            (
+                _mm256_xor_si256(unsafe { load32(wb, 2) }, bias),
+                f16_splat(wb, 0),
+            )
+        },
+        |xb| {
+            // SAFETY: quants are bytes 2..34 of a 34-byte block.
+            let xq = unsafe { load32(xb, 2) };
+            let sumi = _mm256_sub_epi32(
+                _mm256_dpbusd_epi32(zero, wq, xq),
+                _mm256_dpbusd_epi32(zero, bias, xq),
+            );
+            let d = _mm256_mul_ps(dw, f16_splat(xb, 0));
+            (d, _mm256_cvtepi32_ps(sumi))
+        }
+    )
+}
+
+/// Q4_K × Q8_K for four tokens: [`q4_k_impl`] with the quants, scales and mins of each
+/// super-block decoded once; per token the same integer lanes and the same two FMA
+/// chains (`acc`, `acc_min`) as the single-token kernel.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let low4 = _mm512_set1_epi8(0x0F);
+    let nibble_shift = halves_epi16(0, 4);
+    let n_blocks = common_blocks(w, &x, Q4_K_BYTES, Q8_K_BYTES);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc_min = [_mm_setzero_ps(); 4];
+    for b in 0..n_blocks {
+        let wb = &w[b * Q4_K_BYTES..(b + 1) * Q4_K_BYTES];
+        let dw = f16_splat(wb, 0);
+        let dmin_w = _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN));
+        let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
+        let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+        let mut q = [_mm512_setzero_si512(); 4];
+        let mut scale = [_mm512_setzero_si512(); 4];
+        for chunk in 0..4 {
+            // SAFETY: qs chunk is bytes 16+32c..48+32c of 144.
+            let qs = unsafe { load32(wb, q4_k::QS + 32 * chunk) };
+            q[chunk] = _mm512_and_si512(
+                _mm512_srlv_epi16(_mm512_broadcast_i64x4(qs), nibble_shift),
+                low4,
+            );
+            let j = 2 * chunk as i16;
+            scale[chunk] = _mm512_permutexvar_epi16(halves_epi16(j, j + 1), scales);
+        }
+        let xbs = block_of_each(&x, b, Q8_K_BYTES);
+        for (t, xb) in xbs.into_iter().enumerate() {
+            let d = _mm256_mul_ps(dw, f32_splat(xb, 0));
+            let neg_dmin = _mm_mul_ps(_mm_set1_ps(-read_f32(xb, 0)), dmin_w);
+            // SAFETY: xb is a whole Q8_K block.
+            let min_lanes = unsafe { k4_min_lanes(xb, mn) };
+            acc_min[t] = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(min_lanes), acc_min[t]);
+            let mut sumi = _mm512_setzero_si512();
+            for chunk in 0..4 {
+                // SAFETY: x quants 4+64c..68+64c of 292.
+                let xq = unsafe { load64(xb, q8_k::QS + 64 * chunk) };
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[chunk], xq), scale[chunk]);
+            }
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold_halves(sumi)), acc[t]);
+        }
+    }
+    [
+        hsum_ps(acc[0]) + hsum4_ps(acc_min[0]),
+        hsum_ps(acc[1]) + hsum4_ps(acc_min[1]),
+        hsum_ps(acc[2]) + hsum4_ps(acc_min[2]),
+        hsum_ps(acc[3]) + hsum4_ps(acc_min[3]),
+    ]
+}
+
+/// Q6_K × Q8_K for four tokens: [`q6_k_impl`] with the 6-bit quants and the scale
+/// vectors of each super-block formed once.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let low4 = _mm512_set1_epi8(0x0F);
+    let bits45 = _mm512_set1_epi8(0x30);
+    let shift_first = halves_epi16(4, 2);
+    let shift_second = halves_epi16(0, 2);
+    let n_blocks = common_blocks(w, &x, Q6_K_BYTES, Q8_K_BYTES);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for b in 0..n_blocks {
+        let wb = &w[b * Q6_K_BYTES..(b + 1) * Q6_K_BYTES];
+        let dw = f16_splat(wb, q6_k::D);
+        // SAFETY: scales are bytes 192..208 of 210.
+        let sc16 = _mm256_cvtepi8_epi16(unsafe { load16(wb, q6_k::SCALES) });
+        let scales = _mm512_castsi256_si512(sc16);
+        // Quant vectors and their scales in the single-token kernel's order: half 0
+        // first, half 0 second, half 1 first, half 1 second.
+        let mut q = [_mm512_setzero_si512(); 4];
+        let mut scale = [_mm512_setzero_si512(); 4];
+        for half in 0..2 {
+            // SAFETY: ql half is bytes 64h..64h+64 and qh half 128+32h..160+32h of 210.
+            let (ql, qh) = unsafe {
+                (
+                    load64(wb, q6_k::QL + 64 * half),
+                    _mm512_broadcast_i64x4(load32(wb, q6_k::QH + 32 * half)),
+                )
+            };
+            q[2 * half] = _mm512_or_si512(
+                _mm512_and_si512(ql, low4),
+                _mm512_and_si512(_mm512_sllv_epi16(qh, shift_first), bits45),
+            );
+            q[2 * half + 1] = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4),
+                _mm512_and_si512(_mm512_srlv_epi16(qh, shift_second), bits45),
+            );
+            let base = 8 * half as i16;
+            scale[2 * half] = _mm512_permutexvar_epi16(quarters_epi16(base), scales);
+            scale[2 * half + 1] = _mm512_permutexvar_epi16(quarters_epi16(base + 4), scales);
+        }
+        let xbs = block_of_each(&x, b, Q8_K_BYTES);
+        for (t, xb) in xbs.into_iter().enumerate() {
+            let d = _mm256_mul_ps(f32_splat(xb, 0), dw);
+            // SAFETY: bsums are bytes 260..292 of 292.
+            let bsums = unsafe { load32(xb, q8_k::BSUMS) };
+            let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
+            let mut sumi = _mm512_setzero_si512();
+            for v in 0..4 {
+                // SAFETY: x quants 4+64v..68+64v of 292.
+                let xq = unsafe { load64(xb, q8_k::QS + 64 * v) };
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[v], xq), scale[v]);
+            }
+            let lanes = _mm256_sub_epi32(fold_halves(sumi), offset);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[t]);
+        }
+    }
+    [
+        hsum_ps(acc[0]),
+        hsum_ps(acc[1]),
+        hsum_ps(acc[2]),
+        hsum_ps(acc[3]),
+    ]
 }

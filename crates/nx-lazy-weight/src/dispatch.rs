@@ -77,6 +77,28 @@ pub fn dot_kernel_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel>
     simd.or_else(|| dot_scalar::dot_kernel(weight_type))
 }
 
+/// A four-token dot kernel: `dot(w, x[t])` for four activation rows at once, each
+/// weight block decoded once. Output `t` is bit-identical to the same tier's
+/// single-token [`DotKernel`] on `(w, x[t])`: same integer lanes, same per-block FMA
+/// chain per token, same final reduction (see `tests/multi_token.rs`).
+pub type DotKernel4 = fn(w: &[u8], x: [&[u8]; 4]) -> [f32; 4];
+
+/// The four-token kernel of `weight_type` at `tier`, when the tier has one (Q4_0,
+/// Q5_0, Q8_0, Q4_K and Q6_K on AVX2 and AVX-512 VNNI). `None` otherwise: callers then use
+/// [`dot_kernel_for`] per token, which gives the same bits.
+pub fn dot_kernel4_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel4> {
+    if !tier_supported(tier) {
+        return None;
+    }
+    match tier {
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Avx2 => crate::avx2::kernel4(weight_type),
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Avx512Vnni => crate::avx512::kernel4(weight_type),
+        _ => None,
+    }
+}
+
 /// The kernel of `weight_type` at the [`active_tier`].
 pub fn active_dot_kernel(weight_type: GgmlType) -> Result<DotKernel, LazyWeightError> {
     dot_kernel_for(active_tier()?, weight_type).ok_or(LazyWeightError::UnsupportedType {

@@ -39,7 +39,9 @@ mod neon;
 pub mod quant;
 
 pub use dequant::dequantize_row;
-pub use dispatch::{active_tier, dot_kernel_for, dot_row, supported_tiers};
+pub use dispatch::{
+    active_tier, dot_kernel4_for, dot_kernel_for, dot_row, supported_tiers, DotKernel4,
+};
 pub use dot_scalar::DotKernel;
 pub use error::LazyWeightError;
 pub use formats::{is_supported_weight, row_bytes, vec_dot_type};

@@ -6,13 +6,17 @@
 //! it is computed alone, inside a batch of any size, or inside any range of weight
 //! rows — the batch- and thread-invariance guarantee. Threads split the work by
 //! weight rows ([`matmul_quantized_pool`]), never along K.
+//!
+//! Tokens go through the tier's four-token kernel ([`crate::dispatch::DotKernel4`]) in
+//! groups of four where it has one: each weight block is decoded once per group, and
+//! each output still has the single-token kernel's exact bits (`tests/multi_token.rs`).
 
 use std::ops::Range;
 
 use nx_gguf::GgmlType;
 use nx_syscalls::ThreadPool;
 
-use crate::dispatch::{active_tier, dot_kernel_for};
+use crate::dispatch::{active_tier, dot_kernel4_for, dot_kernel_for, DotKernel4};
 use crate::dot_scalar::DotKernel;
 use crate::formats::row_bytes;
 use crate::lazy::LazyWeight;
@@ -243,14 +247,14 @@ pub fn matmul_quantized_pool(
     let Some(chunk) = rows_per_chunk(n_cols, row_work, pool.n_threads()) else {
         return matmul_quantized(w, xq, y);
     };
-    let kernel = checked_kernel(w, xq, 0..n_cols, y.len())?;
+    let kernels = checked_kernel(w, xq, 0..n_cols, y.len())?;
     let out = OutPtr(y.as_mut_ptr());
     pool.parallel_for(n_cols, chunk, |rows| {
         // SAFETY: `y` holds `[n, n_cols]` (checked above) and stays mutably borrowed until
         // parallel_for returns; each chunk writes only the columns `rows` of every token
         // row, and the chunks' row ranges are disjoint, so no element is written twice or
         // by two threads.
-        unsafe { rows_into(kernel, w, xq, rows, out.get(), n_cols, 0) }
+        unsafe { rows_into(kernels, w, xq, rows, out.get(), n_cols, 0) }
     });
     Ok(())
 }
@@ -266,13 +270,13 @@ pub fn matmul_rows(
     rows: Range<usize>,
     out: &mut [f32],
 ) -> Result<(), LazyWeightError> {
-    let kernel = checked_kernel(w, xq, rows.clone(), out.len())?;
+    let kernels = checked_kernel(w, xq, rows.clone(), out.len())?;
     let width = rows.len();
     // SAFETY: `out` holds exactly `[n, width]` (checked), and the writes go to
     // `t·width + (r − rows.start)` for `t < n`, `r ∈ rows`: all in bounds.
     unsafe {
         rows_into(
-            kernel,
+            kernels,
             w,
             xq,
             rows.clone(),
@@ -285,13 +289,13 @@ pub fn matmul_rows(
 }
 
 /// Validates a `rows` slice of `w` times `xq` into an output of `out_len` elements laid
-/// out `[n, rows.len()]`, and returns the dot kernel.
+/// out `[n, rows.len()]`, and returns the dot kernels.
 fn checked_kernel(
     w: &LazyWeight<'_>,
     xq: &QuantizedActs,
     rows: Range<usize>,
     out_len: usize,
-) -> Result<DotKernel, LazyWeightError> {
+) -> Result<Kernels, LazyWeightError> {
     xq.check_for(w)?;
     if rows.start > rows.end || rows.end > w.n_rows() {
         return Err(LazyWeightError::RowOutOfRange {
@@ -308,23 +312,37 @@ fn checked_kernel(
             actual: out_len,
         });
     }
-    // The process tier's kernel (SIMD where available), the same one `dot_row` uses.
-    dot_kernel_for(active_tier()?, w.ggml_type()).ok_or(LazyWeightError::UnsupportedType {
+    // The process tier's kernel (SIMD where available), the same one `dot_row` uses,
+    // and the same tier's four-token twin (identical bits per output) if it has one.
+    let tier = active_tier()?;
+    let single = dot_kernel_for(tier, w.ggml_type()).ok_or(LazyWeightError::UnsupportedType {
         ggml_type: w.ggml_type(),
         op: "matmul",
+    })?;
+    Ok(Kernels {
+        single,
+        four: dot_kernel4_for(tier, w.ggml_type()),
     })
+}
+
+/// The dot kernels of one matmul: the single-token kernel, and the same tier's
+/// four-token kernel when it has one.
+#[derive(Clone, Copy)]
+struct Kernels {
+    single: DotKernel,
+    four: Option<DotKernel4>,
 }
 
 /// Writes `dot(W row r, xq row t)` to `out[t·stride + r − col0]` for `r` in `rows` and
 /// every token `t`.
 ///
 /// # Safety
-/// `rows` must lie within `w`'s rows, `xq` must fit `w` and `kernel` must be `w`'s dot
-/// kernel (see [`checked_kernel`]); `out` must be valid for writes at every index
+/// `rows` must lie within `w`'s rows, `xq` must fit `w` and `kernels` must be `w`'s dot
+/// kernels (see [`checked_kernel`]); `out` must be valid for writes at every index
 /// `t·stride + r − col0` (`t < xq.n_rows()`, `r ∈ rows`), with no other thread
 /// accessing those elements during the call.
 unsafe fn rows_into(
-    kernel: DotKernel,
+    kernels: Kernels,
     w: &LazyWeight<'_>,
     xq: &QuantizedActs,
     rows: Range<usize>,
@@ -337,12 +355,31 @@ unsafe fn rows_into(
         return;
     }
     let w_rows = &w.bytes()[rows.start * w.row_bytes()..rows.end * w.row_bytes()];
+    let x_rows = &xq.data[..n * xq.row_bytes];
     // Weight row outer, tokens inner: each weight row is read once and reused for
-    // every token while it is in cache.
+    // every token while it is in cache. Tokens go four at a time through the four-token
+    // kernel (each weight block decoded once for the four), the rest one at a time;
+    // both give every output the same bits, so the grouping never shows in `y`.
+    let grouped = if kernels.four.is_some() { n / 4 * 4 } else { 0 };
     for (r, w_row) in rows.zip(w_rows.chunks_exact(w.row_bytes())) {
-        for (t, x_row) in xq.data.chunks_exact(xq.row_bytes).take(n).enumerate() {
+        if let Some(four) = kernels.four {
+            for (g, xs) in x_rows[..grouped * xq.row_bytes]
+                .chunks_exact(4 * xq.row_bytes)
+                .enumerate()
+            {
+                let (x01, x23) = xs.split_at(2 * xq.row_bytes);
+                let (x0, x1) = x01.split_at(xq.row_bytes);
+                let (x2, x3) = x23.split_at(xq.row_bytes);
+                let ys = four(w_row, [x0, x1, x2, x3]);
+                for (i, y) in ys.into_iter().enumerate() {
+                    // SAFETY: in bounds and unshared by the caller's contract.
+                    unsafe { *out.add((4 * g + i) * stride + r - col0) = y };
+                }
+            }
+        }
+        for (t, x_row) in x_rows.chunks_exact(xq.row_bytes).enumerate().skip(grouped) {
             // SAFETY: in bounds and unshared by the caller's contract.
-            unsafe { *out.add(t * stride + r - col0) = kernel(w_row, x_row) };
+            unsafe { *out.add(t * stride + r - col0) = (kernels.single)(w_row, x_row) };
         }
     }
 }

@@ -1,0 +1,148 @@
+//! The four-token dot kernels against the single-token ones, bit for bit.
+//!
+//! A four-token kernel decodes each weight block once for four activation rows; its
+//! output `t` must be the very bits of the same tier's single-token kernel on
+//! `(w, x[t])`, because the matmul mixes the two (groups of four, then the rest) and
+//! the engine's logits must not depend on how many tokens a chunk holds (EQUIV-1).
+//! Checked per type and per tier this CPU supports, on raw random weight blocks and on
+//! quantizer-made ones, then through the matmul for several token counts against
+//! `dot_row` element by element.
+
+mod common;
+
+use common::{assert_bits_eq, random_row_bytes, Rng};
+use nx_lazy_weight::{
+    dot_kernel4_for, dot_kernel_for, dot_row, matmul, quantize_row, row_bytes, supported_tiers,
+    vec_dot_type, CpuTier, GgmlType, LazyWeight, QuantizedActs,
+};
+
+/// The types with four-token kernels on some tier.
+const MULTI_TYPES: [GgmlType; 5] = [
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+];
+
+/// A weight row: raw random block bytes (finite scales), or the quantizer's output.
+fn weight_row(rng: &mut Rng, ty: GgmlType, k: usize, via_quantizer: bool) -> Vec<u8> {
+    if via_quantizer {
+        let x = rng.normals(k, 0.05);
+        let mut row = vec![0u8; row_bytes(ty, k).unwrap()];
+        quantize_row(ty, &x, &mut row).unwrap();
+        row
+    } else {
+        random_row_bytes(rng, ty, k)
+    }
+}
+
+/// An activation row quantized to `ty`'s dot type; the scale varies per row so the four
+/// tokens of a group have different block scales. Some rows carry a large outlier so
+/// quants reach ±127/−128.
+fn act_row(rng: &mut Rng, ty: GgmlType, k: usize, t: usize) -> Vec<u8> {
+    let act = vec_dot_type(ty).unwrap();
+    let mut x = rng.normals(k, 0.1 * (t + 1) as f32);
+    if t % 3 == 1 {
+        x[t % k] = -40.0;
+    }
+    let mut row = vec![0u8; row_bytes(act, k).unwrap()];
+    quantize_row(act, &x, &mut row).unwrap();
+    row
+}
+
+#[test]
+fn x86_tiers_have_four_token_kernels() {
+    // Keeps the other tests from passing vacuously on a CPU that has these tiers.
+    for tier in [CpuTier::Avx2, CpuTier::Avx512Vnni] {
+        if supported_tiers().contains(&tier) {
+            for ty in MULTI_TYPES {
+                assert!(
+                    dot_kernel4_for(tier, ty).is_some(),
+                    "{tier} {ty}: no four-token kernel"
+                );
+            }
+        }
+    }
+    // No tier hands out a four-token kernel for a type without one.
+    for tier in supported_tiers() {
+        assert!(dot_kernel4_for(tier, GgmlType::F32).is_none(), "{tier}");
+        assert!(dot_kernel4_for(tier, GgmlType::Q5_K).is_none(), "{tier}");
+    }
+}
+
+#[test]
+fn four_token_kernel_equals_single_token_kernel_bit_for_bit() {
+    let mut checked = 0;
+    for tier in supported_tiers() {
+        for ty in MULTI_TYPES {
+            let Some(four) = dot_kernel4_for(tier, ty) else {
+                continue;
+            };
+            let single = dot_kernel_for(tier, ty).unwrap();
+            let block = ty.block_size();
+            for (case, n_blocks) in [1usize, 2, 3, 8, 17].into_iter().enumerate() {
+                for via_quantizer in [false, true] {
+                    let k = n_blocks * block;
+                    let mut rng = Rng::new(
+                        (ty.id() as u64) << 16 | (case as u64) << 1 | via_quantizer as u64,
+                    );
+                    let w = weight_row(&mut rng, ty, k, via_quantizer);
+                    let xs: Vec<Vec<u8>> = (0..4).map(|t| act_row(&mut rng, ty, k, t)).collect();
+                    let got = four(&w, [&xs[0], &xs[1], &xs[2], &xs[3]]);
+                    let want: Vec<f32> = xs.iter().map(|x| single(&w, x)).collect();
+                    assert!(
+                        want.iter().all(|v| v.is_finite()),
+                        "{tier} {ty}: non-finite"
+                    );
+                    assert!(want.iter().any(|&v| v != 0.0), "{tier} {ty}: all zero");
+                    assert_bits_eq(
+                        &got,
+                        &want,
+                        &format!("{tier} {ty} K={k} quantizer={via_quantizer}"),
+                    );
+                    // The same row in several slots, and token order, change nothing.
+                    let got = four(&w, [&xs[3], &xs[0], &xs[3], &xs[1]]);
+                    assert_bits_eq(
+                        &got,
+                        &[want[3], want[0], want[3], want[1]],
+                        &format!("{tier} {ty} K={k} permuted"),
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    eprintln!("four-token cases checked: {checked}");
+}
+
+#[test]
+fn matmul_with_grouped_tokens_equals_dot_row_per_element() {
+    const N_ROWS: usize = 19;
+    for ty in MULTI_TYPES {
+        let k = 3 * ty.block_size();
+        let mut rng = Rng::new(ty.id() as u64 + 7);
+        let w_bytes: Vec<u8> = (0..N_ROWS)
+            .flat_map(|r| weight_row(&mut rng, ty, k, r % 2 == 0))
+            .collect();
+        let w = LazyWeight::from_parts(ty, &[k as u64, N_ROWS as u64], &w_bytes).unwrap();
+        for n in [1usize, 3, 4, 5, 9, 33] {
+            let x: Vec<f32> = (0..n)
+                .flat_map(|t| rng.normals(k, 0.1 * (t % 5 + 1) as f32))
+                .collect();
+            let mut xq = QuantizedActs::new();
+            let mut y = vec![0f32; n * N_ROWS];
+            matmul(&w, &x, n, &mut y, &mut xq).unwrap();
+            let mut want = Vec::with_capacity(n * N_ROWS);
+            for t in 0..n {
+                let x_row = xq.get_row(t).unwrap();
+                for r in 0..N_ROWS {
+                    let w_row = &w_bytes[r * w.row_bytes()..(r + 1) * w.row_bytes()];
+                    want.push(dot_row(ty, w_row, x_row, k).unwrap());
+                }
+            }
+            assert!(want.iter().any(|&v| v != 0.0), "{ty} n={n}: all zero");
+            assert_bits_eq(&y, &want, &format!("{ty} matmul n={n}"));
+        }
+    }
+}
