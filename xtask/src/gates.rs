@@ -61,6 +61,8 @@ pub const GATES: &[Gate] = &[
     // see ARCHITECTURE.md), so it is run and reported, not yet enforced.
     // Bit-identical logits for prefill chunks 1, 7, 32, whole prompt and 1 or 2 threads.
     Gate::new("EQUIV-1", "nx-llama-stack", "equiv"),
+    // The same on the AVX2 tier (the default here is AVX-512): tiers must not break it.
+    Gate::new("EQUIV-1-AVX2", "nx-llama-stack", "equiv").with_env(&[("NX_TIER", "avx2")]),
     // Seeded sampling reproducible; filters and penalties exact; temperature statistics.
     Gate::new("SAMPLER", "nx-sampler", "sampler"),
     // The same through the runner: seeds across chunk sizes.
