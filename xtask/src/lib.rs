@@ -8,6 +8,7 @@ pub mod gate;
 pub mod gates;
 pub mod golden;
 pub mod http;
+pub mod llama_server;
 pub mod pins;
 pub mod reference;
 pub mod synth;

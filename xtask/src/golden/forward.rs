@@ -15,17 +15,16 @@
 
 use crate::fetch::sha256_file;
 use crate::http;
+use crate::llama_server::LlamaServer;
 use crate::pins;
-use crate::reference::{ensure_reference, llama_bin, DEFAULT_JOBS};
+use crate::reference::{ensure_reference, DEFAULT_JOBS};
 use crate::synth;
 use crate::util::workspace_root;
-use crate::util::{free_port, log_tail};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Tokens generated per prompt.
 pub const N_PREDICT: usize = 32;
@@ -69,7 +68,6 @@ pub const SERVER_ARGS: [&str; 15] = [
 ];
 
 const HTTP_TIMEOUT: Duration = Duration::from_secs(300);
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// One golden file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -120,7 +118,11 @@ pub const N_PROBS_BATCHED: usize = 20;
 
 /// Fills [`Step::batched_logprob`] for every step of `prompt`: one `/completion` of one
 /// token per step, with the prompt and the earlier reference tokens as a single batch.
-fn add_batched_logprobs(server: &Server, prompt_ids: &[u32], steps: &mut [Step]) -> Result<()> {
+fn add_batched_logprobs(
+    server: &LlamaServer,
+    prompt_ids: &[u32],
+    steps: &mut [Step],
+) -> Result<()> {
     let mut context: Vec<u32> = prompt_ids.to_vec();
     for step in steps.iter_mut() {
         let mut request = greedy_request(serde_json::json!(context), 1);
@@ -253,7 +255,7 @@ pub fn run(check: bool) -> Result<()> {
 /// Runs the reference on one model and collects the golden data.
 pub fn generate(model: &str, model_path: &Path, prompts: &[Prompt]) -> Result<ForwardGolden> {
     let (_, model_sha256) = sha256_file(model_path)?;
-    let server = Server::start(model, model_path, &[])?;
+    let server = start_server(model, model_path, &[])?;
     let mut out = Vec::with_capacity(prompts.len());
     let mut recovered = 0;
     for prompt in prompts {
@@ -290,7 +292,7 @@ fn llama_cpp_version() -> String {
     req.split_once("==").map_or(req, |(_, v)| v).to_string()
 }
 
-fn run_prompt(server: &Server, prompt: &Prompt) -> Result<(PromptGolden, usize)> {
+fn run_prompt(server: &LlamaServer, prompt: &Prompt) -> Result<(PromptGolden, usize)> {
     let tokenized = http::post_json(
         server.port,
         "/tokenize",
@@ -346,7 +348,7 @@ fn greedy_request(prompt: serde_json::Value, n_predict: usize) -> serde_json::Va
 /// Returns the steps, the number of prompt tokens evaluated and how many steps had to
 /// be recovered (see [`recover_step`]).
 fn complete(
-    server: &Server,
+    server: &LlamaServer,
     prompt: serde_json::Value,
     prompt_ids: &[u32],
 ) -> Result<(Vec<Step>, usize, usize)> {
@@ -395,7 +397,7 @@ fn complete(
 /// The context is evaluated as one batch here instead of token by token; on the CPU
 /// this gave bit-identical log-probs on every step we compared.
 fn recover_step(
-    server: &Server,
+    server: &LlamaServer,
     prompt_ids: &[u32],
     generated: &[u32],
     greedy: u32,
@@ -710,7 +712,7 @@ fn print_margins(golden: &ForwardGolden) {
 /// rounding, so the difference is the noise floor any other engine (nx) should expect.
 /// Steps are compared while both runs generated the same tokens.
 fn print_reference_spread(model: &str, model_path: &Path, golden: &ForwardGolden) -> Result<()> {
-    let server = Server::start(model, model_path, &["-ub", "1"])?;
+    let server = start_server(model, model_path, &["-ub", "1"])?;
     let mut diffs = Vec::new();
     let mut diverged = 0;
     for prompt in &golden.prompts {
@@ -813,94 +815,11 @@ fn write_golden(path: &Path, golden: &ForwardGolden) -> Result<()> {
 // ---------------------------------------------------------------------------------------
 // The llama-server process
 
-/// A running `llama-server` on 127.0.0.1; killed when dropped (also on errors).
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start(model: &str, model_path: &Path, extra_args: &[&str]) -> Result<Server> {
-        let bin = llama_bin("llama-server");
-        if !bin.is_file() {
-            bail!("{} is missing; run `cargo xtask reference`", bin.display());
-        }
-        let log_path = synth::synth_dir().join(format!("llama-server-{model}.log"));
-        // A port taken between our probe and the server's bind makes the server exit;
-        // try a few fresh ports before giving up.
-        let mut last_err = None;
-        for _attempt in 0..3 {
-            let port = free_port()?;
-            match Server::start_on(&bin, model_path, extra_args, port, &log_path) {
-                Ok(server) => return Ok(server),
-                Err(err) => {
-                    eprintln!("golden forward: llama-server on port {port}: {err:#}");
-                    last_err = Some(err);
-                }
-            }
-        }
-        Err(last_err.unwrap_or_else(|| anyhow!("llama-server did not start")))
-    }
-
-    fn start_on(
-        bin: &Path,
-        model_path: &Path,
-        extra_args: &[&str],
-        port: u16,
-        log_path: &Path,
-    ) -> Result<Server> {
-        let log = fs::File::create(log_path)
-            .with_context(|| format!("cannot create {}", log_path.display()))?;
-        let mut cmd = Command::new(bin);
-        cmd.arg("-m")
-            .arg(model_path)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(SERVER_ARGS)
-            .args(extra_args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start {}", bin.display()))?;
-        let mut server = Server { child, port };
-        let started = Instant::now();
-        loop {
-            if let Some(status) = server.child.try_wait()? {
-                bail!(
-                    "exited ({status}) while loading; log:\n{}",
-                    log_tail(log_path)
-                );
-            }
-            match http::get(port, "/health", Duration::from_secs(5)) {
-                Ok(r) if r.status == 200 => break,
-                Ok(r) if r.status == 503 => {} // still loading
-                Ok(r) => bail!("/health answered HTTP {}", r.status),
-                Err(_) => {} // not listening yet
-            }
-            if started.elapsed() > STARTUP_TIMEOUT {
-                bail!(
-                    "not healthy after {STARTUP_TIMEOUT:?}; log:\n{}",
-                    log_tail(log_path)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        eprintln!(
-            "golden forward: llama-server ready on 127.0.0.1:{port} in {:.1} s (log {})",
-            started.elapsed().as_secs_f64(),
-            log_path.display()
-        );
-        Ok(server)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // Only the child we started, by its handle.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The reference server for `model` with [`SERVER_ARGS`] and `extra_args`.
+fn start_server(model: &str, model_path: &Path, extra_args: &[&str]) -> Result<LlamaServer> {
+    let log_path = synth::synth_dir().join(format!("llama-server-{model}.log"));
+    let args: Vec<&str> = SERVER_ARGS.iter().chain(extra_args).copied().collect();
+    LlamaServer::start("golden forward", model_path, &args, &log_path)
 }
 
 #[cfg(test)]

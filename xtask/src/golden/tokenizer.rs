@@ -11,22 +11,20 @@
 
 use crate::fetch::ensure_model;
 use crate::http;
-use crate::reference::{ensure_reference, llama_bin, DEFAULT_JOBS};
+use crate::llama_server::LlamaServer;
+use crate::reference::{ensure_reference, DEFAULT_JOBS};
 use crate::util::workspace_root;
-use crate::util::{free_port, log_tail};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Committed input texts, relative to the workspace root.
 pub const TEXTS_PATH: &str = "fixtures/tokenizer/gemma_texts.json";
 /// Committed golden answers, relative to the workspace root.
 pub const GOLDEN_PATH: &str = "fixtures/tokenizer/gemma_golden.json";
 /// How long the server may take to load the model.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
 /// Timeout of one HTTP request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -66,12 +64,10 @@ pub fn run(check: bool) -> Result<()> {
 
     let model = ensure_model()?;
     ensure_reference(DEFAULT_JOBS)?;
-    let server = Server::start(&model)?;
+    let server = start_server(&model)?;
     let mut answers = Vec::with_capacity(cases.len());
     for case in &cases {
-        let ids = server
-            .tokenize(case)
-            .with_context(|| format!("tokenizing {:?}", case.note))?;
+        let ids = tokenize(&server, case).with_context(|| format!("tokenizing {:?}", case.note))?;
         answers.push(GoldenCase {
             note: case.note.clone(),
             text: case.text.clone(),
@@ -143,121 +139,48 @@ pub fn golden_text(model: &Path, cases: &[GoldenCase]) -> Result<String> {
     Ok(out)
 }
 
-/// A running `llama-server` on 127.0.0.1; killed when dropped (also on errors).
-struct Server {
-    child: Child,
-    port: u16,
+/// The reference server for tokenizing with `model`.
+fn start_server(model: &Path) -> Result<LlamaServer> {
+    let log_path =
+        std::env::temp_dir().join(format!("nx-golden-tokenizer-{}.log", std::process::id()));
+    // Tokenizing needs no large context, no threads and no compute at all: skipping the
+    // warm-up run and weight repacking also keeps the server clear of CPU kernels (AMX
+    // tiles) that this kind of machine advertises but cannot run.
+    let args = [
+        "-c",
+        "512",
+        "-t",
+        "2",
+        "-np",
+        "1",
+        "--no-warmup",
+        "--no-repack",
+    ];
+    LlamaServer::start("golden tokenizer", model, &args, &log_path)
 }
 
-impl Server {
-    fn start(model: &Path) -> Result<Server> {
-        let bin = llama_bin("llama-server");
-        if !bin.is_file() {
-            bail!("{} is missing; run `cargo xtask reference`", bin.display());
-        }
-        let log_path =
-            std::env::temp_dir().join(format!("nx-golden-tokenizer-{}.log", std::process::id()));
-        // A port taken between our probe and the server's bind makes the server exit;
-        // try a few fresh ports.
-        let mut last_err = None;
-        for _attempt in 0..3 {
-            let port = free_port()?;
-            match Server::start_on(&bin, model, port, &log_path) {
-                Ok(server) => return Ok(server),
-                Err(err) => {
-                    eprintln!("golden tokenizer: llama-server on port {port}: {err:#}");
-                    last_err = Some(err);
-                }
-            }
-        }
-        Err(last_err.unwrap_or_else(|| anyhow!("llama-server did not start")))
-    }
-
-    fn start_on(bin: &Path, model: &Path, port: u16, log_path: &Path) -> Result<Server> {
-        let log = fs::File::create(log_path)
-            .with_context(|| format!("cannot create {}", log_path.display()))?;
-        let child = Command::new(bin)
-            .arg("-m")
-            .arg(model)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            // Tokenizing needs no large context, no threads and no compute at all: skipping
-            // the warm-up run and weight repacking also keeps the server clear of CPU
-            // kernels (AMX tiles) that this kind of machine advertises but cannot run.
-            .args([
-                "-c",
-                "512",
-                "-t",
-                "2",
-                "-np",
-                "1",
-                "--no-warmup",
-                "--no-repack",
-            ])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("cannot start {}", bin.display()))?;
-        let mut server = Server { child, port };
-        let started = Instant::now();
-        loop {
-            if let Some(status) = server.child.try_wait()? {
-                bail!(
-                    "exited ({status}) while loading; log:\n{}",
-                    log_tail(log_path)
-                );
-            }
-            match http::get(port, "/health", Duration::from_secs(5)) {
-                Ok(r) if r.status == 200 => break,
-                Ok(r) if r.status == 503 => {} // still loading
-                Ok(r) => bail!("/health answered HTTP {}", r.status),
-                Err(_) => {} // not listening yet
-            }
-            if started.elapsed() > STARTUP_TIMEOUT {
-                bail!(
-                    "not healthy after {STARTUP_TIMEOUT:?}; log:\n{}",
-                    log_tail(log_path)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        eprintln!(
-            "golden tokenizer: llama-server ready on 127.0.0.1:{port} in {:.1} s",
-            started.elapsed().as_secs_f64()
-        );
-        Ok(server)
-    }
-
-    fn tokenize(&self, case: &TokenizeCase) -> Result<Vec<u32>> {
-        let body = serde_json::json!({
-            "content": case.text,
-            "add_special": case.add_special,
-            "parse_special": case.parse_special,
-        });
-        let resp = http::post_json(self.port, "/tokenize", &body, REQUEST_TIMEOUT)?
-            .ensure_success("/tokenize")?;
-        let json = resp.json()?;
-        let tokens = json
-            .get("tokens")
-            .and_then(|t| t.as_array())
-            .ok_or_else(|| anyhow!("/tokenize answer has no \"tokens\" array: {json}"))?;
-        tokens
-            .iter()
-            .map(|t| {
-                t.as_u64()
-                    .and_then(|v| u32::try_from(v).ok())
-                    .ok_or_else(|| anyhow!("/tokenize answered a non-id token {t}"))
-            })
-            .collect()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // Only the child we started, by its handle.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `/tokenize` on the reference server.
+fn tokenize(server: &LlamaServer, case: &TokenizeCase) -> Result<Vec<u32>> {
+    let body = serde_json::json!({
+        "content": case.text,
+        "add_special": case.add_special,
+        "parse_special": case.parse_special,
+    });
+    let resp = http::post_json(server.port, "/tokenize", &body, REQUEST_TIMEOUT)?
+        .ensure_success("/tokenize")?;
+    let json = resp.json()?;
+    let tokens = json
+        .get("tokens")
+        .and_then(|t| t.as_array())
+        .ok_or_else(|| anyhow!("/tokenize answer has no \"tokens\" array: {json}"))?;
+    tokens
+        .iter()
+        .map(|t| {
+            t.as_u64()
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or_else(|| anyhow!("/tokenize answered a non-id token {t}"))
+        })
+        .collect()
 }
 
 #[cfg(test)]
