@@ -4,6 +4,9 @@
 
 use std::path::PathBuf;
 
+use nx_bpe::{EncodeOptions, Tokenizer};
+use nx_gguf::Gguf;
+
 /// `$NX_CACHE`, default `~/.cache/nx`.
 pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("NX_CACHE") {
@@ -67,4 +70,31 @@ pub fn read_vectors(name: &str) -> Vec<(String, Vec<u32>)> {
         "{name}: input and output case counts differ"
     );
     inputs.into_iter().zip(outputs).collect()
+}
+
+/// Runs every case of one vocabulary; returns (passed, total) and prints mismatches.
+pub fn run_vocab(name: &str, detail_budget: &mut usize) -> (usize, usize) {
+    let path = vocab_path(name);
+    let gguf = Gguf::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let tok = Tokenizer::from_gguf(&gguf).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let cases = read_vectors(name);
+    let mut passed = 0;
+    for (i, (text, want)) in cases.iter().enumerate() {
+        let got = tok.encode(text, EncodeOptions::default());
+        match got {
+            Ok(ref ids) if ids == want => passed += 1,
+            _ => {
+                if *detail_budget > 0 {
+                    *detail_budget -= 1;
+                    eprintln!(
+                        "MISMATCH {name} case {i}: text {text:?}\n  want {want:?}\n  got  {got:?}"
+                    );
+                } else {
+                    eprintln!("MISMATCH {name} case {i}");
+                }
+            }
+        }
+    }
+    eprintln!("{name}: {passed}/{}", cases.len());
+    (passed, cases.len())
 }
