@@ -55,10 +55,11 @@ pub const GATES: &[Gate] = &[
     Gate::new("GOLD-TOK-VECTORS", "nx-bpe", "gold_tok_vectors"),
     // The default model's vocab against llama-server's /tokenize answers.
     Gate::new("GOLD-TOK-GEMMA", "nx-bpe", "gold_tok_gemma"),
-    // GOLD-FWD (`-p nx-llama-stack --test gold_fwd -- --ignored`) is not in this list yet:
-    // on the random-weight fixtures a few steps still differ from llama.cpp by more than
-    // 0.05 nats (llama.cpp's batched and one-token paths disagree with each other by as much;
-    // see ARCHITECTURE.md), so it is run and reported, not yet enforced.
+    // Teacher-forced and free-running greedy against llama-server's answers on the three
+    // synthetic fixtures: top-1 where the margin is >= 0.05 nats, log-probs within 0.05.
+    Gate::new("GOLD-FWD", "nx-llama-stack", "gold_fwd"),
+    // The same on the default model (12 prompts x 48 tokens, one past the sliding window).
+    Gate::new("GOLD-FWD-GEMMA", "nx-llama-stack", "gold_fwd_gemma"),
     // Bit-identical logits for prefill chunks 1, 7, 32, whole prompt and 1 or 2 threads.
     Gate::new("EQUIV-1", "nx-llama-stack", "equiv"),
     // The same on the AVX2 tier (the default here is AVX-512): tiers must not break it.

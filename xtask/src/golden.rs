@@ -37,7 +37,7 @@ pub const GOLDENS: &[Golden] = &[
     },
     Golden {
         name: "forward",
-        about: "greedy tokens and top-2 log-probs of llama-server on the synthetic tiny models",
+        about: "greedy tokens and top-2 log-probs of llama-server on the tiny models and Gemma 3",
         run: forward::run,
     },
     Golden {

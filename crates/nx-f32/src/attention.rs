@@ -1,38 +1,30 @@
 //! Attention for one query head over K/V rows stored as f32 or f16.
 //!
 //! Invariance rule: for a given query, the result depends only on the row range and
-//! `head_dim`, because the reduction order is fixed — scores in row order, softmax in
-//! row order ([`crate::softmax_in_place`]), the weighted sum of values in an order set by
-//! the absolute row index (f32 storage: the reference engine's 64-lane order; f16: row
-//! order), each dot product in a lane order fixed by `head_dim`. Nothing here depends on how many
-//! query rows a prefill chunk holds or on the thread count; that is what makes the
-//! engine's logits bit-identical whatever the chunk size.
+//! the head sizes, because every reduction order is fixed by absolute row indices and
+//! head sizes (see [`attend_head`]). Nothing here depends on how many query rows a
+//! prefill chunk holds or on the thread count; that is what makes the engine's logits
+//! bit-identical whatever the chunk size.
 
 use std::ops::Range;
 
 use half::f16;
 
 /// An element type K/V rows can be stored in (`f32` or `half::f16`).
-///
-/// The row kernels are trait methods so that each storage type gets its own
-/// (later SIMD) implementation behind one generic [`attend_head`].
 pub trait KvElem: Copy + Send + Sync + 'static {
     /// Converts one element to f32.
     fn to_f32(self) -> f32;
     /// Converts from f32 (round to nearest even for f16).
     fn from_f32(x: f32) -> Self;
-    /// `Σ q[i]·row[i]` in the lane order of [`crate::dot`].
-    fn dot_row(q: &[f32], row: &[Self]) -> f32;
-    /// `acc[i] += weight·row[i]`.
-    fn axpy_row(acc: &mut [f32], weight: f32, row: &[Self]);
+    /// Widens a row to f32 (`out.len() == row.len()`).
+    fn row_to_f32(row: &[Self], out: &mut [f32]);
     /// Rounds an activation to this storage precision. The reference engine multiplies
     /// f16 cache rows by f16 copies of the query and of the probabilities; doing the same
-    /// keeps our logits next to its own on models with large activations (Gemma).
+    /// keeps our logits equal to its own.
     fn round_activation(x: f32) -> f32;
-    /// Whether the weighted sum of value rows follows the reference engine's f32 lane
-    /// order (f32 storage) or plain row order (f16 storage, whose reference arithmetic is
-    /// f16 and CPU-specific).
-    const LANE_ORDERED_VALUES: bool;
+    /// Whether the score dot product adds its tail (`head_dim % 64` products) in f64,
+    /// as the reference's f16 dot does, rather than in f32 (its f32 dot).
+    const SCORE_TAIL_F64: bool;
 }
 
 impl KvElem for f32 {
@@ -44,19 +36,15 @@ impl KvElem for f32 {
     fn from_f32(x: f32) -> Self {
         x
     }
-    #[inline]
-    fn dot_row(q: &[f32], row: &[Self]) -> f32 {
-        crate::scalar::dot_vec_order(q, row)
-    }
-    #[inline]
-    fn axpy_row(acc: &mut [f32], weight: f32, row: &[Self]) {
-        crate::axpy(acc, weight, row)
+    #[inline(always)]
+    fn row_to_f32(row: &[Self], out: &mut [f32]) {
+        out.copy_from_slice(row);
     }
     #[inline(always)]
     fn round_activation(x: f32) -> f32 {
         x
     }
-    const LANE_ORDERED_VALUES: bool = true;
+    const SCORE_TAIL_F64: bool = false;
 }
 
 impl KvElem for f16 {
@@ -68,19 +56,15 @@ impl KvElem for f16 {
     fn from_f32(x: f32) -> Self {
         f16::from_f32(x)
     }
-    #[inline]
-    fn dot_row(q: &[f32], row: &[Self]) -> f32 {
-        crate::dot_f16(q, row)
-    }
-    #[inline]
-    fn axpy_row(acc: &mut [f32], weight: f32, row: &[Self]) {
-        crate::axpy_f16(acc, weight, row)
+    #[inline(always)]
+    fn row_to_f32(row: &[Self], out: &mut [f32]) {
+        crate::f16_to_f32_row(row, out);
     }
     #[inline(always)]
     fn round_activation(x: f32) -> f32 {
         f16::from_f32(x).to_f32()
     }
-    const LANE_ORDERED_VALUES: bool = false;
+    const SCORE_TAIL_F64: bool = true;
 }
 
 /// A strided view of one head's slice inside K or V rows.
@@ -162,22 +146,45 @@ impl<'a, T: KvElem> HeadRows<'a, T> {
     }
 }
 
-/// Widest head whose query is rounded to the storage precision (every supported model's
-/// heads are at most 256 wide).
-const MAX_ROUNDED_HEAD: usize = 512;
+/// Widest K or V head [`attend_head`] accepts (every supported model's heads are at
+/// most 256 wide).
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// Running sums of the weighted value sum: row `j` feeds sum `j mod 64`, as the lanes of
+/// the reference engine's four 16-wide registers.
+const VALUE_LANES: usize = 64;
+
+/// Scratch values [`attend_head`] needs for `n_rows` rows and value heads of
+/// `value_dim`: the probabilities, then the 64 running sums of every value column.
+pub fn attend_scratch_len(n_rows: usize, value_dim: usize) -> usize {
+    n_rows + VALUE_LANES * value_dim
+}
 
 /// Attention of one query head over the rows `rows` of one KV head.
 ///
 /// `scores_j = scale·(q·k_j)` for `j` in `rows`, `p = softmax(scores)`,
-/// `out = Σ_j p_j·v_j` (rows in increasing order). `scratch` must hold at least
-/// `rows.len()` values; it is overwritten with the probabilities. An empty range writes
-/// zeros to `out`. Causal masking and sliding windows are expressed by the caller's
-/// choice of `rows` (e.g. `max(0, p+1−window)..p+1` for the query at position `p`).
+/// `out = Σ_j p_j·v_j`. `scratch` must hold [`attend_scratch_len`]`(rows.len(),
+/// value_dim)` values; it is overwritten. An empty range writes zeros to `out`. Causal
+/// masking and sliding windows are expressed by the caller's choice of `rows` (e.g.
+/// `max(0, p+1−window)..p+1` for the query at position `p`).
+///
+/// Rounding is the reference engine's (llama.cpp's CPU attention without flash
+/// attention, AVX-512 build), so the logits match its own bit for bit:
+/// - the query (and later the probabilities) are rounded to the storage precision;
+/// - each score is a dot product in 64 lanes of fused multiply-adds, reduced as
+///   [`crate::scalar::reduce_lanes_64`], the tail added as [`KvElem::SCORE_TAIL_F64`] says;
+/// - the softmax is [`crate::scalar::softmax_cache_row`] (groups aligned to row 0);
+/// - `out[d]` sums `p_j·v_j[d]` into lane `j mod 64` by fused multiply-adds, lanes
+///   reduced as above; rows outside `rows` would add exact zeros, so skipping them
+///   changes nothing.
+///
+/// Every order depends on absolute row indices only, never on how many queries a
+/// prefill chunk holds or on the thread count.
 ///
 /// # Panics
 /// On shape mismatches, which are caller bugs, checked once per call:
-/// `q.len() != keys.head_dim()`, `out.len() != values.head_dim()`, `rows.end` beyond
-/// either view, or `scratch` shorter than `rows.len()`.
+/// `q.len() != keys.head_dim()`, `out.len() != values.head_dim()`, either above
+/// [`MAX_HEAD_DIM`], `rows.end` beyond either view, or `scratch` too short.
 pub fn attend_head<T: KvElem>(
     q: &[f32],
     keys: HeadRows<'_, T>,
@@ -187,15 +194,69 @@ pub fn attend_head<T: KvElem>(
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
-    assert_eq!(
-        q.len(),
-        keys.head_dim(),
-        "attend_head: q length != key head_dim"
-    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::use_avx2_fma() {
+        // SAFETY: `use_avx2_fma` verified AVX2 and FMA on this CPU.
+        return unsafe { attend_head_avx2(q, keys, values, rows, scale, out, scratch) };
+    }
+    attend_head_portable(q, keys, values, rows, scale, out, scratch)
+}
+
+/// [`attend_head`] compiled for AVX2 + FMA: the same code, so fused multiply-adds
+/// become single instructions and the lane loops vectorise; IEEE fused multiply-adds and
+/// additions are exact operations, so the results are bit-identical.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn attend_head_avx2<T: KvElem>(
+    q: &[f32],
+    keys: HeadRows<'_, T>,
+    values: HeadRows<'_, T>,
+    rows: Range<usize>,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    attend_head_body(q, keys, values, rows, scale, out, scratch)
+}
+
+/// [`attend_head`] without any CPU-specific code generation: the scalar twin.
+pub fn attend_head_portable<T: KvElem>(
+    q: &[f32],
+    keys: HeadRows<'_, T>,
+    values: HeadRows<'_, T>,
+    rows: Range<usize>,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    attend_head_body(q, keys, values, rows, scale, out, scratch)
+}
+
+#[inline(always)]
+fn attend_head_body<T: KvElem>(
+    q: &[f32],
+    keys: HeadRows<'_, T>,
+    values: HeadRows<'_, T>,
+    rows: Range<usize>,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let head_dim = keys.head_dim();
+    let value_dim = values.head_dim();
+    assert_eq!(q.len(), head_dim, "attend_head: q length != key head_dim");
     assert_eq!(
         out.len(),
-        values.head_dim(),
+        value_dim,
         "attend_head: out length != value head_dim"
+    );
+    assert!(
+        head_dim <= MAX_HEAD_DIM && value_dim <= MAX_HEAD_DIM,
+        "attend_head: heads wider than {MAX_HEAD_DIM}"
     );
     assert!(
         rows.end <= keys.n_rows() && rows.end <= values.n_rows(),
@@ -205,46 +266,125 @@ pub fn attend_head<T: KvElem>(
     );
     let n = rows.len();
     assert!(
-        scratch.len() >= n,
-        "attend_head: scratch holds {} values, need {n}",
-        scratch.len()
+        scratch.len() >= attend_scratch_len(n, value_dim),
+        "attend_head: scratch holds {} values, need {}",
+        scratch.len(),
+        attend_scratch_len(n, value_dim)
     );
-    out.fill(0.0);
     if n == 0 {
+        out.fill(0.0);
         return;
     }
+    let (probs, lanes) = scratch.split_at_mut(n);
+    let lanes = &mut lanes[..VALUE_LANES * value_dim]; // [64, value_dim]
+
     // The query at the cache's precision (a no-op for f32 storage).
-    let mut q_rounded = [0f32; MAX_ROUNDED_HEAD];
-    let q = if q.len() <= MAX_ROUNDED_HEAD {
-        for (r, &x) in q_rounded.iter_mut().zip(q) {
-            *r = T::round_activation(x);
-        }
-        &q_rounded[..q.len()]
-    } else {
-        q
-    };
-    let probs = &mut scratch[..n];
-    for (s, j) in probs.iter_mut().zip(rows.clone()) {
-        *s = scale * T::dot_row(q, keys.row(j));
+    let mut q_rounded = [0f32; MAX_HEAD_DIM];
+    let q_rounded = &mut q_rounded[..head_dim];
+    for (r, &x) in q_rounded.iter_mut().zip(q) {
+        *r = T::round_activation(x);
     }
-    crate::softmax_in_place(probs);
-    if T::LANE_ORDERED_VALUES {
-        // out[d] = Σ_j p_j·v_j[d] as the reference engine's f32 dot over the cache rows:
-        // 64 running sums, row j feeding sum j mod 64 by a fused multiply-add, then the
-        // register reduction. Lanes follow the absolute row index; rows outside `rows`
-        // would add exact zeros there, so skipping them changes nothing.
-        let mut lanes = [0f32; 64];
-        for (d, o) in out.iter_mut().enumerate() {
-            lanes.fill(0.0);
-            for (&p, j) in probs.iter().zip(rows.clone()) {
-                let v = values.row(j)[d].to_f32();
-                lanes[j % 64] = v.mul_add(p, lanes[j % 64]);
+    let mut row = [0f32; MAX_HEAD_DIM];
+
+    // Scores, then softmax.
+    for (s, j) in probs.iter_mut().zip(rows.clone()) {
+        let k = &mut row[..head_dim];
+        T::row_to_f32(keys.row(j), k);
+        *s = scale * score_dot(q_rounded, k, T::SCORE_TAIL_F64);
+    }
+    crate::scalar::softmax_cache_row(probs, rows.start);
+
+    // Weighted sum of value rows into 64 lanes per column. The first row that reaches a
+    // lane sets it; lanes no row reaches are zeroed.
+    if n < VALUE_LANES {
+        for lane in 0..VALUE_LANES {
+            let reached = (lane + VALUE_LANES - rows.start % VALUE_LANES) % VALUE_LANES < n;
+            if !reached {
+                lanes[lane * value_dim..(lane + 1) * value_dim].fill(0.0);
             }
-            *o = crate::scalar::reduce_lanes_64(&lanes);
         }
+    }
+    for (i, (&p, j)) in probs.iter().zip(rows.clone()).enumerate() {
+        let p = T::round_activation(p);
+        let v = &mut row[..value_dim];
+        T::row_to_f32(values.row(j), v);
+        let lane = &mut lanes[(j % VALUE_LANES) * value_dim..][..value_dim];
+        if i < VALUE_LANES {
+            for (l, &x) in lane.iter_mut().zip(v.iter()) {
+                *l = x.mul_add(p, 0.0);
+            }
+        } else {
+            for (l, &x) in lane.iter_mut().zip(v.iter()) {
+                *l = x.mul_add(p, *l);
+            }
+        }
+    }
+    reduce_value_lanes(lanes, value_dim, out);
+}
+
+/// `Σ q[i]·k[i]` in the reference's vector order: 64 lanes of fused multiply-adds over
+/// whole groups of 64, reduced as [`crate::scalar::reduce_lanes_64`]; the tail products
+/// rounded to f32 and added in f64 (`tail_f64`, the f16 dot) or in f32 (the f32 dot).
+#[inline(always)]
+fn score_dot(q: &[f32], k: &[f32], tail_f64: bool) -> f32 {
+    let whole = q.len() / VALUE_LANES * VALUE_LANES;
+    let mut lanes = [0f32; VALUE_LANES];
+    for (cq, ck) in q[..whole]
+        .chunks_exact(VALUE_LANES)
+        .zip(k[..whole].chunks_exact(VALUE_LANES))
+    {
+        for l in 0..VALUE_LANES {
+            lanes[l] = cq[l].mul_add(ck[l], lanes[l]);
+        }
+    }
+    let sum = if whole > 0 {
+        crate::scalar::reduce_lanes_64(&lanes)
     } else {
-        for (&p, j) in probs.iter().zip(rows) {
-            T::axpy_row(out, T::round_activation(p), values.row(j));
+        0.0
+    };
+    if tail_f64 {
+        let mut sum = f64::from(sum);
+        for (&a, &b) in q[whole..].iter().zip(&k[whole..]) {
+            sum += f64::from(a * b);
         }
+        sum as f32
+    } else {
+        let mut sum = sum;
+        for (&a, &b) in q[whole..].iter().zip(&k[whole..]) {
+            sum += a * b;
+        }
+        sum
+    }
+}
+
+/// `out[d]` = the 64 lanes `lanes[l·value_dim + d]` reduced as
+/// [`crate::scalar::reduce_lanes_64`], column by column (the lanes are overwritten).
+#[inline(always)]
+fn reduce_value_lanes(lanes: &mut [f32], value_dim: usize, out: &mut [f32]) {
+    let vd = value_dim;
+    // r_l = (lane l + lane 32+l) + (lane 16+l + lane 48+l), kept in lane l.
+    for l in 0..16 {
+        let (head, tail) = lanes.split_at_mut(16 * vd);
+        let dst = &mut head[l * vd..(l + 1) * vd];
+        let a16 = &tail[l * vd..(l + 1) * vd];
+        let a32 = &tail[(16 + l) * vd..(17 + l) * vd];
+        let a48 = &tail[(32 + l) * vd..(33 + l) * vd];
+        for d in 0..vd {
+            dst[d] = (dst[d] + a32[d]) + (a16[d] + a48[d]);
+        }
+    }
+    // Then the 16-lane horizontal sum: halves, quarters, pairs.
+    for width in [8usize, 4] {
+        for i in 0..width {
+            let (lo, hi) = lanes.split_at_mut(width * vd);
+            let dst = &mut lo[i * vd..(i + 1) * vd];
+            let src = &hi[i * vd..(i + 1) * vd];
+            for d in 0..vd {
+                dst[d] += src[d];
+            }
+        }
+    }
+    for (d, o) in out.iter_mut().enumerate() {
+        *o = (lanes[d] + lanes[2 * vd + d]) + (lanes[vd + d] + lanes[3 * vd + d]);
     }
 }

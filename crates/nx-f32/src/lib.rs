@@ -26,7 +26,11 @@ pub mod gelu_table;
 pub mod rope;
 pub mod scalar;
 
-pub use attention::{attend_head, HeadRows, KvElem};
+#[cfg(target_arch = "x86_64")]
+pub use attention::attend_head_avx2;
+pub use attention::{
+    attend_head, attend_head_portable, attend_scratch_len, HeadRows, KvElem, MAX_HEAD_DIM,
+};
 pub use convert::{
     bf16_le_bytes_to_f32_row, bf16_to_f32_row, f16_le_bytes_to_f32_row, f16_to_f32_row,
     f32_to_bf16_row, f32_to_f16_row,
@@ -55,6 +59,21 @@ fn use_avx2() -> bool {
             nx_syscalls::cpu_tier(),
             Ok(CpuTier::Avx2 | CpuTier::Avx512Vnni)
         ) && avx2::available()
+    })
+}
+
+/// True when the attention kernel runs its AVX2 + FMA build: the process tier allows
+/// AVX2 and the CPU has AVX2 and FMA. Bit-identical to the portable build.
+#[cfg(target_arch = "x86_64")]
+fn use_avx2_fma() -> bool {
+    use nx_syscalls::CpuTier;
+    static USE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USE.get_or_init(|| {
+        matches!(
+            nx_syscalls::cpu_tier(),
+            Ok(CpuTier::Avx2 | CpuTier::Avx512Vnni)
+        ) && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
     })
 }
 

@@ -14,8 +14,8 @@
 //! them once per position (shared by every head of Q and K) with the same function, so
 //! both give bit-identical results.
 //!
-//! The one known difference from a GCC build of ggml: GCC may fuse the rotation's
-//! `x0·cos − x1·sin` into an FMA; we never fuse, so results can differ in the last bit.
+//! - the rotation rounds like the reference's GCC build, which fuses each output line
+//!   into one multiply-add (see [`scalar::rotate`]).
 
 use crate::scalar;
 
@@ -99,9 +99,7 @@ pub fn rope_normal(
     let n_pairs = (rope_dim / 2).min(x.len() / 2);
     let ts = theta_scale(freq_base, rope_dim);
     for_each_angle(pos, ts, n_pairs, freq_factors, 1.0, |i, c, s| {
-        let (x0, x1) = (x[2 * i], x[2 * i + 1]);
-        x[2 * i] = x0 * c - x1 * s;
-        x[2 * i + 1] = x0 * s + x1 * c;
+        (x[2 * i], x[2 * i + 1]) = scalar::rotate(x[2 * i], x[2 * i + 1], c, s);
     });
 }
 
@@ -121,9 +119,7 @@ pub fn rope_neox(
     let half = (rope_dim / 2).min(x.len() / 2);
     let ts = theta_scale(freq_base, rope_dim);
     for_each_angle(pos, ts, half, freq_factors, 1.0, |i, c, s| {
-        let (x0, x1) = (x[i], x[i + half]);
-        x[i] = x0 * c - x1 * s;
-        x[i + half] = x0 * s + x1 * c;
+        (x[i], x[i + half]) = scalar::rotate(x[i], x[i + half], c, s);
     });
 }
 

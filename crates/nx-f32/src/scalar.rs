@@ -193,28 +193,39 @@ pub fn softmax_in_place(x: &mut [f32]) {
     scale(x, inv);
 }
 
-/// `Σ a[i]·b[i]` in the reference engine's f32 vector order: 64 running sums (four
-/// 16-lane registers) fed by fused multiply-adds over whole groups of 64, reduced as
-/// [`reduce_lanes_64`]; the tail (`len % 64` elements) then added one fused multiply-add
-/// at a time.
-pub fn dot_vec_order(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let whole = n / 64 * 64;
-    let mut sumf = if whole > 0 {
-        let mut lanes = [0f32; 64];
-        for (ca, cb) in a[..whole].chunks_exact(64).zip(b[..whole].chunks_exact(64)) {
-            for l in 0..64 {
-                lanes[l] = ca[l].mul_add(cb[l], lanes[l]);
-            }
-        }
-        reduce_lanes_64(&lanes)
-    } else {
-        0.0
-    };
-    for i in whole..n {
-        sumf = a[i].mul_add(b[i], sumf);
+/// Softmax of the attention scores of the cache rows `first..first + x.len()`, in place,
+/// rounded as the reference engine's softmax over its whole padded score row.
+///
+/// The reference scores every row of its cache view (a multiple of 256 rows), with −∞
+/// for masked rows, and its softmax walks that row in registers of 16 starting at row 0.
+/// So here the groups of 16 are aligned to absolute row indices, every element takes the
+/// vector exp ([`expf_vector`]), and rows outside `x` count as the exact zeros the masked
+/// rows give there. The result depends only on the scores and on `first`, never on how
+/// the caller chunked its queries.
+pub fn softmax_cache_row(x: &mut [f32], first: usize) {
+    if x.is_empty() {
+        return;
     }
-    sumf
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        x.fill(0.0);
+        return;
+    }
+    let end = first + x.len();
+    let mut sum = 0.0f64;
+    let mut group = first / 16 * 16;
+    while group < end {
+        let mut lanes = [0f32; 16];
+        for row in group.max(first)..(group + 16).min(end) {
+            let e = expf_vector(x[row - first] - max);
+            x[row - first] = e;
+            lanes[row - group] = e;
+        }
+        sum += f64::from(reduce_add_16(&lanes));
+        group += 16;
+    }
+    let inv = (1.0 / sum) as f32;
+    scale(x, inv);
 }
 
 /// Reduces 64 running sums held as four 16-lane registers `r0..r3` (lane `l` of `r_k` is
@@ -296,10 +307,11 @@ pub const SQRT_2_OVER_PI: f32 = 0.797_884_560_802_865_4_f64 as f32;
 pub const GELU_COEF_A: f32 = 0.044715;
 
 /// GELU, tanh approximation: `0.5·x·(1 + tanh(sqrt(2/π)·x·(1 + 0.044715·x²)))`, with
-/// the operations in the order ggml's `ggml_gelu_f32` writes them.
+/// the operations in the order ggml's `ggml_gelu_f32` writes them and the rounding of
+/// the reference's GCC build, which fuses `1 + (0.044715·x)·x` into one multiply-add.
 #[inline(always)]
 pub fn gelu_tanh(x: f32) -> f32 {
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (GELU_COEF_A * x).mul_add(x, 1.0)).tanh())
 }
 
 /// `out[i] = silu(gate[i])·up[i]`.
@@ -322,14 +334,22 @@ pub fn geglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
     }
 }
 
+/// One RoPE rotation of the pair `(x0, x1)` by the angle whose cosine and sine are `c`
+/// and `s`: `(x0·c − x1·s, x0·s + x1·c)`, with the rounding of the reference engine's
+/// GCC build, which contracts each line into one fused multiply-add whose addend is the
+/// rounded second product (`fma(x0, c, −(x1·s))`, `fma(x0, s, x1·c)`).
+#[inline(always)]
+pub fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
+    (x0.mul_add(c, -(x1 * s)), x0.mul_add(s, x1 * c))
+}
+
 /// Rotates adjacent pairs `(x[2i], x[2i+1])` by the angle whose cosine and sine are
 /// `cos[i]`, `sin[i]`. Pairs beyond `cos.len()` are left alone.
 #[inline]
 pub fn rotate_adjacent_pairs(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     for ((pair, &c), &s) in x.chunks_exact_mut(2).zip(cos).zip(sin) {
         let (x0, x1) = (pair[0], pair[1]);
-        pair[0] = x0 * c - x1 * s;
-        pair[1] = x0 * s + x1 * c;
+        (pair[0], pair[1]) = rotate(x0, x1, c, s);
     }
 }
 
@@ -343,38 +363,13 @@ pub fn rotate_half_pairs(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     let (lo, rest) = x.split_at_mut(half);
     let hi = &mut rest[..half];
     for (((a, b), &c), &s) in lo.iter_mut().zip(hi.iter_mut()).zip(cos).zip(sin) {
-        let (x0, x1) = (*a, *b);
-        *a = x0 * c - x1 * s;
-        *b = x0 * s + x1 * c;
+        (*a, *b) = rotate(*a, *b, c, s);
     }
 }
 
 #[cfg(test)]
 mod vec_order_tests {
     use super::*;
-
-    #[test]
-    fn dot_vec_order_is_a_dot_product() {
-        for n in [0usize, 1, 31, 64, 100, 256, 257] {
-            let a: Vec<f32> = (0..n)
-                .map(|i| ((i * 7919) % 97) as f32 / 13.0 - 3.0)
-                .collect();
-            let b: Vec<f32> = (0..n)
-                .map(|i| ((i * 104729) % 89) as f32 / 11.0 - 4.0)
-                .collect();
-            let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
-            let mag: f64 = a
-                .iter()
-                .zip(&b)
-                .map(|(&x, &y)| (x as f64 * y as f64).abs())
-                .sum();
-            let got = dot_vec_order(&a, &b) as f64;
-            assert!(
-                (got - exact).abs() <= 1e-5 * (1.0 + mag),
-                "n={n}: {got} vs {exact}"
-            );
-        }
-    }
 
     #[test]
     fn lane_reductions_follow_register_order() {

@@ -612,7 +612,7 @@ fn attend_head_f32_matches_reference() {
     let v = kv_rows(101, n_rows, n_kv_heads, head_dim);
     let q = values(102, head_dim);
     let scale = 1.0 / (head_dim as f32).sqrt();
-    let mut scratch = vec![0.0; n_rows];
+    let mut scratch = vec![0.0; attend_scratch_len(n_rows, head_dim)];
     for h in 0..n_kv_heads {
         for range in [0..n_rows, 5..20, 36..37] {
             let keys = HeadRows::head(&k, n_kv_heads, head_dim, h).unwrap();
@@ -647,7 +647,7 @@ fn attend_head_f16_matches_reference_on_widened_rows() {
     let kw: Vec<f32> = k16.iter().map(|x| x.to_f32()).collect();
     let vw: Vec<f32> = v16.iter().map(|x| x.to_f32()).collect();
     let q = values(112, head_dim);
-    let mut scratch = vec![0.0; n_rows];
+    let mut scratch = vec![0.0; attend_scratch_len(n_rows, head_dim)];
     let mut out16 = vec![0.0; head_dim];
     attend_head(
         &q,
@@ -692,7 +692,7 @@ fn attend_head_single_row_returns_that_value_row() {
     let v = values(121, 4 * head_dim);
     let q = values(122, head_dim);
     let mut out = vec![9.0; head_dim];
-    let mut scratch = vec![0.0; 4];
+    let mut scratch = vec![0.0; attend_scratch_len(4, head_dim)];
     let keys = HeadRows::new(&k, head_dim, 0, head_dim).unwrap();
     let vals = HeadRows::new(&v, head_dim, 0, head_dim).unwrap();
     attend_head(&q, keys, vals, 2..3, 0.5, &mut out, &mut scratch);
@@ -711,7 +711,7 @@ fn attend_head_ignores_rows_outside_the_range() {
     let big_v = kv_rows(131, 100, n_kv_heads, head_dim);
     let w = n_kv_heads * head_dim;
     let q = values(132, head_dim);
-    let mut scratch = vec![0.0; 100];
+    let mut scratch = vec![0.0; attend_scratch_len(100, head_dim)];
     let mut a = vec![0.0; head_dim];
     let mut b = vec![0.0; head_dim];
     attend_head(
@@ -723,7 +723,8 @@ fn attend_head_ignores_rows_outside_the_range() {
         &mut a,
         &mut scratch,
     );
-    let mut dirty_scratch = vec![f32::NAN; 64];
+    // A scratch full of NaN: every lane the sum reads must be written first.
+    let mut dirty_scratch = vec![f32::NAN; attend_scratch_len(30, head_dim)];
     attend_head(
         &q,
         HeadRows::head(&big_k[..40 * w], n_kv_heads, head_dim, 1).unwrap(),
@@ -765,4 +766,42 @@ fn attend_head_panics_on_short_scratch() {
     let mut out = vec![0.0; 8];
     let mut scratch = vec![0.0; 2];
     attend_head(&[0.0; 8], rows, rows, 0..4, 1.0, &mut out, &mut scratch);
+}
+
+/// The AVX2 + FMA build of the attention kernel against its portable twin: same bits,
+/// for f32 and f16 storage, head sizes with and without a tail past 64, row ranges
+/// shorter and longer than the 64 value lanes, starting anywhere.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn attend_head_avx2_matches_portable_twin() {
+    if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
+    {
+        eprintln!("skipped: no AVX2/FMA on this CPU");
+        return;
+    }
+    for (seed, head_dim) in [(140u64, 40usize), (141, 64), (142, 80), (143, 256)] {
+        let n_rows = 150;
+        let k = kv_rows(seed, n_rows, 2, head_dim);
+        let v = kv_rows(seed + 100, n_rows, 2, head_dim);
+        let k16: Vec<f16> = k.iter().map(|&x| f16::from_f32(x)).collect();
+        let v16: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+        let q = values(seed + 200, head_dim);
+        for range in [0..1, 3..50, 0..64, 17..150, 64..130] {
+            let len = attend_scratch_len(range.len(), head_dim);
+            let (mut s1, mut s2) = (vec![0.0; len], vec![f32::NAN; len]);
+            let (mut a, mut b) = (vec![0.0; head_dim], vec![0.0; head_dim]);
+            let keys = HeadRows::head(&k, 2, head_dim, 1).unwrap();
+            let vals = HeadRows::head(&v, 2, head_dim, 1).unwrap();
+            attend_head_portable(&q, keys, vals, range.clone(), 0.3, &mut a, &mut s1);
+            // SAFETY: AVX2 and FMA were detected above.
+            unsafe { attend_head_avx2(&q, keys, vals, range.clone(), 0.3, &mut b, &mut s2) };
+            assert_eq!(a, b, "f32 head_dim={head_dim} range={range:?}");
+            let keys = HeadRows::head(&k16, 2, head_dim, 0).unwrap();
+            let vals = HeadRows::head(&v16, 2, head_dim, 0).unwrap();
+            attend_head_portable(&q, keys, vals, range.clone(), 0.3, &mut a, &mut s1);
+            // SAFETY: as above.
+            unsafe { attend_head_avx2(&q, keys, vals, range.clone(), 0.3, &mut b, &mut s2) };
+            assert_eq!(a, b, "f16 head_dim={head_dim} range={range:?}");
+        }
+    }
 }

@@ -96,7 +96,7 @@ pub struct BlockScratch {
     proj: Vec<f32>,   // [n, n_embd]
     gate: Vec<f32>,   // [n, n_ff]
     up: Vec<f32>,     // [n, n_ff]
-    /// One `[kv rows]` probability row per pool thread.
+    /// One attention scratch (probabilities and value lanes) per pool thread.
     probs: Vec<Vec<f32>>,
     projector: Projector,
     rope: Option<(usize, u32, RopeTable)>, // (rope_dim, base bits, table)
@@ -225,7 +225,7 @@ pub fn forward(
         s.probs.resize_with(n_slots, Vec::new);
     }
     for p in &mut s.probs[..n_slots] {
-        sized(p, pos + n);
+        sized(p, nx_f32::attend_scratch_len(pos + n, cfg.value_dim));
     }
     let probs = &mut s.probs[..n_slots];
     match (keys, values) {

@@ -4,26 +4,9 @@
 mod common;
 
 use common::*;
-use nx_llama_stack::Model;
 
 fn check_fixture(name: &str) -> Tally {
-    let golden = load_golden(&format!("forward-{name}.json"));
-    let prompts = ref_prompts(&golden);
-    let path = synth_model(name);
-    let model = Model::open(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask synth`)", path.display()));
-    let tally = compare_model(&model, &prompts, 32);
-    println!("{}", tally.report(&format!("GOLD-FWD {name}")));
-    for m in tally
-        .top1_mismatches
-        .iter()
-        .chain(&tally.logprob_violations)
-        .chain(&tally.free_running_mismatches)
-        .take(10)
-    {
-        println!("  {m}");
-    }
-    tally
+    check_golden("GOLD-FWD", name, &synth_model(name), "cargo xtask synth")
 }
 
 #[test]

@@ -1,13 +1,20 @@
 //! `cargo xtask golden forward`: greedy continuations and top-2 log-probabilities that
-//! llama.cpp's `llama-server` computes on the synthetic tiny models.
+//! llama.cpp's `llama-server` computes, on the synthetic tiny models and on the default
+//! model (Gemma 3 270M).
 //!
-//! For each shape in [`synth::TINY_SHAPES`] and each prompt of
-//! `fixtures/prompts/forward.json`, the server tokenizes the prompt (`/tokenize`, with
-//! special tokens as `/completion` adds them) and decodes [`N_PREDICT`] tokens greedily
-//! (`/completion` with the `top_k` sampler only and `top_k = 1`). The log-probabilities
-//! are those of the full softmax of the raw logits (`post_sampling_probs: false`), so
-//! nx can compare its own logits with them. Every prompt is run a second time given as
-//! the token ids, which proves the ids are the ones `/completion` evaluated.
+//! Each [`GoldenSet`] names a model and a prompt file (`fixtures/prompts/forward*.json`).
+//! For each prompt the server tokenizes it (`/tokenize`, with special tokens as
+//! `/completion` adds them) and decodes `n_predict` tokens greedily (`/completion` with
+//! the `top_k` sampler only and `top_k = 1`). The log-probabilities are those of the full
+//! softmax of the raw logits (`post_sampling_probs: false`), so nx can compare its own
+//! logits with them. Every prompt is run a second time given as the token ids, which
+//! proves the ids are the ones `/completion` evaluated.
+//!
+//! The server evaluates the prompt one token at a time (`-ub 1`): llama.cpp is not
+//! batch-invariant (its batched matmuls and attention take other kernels, which round
+//! differently), and its one-token path is the arithmetic nx reproduces. The batched
+//! path's log-probability of every step is recorded too (`batched_logprob`), as a
+//! measure of the reference's own rounding noise.
 //!
 //! Output: `fixtures/golden/forward-NAME.json` (schema: [`ForwardGolden`]). `--check`
 //! regenerates in memory and compares: ids exactly, log-probs within
@@ -26,8 +33,59 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Tokens generated per prompt.
+/// Tokens generated per prompt on the tiny models.
 pub const N_PREDICT: usize = 32;
+
+/// One model and the prompts whose continuations are recorded on it.
+#[derive(Debug, Clone, Copy)]
+pub struct GoldenSet {
+    /// Golden name (`fixtures/golden/forward-NAME.json`); a synth shape for the tiny models.
+    pub name: &'static str,
+    /// Prompt file, relative to the workspace root.
+    pub prompts: &'static str,
+    /// Tokens generated per prompt.
+    pub n_predict: usize,
+    /// Server flags this model needs besides [`SERVER_ARGS`] and [`DECODE_ARGS`].
+    pub extra_args: &'static [&'static str],
+    /// At least one prompt must have this many tokens.
+    pub min_long_prompt: usize,
+}
+
+/// The tiny synthetic models share one prompt file.
+const fn tiny(name: &'static str) -> GoldenSet {
+    GoldenSet {
+        name,
+        prompts: "fixtures/prompts/forward.json",
+        n_predict: N_PREDICT,
+        extra_args: &[],
+        min_long_prompt: 100,
+    }
+}
+
+/// Name of the default model's golden set.
+pub const GEMMA: &str = "gemma3-270m";
+
+/// Every golden set, in the order `cargo xtask golden forward` records them.
+/// Gemma 3 runs with `--swa-full`: its sliding-window layers then keep every position in
+/// its own cache cell (cell = position, as in nx's cache) instead of reusing cells, which
+/// changes nothing in the mathematics but keeps the reference's summation lanes (set by
+/// the cell index) the same as nx's.
+pub const SETS: [GoldenSet; 4] = [
+    tiny("qwen2-tiny"),
+    tiny("llama-tiny"),
+    tiny("qwen3-tiny"),
+    GoldenSet {
+        name: GEMMA,
+        prompts: "fixtures/prompts/forward-gemma.json",
+        n_predict: 48,
+        extra_args: &["--swa-full"],
+        min_long_prompt: 700,
+    },
+];
+
+/// Flags of the server whose answers are the goldens: the prompt is evaluated one
+/// token at a time (see the module docs).
+pub const DECODE_ARGS: [&str; 2] = ["-ub", "1"];
 /// Alternatives recorded per step (the top two).
 pub const N_PROBS: usize = 2;
 /// `--check` accepts log-probs this far from the committed ones.
@@ -40,10 +98,9 @@ pub const N_CTX: usize = 4096;
 /// Server flags that affect the numbers (besides `-m`, `--host` and `--port`).
 /// - `-fa off`: attention is the plain `softmax(K·Q)·V`, not the flash-attention kernel
 ///   that accumulates V in F16.
-/// - `-ctk f32 -ctv f32`: an f32 KV cache. With the default f16 cache, a `-march=native`
-///   build on a CPU with AVX512-FP16 accumulates the K·Q and P·V dot products in f16
-///   (ggml's F16 vector macros), which moves log-probabilities by up to ~0.2 nats; the
-///   gates compare both engines with f32 caches instead.
+/// - `-ctk f32 -ctv f32`: an f32 KV cache. With the default f16 cache, the batched path
+///   computes `K·Q` with another kernel (llamafile's tinyBLAS, 16 lanes) than one-token
+///   decoding (ggml's 64-lane `vec_dot_f16`); with f32 both paths take `vec_dot_f32`.
 /// - `--no-repack`: weights stay in their GGUF layout and go through ggml's standard
 ///   `vec_dot` kernels. The repacked (and AMX) paths differ per CPU, so without this
 ///   the numbers would depend on the machine; and on machines that report AMX without
@@ -169,13 +226,6 @@ struct PromptFile {
 }
 
 /// `fixtures/prompts/forward.json`.
-pub fn prompts_path() -> PathBuf {
-    workspace_root()
-        .join("fixtures")
-        .join("prompts")
-        .join("forward.json")
-}
-
 /// `fixtures/golden/forward-NAME.json`.
 pub fn golden_path(model: &str) -> PathBuf {
     workspace_root()
@@ -184,9 +234,9 @@ pub fn golden_path(model: &str) -> PathBuf {
         .join(format!("forward-{model}.json"))
 }
 
-/// Reads the committed prompts.
-pub fn load_prompts() -> Result<Vec<Prompt>> {
-    let path = prompts_path();
+/// Reads a committed prompt file.
+pub fn load_prompts(relative: &str) -> Result<Vec<Prompt>> {
+    let path = workspace_root().join(relative);
     let text =
         fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let file: PromptFile =
@@ -205,21 +255,26 @@ pub fn load_golden(model: &str) -> Result<ForwardGolden> {
     serde_json::from_str(&text).with_context(|| format!("cannot parse {}", path.display()))
 }
 
+/// The model file of a golden set, fetched or generated if missing.
+fn model_path(set: &GoldenSet) -> Result<PathBuf> {
+    if set.name == GEMMA {
+        crate::fetch::ensure_model()
+    } else {
+        synth::ensure(set.name)
+    }
+}
+
 /// Entry point (see the module docs).
 pub fn run(check: bool) -> Result<()> {
-    let prompts = load_prompts()?;
     ensure_reference(DEFAULT_JOBS)?;
     let mut failures = Vec::new();
-    for model in synth::TINY_SHAPES {
-        let model_path = synth::ensure(model)?;
-        let golden = generate(model, &model_path, &prompts)?;
+    for set in &SETS {
+        let model = set.name;
+        let prompts = load_prompts(set.prompts)?;
+        let model_path = model_path(set)?;
+        let golden = generate(set, &model_path, &prompts)?;
         print_margins(&golden);
-        if !check {
-            // Diagnostic only (not stored): how much the reference moves by itself.
-            if let Err(err) = print_reference_spread(model, &model_path, &golden) {
-                eprintln!("golden forward: {model}: spread diagnostic failed: {err:#}");
-            }
-        }
+        print_reference_spread(&golden);
         let path = golden_path(model);
         if check {
             let committed = load_golden(model)?;
@@ -252,17 +307,32 @@ pub fn run(check: bool) -> Result<()> {
     Ok(())
 }
 
-/// Runs the reference on one model and collects the golden data.
-pub fn generate(model: &str, model_path: &Path, prompts: &[Prompt]) -> Result<ForwardGolden> {
+/// Runs the reference on one model and collects the golden data: the continuations
+/// from a one-token-path server, then the batched log-probs from a default one.
+pub fn generate(set: &GoldenSet, model_path: &Path, prompts: &[Prompt]) -> Result<ForwardGolden> {
+    let model = set.name;
     let (_, model_sha256) = sha256_file(model_path)?;
-    let server = start_server(model, model_path, &[])?;
+    let decode_args: Vec<&str> = DECODE_ARGS.iter().chain(set.extra_args).copied().collect();
+    let server = start_server(model, model_path, &decode_args)?;
     let mut out = Vec::with_capacity(prompts.len());
     let mut recovered = 0;
-    for prompt in prompts {
-        let (entry, n) = run_prompt(&server, prompt)
+    for (i, prompt) in prompts.iter().enumerate() {
+        eprintln!(
+            "golden forward: {model}: prompt {}/{} {:?}",
+            i + 1,
+            prompts.len(),
+            prompt.name
+        );
+        let (entry, n) = run_prompt(&server, prompt, set.n_predict)
             .with_context(|| format!("{model}: prompt {:?}", prompt.name))?;
         recovered += n;
         out.push(entry);
+    }
+    drop(server);
+    let server = start_server(model, model_path, set.extra_args)?;
+    for entry in &mut out {
+        add_batched_logprobs(&server, &entry.prompt_ids, &mut entry.steps)
+            .with_context(|| format!("{model}: batched log-probs of {:?}", entry.name))?;
     }
     drop(server);
     if recovered > 0 {
@@ -271,18 +341,26 @@ pub fn generate(model: &str, model_path: &Path, prompts: &[Prompt]) -> Result<Fo
              their log-probs were recovered by a one-step rerun"
         );
     }
-    if !out.iter().any(|p| p.prompt_ids.len() >= 100) {
+    if !out
+        .iter()
+        .any(|p| p.prompt_ids.len() >= set.min_long_prompt)
+    {
         bail!(
-            "{model}: no prompt has 100 tokens or more; add a longer one to {}",
-            prompts_path().display()
+            "{model}: no prompt has {} tokens or more; add a longer one to {}",
+            set.min_long_prompt,
+            set.prompts
         );
     }
     Ok(ForwardGolden {
         model: model.to_string(),
         model_sha256,
         llama_cpp: llama_cpp_version(),
-        server_args: SERVER_ARGS.iter().map(|s| s.to_string()).collect(),
-        n_predict: N_PREDICT,
+        server_args: SERVER_ARGS
+            .iter()
+            .chain(&decode_args)
+            .map(|s| s.to_string())
+            .collect(),
+        n_predict: set.n_predict,
         prompts: out,
     })
 }
@@ -292,7 +370,11 @@ fn llama_cpp_version() -> String {
     req.split_once("==").map_or(req, |(_, v)| v).to_string()
 }
 
-fn run_prompt(server: &LlamaServer, prompt: &Prompt) -> Result<(PromptGolden, usize)> {
+fn run_prompt(
+    server: &LlamaServer,
+    prompt: &Prompt,
+    n_predict: usize,
+) -> Result<(PromptGolden, usize)> {
     let tokenized = http::post_json(
         server.port,
         "/tokenize",
@@ -303,8 +385,12 @@ fn run_prompt(server: &LlamaServer, prompt: &Prompt) -> Result<(PromptGolden, us
     .json()?;
     let prompt_ids = id_array(&tokenized["tokens"]).context("/tokenize: `tokens`")?;
 
-    let (steps, n_evaluated, recovered) =
-        complete(server, serde_json::json!(prompt.text), &prompt_ids)?;
+    let (steps, n_evaluated, recovered) = complete(
+        server,
+        serde_json::json!(prompt.text),
+        &prompt_ids,
+        n_predict,
+    )?;
     if n_evaluated != prompt_ids.len() {
         bail!(
             "/completion evaluated {n_evaluated} prompt tokens, /tokenize gave {}",
@@ -313,12 +399,15 @@ fn run_prompt(server: &LlamaServer, prompt: &Prompt) -> Result<(PromptGolden, us
     }
     // The same prompt given as ids must produce the same continuation bit for bit;
     // otherwise the ids are not what /completion evaluated.
-    let (by_ids, _, _) = complete(server, serde_json::json!(prompt_ids), &prompt_ids)?;
+    let (by_ids, _, _) = complete(
+        server,
+        serde_json::json!(prompt_ids),
+        &prompt_ids,
+        n_predict,
+    )?;
     if by_ids != steps {
         bail!("the continuation of the prompt's token ids differs from that of its text");
     }
-    let mut steps = steps;
-    add_batched_logprobs(server, &prompt_ids, &mut steps)?;
     let golden = PromptGolden {
         name: prompt.name.clone(),
         text: prompt.text.clone(),
@@ -351,15 +440,16 @@ fn complete(
     server: &LlamaServer,
     prompt: serde_json::Value,
     prompt_ids: &[u32],
+    n_predict: usize,
 ) -> Result<(Vec<Step>, usize, usize)> {
-    let request = greedy_request(prompt, N_PREDICT);
+    let request = greedy_request(prompt, n_predict);
     let response = http::post_json(server.port, "/completion", &request, HTTP_TIMEOUT)?
         .ensure_success("/completion")?
         .json()?;
     let completion = parse_completion(&response)?;
-    if completion.tokens.len() != N_PREDICT && completion.stop_type != "eos" {
+    if completion.tokens.len() != n_predict && completion.stop_type != "eos" {
         bail!(
-            "generated {} tokens (stop_type {:?}), expected {N_PREDICT}",
+            "generated {} tokens (stop_type {:?}), expected {n_predict}",
             completion.tokens.len(),
             completion.stop_type
         );
@@ -394,8 +484,6 @@ fn complete(
 /// known greedy token (and any other incomplete-UTF-8 token sampled instead) so that a
 /// complete token is generated and its entry is reported. The reported log-probs are
 /// still those of the raw logits, whose top entry must be the forbidden greedy token.
-/// The context is evaluated as one batch here instead of token by token; on the CPU
-/// this gave bit-identical log-probs on every step we compared.
 fn recover_step(
     server: &LlamaServer,
     prompt_ids: &[u32],
@@ -707,35 +795,15 @@ fn print_margins(golden: &ForwardGolden) {
     );
 }
 
-/// Prints how far llama.cpp's own log-probs move when the prompt is evaluated one token
-/// at a time (`-ub 1`) instead of in one batch: the same arithmetic up to float
-/// rounding, so the difference is the noise floor any other engine (nx) should expect.
-/// Steps are compared while both runs generated the same tokens.
-fn print_reference_spread(model: &str, model_path: &Path, golden: &ForwardGolden) -> Result<()> {
-    let server = start_server(model, model_path, &["-ub", "1"])?;
-    let mut diffs = Vec::new();
-    let mut diverged = 0;
-    for prompt in &golden.prompts {
-        let request = greedy_request(serde_json::json!(prompt.prompt_ids), N_PREDICT);
-        let response = http::post_json(server.port, "/completion", &request, HTTP_TIMEOUT)?
-            .ensure_success("/completion")?
-            .json()?;
-        let completion = parse_completion(&response)?;
-        let aligned = align(&completion.tokens, completion.entries)?;
-        for (i, (ours, theirs)) in aligned.iter().zip(&prompt.steps).enumerate() {
-            if completion.tokens[i] != theirs.id {
-                diverged += 1;
-                break;
-            }
-            let Some(ours) = ours else { continue };
-            for (a, b) in ours.top.iter().zip(&theirs.top) {
-                if a.id == b.id {
-                    diffs.push((a.logprob - b.logprob).abs());
-                }
-            }
-        }
-    }
-    drop(server);
+/// Prints how far llama.cpp's batched path moves the recorded log-probs: the same
+/// arithmetic up to float rounding, so the difference is the reference's own noise.
+fn print_reference_spread(golden: &ForwardGolden) {
+    let mut diffs: Vec<f64> = golden
+        .prompts
+        .iter()
+        .flat_map(|p| &p.steps)
+        .filter_map(|s| s.batched_logprob.map(|b| (b - s.logprob).abs()))
+        .collect();
     diffs.sort_by(f64::total_cmp);
     let at = |q: f64| {
         diffs
@@ -744,16 +812,14 @@ fn print_reference_spread(model: &str, model_path: &Path, golden: &ForwardGolden
             .unwrap_or(f64::NAN)
     };
     eprintln!(
-        "golden forward: {model}: reference spread (prompt token by token vs batched): \
-         {} log-probs compared, median {:.4}, p90 {:.4}, max {:.4}; greedy paths diverged in \
-         {diverged} of {} prompts",
+        "golden forward: {}: reference spread (one-token path vs batched): {} log-probs, \
+         median {:.5}, p90 {:.5}, max {:.5}",
+        golden.model,
         diffs.len(),
         at(0.5),
         at(0.9),
-        at(1.0),
-        golden.prompts.len()
+        at(1.0)
     );
-    Ok(())
 }
 
 /// The JSON text of a golden: one step per line, so diffs stay readable.
@@ -988,16 +1054,30 @@ mod tests {
 
     #[test]
     fn committed_prompts_are_varied_and_named_uniquely() {
-        let prompts = load_prompts().unwrap();
-        assert!(prompts.len() >= 8);
-        let mut names: Vec<&str> = prompts.iter().map(|p| p.name.as_str()).collect();
-        names.sort();
-        names.dedup();
-        assert_eq!(names.len(), prompts.len());
-        assert!(prompts.iter().any(|p| p
-            .text
-            .chars()
-            .any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c))));
-        assert!(prompts.iter().any(|p| p.text.len() >= 500));
+        for set in &SETS {
+            let prompts = load_prompts(set.prompts).unwrap();
+            let min = if set.name == GEMMA { 12 } else { 8 };
+            assert!(
+                prompts.len() >= min,
+                "{}: {} prompts",
+                set.prompts,
+                prompts.len()
+            );
+            let mut names: Vec<&str> = prompts.iter().map(|p| p.name.as_str()).collect();
+            names.sort();
+            names.dedup();
+            assert_eq!(names.len(), prompts.len());
+            assert!(prompts.iter().any(|p| p
+                .text
+                .chars()
+                .any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c))));
+            assert!(prompts.iter().any(|p| p.text.len() >= 500));
+        }
+        // The Gemma prompt set reaches past the 512-token sliding window (the token
+        // count itself is checked when the goldens are recorded).
+        let gemma = SETS.iter().find(|s| s.name == GEMMA).unwrap();
+        assert!(gemma.min_long_prompt >= 700 && gemma.n_predict >= 48);
+        let prompts = load_prompts(gemma.prompts).unwrap();
+        assert!(prompts.iter().any(|p| p.text.len() >= 3000));
     }
 }

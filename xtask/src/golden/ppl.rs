@@ -29,8 +29,8 @@ pub const RELATIVE_TOLERANCE: f64 = 1e-4;
 
 /// Flags that affect the numbers (besides `-m`, `-f` and `-c`); see
 /// [`super::forward::SERVER_ARGS`] for why each is there:
-/// - `-fa off -ctk f32 -ctv f32`: plain attention over an f32 cache (a native build on an
-///   AVX512-FP16 CPU accumulates f16 attention in f16).
+/// - `-fa off -ctk f32 -ctv f32`: plain attention over an f32 cache (with an f16 cache
+///   the batched path computes `K·Q` with another kernel than one-token decoding).
 /// - `--no-repack`: ggml's standard kernels (the repacked/AMX ones differ per CPU, and
 ///   SIGILL on machines that report AMX without enabling it).
 /// - `-t 2`: the dev machines' core count.
