@@ -60,6 +60,12 @@ pub const GATES: &[Gate] = &[
     Gate::new("GOLD-FWD", "nx-llama-stack", "gold_fwd"),
     // The same on the default model (12 prompts x 48 tokens, one past the sliding window).
     Gate::new("GOLD-FWD-GEMMA", "nx-llama-stack", "gold_fwd_gemma"),
+    // Both again on the lower tiers (the default here is AVX-512): every tier's kernels
+    // must give llama.cpp's numbers.
+    Gate::new("GOLD-FWD-AVX2", "nx-llama-stack", "gold_fwd").with_env(&[("NX_TIER", "avx2")]),
+    Gate::new("GOLD-FWD-SCALAR", "nx-llama-stack", "gold_fwd").with_env(&[("NX_TIER", "scalar")]),
+    Gate::new("GOLD-FWD-GEMMA-AVX2", "nx-llama-stack", "gold_fwd_gemma")
+        .with_env(&[("NX_TIER", "avx2")]),
     // Bit-identical logits for prefill chunks 1, 7, 32, whole prompt and 1 or 2 threads.
     Gate::new("EQUIV-1", "nx-llama-stack", "equiv"),
     // The same on the AVX2 tier (the default here is AVX-512): tiers must not break it.
