@@ -10,24 +10,43 @@ use std::ops::Range;
 
 use half::f16;
 
+/// How the reference engine rounds attention over a cache of one storage type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvPrecision {
+    /// f32 cache: query and probabilities used as they are; score tails summed in f32
+    /// (ggml's `vec_dot_f32`).
+    F32,
+    /// f16 cache: query and probabilities rounded to f16 before they meet the rows;
+    /// score tails summed in f64 (ggml's `vec_dot_f16`).
+    F16,
+}
+
+impl KvPrecision {
+    /// Rounds an activation to the cache's precision.
+    #[inline(always)]
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            KvPrecision::F32 => x,
+            KvPrecision::F16 => f16::from_f32(x).to_f32(),
+        }
+    }
+}
+
 /// An element type K/V rows can be stored in (`f32` or `half::f16`).
 pub trait KvElem: Copy + Send + Sync + 'static {
+    /// The reference's rounding for a cache of this type.
+    const PRECISION: KvPrecision;
     /// Converts one element to f32.
     fn to_f32(self) -> f32;
     /// Converts from f32 (round to nearest even for f16).
     fn from_f32(x: f32) -> Self;
-    /// Widens a row to f32 (`out.len() == row.len()`).
-    fn row_to_f32(row: &[Self], out: &mut [f32]);
-    /// Rounds an activation to this storage precision. The reference engine multiplies
-    /// f16 cache rows by f16 copies of the query and of the probabilities; doing the same
-    /// keeps our logits equal to its own.
-    fn round_activation(x: f32) -> f32;
-    /// Whether the score dot product adds its tail (`head_dim % 64` products) in f64,
-    /// as the reference's f16 dot does, rather than in f32 (its f32 dot).
-    const SCORE_TAIL_F64: bool;
+    /// The row as f32: the row itself for f32 storage, else widened into `buf`
+    /// (`buf.len() >= row.len()`).
+    fn row_f32<'a>(row: &'a [Self], buf: &'a mut [f32]) -> &'a [f32];
 }
 
 impl KvElem for f32 {
+    const PRECISION: KvPrecision = KvPrecision::F32;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -37,17 +56,13 @@ impl KvElem for f32 {
         x
     }
     #[inline(always)]
-    fn row_to_f32(row: &[Self], out: &mut [f32]) {
-        out.copy_from_slice(row);
+    fn row_f32<'a>(row: &'a [Self], _buf: &'a mut [f32]) -> &'a [f32] {
+        row
     }
-    #[inline(always)]
-    fn round_activation(x: f32) -> f32 {
-        x
-    }
-    const SCORE_TAIL_F64: bool = false;
 }
 
 impl KvElem for f16 {
+    const PRECISION: KvPrecision = KvPrecision::F16;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
@@ -57,14 +72,11 @@ impl KvElem for f16 {
         f16::from_f32(x)
     }
     #[inline(always)]
-    fn row_to_f32(row: &[Self], out: &mut [f32]) {
-        crate::f16_to_f32_row(row, out);
+    fn row_f32<'a>(row: &'a [Self], buf: &'a mut [f32]) -> &'a [f32] {
+        let buf = &mut buf[..row.len()];
+        crate::f16_to_f32_row(row, buf);
+        buf
     }
-    #[inline(always)]
-    fn round_activation(x: f32) -> f32 {
-        f16::from_f32(x).to_f32()
-    }
-    const SCORE_TAIL_F64: bool = true;
 }
 
 /// A strided view of one head's slice inside K or V rows.
@@ -169,10 +181,10 @@ pub fn attend_scratch_len(n_rows: usize, value_dim: usize) -> usize {
 /// `max(0, p+1−window)..p+1` for the query at position `p`).
 ///
 /// Rounding is the reference engine's (llama.cpp's CPU attention without flash
-/// attention, AVX-512 build), so the logits match its own bit for bit:
-/// - the query (and later the probabilities) are rounded to the storage precision;
+/// attention, one-token path), so the logits match its own bit for bit:
+/// - the query (and later the probabilities) are rounded as [`KvPrecision::round`];
 /// - each score is a dot product in 64 lanes of fused multiply-adds, reduced as
-///   [`crate::scalar::reduce_lanes_64`], the tail added as [`KvElem::SCORE_TAIL_F64`] says;
+///   [`crate::scalar::reduce_lanes_64`], the tail added in f32 or f64 per precision;
 /// - the softmax is [`crate::scalar::softmax_cache_row`] (groups aligned to row 0);
 /// - `out[d]` sums `p_j·v_j[d]` into lane `j mod 64` by fused multiply-adds, lanes
 ///   reduced as above; rows outside `rows` would add exact zeros, so skipping them
@@ -194,58 +206,91 @@ pub fn attend_head<T: KvElem>(
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
+    let view = CacheView {
+        keys,
+        values,
+        first_row: 0,
+        precision: T::PRECISION,
+    };
+    attend(q, view, rows, scale, out, scratch)
+}
+
+/// The K and V rows of one KV head as [`attend`] reads them: view row `i` holds cache
+/// row `first_row + i`, rounded as `precision` says (an f16 cache widened to f32 keeps
+/// [`KvPrecision::F16`]).
+#[derive(Debug, Clone, Copy)]
+pub struct CacheView<'a, T> {
+    pub keys: HeadRows<'a, T>,
+    pub values: HeadRows<'a, T>,
+    pub first_row: usize,
+    pub precision: KvPrecision,
+}
+
+/// [`attend_head`] over a [`CacheView`]: `rows` are absolute cache rows (at least
+/// `view.first_row`). This is how a caller that widened an f16 cache to f32 once per
+/// chunk keeps the f16 rounding.
+pub fn attend<T: KvElem>(
+    q: &[f32],
+    view: CacheView<'_, T>,
+    rows: Range<usize>,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if crate::use_avx2_fma() {
         // SAFETY: `use_avx2_fma` verified AVX2 and FMA on this CPU.
-        return unsafe { attend_head_avx2(q, keys, values, rows, scale, out, scratch) };
+        return unsafe { attend_avx2(q, view, rows, scale, out, scratch) };
     }
-    attend_head_portable(q, keys, values, rows, scale, out, scratch)
+    attend_portable(q, view, rows, scale, out, scratch)
 }
 
-/// [`attend_head`] compiled for AVX2 + FMA: the same code, so fused multiply-adds
-/// become single instructions and the lane loops vectorise; IEEE fused multiply-adds and
+/// [`attend`] compiled for AVX2 + FMA: the same code, so fused multiply-adds become
+/// single instructions and the lane loops vectorise; IEEE fused multiply-adds and
 /// additions are exact operations, so the results are bit-identical.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn attend_head_avx2<T: KvElem>(
+pub unsafe fn attend_avx2<T: KvElem>(
     q: &[f32],
-    keys: HeadRows<'_, T>,
-    values: HeadRows<'_, T>,
+    view: CacheView<'_, T>,
     rows: Range<usize>,
     scale: f32,
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
-    attend_head_body(q, keys, values, rows, scale, out, scratch)
+    attend_body(q, view, rows, scale, out, scratch)
 }
 
-/// [`attend_head`] without any CPU-specific code generation: the scalar twin.
-pub fn attend_head_portable<T: KvElem>(
+/// [`attend`] without any CPU-specific code generation: the scalar twin.
+pub fn attend_portable<T: KvElem>(
     q: &[f32],
-    keys: HeadRows<'_, T>,
-    values: HeadRows<'_, T>,
+    view: CacheView<'_, T>,
     rows: Range<usize>,
     scale: f32,
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
-    attend_head_body(q, keys, values, rows, scale, out, scratch)
+    attend_body(q, view, rows, scale, out, scratch)
 }
 
 #[inline(always)]
-fn attend_head_body<T: KvElem>(
+fn attend_body<T: KvElem>(
     q: &[f32],
-    keys: HeadRows<'_, T>,
-    values: HeadRows<'_, T>,
+    view: CacheView<'_, T>,
     rows: Range<usize>,
     scale: f32,
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
+    let CacheView {
+        keys,
+        values,
+        first_row,
+        precision,
+    } = view;
     let head_dim = keys.head_dim();
     let value_dim = values.head_dim();
     assert_eq!(q.len(), head_dim, "attend_head: q length != key head_dim");
@@ -259,8 +304,11 @@ fn attend_head_body<T: KvElem>(
         "attend_head: heads wider than {MAX_HEAD_DIM}"
     );
     assert!(
-        rows.end <= keys.n_rows() && rows.end <= values.n_rows(),
-        "attend_head: rows {rows:?} beyond the cache views ({} key rows, {} value rows)",
+        rows.start >= first_row
+            && rows.end - first_row <= keys.n_rows()
+            && rows.end - first_row <= values.n_rows(),
+        "attend_head: rows {rows:?} outside the cache views (from row {first_row}: {} key \
+         rows, {} value rows)",
         keys.n_rows(),
         values.n_rows()
     );
@@ -278,19 +326,19 @@ fn attend_head_body<T: KvElem>(
     let (probs, lanes) = scratch.split_at_mut(n);
     let lanes = &mut lanes[..VALUE_LANES * value_dim]; // [64, value_dim]
 
-    // The query at the cache's precision (a no-op for f32 storage).
+    // The query at the cache's precision (a no-op for f32).
     let mut q_rounded = [0f32; MAX_HEAD_DIM];
     let q_rounded = &mut q_rounded[..head_dim];
     for (r, &x) in q_rounded.iter_mut().zip(q) {
-        *r = T::round_activation(x);
+        *r = precision.round(x);
     }
-    let mut row = [0f32; MAX_HEAD_DIM];
+    let tail_f64 = precision == KvPrecision::F16;
+    let mut buf = [0f32; MAX_HEAD_DIM];
 
     // Scores, then softmax.
     for (s, j) in probs.iter_mut().zip(rows.clone()) {
-        let k = &mut row[..head_dim];
-        T::row_to_f32(keys.row(j), k);
-        *s = scale * score_dot(q_rounded, k, T::SCORE_TAIL_F64);
+        let k = T::row_f32(keys.row(j - first_row), &mut buf);
+        *s = scale * score_dot(q_rounded, k, tail_f64);
     }
     crate::scalar::softmax_cache_row(probs, rows.start);
 
@@ -305,9 +353,8 @@ fn attend_head_body<T: KvElem>(
         }
     }
     for (i, (&p, j)) in probs.iter().zip(rows.clone()).enumerate() {
-        let p = T::round_activation(p);
-        let v = &mut row[..value_dim];
-        T::row_to_f32(values.row(j), v);
+        let p = precision.round(p);
+        let v = T::row_f32(values.row(j - first_row), &mut buf);
         let lane = &mut lanes[(j % VALUE_LANES) * value_dim..][..value_dim];
         if i < VALUE_LANES {
             for (l, &x) in lane.iter_mut().zip(v.iter()) {

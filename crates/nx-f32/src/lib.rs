@@ -27,9 +27,10 @@ pub mod rope;
 pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
-pub use attention::attend_head_avx2;
+pub use attention::attend_avx2;
 pub use attention::{
-    attend_head, attend_head_portable, attend_scratch_len, HeadRows, KvElem, MAX_HEAD_DIM,
+    attend, attend_head, attend_portable, attend_scratch_len, CacheView, HeadRows, KvElem,
+    KvPrecision, MAX_HEAD_DIM,
 };
 pub use convert::{
     bf16_le_bytes_to_f32_row, bf16_to_f32_row, f16_le_bytes_to_f32_row, f16_to_f32_row,
@@ -188,7 +189,29 @@ pub fn gelu_tanh(x: f32) -> f32 {
     scalar::gelu_tanh(x)
 }
 
-pub use scalar::{expf_vector, swiglu_row_in_place};
+pub use scalar::expf_vector;
+
+/// `gate[i] = silu(gate[i])·up[i]` over one row with the reference engine's rounding
+/// ([`scalar::swiglu_row_in_place`]); built for FMA when the tier allows, which turns
+/// the vector exp's fused multiply-adds into instructions (same bits).
+pub fn swiglu_row_in_place(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2_fma() {
+        // SAFETY: `use_avx2_fma` verified AVX2 and FMA on this CPU.
+        return unsafe { swiglu_row_avx2(gate, up) };
+    }
+    scalar::swiglu_row_in_place(gate, up)
+}
+
+/// [`scalar::swiglu_row_in_place`] compiled for AVX2 + FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn swiglu_row_avx2(gate: &mut [f32], up: &[f32]) {
+    scalar::swiglu_row_in_place(gate, up)
+}
 
 /// `x = silu(x)`, element-wise.
 pub fn silu_in_place(x: &mut [f32]) {

@@ -201,7 +201,9 @@ pub fn softmax_in_place(x: &mut [f32]) {
 /// So here the groups of 16 are aligned to absolute row indices, every element takes the
 /// vector exp ([`expf_vector`]), and rows outside `x` count as the exact zeros the masked
 /// rows give there. The result depends only on the scores and on `first`, never on how
-/// the caller chunked its queries.
+/// the caller chunked its queries. Inlined so that callers compiled for FMA (the
+/// attention kernel) get the fused multiply-adds of [`expf_vector`] as instructions.
+#[inline(always)]
 pub fn softmax_cache_row(x: &mut [f32], first: usize) {
     if x.is_empty() {
         return;
@@ -230,6 +232,7 @@ pub fn softmax_cache_row(x: &mut [f32], first: usize) {
 
 /// Reduces 64 running sums held as four 16-lane registers `r0..r3` (lane `l` of `r_k` is
 /// element `16k + l`): `r0 += r2`, `r1 += r3`, `r0 += r1`, then [`reduce_add_16`].
+#[inline(always)]
 pub fn reduce_lanes_64(lanes: &[f32; 64]) -> f32 {
     let mut r = [0f32; 16];
     for l in 0..16 {
@@ -259,7 +262,7 @@ pub fn reduce_add_16(a: &[f32; 16]) -> f32 {
 /// after range reduction by `ln 2`, fused multiply-adds throughout; within about 1.5 ulp
 /// of the true value). Using the same approximation as llama.cpp keeps softmax and SiLU
 /// outputs identical to its own, so quantized activations downstream round the same way.
-#[inline]
+#[inline(always)]
 pub fn expf_vector(x: f32) -> f32 {
     let c = |bits: u32| f32::from_bits(bits);
     let round_shift = c(0x4b40_0000); // 1.5·2^23
@@ -274,8 +277,10 @@ pub fn expf_vector(x: f32) -> f32 {
     if n.abs() > 192.0 {
         return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
-    // j·2^n with one rounding (n is an integer here).
-    (f64::from(j) * 2f64.powi(n as i32)) as f32
+    // j·2^n with one rounding: n is an integer with |n| <= 192, so 2^n is an exact f64
+    // built from its exponent bits.
+    let two_n = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (f64::from(j) * two_n) as f32
 }
 
 /// SiLU: `x / (1 + e^(−x))`, the form ggml uses, with libm's exp (the reference engine's
@@ -293,6 +298,7 @@ pub fn silu_vector(x: f32) -> f32 {
 
 /// `gate[i] = silu(gate[i])·up[i]` over one row, as the reference engine's SwiGLU does it:
 /// the vector SiLU for whole groups of 16 from the row start, the scalar one for the tail.
+#[inline(always)]
 pub fn swiglu_row_in_place(gate: &mut [f32], up: &[f32]) {
     let whole = gate.len() / 16 * 16;
     for (i, (g, &u)) in gate.iter_mut().zip(up).enumerate() {

@@ -792,16 +792,71 @@ fn attend_head_avx2_matches_portable_twin() {
             let (mut a, mut b) = (vec![0.0; head_dim], vec![0.0; head_dim]);
             let keys = HeadRows::head(&k, 2, head_dim, 1).unwrap();
             let vals = HeadRows::head(&v, 2, head_dim, 1).unwrap();
-            attend_head_portable(&q, keys, vals, range.clone(), 0.3, &mut a, &mut s1);
+            let view = CacheView {
+                keys,
+                values: vals,
+                first_row: 0,
+                precision: KvPrecision::F32,
+            };
+            attend_portable(&q, view, range.clone(), 0.3, &mut a, &mut s1);
             // SAFETY: AVX2 and FMA were detected above.
-            unsafe { attend_head_avx2(&q, keys, vals, range.clone(), 0.3, &mut b, &mut s2) };
+            unsafe { attend_avx2(&q, view, range.clone(), 0.3, &mut b, &mut s2) };
             assert_eq!(a, b, "f32 head_dim={head_dim} range={range:?}");
             let keys = HeadRows::head(&k16, 2, head_dim, 0).unwrap();
             let vals = HeadRows::head(&v16, 2, head_dim, 0).unwrap();
-            attend_head_portable(&q, keys, vals, range.clone(), 0.3, &mut a, &mut s1);
+            let view = CacheView {
+                keys,
+                values: vals,
+                first_row: 0,
+                precision: KvPrecision::F16,
+            };
+            attend_portable(&q, view, range.clone(), 0.3, &mut a, &mut s1);
             // SAFETY: as above.
-            unsafe { attend_head_avx2(&q, keys, vals, range.clone(), 0.3, &mut b, &mut s2) };
+            unsafe { attend_avx2(&q, view, range.clone(), 0.3, &mut b, &mut s2) };
             assert_eq!(a, b, "f16 head_dim={head_dim} range={range:?}");
+            // The same f16 rows widened to f32 and viewed from a later first row give the
+            // same bits: what a prefill chunk does.
+            let base = range.start.min(3);
+            let wide_k: Vec<f32> = k16[base * 2 * head_dim..]
+                .iter()
+                .map(|x| x.to_f32())
+                .collect();
+            let wide_v: Vec<f32> = v16[base * 2 * head_dim..]
+                .iter()
+                .map(|x| x.to_f32())
+                .collect();
+            let widened = CacheView {
+                keys: HeadRows::head(&wide_k, 2, head_dim, 0).unwrap(),
+                values: HeadRows::head(&wide_v, 2, head_dim, 0).unwrap(),
+                first_row: base,
+                precision: KvPrecision::F16,
+            };
+            attend(&q, widened, range.clone(), 0.3, &mut b, &mut s2);
+            assert_eq!(a, b, "widened f16 head_dim={head_dim} range={range:?}");
         }
+    }
+}
+
+/// SwiGLU's FMA build against the portable one: same bits (rows with and without a tail
+/// past the groups of 16, values across the exp's range).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn swiglu_avx2_matches_portable_twin() {
+    if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
+    {
+        eprintln!("skipped: no AVX2/FMA on this CPU");
+        return;
+    }
+    for len in [1usize, 15, 16, 100, 4864] {
+        let gate: Vec<f32> = values(150 + len as u64, len)
+            .iter()
+            .map(|v| v * 40.0)
+            .collect();
+        let up = values(151 + len as u64, len);
+        let (mut a, mut b) = (gate.clone(), gate.clone());
+        nx_f32::scalar::swiglu_row_in_place(&mut a, &up);
+        // SAFETY: AVX2 and FMA were detected above.
+        unsafe { swiglu_row_avx2(&mut b, &up) };
+        assert_eq!(a, b, "len {len}");
     }
 }

@@ -23,7 +23,7 @@ use crate::avx2::{
     block_of_each, common_blocks, f16_splat, f32_splat, hsum4_ps, hsum_ps, k4_min_lanes,
     lanes8_chain, lanes8_chain4, load16, load32,
 };
-use crate::dispatch::DotKernel4;
+use crate::dispatch::{DotKernel4, DotKernelRows4};
 use crate::dot_scalar::DotKernel;
 use crate::formats::{
     q4_k, q5_0, q6_k, q8_k, read_f32, read_u32, scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES,
@@ -388,6 +388,130 @@ checked_entry4! {
     dot4_q8_0_q8_0 => q8_0_x4_impl,
     dot4_q4_k_q8_k => q4_k_x4_impl,
     dot4_q6_k_q8_k => q6_k_x4_impl,
+}
+
+/// The four-row kernel (one token, four weight rows) of `weight_type`, when this module
+/// has one and the CPU can run it.
+pub(crate) fn kernel_rows4(weight_type: GgmlType) -> Option<DotKernelRows4> {
+    if !available() {
+        return None;
+    }
+    let k: DotKernelRows4 = match weight_type {
+        GgmlType::Q5_0 => dot_rows4_q5_0_q8_0,
+        GgmlType::Q8_0 => dot_rows4_q8_0_q8_0,
+        _ => return None,
+    };
+    Some(k)
+}
+
+/// Safe four-row entry points, handed out only by [`kernel_rows4`].
+macro_rules! checked_entry_rows4 {
+    ($($name:ident => $imp:ident),* $(,)?) => {$(
+        fn $name(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+            // SAFETY: reachable only through `kernel_rows4`, which verified AVX-512
+            // F/BW/VL/VNNI, AVX2, FMA and F16C on this CPU; the implementation reads only
+            // inside whole blocks of every `w` and of `x`.
+            unsafe { $imp(w, x) }
+        }
+    )*};
+}
+
+checked_entry_rows4! {
+    dot_rows4_q5_0_q8_0 => q5_0_rows4_impl,
+    dot_rows4_q8_0_q8_0 => q8_0_rows4_impl,
+}
+
+/// Runs a per-block expression over the whole blocks of four weight rows `$w` and one
+/// activation row `$x`. The activation block is prepared once (`$act`: its quants, the
+/// per-lane correction the kernel subtracts, its scale); `$row` gives each row's integer
+/// lanes and weight scale. Each row keeps its own eight-lane FMA chain with the
+/// single-token kernel's exact operations (`d_w·d_x`, then one FMA per block), so output
+/// `r` has the bits of [`lanes8_chain`] on `(w[r], x)`; the four independent chains
+/// also hide the FMA latency a single row waits on.
+macro_rules! lanes8_rows4 {
+    ($w:expr, $x:expr, $wbytes:expr, |$xb:ident| ($xq:ident, $corr:ident) = $act:block,
+     |$wb:ident| $row:block) => {{
+        let w = $w;
+        let n_blocks = w
+            .iter()
+            .map(|wr| wr.len() / $wbytes)
+            .fold($x.len() / Q8_0_BYTES, usize::min);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for b in 0..n_blocks {
+            let $xb = &$x[b * Q8_0_BYTES..(b + 1) * Q8_0_BYTES];
+            let ($xq, $corr) = $act;
+            let dx = f16_splat($xb, 0);
+            for r in 0..4 {
+                let $wb = &w[r][b * $wbytes..(b + 1) * $wbytes];
+                let sumi: __m256i = $row;
+                let d = _mm256_mul_ps(f16_splat($wb, 0), dx);
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[r]);
+            }
+        }
+        [
+            hsum_ps(acc[0]),
+            hsum_ps(acc[1]),
+            hsum_ps(acc[2]),
+            hsum_ps(acc[3]),
+        ]
+    }};
+}
+
+/// Q5_0 × Q8_0 for four weight rows and one token: [`q5_0_impl`] with the activation's
+/// `16·Σx` lanes formed once per block for the four rows.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q5_0_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+    let low4 = _mm_set1_epi8(0x0F);
+    let sixteens = _mm256_set1_epi8(16);
+    let zero = _mm256_setzero_si256();
+    lanes8_rows4!(
+        w,
+        x,
+        Q5_0_BYTES,
+        |xb| (xq, corr) = {
+            // SAFETY: x quants are bytes 2..34 of a 34-byte block.
+            let xq = unsafe { load32(xb, 2) };
+            (xq, _mm256_dpbusd_epi32(zero, sixteens, xq))
+        },
+        |wb| {
+            // SAFETY: qs is bytes 6..22 of a 22-byte block.
+            let qs = unsafe { load16(wb, q5_0::QS) };
+            let lo = _mm_and_si128(qs, low4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+            let q4 = _mm256_set_m128i(hi, lo);
+            let q = _mm256_mask_add_epi8(q4, read_u32(wb, q5_0::QH), q4, sixteens);
+            _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, q, xq), corr)
+        }
+    )
+}
+
+/// Q8_0 × Q8_0 for four weight rows and one token: [`q8_0_impl`] with the activation's
+/// `128·Σx` lanes formed once per block for the four rows.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_0_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+    let bias = _mm256_set1_epi8(-128);
+    let zero = _mm256_setzero_si256();
+    lanes8_rows4!(
+        w,
+        x,
+        Q8_0_BYTES,
+        |xb| (xq, corr) = {
+            // SAFETY: x quants are bytes 2..34 of a 34-byte block.
+            let xq = unsafe { load32(xb, 2) };
+            (xq, _mm256_dpbusd_epi32(zero, bias, xq))
+        },
+        |wb| {
+            // SAFETY: quants are bytes 2..34 of a 34-byte block.
+            let wq = _mm256_xor_si256(unsafe { load32(wb, 2) }, bias);
+            _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, wq, xq), corr)
+        }
+    )
 }
 
 /// Q4_0 × Q8_0 for four tokens: [`q4_0_impl`] with the nibbles unpacked once per block.

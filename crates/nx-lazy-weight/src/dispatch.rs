@@ -99,6 +99,25 @@ pub fn dot_kernel4_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel
     }
 }
 
+/// A four-row dot kernel: `dot(w[r], x)` for four weight rows and one activation row
+/// (matrix-vector products, as in decoding). Output `r` is bit-identical to the same
+/// tier's single-token [`DotKernel`] on `(w[r], x)` (see `tests/multi_token.rs`).
+pub type DotKernelRows4 = fn(w: [&[u8]; 4], x: &[u8]) -> [f32; 4];
+
+/// The four-row kernel of `weight_type` at `tier`, when the tier has one (Q5_0 and Q8_0
+/// on AVX-512 VNNI). `None` otherwise: callers then use [`dot_kernel_for`] per row,
+/// which gives the same bits.
+pub fn dot_kernel_rows4_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernelRows4> {
+    if !tier_supported(tier) {
+        return None;
+    }
+    match tier {
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Avx512Vnni => crate::avx512::kernel_rows4(weight_type),
+        _ => None,
+    }
+}
+
 /// The kernel of `weight_type` at the [`active_tier`].
 pub fn active_dot_kernel(weight_type: GgmlType) -> Result<DotKernel, LazyWeightError> {
     dot_kernel_for(active_tier()?, weight_type).ok_or(LazyWeightError::UnsupportedType {

@@ -40,7 +40,8 @@ pub mod quant;
 
 pub use dequant::dequantize_row;
 pub use dispatch::{
-    active_tier, dot_kernel4_for, dot_kernel_for, dot_row, supported_tiers, DotKernel4,
+    active_tier, dot_kernel4_for, dot_kernel_for, dot_kernel_rows4_for, dot_row, supported_tiers,
+    DotKernel4, DotKernelRows4,
 };
 pub use dot_scalar::DotKernel;
 pub use error::LazyWeightError;

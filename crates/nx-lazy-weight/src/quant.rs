@@ -113,6 +113,15 @@ pub(crate) fn quantize_q8_0_unchecked(x: &[f32], out: &mut [u8]) {
     }
 }
 
+/// `x` rounded to the nearest integer, ties to even, the way ggml's `nearest_int` does
+/// it: add 1.5·2^23 and read the low mantissa bits. Exact for |x| < 2^22 (quantizers
+/// round values of at most about 127); a plain add, so no libm call on any tier.
+#[inline(always)]
+fn nearest_int(x: f32) -> i32 {
+    let shifted = x + 12_582_912.0;
+    (shifted.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
 /// Q8_0 for activations, the way ggml's x86 build quantizes them before a Q4_0/Q5_0/Q8_0
 /// dot product: the multiplier is `127/amax` (not `1/(amax/127)`) and rounding is to
 /// nearest-even. It differs from the reference quantizer in the last bit of rare
@@ -124,7 +133,7 @@ pub(crate) fn quantize_q8_0_acts(x: &[f32], out: &mut [u8]) {
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         ob[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
         for (o, &v) in ob[2..].iter_mut().zip(xb) {
-            *o = (v * id).round_ties_even() as i8 as u8;
+            *o = nearest_int(v * id).clamp(-128, 127) as i8 as u8;
         }
     }
 }
@@ -147,9 +156,7 @@ pub(crate) fn quantize_q8_k_unchecked(x: &[f32], out: &mut [u8]) {
         let iscale = -127.0f32 / max;
         let mut quants = [0i8; QK_K];
         for (q, &v) in quants.iter_mut().zip(xb) {
-            // ggml's nearest_int adds 1.5·2^23 and reads the mantissa: round half to
-            // even, exact for |v| < 2^22 (here |v| ≤ 127-ish).
-            let r = (iscale * v).round_ties_even() as i32;
+            let r = nearest_int(iscale * v);
             *q = r.min(127) as i8;
         }
         ob[..4].copy_from_slice(&(1.0f32 / iscale).to_le_bytes());

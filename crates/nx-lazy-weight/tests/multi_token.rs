@@ -1,4 +1,4 @@
-//! The four-token dot kernels against the single-token ones, bit for bit.
+//! The four-token and four-row dot kernels against the single-token ones, bit for bit.
 //!
 //! A four-token kernel decodes each weight block once for four activation rows; its
 //! output `t` must be the very bits of the same tier's single-token kernel on
@@ -12,8 +12,8 @@ mod common;
 
 use common::{assert_bits_eq, random_row_bytes, Rng};
 use nx_lazy_weight::{
-    dot_kernel4_for, dot_kernel_for, dot_row, matmul, quantize_row, row_bytes, supported_tiers,
-    vec_dot_type, CpuTier, GgmlType, LazyWeight, QuantizedActs,
+    dot_kernel4_for, dot_kernel_for, dot_kernel_rows4_for, dot_row, matmul, quantize_row,
+    row_bytes, supported_tiers, vec_dot_type, CpuTier, GgmlType, LazyWeight, QuantizedActs,
 };
 
 /// The types with four-token kernels on some tier.
@@ -114,6 +114,47 @@ fn four_token_kernel_equals_single_token_kernel_bit_for_bit() {
         }
     }
     eprintln!("four-token cases checked: {checked}");
+}
+
+#[test]
+fn four_row_kernel_equals_single_token_kernel_bit_for_bit() {
+    let mut checked = 0;
+    for tier in supported_tiers() {
+        if tier == CpuTier::Avx512Vnni {
+            for ty in [GgmlType::Q5_0, GgmlType::Q8_0] {
+                assert!(dot_kernel_rows4_for(tier, ty).is_some(), "{tier} {ty}");
+            }
+        }
+        for ty in MULTI_TYPES {
+            let Some(rows4) = dot_kernel_rows4_for(tier, ty) else {
+                continue;
+            };
+            let single = dot_kernel_for(tier, ty).unwrap();
+            let block = ty.block_size();
+            for (case, n_blocks) in [1usize, 2, 3, 8, 17].into_iter().enumerate() {
+                for via_quantizer in [false, true] {
+                    let k = n_blocks * block;
+                    let mut rng = Rng::new(
+                        (ty.id() as u64) << 20 | (case as u64) << 1 | via_quantizer as u64,
+                    );
+                    let ws: Vec<Vec<u8>> = (0..4)
+                        .map(|_| weight_row(&mut rng, ty, k, via_quantizer))
+                        .collect();
+                    let x = act_row(&mut rng, ty, k, case);
+                    let got = rows4([&ws[0], &ws[1], &ws[2], &ws[3]], &x);
+                    let want: Vec<f32> = ws.iter().map(|w| single(w, &x)).collect();
+                    assert!(want.iter().any(|&v| v != 0.0), "{tier} {ty}: all zero");
+                    assert_bits_eq(
+                        &got,
+                        &want,
+                        &format!("{tier} {ty} K={k} quantizer={via_quantizer} rows4"),
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    eprintln!("four-row cases checked: {checked}");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use nx_f32::{attend_head, GeluTable, HeadRows, KvElem, RopeStyle, RopeTable};
+use nx_f32::{attend, CacheView, GeluTable, HeadRows, KvElem, KvPrecision, RopeStyle, RopeTable};
 use nx_kv_cache::{KvCache, KvError, KvRows};
 use nx_lazy_weight::{LazyWeight, LazyWeightError};
 use nx_syscalls::ThreadPool;
@@ -98,6 +98,9 @@ pub struct BlockScratch {
     up: Vec<f32>,     // [n, n_ff]
     /// One attention scratch (probabilities and value lanes) per pool thread.
     probs: Vec<Vec<f32>>,
+    /// A prefill chunk's f16 K and V cache rows widened to f32.
+    widened_k: Vec<f32>,
+    widened_v: Vec<f32>,
     projector: Projector,
     rope: Option<(usize, u32, RopeTable)>, // (rope_dim, base bits, table)
 }
@@ -228,12 +231,46 @@ pub fn forward(
         sized(p, nx_f32::attend_scratch_len(pos + n, cfg.value_dim));
     }
     let probs = &mut s.probs[..n_slots];
+    // The first cache row any query of the chunk reads.
+    let first_row = match cfg.window {
+        Some(wnd) => (pos + 1).saturating_sub(wnd),
+        None => 0,
+    };
     match (keys, values) {
+        (KvRows::F16 { data: kd, .. }, KvRows::F16 { data: vd, .. }) if n > 1 => {
+            // A prefill chunk reads every row many times: widen the rows it needs to f32
+            // once (exact), and keep the f16 rounding of query and probabilities.
+            let kd = &kd[first_row * k_dim..];
+            let vd = &vd[first_row * v_dim..];
+            let wk = sized(&mut s.widened_k, kd.len()); // [rows, k_dim]
+            nx_f32::f16_to_f32_row(kd, wk);
+            let wv = sized(&mut s.widened_v, vd.len()); // [rows, v_dim]
+            nx_f32::f16_to_f32_row(vd, wv);
+            let rows = CacheRows {
+                keys: wk,
+                values: wv,
+                first_row,
+                precision: KvPrecision::F16,
+            };
+            attend_chunk(cfg, layer, rows, q, pos, attn, probs, pool)?
+        }
         (KvRows::F16 { data: kd, .. }, KvRows::F16 { data: vd, .. }) => {
-            attend_chunk(cfg, layer, kd, vd, q, pos, attn, probs, pool)?
+            let rows = CacheRows {
+                keys: kd,
+                values: vd,
+                first_row: 0,
+                precision: KvPrecision::F16,
+            };
+            attend_chunk(cfg, layer, rows, q, pos, attn, probs, pool)?
         }
         (KvRows::F32 { data: kd, .. }, KvRows::F32 { data: vd, .. }) => {
-            attend_chunk(cfg, layer, kd, vd, q, pos, attn, probs, pool)?
+            let rows = CacheRows {
+                keys: kd,
+                values: vd,
+                first_row: 0,
+                precision: KvPrecision::F32,
+            };
+            attend_chunk(cfg, layer, rows, q, pos, attn, probs, pool)?
         }
         _ => return Err(bad_view(layer, "mixed K/V storage types")),
     }
@@ -301,17 +338,24 @@ fn bad_view(layer: usize, what: &'static str) -> BlockError {
     }
 }
 
+/// One layer's K and V cache rows (`[rows, n_head_kv · dim]`) from cache row
+/// `first_row` on, with the rounding of the cache type they came from.
+struct CacheRows<'a, T> {
+    keys: &'a [T],
+    values: &'a [T],
+    first_row: usize,
+    precision: KvPrecision,
+}
+
 /// Attention of every (token, query head) pair of the chunk against the cache rows
-/// `keys`/`values` (`[rows, n_head_kv · dim]`), written to `attn` (`[n, n_head ·
-/// value_dim]`). The pairs are spread over `pool`, one `probs` row per thread (at most
-/// `probs.len()` threads); each pair is computed whole by one thread, so the result does
-/// not depend on the split.
+/// `rows`, written to `attn` (`[n, n_head · value_dim]`). The pairs are spread over
+/// `pool`, one scratch per thread (at most `probs.len()` threads); each pair is computed
+/// whole by one thread, so the result does not depend on the split.
 #[allow(clippy::too_many_arguments)]
 fn attend_chunk<T: KvElem>(
     cfg: &LayerConfig,
     layer: usize,
-    keys: &[T],
-    values: &[T],
+    rows: CacheRows<'_, T>,
     q: &[f32],
     pos: usize,
     attn: &mut [f32],
@@ -337,13 +381,19 @@ fn attend_chunk<T: KvElem>(
             };
             let kv_head = h / group;
             let qh = &q[t * q_dim + h * cfg.head_dim..t * q_dim + (h + 1) * cfg.head_dim];
-            let kh = HeadRows::head(keys, cfg.n_head_kv, cfg.head_dim, kv_head);
-            let vh = HeadRows::head(values, cfg.n_head_kv, cfg.value_dim, kv_head);
-            let (Some(kh), Some(vh)) = (kh, vh) else {
+            let kh = HeadRows::head(rows.keys, cfg.n_head_kv, cfg.head_dim, kv_head);
+            let vh = HeadRows::head(rows.values, cfg.n_head_kv, cfg.value_dim, kv_head);
+            let (Some(keys), Some(values)) = (kh, vh) else {
                 missing_view.store(true, Ordering::Relaxed);
                 return;
             };
-            attend_head(qh, kh, vh, start..end, cfg.kq_scale, out, probs);
+            let view = CacheView {
+                keys,
+                values,
+                first_row: rows.first_row,
+                precision: rows.precision,
+            };
+            attend(qh, view, start..end, cfg.kq_scale, out, probs);
         }
     });
     if missing_view.load(Ordering::Relaxed) {
