@@ -358,114 +358,56 @@ unsafe fn rows_into(
     if rows.is_empty() || n == 0 {
         return;
     }
-    let w_rows = &w.bytes()[rows.start * w.row_bytes()..rows.end * w.row_bytes()];
-    let x_rows = &xq.data[..n * xq.row_bytes];
-    // Weight row outer, tokens inner: each weight row is read once and reused for
-    // every token while it is in cache. Tokens go four at a time through the four-token
-    // kernel (each weight block decoded once for the four); the rest (every token when
-    // decoding) take four weight rows at a time through the four-row kernel (each
-    // activation block prepared once for the four), or one at a time. All give every
-    // output the same bits, so the grouping never shows in `y`.
-    let grouped = if kernels.four.is_some() { n / 4 * 4 } else { 0 };
     let row_bytes = w.row_bytes();
-    let mut r = rows.start;
-    let mut w_rows = w_rows;
-    while r < rows.end {
-        // The tokens left over from the four-token groups (all of them when decoding)
-        // take four weight rows at a time through the four-row kernel when there is one.
-        if let (Some(rows4), true) = (kernels.rows4, rows.end - r >= 4 && grouped < n) {
-            let (w4, rest) = w_rows.split_at(4 * row_bytes);
-            let (w01, w23) = w4.split_at(2 * row_bytes);
-            let (w0, w1) = w01.split_at(row_bytes);
-            let (w2, w3) = w23.split_at(row_bytes);
-            if let Some(four) = kernels.four {
-                for i in 0..4 {
-                    // SAFETY: as below, for row r + i.
-                    unsafe {
-                        four_token_groups(
-                            four,
-                            w4,
-                            i,
-                            row_bytes,
-                            x_rows,
-                            xq.row_bytes,
-                            grouped,
-                            out,
-                            stride,
-                            r + i - col0,
-                        )
-                    };
+    let x_row_bytes = xq.row_bytes;
+    let w_rows = &w.bytes()[rows.start * row_bytes..rows.end * row_bytes];
+    let x_rows = &xq.data[..n * x_row_bytes];
+    // Token groups outer, weight rows inner: a chunk's weight rows (a few KiB when
+    // prefilling, see `rows_per_chunk`) stay in L1 while each group's activations are
+    // read once per chunk, not once per weight row. Tokens go four at a time through
+    // the four-token kernel (each weight block decoded once for the four); the rest
+    // (every token when decoding) take four weight rows at a time through the four-row
+    // kernel (each activation block prepared once for the four), or one at a time. All
+    // give every output the same bits, so the grouping never shows in `y`.
+    let grouped = if kernels.four.is_some() { n / 4 * 4 } else { 0 };
+    if let Some(four) = kernels.four {
+        for (g, xs) in x_rows[..grouped * x_row_bytes]
+            .chunks_exact(4 * x_row_bytes)
+            .enumerate()
+        {
+            let (x01, x23) = xs.split_at(2 * x_row_bytes);
+            let (x0, x1) = x01.split_at(x_row_bytes);
+            let (x2, x3) = x23.split_at(x_row_bytes);
+            for (r, w_row) in rows.clone().zip(w_rows.chunks_exact(row_bytes)) {
+                let ys = four(w_row, [x0, x1, x2, x3]);
+                for (k, y) in ys.into_iter().enumerate() {
+                    // SAFETY: in bounds and unshared by the caller's contract.
+                    unsafe { *out.add((4 * g + k) * stride + r - col0) = y };
                 }
             }
-            for (t, x_row) in x_rows.chunks_exact(xq.row_bytes).enumerate().skip(grouped) {
+        }
+    }
+    for (t, x_row) in x_rows.chunks_exact(x_row_bytes).enumerate().skip(grouped) {
+        let mut r = rows.start;
+        let mut w_left = w_rows;
+        if let Some(rows4) = kernels.rows4 {
+            while rows.end - r >= 4 {
+                let (w4, rest) = w_left.split_at(4 * row_bytes);
+                let (w01, w23) = w4.split_at(2 * row_bytes);
+                let (w0, w1) = w01.split_at(row_bytes);
+                let (w2, w3) = w23.split_at(row_bytes);
                 let ys = rows4([w0, w1, w2, w3], x_row);
                 for (i, y) in ys.into_iter().enumerate() {
                     // SAFETY: in bounds and unshared by the caller's contract.
                     unsafe { *out.add(t * stride + r + i - col0) = y };
                 }
+                w_left = rest;
+                r += 4;
             }
-            w_rows = rest;
-            r += 4;
-            continue;
         }
-        let (w_row, rest) = w_rows.split_at(row_bytes);
-        if let Some(four) = kernels.four {
-            // SAFETY: in bounds and unshared by the caller's contract.
-            unsafe {
-                four_token_groups(
-                    four,
-                    w_row,
-                    0,
-                    row_bytes,
-                    x_rows,
-                    xq.row_bytes,
-                    grouped,
-                    out,
-                    stride,
-                    r - col0,
-                )
-            };
-        }
-        for (t, x_row) in x_rows.chunks_exact(xq.row_bytes).enumerate().skip(grouped) {
+        for (r, w_row) in (r..rows.end).zip(w_left.chunks_exact(row_bytes)) {
             // SAFETY: in bounds and unshared by the caller's contract.
             unsafe { *out.add(t * stride + r - col0) = (kernels.single)(w_row, x_row) };
-        }
-        w_rows = rest;
-        r += 1;
-    }
-}
-
-/// The first `grouped` tokens (a multiple of four) against weight row `i` of `w_rows`,
-/// through the four-token kernel; output column `col`.
-///
-/// # Safety
-/// `out` must be valid for writes at `t·stride + col` for `t < grouped`, with no other
-/// thread accessing those elements during the call.
-#[allow(clippy::too_many_arguments)]
-unsafe fn four_token_groups(
-    four: DotKernel4,
-    w_rows: &[u8],
-    i: usize,
-    row_bytes: usize,
-    x_rows: &[u8],
-    x_row_bytes: usize,
-    grouped: usize,
-    out: *mut f32,
-    stride: usize,
-    col: usize,
-) {
-    let w_row = &w_rows[i * row_bytes..(i + 1) * row_bytes];
-    for (g, xs) in x_rows[..grouped * x_row_bytes]
-        .chunks_exact(4 * x_row_bytes)
-        .enumerate()
-    {
-        let (x01, x23) = xs.split_at(2 * x_row_bytes);
-        let (x0, x1) = x01.split_at(x_row_bytes);
-        let (x2, x3) = x23.split_at(x_row_bytes);
-        let ys = four(w_row, [x0, x1, x2, x3]);
-        for (k, y) in ys.into_iter().enumerate() {
-            // SAFETY: in bounds and unshared by the caller's contract.
-            unsafe { *out.add((4 * g + k) * stride + col) = y };
         }
     }
 }
