@@ -3,37 +3,22 @@
 //! context that keeps the program running, `nx run --chat` agreeing with the first
 //! turn, and bad flags exiting 2 with one line.
 
-// The tiny model builder is shared with nx-run's tests.
-#[path = "../../nx-run/tests/common/tiny_model.rs"]
-mod tiny_model;
+mod common;
+
+use common::nx;
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::OnceLock;
 
-fn nx() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nx"))
-}
-
 fn scratch_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("nx-cli-chat-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::scratch_dir("chat")
 }
 
 /// The tiny model, written once per test process.
 fn model_path() -> &'static PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let p = scratch_dir().join("tiny.gguf");
-        std::fs::write(
-            &p,
-            tiny_model::tiny_gguf(tiny_model::TinyOptions::default()),
-        )
-        .unwrap();
-        p
-    })
+    common::tiny_model_path("chat")
 }
 
 /// A template in the tiny vocabulary's characters: per message, a line with the role's

@@ -1,17 +1,14 @@
 //! `nx inspect` end to end: good files print, bad files exit 2 with one line and no panic.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
+use std::path::PathBuf;
+
+use common::nx;
 use nx_gguf::{GgmlType, GgufWriter, Value};
 
-fn nx() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nx"))
-}
-
 fn scratch(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("nx-cli-inspect-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch_dir("inspect");
     let p = dir.join(name);
     std::fs::write(&p, bytes).unwrap();
     p

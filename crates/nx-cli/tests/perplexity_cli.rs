@@ -2,41 +2,25 @@
 //! printed figures are the library's, `--chunks` bounds the windows, and bad input
 //! (missing or empty file, a text too short, bad flags) exits 2 with one line.
 
-// The tiny model builder is shared with nx-run's tests.
-#[path = "../../nx-run/tests/common/tiny_model.rs"]
-mod tiny_model;
+mod common;
+
+use common::nx;
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::process::Output;
 
 use nx_bpe::Tokenizer;
 use nx_gguf::Gguf;
 use nx_llama_stack::Model;
 use nx_run::{perplexity, KvDtype, PerplexityConfig};
 
-fn nx() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nx"))
-}
-
 fn scratch_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("nx-cli-ppl-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::scratch_dir("ppl")
 }
 
 /// The tiny model, written once per test process.
 fn model_path() -> &'static PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let p = scratch_dir().join("tiny.gguf");
-        std::fs::write(
-            &p,
-            tiny_model::tiny_gguf(tiny_model::TinyOptions::default()),
-        )
-        .unwrap();
-        p
-    })
+    common::tiny_model_path("ppl")
 }
 
 /// A text of a few hundred tokens in the tiny vocabulary, written to `name`.

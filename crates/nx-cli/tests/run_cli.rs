@@ -3,39 +3,23 @@
 //! from a flag and from stdin, and bad input (flags, model, context) exiting 2 with one
 //! line.
 
-// The tiny model builder is shared with nx-run's tests.
-#[path = "../../nx-run/tests/common/tiny_model.rs"]
-mod tiny_model;
+mod common;
+
+use common::{nx, tiny_model};
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::process::Stdio;
 
 use serde_json::Value;
 
-fn nx() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nx"))
-}
-
 fn scratch_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("nx-cli-run-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::scratch_dir("run")
 }
 
 /// The tiny model, written once per test process.
 fn model_path() -> &'static PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let p = scratch_dir().join("tiny.gguf");
-        std::fs::write(
-            &p,
-            tiny_model::tiny_gguf(tiny_model::TinyOptions::default()),
-        )
-        .unwrap();
-        p
-    })
+    common::tiny_model_path("run")
 }
 
 fn run_ok(args: &[&str]) -> (String, String) {
