@@ -342,8 +342,28 @@ fn attend_body<T: KvElem>(
     }
     crate::scalar::softmax_cache_row(probs, rows.start);
 
-    // Weighted sum of value rows into 64 lanes per column. The first row that reaches a
-    // lane sets it; lanes no row reaches are zeroed.
+    weighted_values(
+        probs, values, first_row, rows, precision, lanes, out, &mut buf,
+    );
+}
+
+/// `out[d] = Σ_j p_j·v_j[d]` for the probabilities `probs` of `rows`: each row feeds
+/// lane `j mod 64` of every column by a fused multiply-add (the first row that reaches a
+/// lane sets it; lanes no row reaches are zeroed), then the lanes are reduced.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn weighted_values<T: KvElem>(
+    probs: &[f32],
+    values: HeadRows<'_, T>,
+    first_row: usize,
+    rows: Range<usize>,
+    precision: KvPrecision,
+    lanes: &mut [f32],
+    out: &mut [f32],
+    buf: &mut [f32; MAX_HEAD_DIM],
+) {
+    let value_dim = values.head_dim();
+    let n = rows.len();
     if n < VALUE_LANES {
         for lane in 0..VALUE_LANES {
             let reached = (lane + VALUE_LANES - rows.start % VALUE_LANES) % VALUE_LANES < n;
@@ -352,9 +372,9 @@ fn attend_body<T: KvElem>(
             }
         }
     }
-    for (i, (&p, j)) in probs.iter().zip(rows.clone()).enumerate() {
+    for (i, (&p, j)) in probs.iter().zip(rows).enumerate() {
         let p = precision.round(p);
-        let v = T::row_f32(values.row(j - first_row), &mut buf);
+        let v = T::row_f32(values.row(j - first_row), buf);
         let lane = &mut lanes[(j % VALUE_LANES) * value_dim..][..value_dim];
         if i < VALUE_LANES {
             for (l, &x) in lane.iter_mut().zip(v.iter()) {
@@ -368,6 +388,139 @@ fn attend_body<T: KvElem>(
     }
     reduce_value_lanes(lanes, value_dim, out);
 }
+
+/// Scratch values [`attend_group`] needs for `group` query heads over `n_rows` rows.
+pub fn attend_group_scratch_len(group: usize, n_rows: usize, value_dim: usize) -> usize {
+    group * n_rows + VALUE_LANES * value_dim
+}
+
+/// [`attend`] for the `group` query heads that share one KV head (`qs`: `[group,
+/// head_dim]`, `outs`: `[group, value_dim]`): each key row is read once for all of
+/// them. Every head's result has the bits [`attend`] gives it alone.
+///
+/// # Panics
+/// As [`attend`]; also when `qs` or `outs` is not `group` heads long or `scratch` is
+/// shorter than [`attend_group_scratch_len`].
+pub fn attend_group<T: KvElem>(
+    qs: &[f32],
+    view: CacheView<'_, T>,
+    rows: Range<usize>,
+    scale: f32,
+    outs: &mut [f32],
+    scratch: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::use_avx2_fma() {
+        // SAFETY: `use_avx2_fma` verified AVX2 and FMA on this CPU.
+        return unsafe { attend_group_avx2(qs, view, rows, scale, outs, scratch) };
+    }
+    attend_group_body(qs, view, rows, scale, outs, scratch)
+}
+
+/// [`attend_group`] compiled for AVX2 + FMA (bit-identical, as [`attend_avx2`]).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn attend_group_avx2<T: KvElem>(
+    qs: &[f32],
+    view: CacheView<'_, T>,
+    rows: Range<usize>,
+    scale: f32,
+    outs: &mut [f32],
+    scratch: &mut [f32],
+) {
+    attend_group_body(qs, view, rows, scale, outs, scratch)
+}
+
+#[inline(always)]
+fn attend_group_body<T: KvElem>(
+    qs: &[f32],
+    view: CacheView<'_, T>,
+    rows: Range<usize>,
+    scale: f32,
+    outs: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let CacheView {
+        keys,
+        values,
+        first_row,
+        precision,
+    } = view;
+    let head_dim = keys.head_dim();
+    let value_dim = values.head_dim();
+    assert!(head_dim > 0 && value_dim > 0, "attend_group: empty heads");
+    let group = qs.len() / head_dim;
+    assert!(
+        qs.len() == group * head_dim && outs.len() == group * value_dim,
+        "attend_group: {} query values and {} outputs for heads of {head_dim} and {value_dim}",
+        qs.len(),
+        outs.len()
+    );
+    assert!(
+        head_dim <= MAX_HEAD_DIM && value_dim <= MAX_HEAD_DIM,
+        "attend_group: heads wider than {MAX_HEAD_DIM}"
+    );
+    assert!(
+        rows.start >= first_row
+            && rows.end - first_row <= keys.n_rows()
+            && rows.end - first_row <= values.n_rows(),
+        "attend_group: rows {rows:?} outside the cache views"
+    );
+    let n = rows.len();
+    assert!(
+        scratch.len() >= attend_group_scratch_len(group, n, value_dim),
+        "attend_group: scratch too short"
+    );
+    if n == 0 {
+        outs.fill(0.0);
+        return;
+    }
+    let (probs, lanes) = scratch.split_at_mut(group * n);
+    let lanes = &mut lanes[..VALUE_LANES * value_dim];
+    let tail_f64 = precision == KvPrecision::F16;
+    let mut rounded = [[0f32; MAX_HEAD_DIM]; MAX_GROUP_ROUNDED];
+    let mut buf = [0f32; MAX_HEAD_DIM];
+    // Queries at the cache's precision, a few heads at a time (all of them for every
+    // supported model), then scores row by row: one key row load serves those heads.
+    for first in (0..group).step_by(MAX_GROUP_ROUNDED) {
+        let heads = MAX_GROUP_ROUNDED.min(group - first);
+        for g in 0..heads {
+            let q = &qs[(first + g) * head_dim..(first + g + 1) * head_dim];
+            for (r, &x) in rounded[g][..head_dim].iter_mut().zip(q) {
+                *r = precision.round(x);
+            }
+        }
+        for (i, j) in rows.clone().enumerate() {
+            let k = T::row_f32(keys.row(j - first_row), &mut buf);
+            for g in 0..heads {
+                probs[(first + g) * n + i] =
+                    scale * score_dot(&rounded[g][..head_dim], k, tail_f64);
+            }
+        }
+    }
+    let mut buf = [0f32; MAX_HEAD_DIM];
+    for g in 0..group {
+        let p = &mut probs[g * n..(g + 1) * n];
+        crate::scalar::softmax_cache_row(p, rows.start);
+        let out = &mut outs[g * value_dim..(g + 1) * value_dim];
+        weighted_values(
+            p,
+            values,
+            first_row,
+            rows.clone(),
+            precision,
+            lanes,
+            out,
+            &mut buf,
+        );
+    }
+}
+
+/// Query heads whose rounded copies [`attend_group`] keeps at once.
+const MAX_GROUP_ROUNDED: usize = 8;
 
 /// `Σ q[i]·k[i]` in the reference's vector order: 64 lanes of fused multiply-adds over
 /// whole groups of 64, reduced as [`crate::scalar::reduce_lanes_64`]; the tail products

@@ -26,12 +26,12 @@ pub mod gelu_table;
 pub mod rope;
 pub mod scalar;
 
-#[cfg(target_arch = "x86_64")]
-pub use attention::attend_avx2;
 pub use attention::{
-    attend, attend_head, attend_portable, attend_scratch_len, CacheView, HeadRows, KvElem,
-    KvPrecision, MAX_HEAD_DIM,
+    attend, attend_group, attend_group_scratch_len, attend_head, attend_portable,
+    attend_scratch_len, CacheView, HeadRows, KvElem, KvPrecision, MAX_HEAD_DIM,
 };
+#[cfg(target_arch = "x86_64")]
+pub use attention::{attend_avx2, attend_group_avx2};
 pub use convert::{
     bf16_le_bytes_to_f32_row, bf16_to_f32_row, f16_le_bytes_to_f32_row, f16_to_f32_row,
     f32_to_bf16_row, f32_to_f16_row,

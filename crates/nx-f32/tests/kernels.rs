@@ -860,3 +860,65 @@ fn swiglu_avx2_matches_portable_twin() {
         assert_eq!(a, b, "len {len}");
     }
 }
+
+/// Scoring the query heads of a KV group together gives each head the bits it gets
+/// alone, for f32 and f16 storage, any row range and group sizes up to and past the
+/// eight heads rounded at once.
+#[test]
+fn attend_group_equals_attend_per_head() {
+    for (seed, head_dim, group) in [(160u64, 64usize, 4usize), (161, 80, 7), (162, 256, 9)] {
+        let n_rows = 140;
+        let k = kv_rows(seed, n_rows, 2, head_dim);
+        let v = kv_rows(seed + 1, n_rows, 2, head_dim);
+        let k16: Vec<f16> = k.iter().map(|&x| f16::from_f32(x)).collect();
+        let v16: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+        let qs = values(seed + 2, group * head_dim);
+        for range in [0..1, 5..70, 0..140, 100..140] {
+            let mut want = vec![0.0; group * head_dim];
+            let mut got = vec![0.0; group * head_dim];
+            let mut scratch = vec![0.0; attend_scratch_len(range.len(), head_dim)];
+            let mut group_scratch =
+                vec![f32::NAN; attend_group_scratch_len(group, range.len(), head_dim)];
+            let f32_view = CacheView {
+                keys: HeadRows::head(&k, 2, head_dim, 1).unwrap(),
+                values: HeadRows::head(&v, 2, head_dim, 1).unwrap(),
+                first_row: 0,
+                precision: KvPrecision::F32,
+            };
+            for g in 0..group {
+                let q = &qs[g * head_dim..(g + 1) * head_dim];
+                let out = &mut want[g * head_dim..(g + 1) * head_dim];
+                attend(q, f32_view, range.clone(), 0.2, out, &mut scratch);
+            }
+            attend_group(
+                &qs,
+                f32_view,
+                range.clone(),
+                0.2,
+                &mut got,
+                &mut group_scratch,
+            );
+            assert_eq!(got, want, "f32 head_dim={head_dim} group={group} {range:?}");
+            let f16_view = CacheView {
+                keys: HeadRows::head(&k16, 2, head_dim, 0).unwrap(),
+                values: HeadRows::head(&v16, 2, head_dim, 0).unwrap(),
+                first_row: 0,
+                precision: KvPrecision::F16,
+            };
+            for g in 0..group {
+                let q = &qs[g * head_dim..(g + 1) * head_dim];
+                let out = &mut want[g * head_dim..(g + 1) * head_dim];
+                attend(q, f16_view, range.clone(), 0.2, out, &mut scratch);
+            }
+            attend_group(
+                &qs,
+                f16_view,
+                range.clone(),
+                0.2,
+                &mut got,
+                &mut group_scratch,
+            );
+            assert_eq!(got, want, "f16 head_dim={head_dim} group={group} {range:?}");
+        }
+    }
+}

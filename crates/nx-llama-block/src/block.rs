@@ -2,7 +2,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use nx_f32::{attend, CacheView, GeluTable, HeadRows, KvElem, KvPrecision, RopeStyle, RopeTable};
+use nx_f32::{
+    attend, attend_group, CacheView, GeluTable, HeadRows, KvElem, KvPrecision, RopeStyle, RopeTable,
+};
 use nx_kv_cache::{KvCache, KvError, KvRows};
 use nx_lazy_weight::{LazyWeight, LazyWeightError};
 use nx_syscalls::ThreadPool;
@@ -227,8 +229,12 @@ pub fn forward(
     if s.probs.len() < n_slots {
         s.probs.resize_with(n_slots, Vec::new);
     }
+    let group = cfg.n_head / cfg.n_head_kv.max(1);
     for p in &mut s.probs[..n_slots] {
-        sized(p, nx_f32::attend_scratch_len(pos + n, cfg.value_dim));
+        sized(
+            p,
+            nx_f32::attend_group_scratch_len(group, pos + n, cfg.value_dim),
+        );
     }
     let probs = &mut s.probs[..n_slots];
     // The first cache row any query of the chunk reads.
@@ -371,33 +377,78 @@ fn attend_chunk<T: KvElem>(
     // Small claims balance the causal mask's uneven rows (later tokens see more).
     let chunk = n_pairs.div_ceil(probs.len() * 8).max(1);
     let missing_view = AtomicBool::new(false);
-    pool.parallel_chunks_mut(attn, cfg.value_dim, chunk, probs, |probs, pairs, out| {
-        for (i, out) in pairs.zip(out.chunks_exact_mut(cfg.value_dim)) {
-            let (t, h) = (i / cfg.n_head, i % cfg.n_head);
-            let end = pos + t + 1;
-            let start = match cfg.window {
-                Some(wnd) => end.saturating_sub(wnd),
-                None => 0,
-            };
-            let kv_head = h / group;
-            let qh = &q[t * q_dim + h * cfg.head_dim..t * q_dim + (h + 1) * cfg.head_dim];
-            let kh = HeadRows::head(rows.keys, cfg.n_head_kv, cfg.head_dim, kv_head);
-            let vh = HeadRows::head(rows.values, cfg.n_head_kv, cfg.value_dim, kv_head);
-            let (Some(keys), Some(values)) = (kh, vh) else {
-                missing_view.store(true, Ordering::Relaxed);
-                return;
-            };
-            let view = CacheView {
-                keys,
-                values,
-                first_row: rows.first_row,
-                precision: rows.precision,
-            };
-            attend(qh, view, start..end, cfg.kq_scale, out, probs);
-        }
-    });
+    if pos_is_prefill(attn.len(), cfg) {
+        // Several tokens: one item per (token, KV head), its query heads scored together
+        // so each key row is read once for the group.
+        let n_items = attn.len() / (group * cfg.value_dim);
+        let chunk = n_items.div_ceil(probs.len() * 8).max(1);
+        pool.parallel_chunks_mut(
+            attn,
+            group * cfg.value_dim,
+            chunk,
+            probs,
+            |probs, items, out| {
+                for (i, out) in items.zip(out.chunks_exact_mut(group * cfg.value_dim)) {
+                    let (t, kv_head) = (i / cfg.n_head_kv, i % cfg.n_head_kv);
+                    let end = pos + t + 1;
+                    let start = match cfg.window {
+                        Some(wnd) => end.saturating_sub(wnd),
+                        None => 0,
+                    };
+                    let first_q = t * q_dim + kv_head * group * cfg.head_dim;
+                    let qs = &q[first_q..first_q + group * cfg.head_dim];
+                    let kh = HeadRows::head(rows.keys, cfg.n_head_kv, cfg.head_dim, kv_head);
+                    let vh = HeadRows::head(rows.values, cfg.n_head_kv, cfg.value_dim, kv_head);
+                    let (Some(keys), Some(values)) = (kh, vh) else {
+                        missing_view.store(true, Ordering::Relaxed);
+                        return;
+                    };
+                    let view = CacheView {
+                        keys,
+                        values,
+                        first_row: rows.first_row,
+                        precision: rows.precision,
+                    };
+                    attend_group(qs, view, start..end, cfg.kq_scale, out, probs);
+                }
+            },
+        );
+    } else {
+        pool.parallel_chunks_mut(attn, cfg.value_dim, chunk, probs, |probs, pairs, out| {
+            for (i, out) in pairs.zip(out.chunks_exact_mut(cfg.value_dim)) {
+                let (t, h) = (i / cfg.n_head, i % cfg.n_head);
+                let end = pos + t + 1;
+                let start = match cfg.window {
+                    Some(wnd) => end.saturating_sub(wnd),
+                    None => 0,
+                };
+                let kv_head = h / group;
+                let qh = &q[t * q_dim + h * cfg.head_dim..t * q_dim + (h + 1) * cfg.head_dim];
+                let kh = HeadRows::head(rows.keys, cfg.n_head_kv, cfg.head_dim, kv_head);
+                let vh = HeadRows::head(rows.values, cfg.n_head_kv, cfg.value_dim, kv_head);
+                let (Some(keys), Some(values)) = (kh, vh) else {
+                    missing_view.store(true, Ordering::Relaxed);
+                    return;
+                };
+                let view = CacheView {
+                    keys,
+                    values,
+                    first_row: rows.first_row,
+                    precision: rows.precision,
+                };
+                attend(qh, view, start..end, cfg.kq_scale, out, probs);
+            }
+        });
+    }
     if missing_view.load(Ordering::Relaxed) {
         return Err(bad_view(layer, "key/value cache view"));
     }
     Ok(())
+}
+
+/// True when the attention output `[n, n_head · value_dim]` holds more than one token:
+/// a prefill chunk, whose query heads are scored per KV group. One token (decoding)
+/// keeps one item per query head, so its few heads still spread over the threads.
+fn pos_is_prefill(attn_len: usize, cfg: &LayerConfig) -> bool {
+    attn_len > cfg.n_head * cfg.value_dim
 }
