@@ -66,10 +66,14 @@ pub const GATES: &[Gate] = &[
     Gate::new("GOLD-FWD-SCALAR", "nx-llama-stack", "gold_fwd").with_env(&[("NX_TIER", "scalar")]),
     Gate::new("GOLD-FWD-GEMMA-AVX2", "nx-llama-stack", "gold_fwd_gemma")
         .with_env(&[("NX_TIER", "avx2")]),
+    Gate::new("GOLD-FWD-GEMMA-SCALAR", "nx-llama-stack", "gold_fwd_gemma")
+        .with_env(&[("NX_TIER", "scalar")]),
     // Bit-identical logits for prefill chunks 1, 7, 32, whole prompt and 1 or 2 threads.
     Gate::new("EQUIV-1", "nx-llama-stack", "equiv"),
     // The same on the AVX2 tier (the default here is AVX-512): tiers must not break it.
     Gate::new("EQUIV-1-AVX2", "nx-llama-stack", "equiv").with_env(&[("NX_TIER", "avx2")]),
+    // And on the portable kernels (several minutes: no SIMD).
+    Gate::new("EQUIV-1-SCALAR", "nx-llama-stack", "equiv").with_env(&[("NX_TIER", "scalar")]),
     // Seeded sampling reproducible; filters and penalties exact; temperature statistics.
     Gate::new("SAMPLER", "nx-sampler", "sampler"),
     // The same through the runner: seeds across chunk sizes.
