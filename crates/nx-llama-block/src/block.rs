@@ -353,6 +353,31 @@ struct CacheRows<'a, T> {
     precision: KvPrecision,
 }
 
+impl<'a, T: KvElem> CacheRows<'a, T> {
+    /// The rows of KV head `kv_head` and the cache rows the query at position `at` sees
+    /// (`0..=at`, only the last `window` of them in a local layer); `None` when the
+    /// head's view does not fit the rows.
+    fn view(
+        &self,
+        cfg: &LayerConfig,
+        kv_head: usize,
+        at: usize,
+    ) -> Option<(CacheView<'a, T>, std::ops::Range<usize>)> {
+        let end = at + 1;
+        let start = match cfg.window {
+            Some(wnd) => end.saturating_sub(wnd),
+            None => 0,
+        };
+        let view = CacheView {
+            keys: HeadRows::head(self.keys, cfg.n_head_kv, cfg.head_dim, kv_head)?,
+            values: HeadRows::head(self.values, cfg.n_head_kv, cfg.value_dim, kv_head)?,
+            first_row: self.first_row,
+            precision: self.precision,
+        };
+        Some((view, start..end))
+    }
+}
+
 /// Attention of every (token, query head) pair of the chunk against the cache rows
 /// `rows`, written to `attn` (`[n, n_head · value_dim]`). The pairs are spread over
 /// `pool`, one scratch per thread (at most `probs.len()` threads); each pair is computed
@@ -390,26 +415,13 @@ fn attend_chunk<T: KvElem>(
             |probs, items, out| {
                 for (i, out) in items.zip(out.chunks_exact_mut(group * cfg.value_dim)) {
                     let (t, kv_head) = (i / cfg.n_head_kv, i % cfg.n_head_kv);
-                    let end = pos + t + 1;
-                    let start = match cfg.window {
-                        Some(wnd) => end.saturating_sub(wnd),
-                        None => 0,
-                    };
                     let first_q = t * q_dim + kv_head * group * cfg.head_dim;
                     let qs = &q[first_q..first_q + group * cfg.head_dim];
-                    let kh = HeadRows::head(rows.keys, cfg.n_head_kv, cfg.head_dim, kv_head);
-                    let vh = HeadRows::head(rows.values, cfg.n_head_kv, cfg.value_dim, kv_head);
-                    let (Some(keys), Some(values)) = (kh, vh) else {
+                    let Some((view, seen)) = rows.view(cfg, kv_head, pos + t) else {
                         missing_view.store(true, Ordering::Relaxed);
                         return;
                     };
-                    let view = CacheView {
-                        keys,
-                        values,
-                        first_row: rows.first_row,
-                        precision: rows.precision,
-                    };
-                    attend_group(qs, view, start..end, cfg.kq_scale, out, probs);
+                    attend_group(qs, view, seen, cfg.kq_scale, out, probs);
                 }
             },
         );
@@ -417,26 +429,12 @@ fn attend_chunk<T: KvElem>(
         pool.parallel_chunks_mut(attn, cfg.value_dim, chunk, probs, |probs, pairs, out| {
             for (i, out) in pairs.zip(out.chunks_exact_mut(cfg.value_dim)) {
                 let (t, h) = (i / cfg.n_head, i % cfg.n_head);
-                let end = pos + t + 1;
-                let start = match cfg.window {
-                    Some(wnd) => end.saturating_sub(wnd),
-                    None => 0,
-                };
-                let kv_head = h / group;
                 let qh = &q[t * q_dim + h * cfg.head_dim..t * q_dim + (h + 1) * cfg.head_dim];
-                let kh = HeadRows::head(rows.keys, cfg.n_head_kv, cfg.head_dim, kv_head);
-                let vh = HeadRows::head(rows.values, cfg.n_head_kv, cfg.value_dim, kv_head);
-                let (Some(keys), Some(values)) = (kh, vh) else {
+                let Some((view, seen)) = rows.view(cfg, h / group, pos + t) else {
                     missing_view.store(true, Ordering::Relaxed);
                     return;
                 };
-                let view = CacheView {
-                    keys,
-                    values,
-                    first_row: rows.first_row,
-                    precision: rows.precision,
-                };
-                attend(qh, view, start..end, cfg.kq_scale, out, probs);
+                attend(qh, view, seen, cfg.kq_scale, out, probs);
             }
         });
     }
