@@ -13,6 +13,8 @@
 //! - [`dispatch`]: the kernel of a weight type for a [`CpuTier`], the process tier
 //!   ([`active_tier`], from `nx_syscalls::cpu_tier`), and [`dot_row`].
 //! - [`matmul`]: quantize activations once, then `y[t][r] = dot(w row r, xq[t])`.
+//! - `tiled` (x86-64): the prefill matmul on AVX-512 VNNI with sixteen tokens per
+//!   register, each output still bit-identical to the per-output kernels.
 //! - [`lazy`]: [`LazyWeight`], a borrowed view of one tensor's bytes.
 //!
 //! Batch invariance: every output element is one call of a dot product whose
@@ -37,6 +39,8 @@ pub mod matmul;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub mod quant;
+#[cfg(target_arch = "x86_64")]
+mod tiled;
 
 pub use dequant::dequantize_row;
 pub use dispatch::{
@@ -48,7 +52,8 @@ pub use error::LazyWeightError;
 pub use formats::{is_supported_weight, row_bytes, vec_dot_type};
 pub use lazy::LazyWeight;
 pub use matmul::{
-    matmul, matmul_pool, matmul_quantized, matmul_quantized_pool, matmul_rows, QuantizedActs,
+    matmul, matmul_pool, matmul_quantized, matmul_quantized_pool, matmul_rows, uses_tiled_kernels,
+    QuantizedActs,
 };
 pub use nx_gguf::GgmlType;
 pub use nx_syscalls::CpuTier;

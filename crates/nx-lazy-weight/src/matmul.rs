@@ -14,7 +14,7 @@
 use std::ops::Range;
 
 use nx_gguf::GgmlType;
-use nx_syscalls::ThreadPool;
+use nx_syscalls::{CpuTier, ThreadPool};
 
 use crate::dispatch::{
     active_tier, dot_kernel4_for, dot_kernel_for, dot_kernel_rows4_for, DotKernel4, DotKernelRows4,
@@ -35,6 +35,10 @@ pub struct QuantizedActs {
     n_rows: usize,
     row_bytes: usize,
     data: Vec<u8>,
+    /// The whole 16-token groups again, interleaved for the tiled prefill kernels
+    /// (built only when the process tier has them and there is at least one group).
+    #[cfg(target_arch = "x86_64")]
+    tiles: crate::tiled::ActTiles,
 }
 
 impl Default for QuantizedActs {
@@ -52,6 +56,8 @@ impl QuantizedActs {
             n_rows: 0,
             row_bytes: 0,
             data: Vec::new(),
+            #[cfg(target_arch = "x86_64")]
+            tiles: crate::tiled::ActTiles::default(),
         }
     }
 
@@ -107,6 +113,12 @@ impl QuantizedActs {
         self.row_len = row_len;
         self.n_rows = n;
         self.row_bytes = rb;
+        #[cfg(target_arch = "x86_64")]
+        if n >= crate::tiled::TILE && tiled_tier() {
+            self.tiles.build(act_type, &self.data, n, rb);
+        } else {
+            self.tiles.clear();
+        }
         Ok(())
     }
 
@@ -169,6 +181,27 @@ impl QuantizedActs {
             });
         }
         Ok(())
+    }
+}
+
+/// True when the process tier runs the tiled prefill kernels.
+#[cfg(target_arch = "x86_64")]
+fn tiled_tier() -> bool {
+    matches!(active_tier(), Ok(CpuTier::Avx512Vnni)) && crate::tiled::available()
+}
+
+/// True when a matmul of `weight_type` by at least 16 tokens goes through the
+/// token-tiled kernels on this process's tier (AVX-512 VNNI), whose outputs are
+/// bit-identical to the per-output kernels'.
+pub fn uses_tiled_kernels(weight_type: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        tiled_tier() && crate::tiled::has_kernel(weight_type)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = weight_type;
+        false
     }
 }
 
@@ -325,6 +358,7 @@ fn checked_kernel(
         single,
         four: dot_kernel4_for(tier, w.ggml_type()),
         rows4: dot_kernel_rows4_for(tier, w.ggml_type()),
+        tiled: uses_tiled_kernels(w.ggml_type()),
     })
 }
 
@@ -335,6 +369,8 @@ struct Kernels {
     single: DotKernel,
     four: Option<DotKernel4>,
     rows4: Option<DotKernelRows4>,
+    /// The tier's token-tiled kernels take the whole 16-token groups.
+    tiled: bool,
 }
 
 /// Writes `dot(W row r, xq row t)` to `out[t·stride + r − col0]` for `r` in `rows` and
@@ -361,7 +397,24 @@ unsafe fn rows_into(
     let row_bytes = w.row_bytes();
     let x_row_bytes = xq.row_bytes;
     let w_rows = &w.bytes()[rows.start * row_bytes..rows.end * row_bytes];
-    let x_rows = &xq.data[..n * x_row_bytes];
+    // Whole groups of 16 tokens go through the tiled kernels when the tier has them;
+    // the tokens after them (all of them when decoding) through the per-output kernels.
+    #[allow(unused_mut)]
+    let mut t0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    if kernels.tiled && xq.tiles.n_groups() > 0 {
+        // SAFETY: `kernels.tiled` means the CPU has the tiled kernels' features and the
+        // type has one; the tiles were built from `xq`, which fits `w` (checked by the
+        // caller). Writes go to `t·stride + r − col0` for `t < n`, `r ∈ rows`.
+        unsafe {
+            crate::tiled::run(w.ggml_type(), w_rows, row_bytes, &xq.tiles, |t, i, v| {
+                *out.add(t * stride + rows.start + i - col0) = v
+            })
+        };
+        t0 = xq.tiles.n_groups() * crate::tiled::TILE;
+    }
+    let x_rows = &xq.data[t0 * x_row_bytes..n * x_row_bytes];
+    let n = n - t0;
     // Token groups outer, weight rows inner: a chunk's weight rows (a few KiB when
     // prefilling, see `rows_per_chunk`) stay in L1 while each group's activations are
     // read once per chunk, not once per weight row. Tokens go four at a time through
@@ -382,12 +435,13 @@ unsafe fn rows_into(
                 let ys = four(w_row, [x0, x1, x2, x3]);
                 for (k, y) in ys.into_iter().enumerate() {
                     // SAFETY: in bounds and unshared by the caller's contract.
-                    unsafe { *out.add((4 * g + k) * stride + r - col0) = y };
+                    unsafe { *out.add((t0 + 4 * g + k) * stride + r - col0) = y };
                 }
             }
         }
     }
     for (t, x_row) in x_rows.chunks_exact(x_row_bytes).enumerate().skip(grouped) {
+        let t = t0 + t;
         let mut r = rows.start;
         let mut w_left = w_rows;
         if let Some(rows4) = kernels.rows4 {

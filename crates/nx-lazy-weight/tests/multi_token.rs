@@ -12,8 +12,9 @@ mod common;
 
 use common::{assert_bits_eq, random_row_bytes, Rng};
 use nx_lazy_weight::{
-    dot_kernel4_for, dot_kernel_for, dot_kernel_rows4_for, dot_row, matmul, quantize_row,
-    row_bytes, supported_tiers, vec_dot_type, CpuTier, GgmlType, LazyWeight, QuantizedActs,
+    active_tier, dot_kernel4_for, dot_kernel_for, dot_kernel_rows4_for, dot_row, matmul,
+    quantize_row, row_bytes, supported_tiers, uses_tiled_kernels, vec_dot_type, CpuTier, GgmlType,
+    LazyWeight, QuantizedActs,
 };
 
 /// The types with four-token kernels on some tier.
@@ -158,6 +159,18 @@ fn four_row_kernel_equals_single_token_kernel_bit_for_bit() {
 }
 
 #[test]
+fn avx512_tier_tiles_every_multi_type() {
+    // Keeps the token counts ≥ 16 below from passing without exercising the tiles.
+    if active_tier().unwrap() == CpuTier::Avx512Vnni {
+        for ty in MULTI_TYPES {
+            assert!(uses_tiled_kernels(ty), "{ty}");
+        }
+    }
+    assert!(!uses_tiled_kernels(GgmlType::Q5_K));
+    assert!(!uses_tiled_kernels(GgmlType::F32));
+}
+
+#[test]
 fn matmul_with_grouped_tokens_equals_dot_row_per_element() {
     const N_ROWS: usize = 19;
     for ty in MULTI_TYPES {
@@ -167,9 +180,17 @@ fn matmul_with_grouped_tokens_equals_dot_row_per_element() {
             .flat_map(|r| weight_row(&mut rng, ty, k, r % 2 == 0))
             .collect();
         let w = LazyWeight::from_parts(ty, &[k as u64, N_ROWS as u64], &w_bytes).unwrap();
-        for n in [1usize, 3, 4, 5, 9, 33] {
+        // 16 and more tokens take the tiled kernels (AVX-512 VNNI) for whole groups of 16.
+        for n in [1usize, 3, 4, 5, 9, 16, 33, 37] {
             let x: Vec<f32> = (0..n)
-                .flat_map(|t| rng.normals(k, 0.1 * (t % 5 + 1) as f32))
+                .flat_map(|t| {
+                    let mut row = rng.normals(k, 0.1 * (t % 5 + 1) as f32);
+                    // Outliers drive some quants to ±127 / −128.
+                    if t % 3 == 1 {
+                        row[(7 * t) % k] = -40.0;
+                    }
+                    row
+                })
                 .collect();
             let mut xq = QuantizedActs::new();
             let mut y = vec![0f32; n * N_ROWS];

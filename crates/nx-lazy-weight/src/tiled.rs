@@ -1,0 +1,623 @@
+//! Token-tiled AVX-512 VNNI matmul for prefill: sixteen tokens in every 512-bit register.
+//!
+//! The per-output kernels ([`crate::avx512`]) spend their vector width on one output's
+//! eight lanes. This module keeps exactly those lanes — the same integers, the same
+//! `d_w·d_x` scale, the same fused multiply-add per lane and block, the same final sum —
+//! but lays one lane of sixteen tokens across a register, so one `vpdpbusd` forms a lane
+//! integer for sixteen outputs and one FMA advances sixteen float chains. Each output is
+//! therefore bit-identical to the single-token kernel (and the scalar twin), which keeps
+//! the matmul batch- and thread-invariant while prefill runs at GEMM speed.
+//!
+//! Two repackings make that possible, both done once and reused many times:
+//! - [`ActTiles`]: the quantized activations of each group of sixteen tokens, interleaved
+//!   so that 64 contiguous bytes hold the four quants of one lane for all sixteen tokens,
+//!   stored as `x + 128` (unsigned, the operand `vpdpbusd` wants unsigned), with each
+//!   token's block scale, and for Q8_K the group sums the K formats' extra terms need.
+//! - the weight rows of one work chunk, unpacked per block to plain bytes with the
+//!   per-lane correction `−128·Σw` (undoing the `+ 128`), and their scales as f32.
+//!
+//! | weight | lane integer of block / super-block | extra per lane |
+//! |---|---|---|
+//! | Q4_0, Q5_0, Q8_0 | `Σ (x+128)·w − 128·Σ w` (`w` signed) | — |
+//! | Q4_K | `Σ_g sc_g·Σ (x+128)·q − 128·Σ_g sc_g·Σ q` | four min lanes, as the scalar twin |
+//! | Q6_K | `Σ_g sc·(Σ (x+128)·q − 128·Σ q) − 32·(b·s + b·s)` | — |
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+use nx_gguf::GgmlType;
+
+use crate::dequant::q6_k_quads;
+use crate::formats::{
+    f16_to_f32, q4_k, q5_0, q6_k, q8_k, read_f16, read_i16, read_u32, scale_min_k4, Q4_0_BYTES,
+    Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK_K,
+};
+
+/// Tokens per tile: one per f32 / i32 element of a 512-bit register.
+pub(crate) const TILE: usize = 16;
+
+/// Bytes of one 32-quant block of a tile: lane quads (8 × 16 tokens × 4) then the
+/// sixteen block scales (f32).
+const ACT32_BLOCK: usize = 8 * 64 + 64;
+/// Bytes of one super-block of a Q8_K tile: eight 32-quant groups of lane quads, the
+/// scales, the min pairs `(s[2m], s[2m+1])` of 32-quant sums (4 × 16 dwords) and the
+/// bsum pairs `(b[2l], b[2l+1])` (8 × 16 dwords).
+const ACTK_BLOCK: usize = 8 * 512 + 64 + 4 * 64 + 8 * 64;
+const ACTK_DX: usize = 8 * 512;
+const ACTK_MINS: usize = ACTK_DX + 64;
+const ACTK_BSUMS: usize = ACTK_MINS + 4 * 64;
+
+/// Unpacked 32-quant weight block: 32 signed quants, eight i32 corrections, `d_w` (f32).
+const W32_BLOCK: usize = 32 + 32 + 4;
+/// Unpacked Q4_K super-block: 256 quants, eight scales (i32), four min pairs, eight
+/// corrections, `d_w` and `−dmin_w` (f32).
+const WQ4K_BLOCK: usize = 256 + 32 + 16 + 32 + 8;
+const WQ4K_SC: usize = 256;
+const WQ4K_MINS: usize = WQ4K_SC + 32;
+const WQ4K_CORR: usize = WQ4K_MINS + 16;
+const WQ4K_D: usize = WQ4K_CORR + 32;
+/// Unpacked Q6_K super-block: 256 quants, sixteen scales (i32), 64 corrections (one per
+/// group and lane), eight bsum-scale pairs, `d_w` (f32).
+const WQ6K_BLOCK: usize = 256 + 64 + 256 + 32 + 4;
+const WQ6K_SC: usize = 256;
+const WQ6K_CORR: usize = WQ6K_SC + 64;
+const WQ6K_BSUMS: usize = WQ6K_CORR + 256;
+const WQ6K_D: usize = WQ6K_BSUMS + 32;
+
+/// True when this CPU can run the tiled kernels (the AVX-512 VNNI tier's features).
+pub(crate) fn available() -> bool {
+    crate::avx512::available()
+}
+
+/// Weight types with a tiled kernel.
+pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
+    matches!(
+        weight_type,
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K
+    )
+}
+
+/// Quantized activations of whole groups of [`TILE`] tokens, interleaved for the tiled
+/// kernels (see the module docs). Tokens past the last whole group are not included.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ActTiles {
+    data: Vec<u8>,
+    n_groups: usize,
+    group_bytes: usize,
+}
+
+impl ActTiles {
+    /// Number of whole token groups held.
+    pub(crate) fn n_groups(&self) -> usize {
+        self.n_groups
+    }
+
+    /// Forgets the contents (keeps the buffer).
+    pub(crate) fn clear(&mut self) {
+        self.n_groups = 0;
+        self.group_bytes = 0;
+    }
+
+    /// Interleaves the whole groups of `n` quantized rows of `row_bytes` each from
+    /// `rows` (`act_type` Q8_0 or Q8_K; anything else leaves no groups).
+    pub(crate) fn build(&mut self, act_type: GgmlType, rows: &[u8], n: usize, row_bytes: usize) {
+        self.clear();
+        let (src_block, tile_block) = match act_type {
+            GgmlType::Q8_0 => (Q8_0_BYTES, ACT32_BLOCK),
+            GgmlType::Q8_K => (Q8_K_BYTES, ACTK_BLOCK),
+            _ => return,
+        };
+        let n_groups = n / TILE;
+        if n_groups == 0 || row_bytes == 0 || rows.len() < n * row_bytes {
+            return;
+        }
+        let n_blocks = row_bytes / src_block;
+        self.group_bytes = n_blocks * tile_block;
+        self.n_groups = n_groups;
+        self.data.resize(n_groups * self.group_bytes, 0);
+        for (g, tile) in self.data.chunks_exact_mut(self.group_bytes).enumerate() {
+            for t in 0..TILE {
+                let row = &rows[(g * TILE + t) * row_bytes..(g * TILE + t + 1) * row_bytes];
+                for (xb, out) in row
+                    .chunks_exact(src_block)
+                    .zip(tile.chunks_exact_mut(tile_block))
+                {
+                    if act_type == GgmlType::Q8_0 {
+                        interleave_q8_0(xb, out, t);
+                    } else {
+                        interleave_q8_k(xb, out, t);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The interleaved bytes of token group `g`.
+    fn group(&self, g: usize) -> &[u8] {
+        &self.data[g * self.group_bytes..(g + 1) * self.group_bytes]
+    }
+}
+
+/// Token `t`'s Q8_0 block `xb` into its slots of a tile block.
+fn interleave_q8_0(xb: &[u8], out: &mut [u8], t: usize) {
+    for l in 0..8 {
+        for k in 0..4 {
+            out[64 * l + 4 * t + k] = xb[2 + 4 * l + k] ^ 0x80;
+        }
+    }
+    let dx = f16_to_f32(u16::from_le_bytes([xb[0], xb[1]]));
+    out[512 + 4 * t..512 + 4 * t + 4].copy_from_slice(&dx.to_le_bytes());
+}
+
+/// Token `t`'s Q8_K super-block `xb` into its slots of a tile super-block.
+fn interleave_q8_k(xb: &[u8], out: &mut [u8], t: usize) {
+    let qs = &xb[q8_k::QS..q8_k::QS + QK_K];
+    for g in 0..8 {
+        for l in 0..8 {
+            for k in 0..4 {
+                out[512 * g + 64 * l + 4 * t + k] = qs[32 * g + 4 * l + k] ^ 0x80;
+            }
+        }
+    }
+    out[ACTK_DX + 4 * t..ACTK_DX + 4 * t + 4].copy_from_slice(&xb[0..4]);
+    let bsum = |j: usize| read_i16(xb, q8_k::BSUMS + 2 * j);
+    for m in 0..4 {
+        // Sums of 32 quants (|Σ| ≤ 4096) fit i16, as the scalar twin's pair sums.
+        let lo = bsum(4 * m) + bsum(4 * m + 1);
+        let hi = bsum(4 * m + 2) + bsum(4 * m + 3);
+        put_pair(out, ACTK_MINS + 64 * m + 4 * t, lo, hi);
+    }
+    for l in 0..8 {
+        put_pair(
+            out,
+            ACTK_BSUMS + 64 * l + 4 * t,
+            bsum(2 * l),
+            bsum(2 * l + 1),
+        );
+    }
+}
+
+/// Two i16 as one little-endian dword (the word pairs `vpdpwssd` multiplies).
+fn put_pair(out: &mut [u8], at: usize, lo: i16, hi: i16) {
+    out[at..at + 2].copy_from_slice(&lo.to_le_bytes());
+    out[at + 2..at + 4].copy_from_slice(&hi.to_le_bytes());
+}
+
+fn put_i32(out: &mut [u8], at: usize, v: i32) {
+    out[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_f32(out: &mut [u8], at: usize, v: f32) {
+    out[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Bytes of one unpacked weight row of `n_blocks` blocks (or super-blocks).
+fn unpacked_block_bytes(weight_type: GgmlType) -> (usize, usize) {
+    match weight_type {
+        GgmlType::Q4_0 => (Q4_0_BYTES, W32_BLOCK),
+        GgmlType::Q5_0 => (Q5_0_BYTES, W32_BLOCK),
+        GgmlType::Q8_0 => (Q8_0_BYTES, W32_BLOCK),
+        GgmlType::Q4_K => (Q4_K_BYTES, WQ4K_BLOCK),
+        GgmlType::Q6_K => (Q6_K_BYTES, WQ6K_BLOCK),
+        _ => (1, 0),
+    }
+}
+
+/// Signed 32-quant block `wq` with scale `d` into an unpacked block.
+fn put_block32(wq: &[i8; 32], d: f32, out: &mut [u8]) {
+    for (o, &q) in out[..32].iter_mut().zip(wq) {
+        *o = q as u8;
+    }
+    for l in 0..8 {
+        let sum: i32 = wq[4 * l..4 * l + 4].iter().map(|&q| q as i32).sum();
+        put_i32(out, 32 + 4 * l, -128 * sum);
+    }
+    put_f32(out, 64, d);
+}
+
+fn unpack_q4_0(wb: &[u8], out: &mut [u8]) {
+    let mut wq = [0i8; 32];
+    for j in 0..16 {
+        wq[j] = (wb[2 + j] & 0x0F) as i8 - 8;
+        wq[j + 16] = (wb[2 + j] >> 4) as i8 - 8;
+    }
+    put_block32(&wq, read_f16(wb, 0), out);
+}
+
+fn unpack_q5_0(wb: &[u8], out: &mut [u8]) {
+    let qh = read_u32(wb, q5_0::QH);
+    let mut wq = [0i8; 32];
+    for j in 0..16 {
+        let h_lo = (((qh >> j) & 1) << 4) as u8;
+        let h_hi = (((qh >> (j + 16)) & 1) << 4) as u8;
+        wq[j] = ((wb[q5_0::QS + j] & 0x0F) | h_lo) as i8 - 16;
+        wq[j + 16] = ((wb[q5_0::QS + j] >> 4) | h_hi) as i8 - 16;
+    }
+    put_block32(&wq, read_f16(wb, 0), out);
+}
+
+fn unpack_q8_0(wb: &[u8], out: &mut [u8]) {
+    let mut wq = [0i8; 32];
+    for (q, &b) in wq.iter_mut().zip(&wb[2..34]) {
+        *q = b as i8;
+    }
+    put_block32(&wq, read_f16(wb, 0), out);
+}
+
+fn unpack_q4_k(wb: &[u8], out: &mut [u8]) {
+    for chunk in 0..4 {
+        for l in 0..32 {
+            let q = wb[q4_k::QS + 32 * chunk + l];
+            out[64 * chunk + l] = q & 0x0F;
+            out[64 * chunk + 32 + l] = q >> 4;
+        }
+    }
+    let scales = &wb[q4_k::SCALES..q4_k::SCALES + 12];
+    let mut sc = [0i32; 8];
+    let mut mn = [0i16; 8];
+    for j in 0..8 {
+        let (s, m) = scale_min_k4(j, scales);
+        sc[j] = s as i32;
+        mn[j] = m as i16;
+        put_i32(out, WQ4K_SC + 4 * j, s as i32);
+    }
+    for m in 0..4 {
+        put_pair(out, WQ4K_MINS + 4 * m, mn[2 * m], mn[2 * m + 1]);
+    }
+    for l in 0..8 {
+        let mut corr = 0i32;
+        for g in 0..8 {
+            let quad: i32 = (0..4).map(|k| out[32 * g + 4 * l + k] as i32).sum();
+            corr += sc[g] * quad;
+        }
+        put_i32(out, WQ4K_CORR + 4 * l, -128 * corr);
+    }
+    put_f32(out, WQ4K_D, read_f16(wb, 0));
+    put_f32(out, WQ4K_D + 4, -read_f16(wb, q4_k::DMIN));
+}
+
+fn unpack_q6_k(wb: &[u8], out: &mut [u8]) {
+    for half in 0..2 {
+        let ql = &wb[q6_k::QL + 64 * half..q6_k::QL + 64 * half + 64];
+        let qh = &wb[q6_k::QH + 32 * half..q6_k::QH + 32 * half + 32];
+        for l in 0..32 {
+            for (k, &q) in q6_k_quads(ql, qh, l).iter().enumerate() {
+                // q6_k_quads yields q − 32; the lanes multiply the unsigned q.
+                out[128 * half + 32 * k + l] = (q + 32) as u8;
+            }
+        }
+    }
+    let sc: [i16; 16] = std::array::from_fn(|j| wb[q6_k::SCALES + j] as i8 as i16);
+    for j in 0..16 {
+        // High word zero: `vpdpwssd` multiplies both words of each dword, and the
+        // lane integer's high word is its sign extension.
+        put_pair(out, WQ6K_SC + 4 * j, sc[j], 0);
+    }
+    for g in 0..8 {
+        for l in 0..8 {
+            let quad: i32 = (0..4).map(|k| out[32 * g + 4 * l + k] as i32).sum();
+            put_i32(out, WQ6K_CORR + 4 * (8 * g + l), -128 * quad);
+        }
+    }
+    for l in 0..8 {
+        put_pair(
+            out,
+            WQ6K_BSUMS + 4 * l,
+            -32 * sc[2 * l],
+            -32 * sc[2 * l + 1],
+        );
+    }
+    put_f32(out, WQ6K_D, read_f16(wb, q6_k::D));
+}
+
+/// Unpacks whole rows of `w_rows` (`row_bytes` each) into `out` (resized), returning
+/// the unpacked row stride.
+fn unpack_rows(weight_type: GgmlType, w_rows: &[u8], row_bytes: usize, out: &mut Vec<u8>) -> usize {
+    let (src, dst) = unpacked_block_bytes(weight_type);
+    let unpack: fn(&[u8], &mut [u8]) = match weight_type {
+        GgmlType::Q4_0 => unpack_q4_0,
+        GgmlType::Q5_0 => unpack_q5_0,
+        GgmlType::Q8_0 => unpack_q8_0,
+        GgmlType::Q4_K => unpack_q4_k,
+        GgmlType::Q6_K => unpack_q6_k,
+        _ => return 0,
+    };
+    let stride = row_bytes / src * dst;
+    out.resize(w_rows.len() / row_bytes * stride, 0);
+    for (row, dst_row) in w_rows
+        .chunks_exact(row_bytes)
+        .zip(out.chunks_exact_mut(stride))
+    {
+        for (wb, ob) in row.chunks_exact(src).zip(dst_row.chunks_exact_mut(dst)) {
+            unpack(wb, ob);
+        }
+    }
+    stride
+}
+
+thread_local! {
+    /// Each worker's unpacked weight rows, kept between chunks so it is allocated once.
+    static UNPACKED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// For every whole token group of `tiles` and every row of `w_rows` (`row_bytes` each,
+/// of `weight_type`), calls `store(token, row_index, value)` with the dot product's
+/// value — the bits of the single-token kernel.
+///
+/// # Safety
+/// [`available`] must be true, [`has_kernel`] true for `weight_type`, and `tiles` built
+/// from activations of the weight's dot type and row length.
+pub(crate) unsafe fn run(
+    weight_type: GgmlType,
+    w_rows: &[u8],
+    row_bytes: usize,
+    tiles: &ActTiles,
+    mut store: impl FnMut(usize, usize, f32),
+) {
+    UNPACKED.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        let stride = unpack_rows(weight_type, w_rows, row_bytes, &mut buf);
+        if stride == 0 {
+            return;
+        }
+        let n_rows = buf.len() / stride;
+        let (src, _) = unpacked_block_bytes(weight_type);
+        let n_blocks = row_bytes / src;
+        let mut out = [[0f32; TILE]; 2];
+        for g in 0..tiles.n_groups() {
+            let x = tiles.group(g);
+            let mut r = 0;
+            while r < n_rows {
+                let pair = n_rows - r >= 2;
+                let w = &buf[r * stride..];
+                // SAFETY: the caller guarantees the CPU features; `w` holds `n_blocks`
+                // unpacked blocks per row for one or two rows (`pair`), `x` holds
+                // `n_blocks` tile blocks of the same dot type.
+                unsafe {
+                    match (weight_type, pair) {
+                        (GgmlType::Q4_K, true) => q4_k_tile::<2>(w, stride, x, n_blocks, &mut out),
+                        (GgmlType::Q4_K, false) => {
+                            q4_k_tile::<1>(w, stride, x, n_blocks, first_mut(&mut out))
+                        }
+                        (GgmlType::Q6_K, true) => q6_k_tile::<2>(w, stride, x, n_blocks, &mut out),
+                        (GgmlType::Q6_K, false) => {
+                            q6_k_tile::<1>(w, stride, x, n_blocks, first_mut(&mut out))
+                        }
+                        (_, true) => block32_tile::<2>(w, stride, x, n_blocks, &mut out),
+                        (_, false) => {
+                            block32_tile::<1>(w, stride, x, n_blocks, first_mut(&mut out))
+                        }
+                    }
+                }
+                let rows_done = if pair { 2 } else { 1 };
+                for (i, vals) in out[..rows_done].iter().enumerate() {
+                    for (t, &v) in vals.iter().enumerate() {
+                        store(g * TILE + t, r + i, v);
+                    }
+                }
+                r += rows_done;
+            }
+        }
+    });
+}
+
+fn first_mut(out: &mut [[f32; TILE]; 2]) -> &mut [[f32; TILE]; 1] {
+    let (first, _) = out.split_at_mut(1);
+    first.try_into().expect("one row")
+}
+
+/// Sixteen lanes of i32 broadcast from the little-endian dword at `p`.
+///
+/// # Safety
+/// `p..p + 4` is readable.
+#[inline(always)]
+unsafe fn splat_i32(p: *const u8) -> __m512i {
+    // SAFETY: the caller's contract.
+    _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(p as *const i32) })
+}
+
+/// # Safety
+/// `p..p + 4` is readable.
+#[inline(always)]
+unsafe fn splat_f32(p: *const u8) -> __m512 {
+    // SAFETY: the caller's contract.
+    _mm512_set1_ps(unsafe { std::ptr::read_unaligned(p as *const f32) })
+}
+
+/// The scalar twins' final lane sum, `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, for
+/// sixteen tokens at once.
+#[inline(always)]
+fn lanes_sum(a: &[__m512; 8]) -> __m512 {
+    // SAFETY (features): only called from functions enabling AVX-512 F.
+    unsafe {
+        _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+            _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
+        )
+    }
+}
+
+/// Q4_0 / Q5_0 / Q8_0 rows against one token group: `R` rows from `w` (stride
+/// `stride`), `n_blocks` blocks each.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VNNI; `w` holds `R` rows of `n_blocks` unpacked blocks at
+/// `stride`, `x` `n_blocks` tile blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn block32_tile<const R: usize>(
+    w: &[u8],
+    stride: usize,
+    x: &[u8],
+    n_blocks: usize,
+    out: &mut [[f32; TILE]; R],
+) {
+    assert!(w.len() >= (R - 1) * stride + n_blocks * W32_BLOCK);
+    assert!(x.len() >= n_blocks * ACT32_BLOCK);
+    let mut acc = [[_mm512_setzero_ps(); 8]; R];
+    for b in 0..n_blocks {
+        let xt = x[b * ACT32_BLOCK..].as_ptr();
+        // SAFETY: inside the tile block (asserted above).
+        let xl: [__m512i; 8] =
+            std::array::from_fn(|l| unsafe { _mm512_loadu_si512(xt.add(64 * l) as *const _) });
+        // SAFETY: as above.
+        let dx = unsafe { _mm512_loadu_ps(xt.add(512) as *const f32) };
+        for r in 0..R {
+            let wb = w[r * stride + b * W32_BLOCK..].as_ptr();
+            // SAFETY: inside the unpacked block (asserted above).
+            unsafe {
+                let d = _mm512_mul_ps(splat_f32(wb.add(64)), dx);
+                for l in 0..8 {
+                    let lane = _mm512_dpbusd_epi32(
+                        splat_i32(wb.add(32 + 4 * l)),
+                        xl[l],
+                        splat_i32(wb.add(4 * l)),
+                    );
+                    acc[r][l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), acc[r][l]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        // SAFETY: `out[r]` is sixteen f32.
+        unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), lanes_sum(&acc[r])) };
+    }
+}
+
+/// Q4_K rows against one token group (see [`block32_tile`]).
+///
+/// # Safety
+/// As [`block32_tile`], with Q4_K unpacked super-blocks and Q8_K tile super-blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn q4_k_tile<const R: usize>(
+    w: &[u8],
+    stride: usize,
+    x: &[u8],
+    n_blocks: usize,
+    out: &mut [[f32; TILE]; R],
+) {
+    assert!(w.len() >= (R - 1) * stride + n_blocks * WQ4K_BLOCK);
+    assert!(x.len() >= n_blocks * ACTK_BLOCK);
+    let mut acc = [[_mm512_setzero_ps(); 8]; R];
+    let mut acc_min = [[_mm512_setzero_ps(); 4]; R];
+    let zero = _mm512_setzero_si512();
+    for b in 0..n_blocks {
+        let xt = x[b * ACTK_BLOCK..].as_ptr();
+        let wbs: [*const u8; R] =
+            std::array::from_fn(|r| w[r * stride + b * WQ4K_BLOCK..].as_ptr());
+        // SAFETY: inside the unpacked super-blocks (asserted above).
+        let mut lanes: [[__m512i; 8]; R] = std::array::from_fn(|r| {
+            std::array::from_fn(|l| unsafe { splat_i32(wbs[r].add(WQ4K_CORR + 4 * l)) })
+        });
+        for g in 0..8 {
+            // SAFETY: inside the tile super-block (asserted above).
+            let xl: [__m512i; 8] = std::array::from_fn(|l| unsafe {
+                _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _)
+            });
+            for r in 0..R {
+                // SAFETY: inside the unpacked super-block.
+                unsafe {
+                    let sc = splat_i32(wbs[r].add(WQ4K_SC + 4 * g));
+                    for l in 0..8 {
+                        let quad =
+                            _mm512_dpbusd_epi32(zero, xl[l], splat_i32(wbs[r].add(32 * g + 4 * l)));
+                        lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], quad, sc);
+                    }
+                }
+            }
+        }
+        // SAFETY: inside the tile / unpacked super-blocks.
+        unsafe {
+            let dx = _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32);
+            for r in 0..R {
+                let d = _mm512_mul_ps(dx, splat_f32(wbs[r].add(WQ4K_D)));
+                for l in 0..8 {
+                    acc[r][l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes[r][l]), acc[r][l]);
+                }
+                let neg_dmin = _mm512_mul_ps(dx, splat_f32(wbs[r].add(WQ4K_D + 4)));
+                for m in 0..4 {
+                    let sums = _mm512_loadu_si512(xt.add(ACTK_MINS + 64 * m) as *const _);
+                    let prod =
+                        _mm512_dpwssd_epi32(zero, sums, splat_i32(wbs[r].add(WQ4K_MINS + 4 * m)));
+                    acc_min[r][m] =
+                        _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(prod), acc_min[r][m]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        let m = &acc_min[r];
+        let mins = _mm512_add_ps(_mm512_add_ps(m[0], m[2]), _mm512_add_ps(m[1], m[3]));
+        // SAFETY: `out[r]` is sixteen f32.
+        unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), _mm512_add_ps(lanes_sum(&acc[r]), mins)) };
+    }
+}
+
+/// Q6_K rows against one token group (see [`block32_tile`]).
+///
+/// # Safety
+/// As [`block32_tile`], with Q6_K unpacked super-blocks and Q8_K tile super-blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn q6_k_tile<const R: usize>(
+    w: &[u8],
+    stride: usize,
+    x: &[u8],
+    n_blocks: usize,
+    out: &mut [[f32; TILE]; R],
+) {
+    assert!(w.len() >= (R - 1) * stride + n_blocks * WQ6K_BLOCK);
+    assert!(x.len() >= n_blocks * ACTK_BLOCK);
+    let mut acc = [[_mm512_setzero_ps(); 8]; R];
+    let zero = _mm512_setzero_si512();
+    for b in 0..n_blocks {
+        let xt = x[b * ACTK_BLOCK..].as_ptr();
+        let wbs: [*const u8; R] =
+            std::array::from_fn(|r| w[r * stride + b * WQ6K_BLOCK..].as_ptr());
+        // The −32·(b·s + b·s) term starts each lane.
+        // SAFETY: inside the tile / unpacked super-blocks (asserted above).
+        let mut lanes: [[__m512i; 8]; R] = std::array::from_fn(|r| {
+            std::array::from_fn(|l| unsafe {
+                _mm512_dpwssd_epi32(
+                    zero,
+                    _mm512_loadu_si512(xt.add(ACTK_BSUMS + 64 * l) as *const _),
+                    splat_i32(wbs[r].add(WQ6K_BSUMS + 4 * l)),
+                )
+            })
+        });
+        for g in 0..8 {
+            // SAFETY: inside the tile super-block.
+            let xl: [__m512i; 8] = std::array::from_fn(|l| unsafe {
+                _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _)
+            });
+            for r in 0..R {
+                // SAFETY: inside the unpacked super-block.
+                unsafe {
+                    let sc_lo = splat_i32(wbs[r].add(WQ6K_SC + 4 * (2 * g)));
+                    let sc_hi = splat_i32(wbs[r].add(WQ6K_SC + 4 * (2 * g + 1)));
+                    for l in 0..8 {
+                        let quad = _mm512_dpbusd_epi32(
+                            splat_i32(wbs[r].add(WQ6K_CORR + 4 * (8 * g + l))),
+                            xl[l],
+                            splat_i32(wbs[r].add(32 * g + 4 * l)),
+                        );
+                        let sc = if l < 4 { sc_lo } else { sc_hi };
+                        lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], quad, sc);
+                    }
+                }
+            }
+        }
+        // SAFETY: inside the tile / unpacked super-blocks.
+        unsafe {
+            let dx = _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32);
+            for r in 0..R {
+                let d = _mm512_mul_ps(dx, splat_f32(wbs[r].add(WQ6K_D)));
+                for l in 0..8 {
+                    acc[r][l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes[r][l]), acc[r][l]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        // SAFETY: `out[r]` is sixteen f32.
+        unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), lanes_sum(&acc[r])) };
+    }
+}
