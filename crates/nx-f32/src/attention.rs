@@ -238,11 +238,34 @@ pub fn attend<T: KvElem>(
     scratch: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
+    if crate::use_avx512() {
+        // SAFETY: `use_avx512` verified AVX-512 F, AVX2, FMA and F16C on this CPU.
+        return unsafe { attend_avx512(q, view, rows, scale, out, scratch) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if crate::use_avx2_fma() {
         // SAFETY: `use_avx2_fma` verified AVX2 and FMA on this CPU.
         return unsafe { attend_avx2(q, view, rows, scale, out, scratch) };
     }
     attend_portable(q, view, rows, scale, out, scratch)
+}
+
+/// [`attend`] with its score and value lanes in 512-bit registers ([`crate::avx512`]);
+/// bit-identical to [`attend_portable`].
+///
+/// # Safety
+/// The CPU must support AVX-512 F, AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub unsafe fn attend_avx512<T: KvElem>(
+    q: &[f32],
+    view: CacheView<'_, T>,
+    rows: Range<usize>,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    attend_body::<T, true>(q, view, rows, scale, out, scratch)
 }
 
 /// [`attend`] compiled for AVX2 + FMA: the same code, so fused multiply-adds become
@@ -261,7 +284,7 @@ pub unsafe fn attend_avx2<T: KvElem>(
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
-    attend_body(q, view, rows, scale, out, scratch)
+    attend_body::<T, false>(q, view, rows, scale, out, scratch)
 }
 
 /// [`attend`] without any CPU-specific code generation: the scalar twin.
@@ -273,11 +296,12 @@ pub fn attend_portable<T: KvElem>(
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
-    attend_body(q, view, rows, scale, out, scratch)
+    attend_body::<T, false>(q, view, rows, scale, out, scratch)
 }
 
+/// `WIDE`: the inner loops of [`crate::avx512`] (only inside an AVX-512 build).
 #[inline(always)]
-fn attend_body<T: KvElem>(
+fn attend_body<T: KvElem, const WIDE: bool>(
     q: &[f32],
     view: CacheView<'_, T>,
     rows: Range<usize>,
@@ -338,11 +362,11 @@ fn attend_body<T: KvElem>(
     // Scores, then softmax.
     for (s, j) in probs.iter_mut().zip(rows.clone()) {
         let k = T::row_f32(keys.row(j - first_row), &mut buf);
-        *s = scale * score_dot(q_rounded, k, tail_f64);
+        *s = scale * score_dot::<WIDE>(q_rounded, k, tail_f64);
     }
     crate::scalar::softmax_cache_row(probs, rows.start);
 
-    weighted_values(
+    weighted_values::<T, WIDE>(
         probs, values, first_row, rows, precision, lanes, out, &mut buf,
     );
 }
@@ -352,8 +376,8 @@ fn attend_body<T: KvElem>(
 /// lane sets it; lanes no row reaches are zeroed), then the lanes are reduced.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn weighted_values<T: KvElem>(
-    probs: &[f32],
+fn weighted_values<T: KvElem, const WIDE: bool>(
+    probs: &mut [f32],
     values: HeadRows<'_, T>,
     first_row: usize,
     rows: Range<usize>,
@@ -364,6 +388,29 @@ fn weighted_values<T: KvElem>(
 ) {
     let value_dim = values.head_dim();
     let n = rows.len();
+    #[cfg(target_arch = "x86_64")]
+    if WIDE && matches!(value_dim, 64 | 128 | 256) {
+        for p in probs.iter_mut() {
+            *p = precision.round(*p);
+        }
+        // SAFETY: WIDE is only set inside `attend_avx512` / `attend_group_avx512`,
+        // whose callers verified the CPU features.
+        unsafe {
+            match value_dim {
+                64 => {
+                    crate::avx512::value_lanes::<T, 4>(probs, values, first_row, rows.start, lanes)
+                }
+                128 => {
+                    crate::avx512::value_lanes::<T, 8>(probs, values, first_row, rows.start, lanes)
+                }
+                _ => {
+                    crate::avx512::value_lanes::<T, 16>(probs, values, first_row, rows.start, lanes)
+                }
+            }
+        }
+        reduce_value_lanes(lanes, value_dim, out);
+        return;
+    }
     if n < VALUE_LANES {
         for lane in 0..VALUE_LANES {
             let reached = (lane + VALUE_LANES - rows.start % VALUE_LANES) % VALUE_LANES < n;
@@ -410,11 +457,45 @@ pub fn attend_group<T: KvElem>(
     scratch: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
+    if crate::use_avx512() {
+        // SAFETY: `use_avx512` verified AVX-512 F, AVX2, FMA and F16C on this CPU.
+        return unsafe { attend_group_avx512(qs, view, rows, scale, outs, scratch) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if crate::use_avx2_fma() {
         // SAFETY: `use_avx2_fma` verified AVX2 and FMA on this CPU.
         return unsafe { attend_group_avx2(qs, view, rows, scale, outs, scratch) };
     }
-    attend_group_body(qs, view, rows, scale, outs, scratch)
+    attend_group_portable(qs, view, rows, scale, outs, scratch)
+}
+
+/// [`attend_group`] without any CPU-specific code generation: the scalar twin.
+pub fn attend_group_portable<T: KvElem>(
+    qs: &[f32],
+    view: CacheView<'_, T>,
+    rows: Range<usize>,
+    scale: f32,
+    outs: &mut [f32],
+    scratch: &mut [f32],
+) {
+    attend_group_body::<T, false>(qs, view, rows, scale, outs, scratch)
+}
+
+/// [`attend_group`] with the lanes in 512-bit registers (as [`attend_avx512`]).
+///
+/// # Safety
+/// The CPU must support AVX-512 F, AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub unsafe fn attend_group_avx512<T: KvElem>(
+    qs: &[f32],
+    view: CacheView<'_, T>,
+    rows: Range<usize>,
+    scale: f32,
+    outs: &mut [f32],
+    scratch: &mut [f32],
+) {
+    attend_group_body::<T, true>(qs, view, rows, scale, outs, scratch)
 }
 
 /// [`attend_group`] compiled for AVX2 + FMA (bit-identical, as [`attend_avx2`]).
@@ -431,11 +512,11 @@ pub unsafe fn attend_group_avx2<T: KvElem>(
     outs: &mut [f32],
     scratch: &mut [f32],
 ) {
-    attend_group_body(qs, view, rows, scale, outs, scratch)
+    attend_group_body::<T, false>(qs, view, rows, scale, outs, scratch)
 }
 
 #[inline(always)]
-fn attend_group_body<T: KvElem>(
+fn attend_group_body<T: KvElem, const WIDE: bool>(
     qs: &[f32],
     view: CacheView<'_, T>,
     rows: Range<usize>,
@@ -497,7 +578,7 @@ fn attend_group_body<T: KvElem>(
             let k = T::row_f32(keys.row(j - first_row), &mut buf);
             for g in 0..heads {
                 probs[(first + g) * n + i] =
-                    scale * score_dot(&rounded[g][..head_dim], k, tail_f64);
+                    scale * score_dot::<WIDE>(&rounded[g][..head_dim], k, tail_f64);
             }
         }
     }
@@ -506,7 +587,7 @@ fn attend_group_body<T: KvElem>(
         let p = &mut probs[g * n..(g + 1) * n];
         crate::scalar::softmax_cache_row(p, rows.start);
         let out = &mut outs[g * value_dim..(g + 1) * value_dim];
-        weighted_values(
+        weighted_values::<T, WIDE>(
             p,
             values,
             first_row,
@@ -526,8 +607,15 @@ const MAX_GROUP_ROUNDED: usize = 8;
 /// whole groups of 64, reduced as [`crate::scalar::reduce_lanes_64`]; the tail products
 /// rounded to f32 and added in f64 (`tail_f64`, the f16 dot) or in f32 (the f32 dot).
 #[inline(always)]
-fn score_dot(q: &[f32], k: &[f32], tail_f64: bool) -> f32 {
+fn score_dot<const WIDE: bool>(q: &[f32], k: &[f32], tail_f64: bool) -> f32 {
     let whole = q.len() / VALUE_LANES * VALUE_LANES;
+    #[cfg(target_arch = "x86_64")]
+    if WIDE {
+        // SAFETY: WIDE is only set inside the AVX-512 builds (see weighted_values);
+        // `whole` is a multiple of 64 within q, and k is at least as long as q.
+        let sum = unsafe { crate::avx512::lanes64_dot(q, k, whole) };
+        return score_tail(q, k, whole, sum, tail_f64);
+    }
     let mut lanes = [0f32; VALUE_LANES];
     for (cq, ck) in q[..whole]
         .chunks_exact(VALUE_LANES)
@@ -542,6 +630,13 @@ fn score_dot(q: &[f32], k: &[f32], tail_f64: bool) -> f32 {
     } else {
         0.0
     };
+    score_tail(q, k, whole, sum, tail_f64)
+}
+
+/// Adds the products past the whole groups of 64 to the lane sum `sum`: rounded to f32
+/// and summed in f64 (`tail_f64`, the f16 dot) or summed in f32 (the f32 dot).
+#[inline(always)]
+fn score_tail(q: &[f32], k: &[f32], whole: usize, sum: f32, tail_f64: bool) -> f32 {
     if tail_f64 {
         let mut sum = f64::from(sum);
         for (&a, &b) in q[whole..].iter().zip(&k[whole..]) {

@@ -21,17 +21,19 @@
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod convert;
 pub mod gelu_table;
 pub mod rope;
 pub mod scalar;
 
 pub use attention::{
-    attend, attend_group, attend_group_scratch_len, attend_head, attend_portable,
-    attend_scratch_len, CacheView, HeadRows, KvElem, KvPrecision, MAX_HEAD_DIM,
+    attend, attend_group, attend_group_portable, attend_group_scratch_len, attend_head,
+    attend_portable, attend_scratch_len, CacheView, HeadRows, KvElem, KvPrecision, MAX_HEAD_DIM,
 };
 #[cfg(target_arch = "x86_64")]
-pub use attention::{attend_avx2, attend_group_avx2};
+pub use attention::{attend_avx2, attend_avx512, attend_group_avx2, attend_group_avx512};
 pub use convert::{
     bf16_le_bytes_to_f32_row, bf16_to_f32_row, f16_le_bytes_to_f32_row, f16_to_f32_row,
     f32_to_bf16_row, f32_to_f16_row,
@@ -60,6 +62,18 @@ fn use_avx2() -> bool {
             nx_syscalls::cpu_tier(),
             Ok(CpuTier::Avx2 | CpuTier::Avx512Vnni)
         ) && avx2::available()
+    })
+}
+
+/// True when the attention kernel runs its AVX-512 build: the process tier is
+/// AVX-512 VNNI and the CPU has AVX-512 F, AVX2, FMA and F16C. Bit-identical to the
+/// portable build.
+#[cfg(target_arch = "x86_64")]
+fn use_avx512() -> bool {
+    use nx_syscalls::CpuTier;
+    static USE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USE.get_or_init(|| {
+        matches!(nx_syscalls::cpu_tier(), Ok(CpuTier::Avx512Vnni)) && avx512::available()
     })
 }
 

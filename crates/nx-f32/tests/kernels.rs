@@ -922,3 +922,104 @@ fn attend_group_equals_attend_per_head() {
         }
     }
 }
+
+/// The AVX-512 builds of `attend` and `attend_group` against their portable twins, bit
+/// for bit: f32, f16 and widened-f16 storage, value heads taking the register path (64,
+/// 128, 256 wide) and the fallback (40, 80), ranges shorter and longer than the 64 value
+/// lanes, starting anywhere, several query heads per KV head.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn attend_avx512_matches_portable_twin() {
+    if !(std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c"))
+    {
+        eprintln!("skipped: no AVX-512 F on this CPU");
+        return;
+    }
+    let mut checked = 0;
+    for (seed, head_dim) in [
+        (170u64, 40usize),
+        (171, 64),
+        (172, 80),
+        (173, 128),
+        (174, 256),
+    ] {
+        let n_rows = 200;
+        let k = kv_rows(seed, n_rows, 2, head_dim);
+        let v = kv_rows(seed + 100, n_rows, 2, head_dim);
+        let k16: Vec<f16> = k.iter().map(|&x| f16::from_f32(x)).collect();
+        let v16: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+        let base = 5;
+        let wide_k: Vec<f32> = k16[base * 2 * head_dim..]
+            .iter()
+            .map(|x| x.to_f32())
+            .collect();
+        let wide_v: Vec<f32> = v16[base * 2 * head_dim..]
+            .iter()
+            .map(|x| x.to_f32())
+            .collect();
+        let qs = values(seed + 200, 3 * head_dim);
+        for range in [5..6, 7..50, 5..69, 17..150, 64..130, 70..200] {
+            let f32_view = CacheView {
+                keys: HeadRows::head(&k, 2, head_dim, 1).unwrap(),
+                values: HeadRows::head(&v, 2, head_dim, 1).unwrap(),
+                first_row: 0,
+                precision: KvPrecision::F32,
+            };
+            let f16_view = CacheView {
+                keys: HeadRows::head(&k16, 2, head_dim, 0).unwrap(),
+                values: HeadRows::head(&v16, 2, head_dim, 0).unwrap(),
+                first_row: 0,
+                precision: KvPrecision::F16,
+            };
+            // The f16 rows widened to f32 and viewed from a later first row: the prefill
+            // path, which must give the f16 view's bits.
+            let widened = CacheView {
+                keys: HeadRows::head(&wide_k, 2, head_dim, 0).unwrap(),
+                values: HeadRows::head(&wide_v, 2, head_dim, 0).unwrap(),
+                first_row: base,
+                precision: KvPrecision::F16,
+            };
+            let what = format!("head_dim={head_dim} {range:?}");
+            check_avx512_twin(&qs, f32_view, range.clone(), &format!("f32 {what}"));
+            let want = check_avx512_twin(&qs, f16_view, range.clone(), &format!("f16 {what}"));
+            let got = check_avx512_twin(&qs, widened, range.clone(), &format!("wide {what}"));
+            assert_eq!(want, got, "widened {what}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 30);
+}
+
+/// Runs `attend` (first head of `qs`) and `attend_group` (all heads) through the
+/// portable and AVX-512 builds, asserts equal bits, and returns them.
+#[cfg(target_arch = "x86_64")]
+fn check_avx512_twin<T: KvElem>(
+    qs: &[f32],
+    view: CacheView<'_, T>,
+    range: std::ops::Range<usize>,
+    what: &str,
+) -> Vec<u32> {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let head_dim = view.keys.head_dim();
+    let group = qs.len() / head_dim;
+    let len = attend_scratch_len(range.len(), head_dim);
+    let glen = attend_group_scratch_len(group, range.len(), head_dim);
+    let (mut s1, mut s2) = (vec![0.0; len], vec![f32::NAN; len]);
+    let (mut g1, mut g2) = (vec![0.0; glen], vec![f32::NAN; glen]);
+    let (mut a, mut b) = (vec![0.0; head_dim], vec![0.0; head_dim]);
+    let (mut ga, mut gb) = (vec![0.0; qs.len()], vec![0.0; qs.len()]);
+    attend_portable(&qs[..head_dim], view, range.clone(), 0.3, &mut a, &mut s1);
+    // SAFETY: the caller detected the features.
+    unsafe { attend_avx512(&qs[..head_dim], view, range.clone(), 0.3, &mut b, &mut s2) };
+    assert_eq!(bits(&a), bits(&b), "{what}");
+    attend_group_portable(qs, view, range.clone(), 0.3, &mut ga, &mut g1);
+    // SAFETY: as above.
+    unsafe { attend_group_avx512(qs, view, range, 0.3, &mut gb, &mut g2) };
+    assert_eq!(bits(&ga), bits(&gb), "group {what}");
+    let mut all = bits(&a);
+    all.extend(bits(&ga));
+    all
+}

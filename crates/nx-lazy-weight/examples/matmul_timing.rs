@@ -1,18 +1,22 @@
-//! Min-of-N timing of prefill-shaped quantized matmuls (n = 64 tokens) on one thread:
-//! Q4_K and Q6_K with K = 2048, 640 rows; Q5_0 and Q8_0 with K = 640, 2048 rows (Gemma 3
-//! 270M's FFN shapes).
+//! Min-of-N timing of prefill-shaped quantized matmuls on one thread, in chunks of 16
+//! weight rows as the thread pool hands them out: Q4_K and Q6_K with K = 2048, 640
+//! rows; Q5_0 and Q8_0 with K = 640, 2048 rows (Gemma 3 270M's FFN shapes); 64 and 512
+//! tokens.
 //!
 //! Run: `cargo run --release -p nx-lazy-weight --example matmul_timing`.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use nx_lazy_weight::{
-    matmul_quantized, quantize_row, row_bytes, GgmlType, LazyWeight, QuantizedActs,
-};
+use nx_lazy_weight::{matmul_rows, quantize_row, row_bytes, GgmlType, LazyWeight, QuantizedActs};
 
 fn main() {
-    let n = 64;
+    for n in [64, 512] {
+        run(n);
+    }
+}
+
+fn run(n: usize) {
     for (ty, n_rows, k) in [
         (GgmlType::Q4_K, 640, 2048),
         (GgmlType::Q6_K, 640, 2048),
@@ -35,7 +39,9 @@ fn main() {
         let mut best = f64::MAX;
         for _ in 0..20 {
             let t = Instant::now();
-            matmul_quantized(&weight, black_box(&xq), &mut y).unwrap();
+            for (c, out) in y.chunks_exact_mut(16 * n).enumerate() {
+                matmul_rows(&weight, black_box(&xq), 16 * c..16 * (c + 1), out).unwrap();
+            }
             best = best.min(t.elapsed().as_secs_f64());
         }
         let checksum: f64 = y.iter().map(|&v| v as f64).sum();

@@ -70,6 +70,30 @@ impl QuantizedActs {
         n: usize,
         row_len: usize,
     ) -> Result<(), LazyWeightError> {
+        self.quantize_on(act_type, x, n, row_len, None)
+    }
+
+    /// [`QuantizedActs::quantize`] with the rows spread over `pool`'s threads (each row
+    /// is quantized on its own, so the bytes are the same).
+    pub fn quantize_pool(
+        &mut self,
+        act_type: GgmlType,
+        x: &[f32],
+        n: usize,
+        row_len: usize,
+        pool: &ThreadPool,
+    ) -> Result<(), LazyWeightError> {
+        self.quantize_on(act_type, x, n, row_len, Some(pool))
+    }
+
+    fn quantize_on(
+        &mut self,
+        act_type: GgmlType,
+        x: &[f32],
+        n: usize,
+        row_len: usize,
+        pool: Option<&ThreadPool>,
+    ) -> Result<(), LazyWeightError> {
         if !matches!(
             act_type,
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q8_K
@@ -101,12 +125,39 @@ impl QuantizedActs {
         })?;
         self.data.resize(total, 0);
         if rb > 0 {
-            for (xr, qr) in x.chunks_exact(row_len).zip(self.data.chunks_exact_mut(rb)) {
-                if act_type == GgmlType::Q8_0 {
-                    crate::quant::quantize_q8_0_acts(xr, qr);
-                } else {
-                    quantize_row(act_type, xr, qr)?;
+            let quantize_rows = |xs: &[f32], qs: &mut [u8]| -> Result<(), LazyWeightError> {
+                for (xr, qr) in xs.chunks_exact(row_len).zip(qs.chunks_exact_mut(rb)) {
+                    if act_type == GgmlType::Q8_0 {
+                        crate::quant::quantize_q8_0_acts(xr, qr);
+                    } else {
+                        quantize_row(act_type, xr, qr)?;
+                    }
                 }
+                Ok(())
+            };
+            match pool {
+                Some(pool) if pool.n_threads() > 1 && n >= MIN_PARALLEL_QUANTIZE_ROWS => {
+                    // The type and sizes were checked above, so a row cannot fail.
+                    let failed = std::sync::atomic::AtomicBool::new(false);
+                    let chunk = n.div_ceil(pool.n_threads() * 4);
+                    pool.parallel_chunks_mut(
+                        &mut self.data,
+                        rb,
+                        chunk,
+                        &mut vec![(); pool.n_threads()],
+                        |_, rows, qs| {
+                            let xs = &x[rows.start * row_len..rows.end * row_len];
+                            if quantize_rows(xs, qs).is_err() {
+                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        },
+                    );
+                    if failed.into_inner() {
+                        // Redo serially for the error value.
+                        quantize_rows(x, &mut self.data)?;
+                    }
+                }
+                _ => quantize_rows(x, &mut self.data)?,
             }
         }
         self.act_type = act_type;
@@ -115,7 +166,7 @@ impl QuantizedActs {
         self.row_bytes = rb;
         #[cfg(target_arch = "x86_64")]
         if n >= crate::tiled::TILE && tiled_tier() {
-            self.tiles.build(act_type, &self.data, n, rb);
+            self.tiles.build(act_type, &self.data, n, rb, pool);
         } else {
             self.tiles.clear();
         }
@@ -130,6 +181,17 @@ impl QuantizedActs {
         n: usize,
     ) -> Result<(), LazyWeightError> {
         self.quantize(w.vec_dot_type(), x, n, w.row_len())
+    }
+
+    /// [`QuantizedActs::quantize_for`] with the rows spread over `pool`'s threads.
+    pub fn quantize_for_pool(
+        &mut self,
+        w: &LazyWeight<'_>,
+        x: &[f32],
+        n: usize,
+        pool: &ThreadPool,
+    ) -> Result<(), LazyWeightError> {
+        self.quantize_pool(w.vec_dot_type(), x, n, w.row_len(), pool)
     }
 
     /// The activation type held.
@@ -228,7 +290,7 @@ pub fn matmul_pool(
     scratch: &mut QuantizedActs,
     pool: &ThreadPool,
 ) -> Result<(), LazyWeightError> {
-    scratch.quantize_for(w, x, n)?;
+    scratch.quantize_for_pool(w, x, n, pool)?;
     matmul_quantized_pool(w, scratch, y, pool)
 }
 
@@ -242,6 +304,9 @@ pub fn matmul_quantized(
     // For the full row range, matmul_rows' output layout [n, rows.len()] is y's.
     matmul_rows(w, xq, 0..w.n_rows(), y)
 }
+
+/// Fewer activation rows than this are quantized on the calling thread.
+const MIN_PARALLEL_QUANTIZE_ROWS: usize = 8;
 
 /// Below this much work (weight bytes × tokens) a matmul runs on the calling thread:
 /// waking the pool would cost more than it saves.
@@ -407,9 +472,14 @@ unsafe fn rows_into(
         // type has one; the tiles were built from `xq`, which fits `w` (checked by the
         // caller). Writes go to `t·stride + r − col0` for `t < n`, `r ∈ rows`.
         unsafe {
-            crate::tiled::run(w.ggml_type(), w_rows, row_bytes, &xq.tiles, |t, i, v| {
-                *out.add(t * stride + rows.start + i - col0) = v
-            })
+            crate::tiled::run(
+                w.ggml_type(),
+                w_rows,
+                row_bytes,
+                &xq.tiles,
+                out.add(rows.start - col0),
+                stride,
+            )
         };
         t0 = xq.tiles.n_groups() * crate::tiled::TILE;
     }

@@ -24,8 +24,10 @@
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
+use std::ops::Range;
 
 use nx_gguf::GgmlType;
+use nx_syscalls::ThreadPool;
 
 use crate::dequant::q6_k_quads;
 use crate::formats::{
@@ -99,8 +101,16 @@ impl ActTiles {
     }
 
     /// Interleaves the whole groups of `n` quantized rows of `row_bytes` each from
-    /// `rows` (`act_type` Q8_0 or Q8_K; anything else leaves no groups).
-    pub(crate) fn build(&mut self, act_type: GgmlType, rows: &[u8], n: usize, row_bytes: usize) {
+    /// `rows` (`act_type` Q8_0 or Q8_K; anything else leaves no groups), the groups
+    /// spread over `pool` when one is given.
+    pub(crate) fn build(
+        &mut self,
+        act_type: GgmlType,
+        rows: &[u8],
+        n: usize,
+        row_bytes: usize,
+        pool: Option<&ThreadPool>,
+    ) {
         self.clear();
         let (src_block, tile_block) = match act_type {
             GgmlType::Q8_0 => (Q8_0_BYTES, ACT32_BLOCK),
@@ -112,23 +122,39 @@ impl ActTiles {
             return;
         }
         let n_blocks = row_bytes / src_block;
-        self.group_bytes = n_blocks * tile_block;
+        let group_bytes = n_blocks * tile_block;
+        self.group_bytes = group_bytes;
         self.n_groups = n_groups;
-        self.data.resize(n_groups * self.group_bytes, 0);
-        for (g, tile) in self.data.chunks_exact_mut(self.group_bytes).enumerate() {
-            for t in 0..TILE {
-                let row = &rows[(g * TILE + t) * row_bytes..(g * TILE + t + 1) * row_bytes];
-                for (xb, out) in row
-                    .chunks_exact(src_block)
-                    .zip(tile.chunks_exact_mut(tile_block))
-                {
-                    if act_type == GgmlType::Q8_0 {
-                        interleave_q8_0(xb, out, t);
-                    } else {
-                        interleave_q8_k(xb, out, t);
+        self.data.resize(n_groups * group_bytes, 0);
+        let fill = |groups: Range<usize>, tiles: &mut [u8]| {
+            for (g, tile) in groups.zip(tiles.chunks_exact_mut(group_bytes)) {
+                for t in 0..TILE {
+                    let row = &rows[(g * TILE + t) * row_bytes..(g * TILE + t + 1) * row_bytes];
+                    for (xb, out) in row
+                        .chunks_exact(src_block)
+                        .zip(tile.chunks_exact_mut(tile_block))
+                    {
+                        if act_type == GgmlType::Q8_0 {
+                            interleave_q8_0(xb, out, t);
+                        } else {
+                            interleave_q8_k(xb, out, t);
+                        }
                     }
                 }
             }
+        };
+        match pool {
+            Some(pool) if pool.n_threads() > 1 && n_groups > 1 => {
+                let chunk = n_groups.div_ceil(pool.n_threads() * 2);
+                pool.parallel_chunks_mut(
+                    &mut self.data,
+                    group_bytes,
+                    chunk,
+                    &mut vec![(); pool.n_threads()],
+                    |_, groups, tiles| fill(groups, tiles),
+                );
+            }
+            _ => fill(0..n_groups, &mut self.data),
         }
     }
 
@@ -340,19 +366,44 @@ thread_local! {
     static UNPACKED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Weight rows computed per token group before their outputs are written: each token's
+/// outputs for them are then one contiguous run (one cache line for 16 rows).
+const ROW_BLOCK: usize = 16;
+
 /// For every whole token group of `tiles` and every row of `w_rows` (`row_bytes` each,
-/// of `weight_type`), calls `store(token, row_index, value)` with the dot product's
-/// value — the bits of the single-token kernel.
+/// of `weight_type`), computes the dot products — the bits of the single-token kernel —
+/// and writes row `r`'s output for token `t` (rows counted from the start of `w_rows`)
+/// to `out_ptr[t·out_stride + r]`.
 ///
 /// # Safety
 /// [`available`] must be true, [`has_kernel`] true for `weight_type`, and `tiles` built
-/// from activations of the weight's dot type and row length.
+/// from activations of the weight's dot type and row length; `out_ptr` must be valid
+/// for writes at every such index (`t` below `16·tiles.n_groups()`), with no other
+/// thread accessing them during the call.
 pub(crate) unsafe fn run(
     weight_type: GgmlType,
     w_rows: &[u8],
     row_bytes: usize,
     tiles: &ActTiles,
-    mut store: impl FnMut(usize, usize, f32),
+    out_ptr: *mut f32,
+    out_stride: usize,
+) {
+    // SAFETY: the caller guarantees the CPU features (AVX-512 F for the stores).
+    unsafe { run_avx512(weight_type, w_rows, row_bytes, tiles, out_ptr, out_stride) }
+}
+
+/// [`run`] compiled with the features its stores use.
+///
+/// # Safety
+/// As [`run`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn run_avx512(
+    weight_type: GgmlType,
+    w_rows: &[u8],
+    row_bytes: usize,
+    tiles: &ActTiles,
+    out_ptr: *mut f32,
+    out_stride: usize,
 ) {
     UNPACKED.with(|cell| {
         let mut buf = cell.borrow_mut();
@@ -363,42 +414,111 @@ pub(crate) unsafe fn run(
         let n_rows = buf.len() / stride;
         let (src, _) = unpacked_block_bytes(weight_type);
         let n_blocks = row_bytes / src;
-        let mut out = [[0f32; TILE]; 2];
+        // [rows, tokens]; one spare row so a last odd row still borrows a pair.
+        let mut out = [[0f32; TILE]; ROW_BLOCK + 1];
         for g in 0..tiles.n_groups() {
             let x = tiles.group(g);
-            let mut r = 0;
-            while r < n_rows {
-                let pair = n_rows - r >= 2;
-                let w = &buf[r * stride..];
-                // SAFETY: the caller guarantees the CPU features; `w` holds `n_blocks`
-                // unpacked blocks per row for one or two rows (`pair`), `x` holds
-                // `n_blocks` tile blocks of the same dot type.
-                unsafe {
-                    match (weight_type, pair) {
-                        (GgmlType::Q4_K, true) => q4_k_tile::<2>(w, stride, x, n_blocks, &mut out),
-                        (GgmlType::Q4_K, false) => {
-                            q4_k_tile::<1>(w, stride, x, n_blocks, first_mut(&mut out))
+            for r0 in (0..n_rows).step_by(ROW_BLOCK) {
+                let rows_here = ROW_BLOCK.min(n_rows - r0);
+                // The output lines these rows get for the sixteen tokens lie far apart
+                // (one per token row) and are seldom cached: ask for them in exclusive
+                // state now, so the stores after the kernels do not wait for them.
+                for t in 0..TILE {
+                    let token = g * TILE + t;
+                    // SAFETY: a prefetch never faults; the address is inside `out_ptr`'s
+                    // range by the caller's contract (computed without dereferencing).
+                    _mm_prefetch::<_MM_HINT_ET0>(
+                        out_ptr.wrapping_add(token * out_stride + r0) as *const i8
+                    );
+                }
+                let mut r = 0;
+                while r < rows_here {
+                    let pair = rows_here - r >= 2;
+                    let w = &buf[(r0 + r) * stride..];
+                    let dst: &mut [[f32; TILE]; 2] = (&mut out[r..r + 2]).try_into().expect("2");
+                    // SAFETY: the caller guarantees the CPU features; `w` holds
+                    // `n_blocks` unpacked blocks per row for one or two rows (`pair`), `x`
+                    // `n_blocks` tile blocks of the same dot type.
+                    unsafe {
+                        match (weight_type, pair) {
+                            (GgmlType::Q4_K, true) => q4_k_tile::<2>(w, stride, x, n_blocks, dst),
+                            (GgmlType::Q4_K, false) => {
+                                q4_k_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
+                            }
+                            (GgmlType::Q6_K, true) => q6_k_tile::<2>(w, stride, x, n_blocks, dst),
+                            (GgmlType::Q6_K, false) => {
+                                q6_k_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
+                            }
+                            (_, true) => block32_tile::<2>(w, stride, x, n_blocks, dst),
+                            (_, false) => block32_tile::<1>(w, stride, x, n_blocks, first_mut(dst)),
                         }
-                        (GgmlType::Q6_K, true) => q6_k_tile::<2>(w, stride, x, n_blocks, &mut out),
-                        (GgmlType::Q6_K, false) => {
-                            q6_k_tile::<1>(w, stride, x, n_blocks, first_mut(&mut out))
-                        }
-                        (_, true) => block32_tile::<2>(w, stride, x, n_blocks, &mut out),
-                        (_, false) => {
-                            block32_tile::<1>(w, stride, x, n_blocks, first_mut(&mut out))
+                    }
+                    r += if pair { 2 } else { 1 };
+                }
+                if rows_here == ROW_BLOCK {
+                    // SAFETY: out holds at least ROW_BLOCK rows of sixteen f32.
+                    let rows: [__m512; ROW_BLOCK] =
+                        std::array::from_fn(|i| unsafe { _mm512_loadu_ps(out[i].as_ptr()) });
+                    for (t, v) in transpose16(rows).into_iter().enumerate() {
+                        // SAFETY: the caller's contract on `out_ptr` covers every token of
+                        // the whole groups and the rows `r0..r0 + 16` of the chunk.
+                        unsafe {
+                            _mm512_storeu_ps(out_ptr.add((g * TILE + t) * out_stride + r0), v)
+                        };
+                    }
+                } else {
+                    for t in 0..TILE {
+                        for i in 0..rows_here {
+                            // SAFETY: as above, for the rows `r0..r0 + rows_here`.
+                            unsafe {
+                                *out_ptr.add((g * TILE + t) * out_stride + r0 + i) = out[i][t]
+                            };
                         }
                     }
                 }
-                let rows_done = if pair { 2 } else { 1 };
-                for (i, vals) in out[..rows_done].iter().enumerate() {
-                    for (t, &v) in vals.iter().enumerate() {
-                        store(g * TILE + t, r + i, v);
-                    }
-                }
-                r += rows_done;
             }
         }
     });
+}
+
+/// A 16×16 transpose of registers: `result[t]` lane `i` = `r[i]` lane `t`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+    // Pairs of rows interleaved: within each 128-bit lane k, a[2i] holds columns
+    // 4k, 4k+1 and a[2i+1] columns 4k+2, 4k+3 of rows 2i, 2i+1.
+    let a: [__m512; 16] = std::array::from_fn(|j| {
+        let (x, y) = (r[j & !1], r[j | 1]);
+        if j % 2 == 0 {
+            _mm512_unpacklo_ps(x, y)
+        } else {
+            _mm512_unpackhi_ps(x, y)
+        }
+    });
+    // b[4j + c], lane k: rows 4j..4j+4 of column 4k + c.
+    let b: [__m512; 16] = std::array::from_fn(|i| {
+        let (j, c) = (i / 4, i % 4);
+        let x = _mm512_castps_pd(a[4 * j + c / 2]);
+        let y = _mm512_castps_pd(a[4 * j + 2 + c / 2]);
+        _mm512_castpd_ps(if c % 2 == 0 {
+            _mm512_unpacklo_pd(x, y)
+        } else {
+            _mm512_unpackhi_pd(x, y)
+        })
+    });
+    let mut out = [_mm512_setzero_ps(); 16];
+    for c in 0..4 {
+        let (p, q, u, v) = (b[c], b[4 + c], b[8 + c], b[12 + c]);
+        let e0 = _mm512_shuffle_f32x4::<0b01_00_01_00>(p, q);
+        let e1 = _mm512_shuffle_f32x4::<0b11_10_11_10>(p, q);
+        let f0 = _mm512_shuffle_f32x4::<0b01_00_01_00>(u, v);
+        let f1 = _mm512_shuffle_f32x4::<0b11_10_11_10>(u, v);
+        out[c] = _mm512_shuffle_f32x4::<0b10_00_10_00>(e0, f0);
+        out[4 + c] = _mm512_shuffle_f32x4::<0b11_01_11_01>(e0, f0);
+        out[8 + c] = _mm512_shuffle_f32x4::<0b10_00_10_00>(e1, f1);
+        out[12 + c] = _mm512_shuffle_f32x4::<0b11_01_11_01>(e1, f1);
+    }
+    out
 }
 
 fn first_mut(out: &mut [[f32; TILE]; 2]) -> &mut [[f32; TILE]; 1] {

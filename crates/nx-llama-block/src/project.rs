@@ -46,7 +46,7 @@ impl Projector {
                         self.holders.push(QuantizedActs::new());
                         self.holders.len() - 1
                     });
-                self.holders[slot].quantize_for(w, x, n)?;
+                self.holders[slot].quantize_for_pool(w, x, n, pool)?;
                 slot
             }
         };
