@@ -44,10 +44,10 @@ const ACT32_BLOCK: usize = 8 * 64 + 64;
 /// Bytes of one super-block of a Q8_K tile: eight 32-quant groups of lane quads, the
 /// scales, the min pairs `(s[2m], s[2m+1])` of 32-quant sums (4 × 16 dwords) and the
 /// bsum pairs `(b[2l], b[2l+1])` (8 × 16 dwords).
-const ACTK_BLOCK: usize = 8 * 512 + 64 + 4 * 64 + 8 * 64;
-const ACTK_DX: usize = 8 * 512;
-const ACTK_MINS: usize = ACTK_DX + 64;
-const ACTK_BSUMS: usize = ACTK_MINS + 4 * 64;
+pub(crate) const ACTK_BLOCK: usize = 8 * 512 + 64 + 4 * 64 + 8 * 64;
+pub(crate) const ACTK_DX: usize = 8 * 512;
+pub(crate) const ACTK_MINS: usize = ACTK_DX + 64;
+pub(crate) const ACTK_BSUMS: usize = ACTK_MINS + 4 * 64;
 
 /// Unpacked 32-quant weight block: 32 signed quants, eight i32 corrections, `d_w` (f32).
 const W32_BLOCK: usize = 32 + 32 + 4;
@@ -123,6 +123,8 @@ impl ActTiles {
         }
         let n_blocks = row_bytes / src_block;
         let group_bytes = n_blocks * tile_block;
+        // The AMX kernels multiply the raw (signed) quants; the VNNI ones `x + 128`.
+        let raw_k = crate::amx::available();
         self.group_bytes = group_bytes;
         self.n_groups = n_groups;
         self.data.resize(n_groups * group_bytes, 0);
@@ -137,7 +139,7 @@ impl ActTiles {
                         if act_type == GgmlType::Q8_0 {
                             interleave_q8_0(xb, out, t);
                         } else {
-                            interleave_q8_k(xb, out, t);
+                            interleave_q8_k(xb, out, t, raw_k);
                         }
                     }
                 }
@@ -175,13 +177,15 @@ fn interleave_q8_0(xb: &[u8], out: &mut [u8], t: usize) {
     out[512 + 4 * t..512 + 4 * t + 4].copy_from_slice(&dx.to_le_bytes());
 }
 
-/// Token `t`'s Q8_K super-block `xb` into its slots of a tile super-block.
-fn interleave_q8_k(xb: &[u8], out: &mut [u8], t: usize) {
+/// Token `t`'s Q8_K super-block `xb` into its slots of a tile super-block: the quants
+/// as they are (`raw`, for [`crate::amx`]) or as `x + 128`.
+fn interleave_q8_k(xb: &[u8], out: &mut [u8], t: usize, raw: bool) {
     let qs = &xb[q8_k::QS..q8_k::QS + QK_K];
+    let bias = if raw { 0 } else { 0x80 };
     for g in 0..8 {
         for l in 0..8 {
             for k in 0..4 {
-                out[512 * g + 64 * l + 4 * t + k] = qs[32 * g + 4 * l + k] ^ 0x80;
+                out[512 * g + 64 * l + 4 * t + k] = qs[32 * g + 4 * l + k] ^ bias;
             }
         }
     }
@@ -405,6 +409,10 @@ unsafe fn run_avx512(
     out_ptr: *mut f32,
     out_stride: usize,
 ) {
+    if crate::amx::has_kernel(weight_type) && crate::amx::available() {
+        // SAFETY: forwarded contract; AMX is available.
+        return unsafe { run_amx(weight_type, w_rows, row_bytes, tiles, out_ptr, out_stride) };
+    }
     UNPACKED.with(|cell| {
         let mut buf = cell.borrow_mut();
         let stride = unpack_rows(weight_type, w_rows, row_bytes, &mut buf);
@@ -455,30 +463,110 @@ unsafe fn run_avx512(
                     }
                     r += if pair { 2 } else { 1 };
                 }
-                if rows_here == ROW_BLOCK {
-                    // SAFETY: out holds at least ROW_BLOCK rows of sixteen f32.
-                    let rows: [__m512; ROW_BLOCK] =
-                        std::array::from_fn(|i| unsafe { _mm512_loadu_ps(out[i].as_ptr()) });
-                    for (t, v) in transpose16(rows).into_iter().enumerate() {
-                        // SAFETY: the caller's contract on `out_ptr` covers every token of
-                        // the whole groups and the rows `r0..r0 + 16` of the chunk.
-                        unsafe {
-                            _mm512_storeu_ps(out_ptr.add((g * TILE + t) * out_stride + r0), v)
-                        };
-                    }
-                } else {
-                    for t in 0..TILE {
-                        for i in 0..rows_here {
-                            // SAFETY: as above, for the rows `r0..r0 + rows_here`.
-                            unsafe {
-                                *out_ptr.add((g * TILE + t) * out_stride + r0 + i) = out[i][t]
-                            };
-                        }
-                    }
-                }
+                let block: &[[f32; TILE]; ROW_BLOCK] =
+                    (&out[..ROW_BLOCK]).try_into().expect("16 rows");
+                // SAFETY: the caller's contract on `out_ptr` covers every token of the
+                // whole groups and the rows of the chunk.
+                unsafe { store_block(block, rows_here, out_ptr, out_stride, g * TILE, r0) };
             }
         }
     });
+}
+
+/// [`run`] for Q4_K / Q6_K through [`crate::amx`]: sixteen weight rows unpacked at a
+/// time, then every token group against them.
+///
+/// # Safety
+/// As [`run`], and [`crate::amx::available`] is true.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn run_amx(
+    weight_type: GgmlType,
+    w_rows: &[u8],
+    row_bytes: usize,
+    tiles: &ActTiles,
+    out_ptr: *mut f32,
+    out_stride: usize,
+) {
+    let n_rows = w_rows.len() / row_bytes;
+    let (src, _) = unpacked_block_bytes(weight_type);
+    let n_sb = row_bytes / src;
+    UNPACKED.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        // SAFETY: AMX is available (caller).
+        unsafe { crate::amx::tiles_begin() };
+        let mut out = [[[0f32; TILE]; ROW_BLOCK]; 2];
+        for r0 in (0..n_rows).step_by(crate::amx::ROWS) {
+            let rows_here = crate::amx::ROWS.min(n_rows - r0);
+            // SAFETY: AMX is available and the type is Q4_K or Q6_K.
+            let stride = unsafe {
+                crate::amx::unpack_block(
+                    weight_type,
+                    &w_rows[r0 * row_bytes..],
+                    row_bytes,
+                    &mut buf,
+                )
+            };
+            let mut g = 0;
+            while g < tiles.n_groups() {
+                // SAFETY (both calls): tiles configured above; `buf` holds 16 unpacked rows
+                // of `n_sb` super-blocks, each group `n_sb` raw tile super-blocks.
+                let done = if tiles.n_groups() - g >= 2 {
+                    let xs = [tiles.group(g), tiles.group(g + 1)];
+                    unsafe {
+                        crate::amx::k_tile::<2>(weight_type, &buf, stride, xs, n_sb, &mut out)
+                    };
+                    2
+                } else {
+                    let one: &mut [_; 1] = (&mut out[..1]).try_into().expect("one group");
+                    let xs = [tiles.group(g)];
+                    unsafe { crate::amx::k_tile::<1>(weight_type, &buf, stride, xs, n_sb, one) };
+                    1
+                };
+                for (i, block) in out[..done].iter().enumerate() {
+                    // SAFETY: the caller's contract on `out_ptr`.
+                    unsafe {
+                        store_block(block, rows_here, out_ptr, out_stride, (g + i) * TILE, r0)
+                    };
+                }
+                g += done;
+            }
+        }
+        // SAFETY: as above.
+        unsafe { crate::amx::tiles_end() };
+    });
+}
+
+/// Writes `block[i][t]` (row `r0 + i`, token `t0 + t`) for the first `rows` rows to
+/// `out_ptr[(t0 + t)·out_stride + r0 + i]`: sixteen rows as one transposed 64-byte store
+/// per token.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `out_ptr` is valid for those writes, unshared.
+#[target_feature(enable = "avx512f")]
+unsafe fn store_block(
+    block: &[[f32; TILE]; ROW_BLOCK],
+    rows: usize,
+    out_ptr: *mut f32,
+    out_stride: usize,
+    t0: usize,
+    r0: usize,
+) {
+    if rows == ROW_BLOCK {
+        // SAFETY: each block row is sixteen f32.
+        let regs: [__m512; ROW_BLOCK] =
+            std::array::from_fn(|i| unsafe { _mm512_loadu_ps(block[i].as_ptr()) });
+        for (t, v) in transpose16(regs).into_iter().enumerate() {
+            // SAFETY: the caller's contract.
+            unsafe { _mm512_storeu_ps(out_ptr.add((t0 + t) * out_stride + r0), v) };
+        }
+    } else {
+        for t in 0..TILE {
+            for (i, row) in block[..rows].iter().enumerate() {
+                // SAFETY: the caller's contract.
+                unsafe { *out_ptr.add((t0 + t) * out_stride + r0 + i) = row[t] };
+            }
+        }
+    }
 }
 
 /// A 16×16 transpose of registers: `result[t]` lane `i` = `r[i]` lane `t`.

@@ -10,11 +10,10 @@
 
 mod common;
 
-use common::{assert_bits_eq, random_row_bytes, Rng};
+use common::{assert_bits_eq, check_matmul_against_dot_row, weight_row, Rng};
 use nx_lazy_weight::{
-    active_tier, dot_kernel4_for, dot_kernel_for, dot_kernel_rows4_for, dot_row, matmul,
-    quantize_row, row_bytes, supported_tiers, uses_tiled_kernels, vec_dot_type, CpuTier, GgmlType,
-    LazyWeight, QuantizedActs,
+    active_tier, dot_kernel4_for, dot_kernel_for, dot_kernel_rows4_for, quantize_row, row_bytes,
+    supported_tiers, uses_tiled_kernels, vec_dot_type, CpuTier, GgmlType,
 };
 
 /// The types with four-token kernels on some tier.
@@ -25,18 +24,6 @@ const MULTI_TYPES: [GgmlType; 5] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
 ];
-
-/// A weight row: raw random block bytes (finite scales), or the quantizer's output.
-fn weight_row(rng: &mut Rng, ty: GgmlType, k: usize, via_quantizer: bool) -> Vec<u8> {
-    if via_quantizer {
-        let x = rng.normals(k, 0.05);
-        let mut row = vec![0u8; row_bytes(ty, k).unwrap()];
-        quantize_row(ty, &x, &mut row).unwrap();
-        row
-    } else {
-        random_row_bytes(rng, ty, k)
-    }
-}
 
 /// An activation row quantized to `ty`'s dot type; the scale varies per row so the four
 /// tokens of a group have different block scales. Some rows carry a large outlier so
@@ -172,39 +159,9 @@ fn avx512_tier_tiles_every_multi_type() {
 
 #[test]
 fn matmul_with_grouped_tokens_equals_dot_row_per_element() {
-    const N_ROWS: usize = 19;
+    // 16 and more tokens take the tiled kernels (AVX-512 VNNI, or AMX for the K formats
+    // where the CPU has it) for whole groups of 16.
     for ty in MULTI_TYPES {
-        let k = 3 * ty.block_size();
-        let mut rng = Rng::new(ty.id() as u64 + 7);
-        let w_bytes: Vec<u8> = (0..N_ROWS)
-            .flat_map(|r| weight_row(&mut rng, ty, k, r % 2 == 0))
-            .collect();
-        let w = LazyWeight::from_parts(ty, &[k as u64, N_ROWS as u64], &w_bytes).unwrap();
-        // 16 and more tokens take the tiled kernels (AVX-512 VNNI) for whole groups of 16.
-        for n in [1usize, 3, 4, 5, 9, 16, 33, 37] {
-            let x: Vec<f32> = (0..n)
-                .flat_map(|t| {
-                    let mut row = rng.normals(k, 0.1 * (t % 5 + 1) as f32);
-                    // Outliers drive some quants to ±127 / −128.
-                    if t % 3 == 1 {
-                        row[(7 * t) % k] = -40.0;
-                    }
-                    row
-                })
-                .collect();
-            let mut xq = QuantizedActs::new();
-            let mut y = vec![0f32; n * N_ROWS];
-            matmul(&w, &x, n, &mut y, &mut xq).unwrap();
-            let mut want = Vec::with_capacity(n * N_ROWS);
-            for t in 0..n {
-                let x_row = xq.get_row(t).unwrap();
-                for r in 0..N_ROWS {
-                    let w_row = &w_bytes[r * w.row_bytes()..(r + 1) * w.row_bytes()];
-                    want.push(dot_row(ty, w_row, x_row, k).unwrap());
-                }
-            }
-            assert!(want.iter().any(|&v| v != 0.0), "{ty} n={n}: all zero");
-            assert_bits_eq(&y, &want, &format!("{ty} matmul n={n}"));
-        }
+        check_matmul_against_dot_row(ty, &[1, 3, 4, 5, 9, 16, 33, 37]);
     }
 }

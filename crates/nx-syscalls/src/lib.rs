@@ -12,4 +12,6 @@ mod tier;
 pub use aligned::AlignedBuf;
 pub use mapped::{Advice, MappedFile};
 pub use pool::{threads_from_env, ThreadPool};
-pub use tier::{cpu_tier, detect_tier, parse_tier_override, CpuTier, TierError};
+pub use tier::{
+    cpu_tier, detect_tier, parse_tier_override, request_amx_tile_data, CpuTier, TierError,
+};

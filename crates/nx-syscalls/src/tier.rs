@@ -117,6 +117,32 @@ pub fn cpu_tier() -> Result<CpuTier, TierError> {
     .clone()
 }
 
+/// Asks the kernel for permission to use the AMX tile data registers in this process
+/// (Linux `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); true when granted.
+/// Without it the first tile instruction raises SIGILL. Callers check the CPU's AMX
+/// feature bits first; the permission is process-wide, so asking once is enough.
+pub fn request_amx_tile_data() -> bool {
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    {
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: arch_prctl with these arguments only changes this process's permitted
+        // extended-state components; it reads and writes no memory of ours.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            )
+        };
+        r == 0
+    }
+    #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+    {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,9 @@
 #![allow(dead_code)]
 
 use nx_lazy_weight::formats::{f32_to_bf16, f32_to_f16};
-use nx_lazy_weight::GgmlType;
+use nx_lazy_weight::{
+    dot_row, matmul, quantize_row, row_bytes, GgmlType, LazyWeight, QuantizedActs,
+};
 
 /// SplitMix64: small, seeded, good enough to make test data.
 pub struct Rng(u64);
@@ -109,5 +111,54 @@ pub fn assert_bits_eq(a: &[f32], b: &[f32], what: &str) {
             x.to_bits(),
             y.to_bits()
         );
+    }
+}
+
+/// A weight row: raw random block bytes (finite scales), or the quantizer's output.
+pub fn weight_row(rng: &mut Rng, ty: GgmlType, k: usize, via_quantizer: bool) -> Vec<u8> {
+    if via_quantizer {
+        let x = rng.normals(k, 0.05);
+        let mut row = vec![0u8; row_bytes(ty, k).unwrap()];
+        quantize_row(ty, &x, &mut row).unwrap();
+        row
+    } else {
+        random_row_bytes(rng, ty, k)
+    }
+}
+
+/// `matmul` of `ty` weights (35 rows: two whole blocks of 16 and a rest; K = 3
+/// blocks) by `n` tokens for each `n` in `ns`, against `dot_row` element by element,
+/// bit for bit. Tokens carry outliers so some quants reach ±127 / −128.
+pub fn check_matmul_against_dot_row(ty: GgmlType, ns: &[usize]) {
+    const N_ROWS: usize = 35;
+    let k = 3 * ty.block_size();
+    let mut rng = Rng::new(ty.id() as u64 + 7);
+    let w_bytes: Vec<u8> = (0..N_ROWS)
+        .flat_map(|r| weight_row(&mut rng, ty, k, r % 2 == 0))
+        .collect();
+    let w = LazyWeight::from_parts(ty, &[k as u64, N_ROWS as u64], &w_bytes).unwrap();
+    for &n in ns {
+        let x: Vec<f32> = (0..n)
+            .flat_map(|t| {
+                let mut row = rng.normals(k, 0.1 * (t % 5 + 1) as f32);
+                if t % 3 == 1 {
+                    row[(7 * t) % k] = -40.0;
+                }
+                row
+            })
+            .collect();
+        let mut xq = QuantizedActs::new();
+        let mut y = vec![0f32; n * N_ROWS];
+        matmul(&w, &x, n, &mut y, &mut xq).unwrap();
+        let mut want = Vec::with_capacity(n * N_ROWS);
+        for t in 0..n {
+            let x_row = xq.get_row(t).unwrap();
+            for r in 0..N_ROWS {
+                let w_row = &w_bytes[r * w.row_bytes()..(r + 1) * w.row_bytes()];
+                want.push(dot_row(ty, w_row, x_row, k).unwrap());
+            }
+        }
+        assert!(want.iter().any(|&v| v != 0.0), "{ty} n={n}: all zero");
+        assert_bits_eq(&y, &want, &format!("{ty} matmul n={n}"));
     }
 }

@@ -1,0 +1,554 @@
+//! AMX-INT8 tiles for the Q4_K and Q6_K prefill matmul, each output still bit-identical
+//! to the single-token kernel.
+//!
+//! A K-format lane integer is `Σ_g sc_g·Σ_k q·x` over the 32 quants of lane `l` in the
+//! eight 32-quant groups `g` of a super-block (positions `32g + 4l + k`). With the scale
+//! folded into the weight, `w = q·sc`, it is one plain dot product of 32 bytes —
+//! except that `w` needs more than eight bits (Q4_K: 0..945, Q6_K: −8064..8001). So `w`
+//! is split exactly into `lo = w & 255` (unsigned) and `hi = w >> 8` (signed) and the
+//! lane is `Σ lo·x + 256·Σ hi·x`, two int8 tile products: `tdpbusd` and `tdpbssd` of
+//! sixteen weight rows (one lane's 32 bytes each) with sixteen tokens (the same lane's
+//! quants, which the Q8_K tiles of [`crate::tiled`] already hold in tile-row order).
+//! Integer sums are exact, so each 16 × 16 block of lane integers equals the per-output
+//! kernel's; the float chain (one FMA per lane and super-block, the final lane sum) is
+//! then run sixteen tokens per register as in [`crate::tiled`].
+//!
+//! Requires the CPU's AMX-TILE and AMX-INT8 and the kernel's permission for the tile
+//! data (`nx_syscalls::request_amx_tile_data`); `NX_AMX=0` turns it off.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+use nx_gguf::GgmlType;
+
+use crate::formats::{q4_k, q6_k, read_f16, scales_mins_k4_packed, Q4_K_BYTES, Q6_K_BYTES};
+
+/// Bytes of one unpacked super-block of one weight row: for each lane, 32 `lo` bytes
+/// then 32 `hi` bytes; then `d_w`, `−dmin_w` (f32), the four min pairs (Q4_K) and the
+/// eight bsum-scale pairs (Q6_K).
+pub(crate) const W_SB: usize = 576;
+const W_D: usize = 512;
+const W_MINS: usize = 520;
+const W_BSUMS: usize = 536;
+
+/// Weight rows per tile (and per unpacked block of rows).
+pub(crate) const ROWS: usize = 16;
+
+/// True when the AMX path can run: AVX-512 VNNI tier features, AMX-TILE and AMX-INT8 in
+/// CPUID, tile data permitted by the kernel, and `NX_AMX` not `0`/`off`.
+pub(crate) fn available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        if matches!(std::env::var("NX_AMX").as_deref(), Ok("0" | "off")) {
+            return false;
+        }
+        if !crate::avx512::available() {
+            return false;
+        }
+        // CPUID leaf 7, sub-leaf 0: EDX bit 24 AMX-TILE, bit 25 AMX-INT8.
+        let leaf = __cpuid_count(7, 0);
+        if leaf.edx & (1 << 24) == 0 || leaf.edx & (1 << 25) == 0 {
+            return false;
+        }
+        nx_syscalls::request_amx_tile_data()
+    })
+}
+
+/// Weight types the AMX path handles.
+pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
+    matches!(weight_type, GgmlType::Q4_K | GgmlType::Q6_K)
+}
+
+/// The 8 × 8 dword transpose `[g][l] → [l][g]`: input `g2[i]` holds groups `2i, 2i+1`
+/// (dword `8·(g%2) + l` of `g2[g/2]` is `(g, l)`); output `t[j]` holds lanes `2j, 2j+1`
+/// (dword `8·(l%2) + g` of `t[l/2]`).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose_groups_to_lanes(g2: [__m512i; 4]) -> [__m512i; 4] {
+    // Stage A: p[a][b], dword 4l' + g' = (g = 4a + g', l = 4b + l').
+    let idx_a = |b: i32| {
+        let mut v = [0i32; 16];
+        for (i, e) in v.iter_mut().enumerate() {
+            let (lp, gp) = (i as i32 / 4, i as i32 % 4);
+            *e = (gp / 2) * 16 + 8 * (gp % 2) + 4 * b + lp;
+        }
+        // SAFETY: reading 16 i32 from a 16-element array.
+        unsafe { _mm512_loadu_si512(v.as_ptr() as *const _) }
+    };
+    let (ia0, ia1) = (idx_a(0), idx_a(1));
+    let p = [
+        [
+            _mm512_permutex2var_epi32(g2[0], ia0, g2[1]),
+            _mm512_permutex2var_epi32(g2[0], ia1, g2[1]),
+        ],
+        [
+            _mm512_permutex2var_epi32(g2[2], ia0, g2[3]),
+            _mm512_permutex2var_epi32(g2[2], ia1, g2[3]),
+        ],
+    ];
+    // Stage B: t[j], dword 8m + g = (g, l = 2j + m), from p[g/4][j/2] dword 4l' + g%4
+    // with l' = 2(j%2) + m.
+    let idx_b = |jj: i32| {
+        let mut v = [0i32; 16];
+        for (i, e) in v.iter_mut().enumerate() {
+            let (m, g) = (i as i32 / 8, i as i32 % 8);
+            *e = (g / 4) * 16 + 4 * (2 * jj + m) + g % 4;
+        }
+        // SAFETY: as above.
+        unsafe { _mm512_loadu_si512(v.as_ptr() as *const _) }
+    };
+    let (ib0, ib1) = (idx_b(0), idx_b(1));
+    [
+        _mm512_permutex2var_epi32(p[0][0], ib0, p[1][0]),
+        _mm512_permutex2var_epi32(p[0][0], ib1, p[1][0]),
+        _mm512_permutex2var_epi32(p[0][1], ib0, p[1][1]),
+        _mm512_permutex2var_epi32(p[0][1], ib1, p[1][1]),
+    ]
+}
+
+/// Writes lane-ordered quants `t` (see [`transpose_groups_to_lanes`]) times the
+/// per-(lane, group) scales as `lo`/`hi` byte rows into an unpacked super-block.
+/// `scales(l)` is the 32 words `sc(g)` for `g = 0..8`, each repeated four times.
+///
+/// # Safety
+/// `out` holds at least 512 bytes.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn put_lanes(t: [__m512i; 4], scales: impl Fn(usize) -> __m512i, out: &mut [u8]) {
+    assert!(out.len() >= 512);
+    for l in 0..8 {
+        let half = if l % 2 == 0 {
+            _mm512_castsi512_si256(t[l / 2])
+        } else {
+            _mm512_extracti64x4_epi64::<1>(t[l / 2])
+        };
+        let w = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(half), scales(l));
+        let lo = _mm512_cvtepi16_epi8(w);
+        let hi = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<8>(w));
+        // SAFETY: 64l + 64 <= 512 <= out.len().
+        unsafe {
+            _mm256_storeu_si256(out.as_mut_ptr().add(64 * l) as *mut __m256i, lo);
+            _mm256_storeu_si256(out.as_mut_ptr().add(64 * l + 32) as *mut __m256i, hi);
+        }
+    }
+}
+
+/// 32 words: `v[g]` for `g = 0..8`, each four times (the layout of one lane's bytes).
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn scale_words(v: [i16; 8]) -> __m512i {
+    let mut w = [0i16; 32];
+    for (i, e) in w.iter_mut().enumerate() {
+        *e = v[i / 4];
+    }
+    // SAFETY: reading 64 bytes from a 32-element i16 array.
+    unsafe { _mm512_loadu_si512(w.as_ptr() as *const _) }
+}
+
+fn put_f32(out: &mut [u8], at: usize, v: f32) {
+    out[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_pair(out: &mut [u8], at: usize, lo: i16, hi: i16) {
+    out[at..at + 2].copy_from_slice(&lo.to_le_bytes());
+    out[at + 2..at + 4].copy_from_slice(&hi.to_le_bytes());
+}
+
+/// One Q4_K super-block into the unpacked layout.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW; `wb` is one 144-byte block, `out` [`W_SB`] bytes.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn unpack_q4_k(wb: &[u8], out: &mut [u8]) {
+    assert!(wb.len() >= Q4_K_BYTES && out.len() >= W_SB);
+    let low4 = _mm512_set1_epi8(0x0F);
+    // SAFETY: qs is bytes 16..144 of the block.
+    let (z0, z1) = unsafe {
+        (
+            _mm512_loadu_si512(wb.as_ptr().add(q4_k::QS) as *const _),
+            _mm512_loadu_si512(wb.as_ptr().add(q4_k::QS + 64) as *const _),
+        )
+    };
+    // Chunk c of qs: low nibbles are group 2c, high nibbles group 2c + 1.
+    let (lo0, hi0) = (
+        _mm512_and_si512(z0, low4),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(z0), low4),
+    );
+    let (lo1, hi1) = (
+        _mm512_and_si512(z1, low4),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(z1), low4),
+    );
+    let g2 = [
+        _mm512_shuffle_i64x2::<0b01_00_01_00>(lo0, hi0),
+        _mm512_shuffle_i64x2::<0b11_10_11_10>(lo0, hi0),
+        _mm512_shuffle_i64x2::<0b01_00_01_00>(lo1, hi1),
+        _mm512_shuffle_i64x2::<0b11_10_11_10>(lo1, hi1),
+    ];
+    let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
+    let byte = |v: u64, j: usize| ((v >> (8 * j)) & 0xFF) as i16;
+    let scales = scale_words(std::array::from_fn(|g| byte(sc, g)));
+    // SAFETY: out holds W_SB >= 512 bytes.
+    unsafe { put_lanes(transpose_groups_to_lanes(g2), |_| scales, out) };
+    put_f32(out, W_D, read_f16(wb, 0));
+    put_f32(out, W_D + 4, -read_f16(wb, q4_k::DMIN));
+    for m in 0..4 {
+        put_pair(out, W_MINS + 4 * m, byte(mn, 2 * m), byte(mn, 2 * m + 1));
+    }
+}
+
+/// One Q6_K super-block into the unpacked layout (quants unsigned, 0..63).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW; `wb` is one 210-byte block, `out` [`W_SB`] bytes.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn unpack_q6_k(wb: &[u8], out: &mut [u8]) {
+    assert!(wb.len() >= Q6_K_BYTES && out.len() >= W_SB);
+    let low4 = _mm512_set1_epi8(0x0F);
+    let two_bits = _mm512_set1_epi32(0x0303_0303);
+    let mut g2 = [_mm512_setzero_si512(); 4];
+    for h in 0..2 {
+        // SAFETY: ql half h is bytes 64h..64h+64, qh half h bytes 128+32h..160+32h.
+        let (ql, qh) = unsafe {
+            (
+                _mm512_loadu_si512(wb.as_ptr().add(q6_k::QL + 64 * h) as *const _),
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                    wb.as_ptr().add(q6_k::QH + 32 * h) as *const __m256i
+                )),
+            )
+        };
+        // Group 4h + k takes nibble (k / 2) of ql bytes 32·(k % 2).. and bits 2k, 2k+1 of qh.
+        let top = |shift_lo: i32, shift_hi: i32| {
+            let shifts =
+                _mm512_inserti64x4::<1>(_mm512_set1_epi32(shift_lo), _mm256_set1_epi32(shift_hi));
+            _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srlv_epi32(qh, shifts), two_bits))
+        };
+        let low = _mm512_and_si512(ql, low4);
+        let high = _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4);
+        g2[2 * h] = _mm512_or_si512(low, top(0, 2));
+        g2[2 * h + 1] = _mm512_or_si512(high, top(4, 6));
+    }
+    let sc: [i16; 16] = std::array::from_fn(|j| wb[q6_k::SCALES + j] as i8 as i16);
+    // Lane l of group g has the scale of sub-block 2g + l/4.
+    let first = scale_words(std::array::from_fn(|g| sc[2 * g]));
+    let second = scale_words(std::array::from_fn(|g| sc[2 * g + 1]));
+    // SAFETY: out holds W_SB >= 512 bytes.
+    unsafe {
+        put_lanes(
+            transpose_groups_to_lanes(g2),
+            |l| if l < 4 { first } else { second },
+            out,
+        )
+    };
+    put_f32(out, W_D, read_f16(wb, q6_k::D));
+    for l in 0..8 {
+        put_pair(out, W_BSUMS + 4 * l, -32 * sc[2 * l], -32 * sc[2 * l + 1]);
+    }
+}
+
+/// Unpacks `n_rows` (≤ [`ROWS`]) weight rows of `row_bytes` from `w_rows` into `out` as
+/// [`ROWS`] rows of `n_sb · W_SB` bytes, rows past `n_rows` zero.
+///
+/// # Safety
+/// [`available`] is true and `weight_type` is Q4_K or Q6_K.
+pub(crate) unsafe fn unpack_block(
+    weight_type: GgmlType,
+    w_rows: &[u8],
+    row_bytes: usize,
+    out: &mut Vec<u8>,
+) -> usize {
+    let src = if weight_type == GgmlType::Q4_K {
+        Q4_K_BYTES
+    } else {
+        Q6_K_BYTES
+    };
+    let n_sb = row_bytes / src;
+    let stride = n_sb * W_SB;
+    out.clear();
+    out.resize(ROWS * stride, 0);
+    for (row, dst) in w_rows
+        .chunks_exact(row_bytes)
+        .take(ROWS)
+        .zip(out.chunks_exact_mut(stride))
+    {
+        for (wb, ob) in row.chunks_exact(src).zip(dst.chunks_exact_mut(W_SB)) {
+            // SAFETY: the caller guarantees the features; whole blocks.
+            unsafe {
+                if weight_type == GgmlType::Q4_K {
+                    unpack_q4_k(wb, ob)
+                } else {
+                    unpack_q6_k(wb, ob)
+                }
+            }
+        }
+    }
+    stride
+}
+
+/// The tile shapes: tmm0/tmm1 (and tmm5/tmm6 for a second token group) the lo/hi
+/// products (16 rows × 16 tokens of i32), tmm2/tmm3 the lo/hi weights (16 rows × 32
+/// bytes), tmm4 (tmm7) the activations (8 × 64 bytes).
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+fn tile_config() -> TileConfig {
+    let mut c = [0u8; 64];
+    c[0] = 1; // palette 1
+    let mut set = |t: usize, rows: u8, colsb: u16| {
+        c[16 + 2 * t..18 + 2 * t].copy_from_slice(&colsb.to_le_bytes());
+        c[48 + t] = rows;
+    };
+    set(0, 16, 64);
+    set(1, 16, 64);
+    set(2, 16, 32);
+    set(3, 16, 32);
+    set(4, 8, 64);
+    set(5, 16, 64);
+    set(6, 16, 64);
+    set(7, 8, 64);
+    TileConfig(c)
+}
+
+/// Loads the tile configuration on this thread.
+///
+/// # Safety
+/// [`available`] is true.
+pub(crate) unsafe fn tiles_begin() {
+    let cfg = tile_config();
+    // SAFETY: AMX is available and permitted; the config is a valid palette-1 layout.
+    unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
+}
+
+/// Releases the tile state on this thread.
+///
+/// # Safety
+/// [`available`] is true.
+pub(crate) unsafe fn tiles_end() {
+    // SAFETY: AMX is available.
+    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+}
+
+#[repr(C, align(64))]
+struct Products([i32; 256]);
+
+/// Loads lane `l`'s weight tiles (lo, hi: 16 rows at `w_stride` from `wsb + 64l`) and
+/// `G` activation tiles (8 rows at 512 bytes from `xt[i] + 64l`) and starts the
+/// products: tmm0/tmm1 (group 0 lo/hi), tmm5/tmm6 (group 1).
+///
+/// # Safety
+/// [`tiles_begin`] ran on this thread; the addresses are readable for the tile shapes.
+#[inline(always)]
+unsafe fn start_products<const G: usize>(
+    wsb: *const u8,
+    w_stride: usize,
+    xt: [*const u8; G],
+    l: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!(
+            "tileloadd tmm2, [{alo} + {ws}*1]",
+            "tileloadd tmm3, [{ahi} + {ws}*1]",
+            "tileloadd tmm4, [{b0} + {xs}*1]",
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tdpbusd tmm0, tmm2, tmm4",
+            "tdpbssd tmm1, tmm3, tmm4",
+            alo = in(reg) wsb.add(64 * l),
+            ahi = in(reg) wsb.add(64 * l + 32),
+            ws = in(reg) w_stride,
+            b0 = in(reg) xt[0].add(64 * l),
+            xs = in(reg) 512usize,
+            options(nostack, readonly),
+        );
+        if G == 2 {
+            asm!(
+                "tileloadd tmm7, [{b1} + {xs}*1]",
+                "tilezero tmm5",
+                "tilezero tmm6",
+                "tdpbusd tmm5, tmm2, tmm7",
+                "tdpbssd tmm6, tmm3, tmm7",
+                b1 = in(reg) xt[G - 1].add(64 * l),
+                xs = in(reg) 512usize,
+                options(nostack, readonly),
+            );
+        }
+    }
+}
+
+/// Stores the products started by [`start_products`] to `lo[i]` / `hi[i]`.
+///
+/// # Safety
+/// As [`start_products`], which ran before.
+#[inline(always)]
+unsafe fn store_products<const G: usize>(lo: &mut [Products; 2], hi: &mut [Products; 2]) {
+    // SAFETY: each buffer is 16 rows of 64 bytes.
+    unsafe {
+        asm!(
+            "tilestored [{clo} + {cs}*1], tmm0",
+            "tilestored [{chi} + {cs}*1], tmm1",
+            clo = in(reg) lo[0].0.as_mut_ptr(),
+            chi = in(reg) hi[0].0.as_mut_ptr(),
+            cs = in(reg) 64usize,
+            options(nostack),
+        );
+        if G == 2 {
+            asm!(
+                "tilestored [{clo} + {cs}*1], tmm5",
+                "tilestored [{chi} + {cs}*1], tmm6",
+                clo = in(reg) lo[1].0.as_mut_ptr(),
+                chi = in(reg) hi[1].0.as_mut_ptr(),
+                cs = in(reg) 64usize,
+                options(nostack),
+            );
+        }
+    }
+}
+
+/// Sixteen unpacked weight rows (`w`, row stride `stride`, `n_sb` super-blocks) against
+/// `G` Q8_K token groups `xs` (raw quants, [`crate::tiled`] layout): `out[i][r]` gets
+/// row `r`'s sixteen outputs for group `i`. Two groups share each weight tile load.
+/// The tile products of one (super-block, lane) step are computed while the previous
+/// step's are turned into float, so the tile unit and the vector units overlap.
+///
+/// # Safety
+/// [`available`] is true, [`tiles_begin`] ran on this thread, `weight_type` is Q4_K or
+/// Q6_K, `w` holds 16 rows of `n_sb` unpacked super-blocks at `stride`, and every `xs`
+/// holds `n_sb` tile super-blocks of raw quants. `G` is 1 or 2.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+pub(crate) unsafe fn k_tile<const G: usize>(
+    weight_type: GgmlType,
+    w: &[u8],
+    stride: usize,
+    xs: [&[u8]; G],
+    n_sb: usize,
+    out: &mut [[[f32; 16]; 16]; G],
+) {
+    use crate::tiled::{ACTK_BLOCK, ACTK_BSUMS, ACTK_DX, ACTK_MINS};
+    assert!(G == 1 || G == 2);
+    assert!(w.len() >= (ROWS - 1) * stride + n_sb * W_SB);
+    for x in xs {
+        assert!(x.len() >= n_sb * ACTK_BLOCK);
+    }
+    let q6 = weight_type == GgmlType::Q6_K;
+    let zero = _mm512_setzero_si512();
+    let mut acc = [[[_mm512_setzero_ps(); 8]; ROWS]; G];
+    let mut acc_min = [[[_mm512_setzero_ps(); 4]; ROWS]; G];
+    let mut lo = [
+        [Products([0; 256]), Products([0; 256])],
+        [Products([0; 256]), Products([0; 256])],
+    ];
+    let mut hi = [
+        [Products([0; 256]), Products([0; 256])],
+        [Products([0; 256]), Products([0; 256])],
+    ];
+    let xt_of =
+        |s: usize| -> [*const u8; G] { std::array::from_fn(|i| xs[i][s * ACTK_BLOCK..].as_ptr()) };
+    let n_steps = n_sb * 8;
+    if n_steps == 0 {
+        out.iter_mut()
+            .for_each(|o| o.iter_mut().for_each(|r| r.fill(0.0)));
+        return;
+    }
+    // SAFETY: step 0's tiles are inside `w` and the first tile super-blocks (asserted).
+    unsafe {
+        start_products::<G>(w.as_ptr(), stride, xt_of(0), 0);
+        store_products::<G>(&mut lo[0], &mut hi[0]);
+    }
+    let mut d = [[_mm512_setzero_ps(); ROWS]; G];
+    for step in 0..n_steps {
+        let (s, l) = (step / 8, step % 8);
+        if step + 1 < n_steps {
+            let (s1, l1) = ((step + 1) / 8, (step + 1) % 8);
+            // SAFETY: inside `w` and the tile super-blocks (asserted above).
+            unsafe { start_products::<G>(w[s1 * W_SB..].as_ptr(), stride, xt_of(s1), l1) };
+        }
+        let xt = xt_of(s);
+        let wsb = w[s * W_SB..].as_ptr();
+        let wrow = |r: usize| wsb.wrapping_add(r * stride);
+        if l == 0 {
+            for i in 0..G {
+                // SAFETY: inside the tile super-block / unpacked rows.
+                let dx = unsafe { _mm512_loadu_ps(xt[i].add(ACTK_DX) as *const f32) };
+                for r in 0..ROWS {
+                    // SAFETY: as above.
+                    let dw = unsafe { std::ptr::read_unaligned(wrow(r).add(W_D) as *const f32) };
+                    d[i][r] = _mm512_mul_ps(dx, _mm512_set1_ps(dw));
+                }
+            }
+        }
+        let (lo_s, hi_s) = (&lo[step % 2], &hi[step % 2]);
+        for i in 0..G {
+            // SAFETY: inside the tile super-block.
+            let bsums = unsafe { _mm512_loadu_si512(xt[i].add(ACTK_BSUMS + 64 * l) as *const _) };
+            for r in 0..ROWS {
+                // SAFETY: row r of each 16 × 16 product; the unpacked row's pairs.
+                unsafe {
+                    let p_lo = _mm512_loadu_si512(lo_s[i].0.as_ptr().add(16 * r) as *const _);
+                    let p_hi = _mm512_loadu_si512(hi_s[i].0.as_ptr().add(16 * r) as *const _);
+                    let mut lane = _mm512_add_epi32(p_lo, _mm512_slli_epi32::<8>(p_hi));
+                    if q6 {
+                        let pair =
+                            std::ptr::read_unaligned(wrow(r).add(W_BSUMS + 4 * l) as *const i32);
+                        lane = _mm512_dpwssd_epi32(lane, bsums, _mm512_set1_epi32(pair));
+                    }
+                    acc[i][r][l] = _mm512_fmadd_ps(d[i][r], _mm512_cvtepi32_ps(lane), acc[i][r][l]);
+                }
+            }
+        }
+        if !q6 && l == 7 {
+            for i in 0..G {
+                // SAFETY: inside the tile super-block / unpacked rows.
+                let dx = unsafe { _mm512_loadu_ps(xt[i].add(ACTK_DX) as *const f32) };
+                for r in 0..ROWS {
+                    // SAFETY: as above.
+                    unsafe {
+                        let neg_dmin = _mm512_mul_ps(
+                            dx,
+                            _mm512_set1_ps(std::ptr::read_unaligned(
+                                wrow(r).add(W_D + 4) as *const f32
+                            )),
+                        );
+                        for m in 0..4 {
+                            let sums =
+                                _mm512_loadu_si512(xt[i].add(ACTK_MINS + 64 * m) as *const _);
+                            let pair =
+                                std::ptr::read_unaligned(wrow(r).add(W_MINS + 4 * m) as *const i32);
+                            let prod = _mm512_dpwssd_epi32(zero, sums, _mm512_set1_epi32(pair));
+                            acc_min[i][r][m] = _mm512_fmadd_ps(
+                                neg_dmin,
+                                _mm512_cvtepi32_ps(prod),
+                                acc_min[i][r][m],
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        if step + 1 < n_steps {
+            let next = (step + 1) % 2;
+            // SAFETY: the products of step + 1 were started above.
+            unsafe { store_products::<G>(&mut lo[next], &mut hi[next]) };
+        }
+    }
+    for i in 0..G {
+        for r in 0..ROWS {
+            let a = &acc[i][r];
+            let lanes = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
+            );
+            let total = if q6 {
+                lanes
+            } else {
+                let m = &acc_min[i][r];
+                _mm512_add_ps(
+                    lanes,
+                    _mm512_add_ps(_mm512_add_ps(m[0], m[2]), _mm512_add_ps(m[1], m[3])),
+                )
+            };
+            // SAFETY: out[i][r] is sixteen f32.
+            unsafe { _mm512_storeu_ps(out[i][r].as_mut_ptr(), total) };
+        }
+    }
+}
