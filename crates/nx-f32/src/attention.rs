@@ -256,7 +256,7 @@ pub fn attend<T: KvElem>(
 /// # Safety
 /// The CPU must support AVX-512 F, AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
 pub unsafe fn attend_avx512<T: KvElem>(
     q: &[f32],
     view: CacheView<'_, T>,
@@ -360,11 +360,36 @@ fn attend_body<T: KvElem, const WIDE: bool>(
     let mut buf = [0f32; MAX_HEAD_DIM];
 
     // Scores, then softmax.
-    for (s, j) in probs.iter_mut().zip(rows.clone()) {
-        let k = T::row_f32(keys.row(j - first_row), &mut buf);
-        *s = scale * score_dot::<WIDE>(q_rounded, k, tail_f64);
+    #[cfg(target_arch = "x86_64")]
+    let batched = WIDE && head_dim.is_multiple_of(VALUE_LANES);
+    #[cfg(not(target_arch = "x86_64"))]
+    let batched = false;
+    if batched {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let mut query = [[0f32; MAX_HEAD_DIM]; 1];
+            query[0][..head_dim].copy_from_slice(q_rounded);
+            // SAFETY: WIDE is only set inside the AVX-512 builds (see weighted_values).
+            unsafe {
+                crate::avx512::group_scores(
+                    &query,
+                    head_dim,
+                    keys,
+                    first_row,
+                    rows.clone(),
+                    scale,
+                    probs,
+                    0,
+                )
+            };
+        }
+    } else {
+        for (s, j) in probs.iter_mut().zip(rows.clone()) {
+            let k = T::row_f32(keys.row(j - first_row), &mut buf);
+            *s = scale * score_dot::<WIDE>(q_rounded, k, tail_f64);
+        }
     }
-    crate::scalar::softmax_cache_row(probs, rows.start);
+    softmax::<WIDE>(probs, rows.start);
 
     weighted_values::<T, WIDE>(
         probs, values, first_row, rows, precision, lanes, out, &mut buf,
@@ -486,7 +511,7 @@ pub fn attend_group_portable<T: KvElem>(
 /// # Safety
 /// The CPU must support AVX-512 F, AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
 pub unsafe fn attend_group_avx512<T: KvElem>(
     qs: &[f32],
     view: CacheView<'_, T>,
@@ -574,6 +599,23 @@ fn attend_group_body<T: KvElem, const WIDE: bool>(
                 *r = precision.round(x);
             }
         }
+        #[cfg(target_arch = "x86_64")]
+        if WIDE && head_dim.is_multiple_of(VALUE_LANES) {
+            // SAFETY: WIDE is only set inside the AVX-512 builds (see weighted_values).
+            unsafe {
+                crate::avx512::group_scores(
+                    &rounded[..heads],
+                    head_dim,
+                    keys,
+                    first_row,
+                    rows.clone(),
+                    scale,
+                    probs,
+                    first,
+                )
+            };
+            continue;
+        }
         for (i, j) in rows.clone().enumerate() {
             let k = T::row_f32(keys.row(j - first_row), &mut buf);
             for g in 0..heads {
@@ -585,7 +627,7 @@ fn attend_group_body<T: KvElem, const WIDE: bool>(
     let mut buf = [0f32; MAX_HEAD_DIM];
     for g in 0..group {
         let p = &mut probs[g * n..(g + 1) * n];
-        crate::scalar::softmax_cache_row(p, rows.start);
+        softmax::<WIDE>(p, rows.start);
         let out = &mut outs[g * value_dim..(g + 1) * value_dim];
         weighted_values::<T, WIDE>(
             p,
@@ -602,6 +644,8 @@ fn attend_group_body<T: KvElem, const WIDE: bool>(
 
 /// Query heads whose rounded copies [`attend_group`] keeps at once.
 const MAX_GROUP_ROUNDED: usize = 8;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(MAX_GROUP_ROUNDED <= crate::avx512::MAX_HEADS_AT_ONCE);
 
 /// `Σ q[i]·k[i]` in the reference's vector order: 64 lanes of fused multiply-adds over
 /// whole groups of 64, reduced as [`crate::scalar::reduce_lanes_64`]; the tail products
@@ -631,6 +675,18 @@ fn score_dot<const WIDE: bool>(q: &[f32], k: &[f32], tail_f64: bool) -> f32 {
         0.0
     };
     score_tail(q, k, whole, sum, tail_f64)
+}
+
+/// [`crate::scalar::softmax_cache_row`], in its AVX-512 build when `WIDE`.
+#[inline(always)]
+fn softmax<const WIDE: bool>(x: &mut [f32], first: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if WIDE {
+        // SAFETY: WIDE is only set inside the AVX-512 builds, whose callers verified
+        // the features of `crate::avx512::available`.
+        return unsafe { crate::avx512::softmax_cache_row(x, first) };
+    }
+    crate::scalar::softmax_cache_row(x, first)
 }
 
 /// Adds the products past the whole groups of 64 to the lane sum `sum`: rounded to f32

@@ -11,11 +11,14 @@
 
 use std::arch::x86_64::*;
 
+use std::ops::Range;
+
 use crate::attention::{HeadRows, KvElem, MAX_HEAD_DIM};
 
-/// True when this CPU has what these builds use (AVX-512 F on top of AVX2, FMA, F16C).
+/// True when this CPU has what these builds use (AVX-512 F/DQ on top of AVX2, FMA, F16C).
 pub(crate) fn available() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512dq")
         && std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
         && std::arch::is_x86_feature_detected!("f16c")
@@ -49,6 +52,116 @@ pub(crate) unsafe fn lanes64_dot(q: &[f32], k: &[f32], whole: usize) -> f32 {
     let r = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
     reduce_add_16(r)
 }
+
+/// The four 16-lane FMA chains of a 64-lane dot over `q` and `k` (`q.len()` a multiple
+/// of 64, `k` at least as long), combined as the first step of
+/// [`crate::scalar::reduce_lanes_64`]: lane `l` is `(c0 + c2) + (c1 + c3)`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+fn lanes64_vertical(q: &[f32], k: &[f32]) -> __m512 {
+    let whole = q.len();
+    assert!(whole.is_multiple_of(64) && whole <= k.len());
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for c in (0..whole).step_by(64) {
+        for (r, a) in acc.iter_mut().enumerate() {
+            // SAFETY: c + 16r + 16 <= whole, inside both slices (asserted).
+            let (qv, kv) = unsafe {
+                (
+                    _mm512_loadu_ps(q.as_ptr().add(c + 16 * r)),
+                    _mm512_loadu_ps(k.as_ptr().add(c + 16 * r)),
+                )
+            };
+            *a = _mm512_fmadd_ps(qv, kv, *a);
+        }
+    }
+    _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]))
+}
+
+/// [`reduce_add_16`] of sixteen registers at once: `out[j]` is the horizontal sum of
+/// `r[j]` with exactly the same additions (halves, quarters, pairs).
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+fn reduce_add_16x16(r: &[__m512; 16]) -> [f32; 16] {
+    // Halves: [a lo8 | b lo8] + [a hi8 | b hi8] for rows (2i, 2i+1).
+    let s1: [__m512; 8] = std::array::from_fn(|i| {
+        let (a, b) = (r[2 * i], r[2 * i + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+        )
+    });
+    // Quarters: rows 4k..4k+4 one per 128-bit lane, t4[i] = t8[i+4] + t8[i].
+    let s2: [__m512; 4] = std::array::from_fn(|k| {
+        let (v, w) = (s1[2 * k], s1[2 * k + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(v, w),
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(v, w),
+        )
+    });
+    let mut out = [0f32; 16];
+    for (k, v) in s2.into_iter().enumerate() {
+        // (t0 + t2) + (t1 + t3) in element 0 of each 128-bit lane.
+        let w = _mm512_add_ps(v, _mm512_shuffle_ps::<0b01_00_11_10>(v, v));
+        let s = _mm512_add_ps(w, _mm512_shuffle_ps::<0b10_11_00_01>(w, w));
+        let mut lanes = [0f32; 16];
+        // SAFETY: `lanes` holds sixteen f32.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), s) };
+        for i in 0..4 {
+            out[4 * k + i] = lanes[4 * i];
+        }
+    }
+    out
+}
+
+/// Scores of `queries` (each `head_dim` long, a multiple of 64: no tail) against the key
+/// rows `rows` (view row `j - first_row`): `probs[(first_head + g)·n + i]` =
+/// `scale · (q_g · k_{rows.start + i})` with the portable code's 64-lane order and
+/// reduction, the horizontal sums done sixteen rows at a time.
+///
+/// # Safety
+/// The CPU has the features of [`available`].
+///
+/// # Panics
+/// On shapes that do not fit (`head_dim` not a multiple of 64, rows outside `keys`,
+/// `probs` too short).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn group_scores<T: KvElem>(
+    queries: &[[f32; MAX_HEAD_DIM]],
+    head_dim: usize,
+    keys: HeadRows<'_, T>,
+    first_row: usize,
+    rows: Range<usize>,
+    scale: f32,
+    probs: &mut [f32],
+    first_head: usize,
+) {
+    assert!(head_dim > 0 && head_dim.is_multiple_of(64) && head_dim <= MAX_HEAD_DIM);
+    assert!(queries.len() <= MAX_HEADS_AT_ONCE);
+    let n = rows.len();
+    let mut buf = [0f32; MAX_HEAD_DIM];
+    let mut r = [[_mm512_setzero_ps(); 16]; MAX_HEADS_AT_ONCE];
+    for (i, j) in rows.enumerate() {
+        let k = T::row_f32(keys.row(j - first_row), &mut buf);
+        for (g, q) in queries.iter().enumerate() {
+            r[g][i % 16] = lanes64_vertical(&q[..head_dim], k);
+        }
+        if i % 16 == 15 || i + 1 == n {
+            let base = i - i % 16;
+            for (g, rg) in r[..queries.len()].iter().enumerate() {
+                let sums = reduce_add_16x16(rg);
+                let dst = &mut probs[(first_head + g) * n + base..(first_head + g) * n + i + 1];
+                for (p, &s) in dst.iter_mut().zip(&sums) {
+                    *p = scale * s;
+                }
+            }
+        }
+    }
+}
+
+/// Most query heads [`group_scores`] takes at once.
+pub(crate) const MAX_HEADS_AT_ONCE: usize = 8;
 
 /// [`crate::scalar::reduce_add_16`] on a register: halves, quarters, then pairs.
 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -114,5 +227,141 @@ pub(crate) unsafe fn value_lanes<T: KvElem, const Z: usize>(
     for first in n..64 {
         let lane = (rows_start + first) % 64;
         lanes[lane * vd..(lane + 1) * vd].fill(0.0);
+    }
+}
+
+/// [`crate::scalar::expf_vector`] on sixteen lanes: the same fused multiply-adds, the
+/// same `j·2^n` in f64 with one rounding, the same 0 / ∞ past `|n| > 192`.
+#[target_feature(enable = "avx512f,avx512dq,fma")]
+#[inline]
+fn expf16(x: __m512) -> __m512 {
+    let c = |bits: u32| _mm512_set1_ps(f32::from_bits(bits));
+    let round_shift = c(0x4b40_0000);
+    let z = _mm512_fmadd_ps(x, c(0x3fb8_aa3b), round_shift);
+    let n = _mm512_sub_ps(z, round_shift);
+    let neg_n = _mm512_sub_ps(_mm512_setzero_ps(), n);
+    let b = _mm512_fmadd_ps(
+        neg_n,
+        c(0x35bf_be8e),
+        _mm512_fmadd_ps(neg_n, c(0x3f31_7200), x),
+    );
+    let u = _mm512_mul_ps(b, b);
+    let t1 = _mm512_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17));
+    let t2 = _mm512_fmadd_ps(t1, u, _mm512_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)));
+    let j = _mm512_fmadd_ps(
+        t2,
+        u,
+        _mm512_fmadd_ps(c(0x3f7f_fff6), b, _mm512_set1_ps(1.0)),
+    );
+    // j·2^n in f64, eight lanes at a time; n is an integer (|n| <= 192 where it is used).
+    let ni = _mm512_cvtps_epi32(n);
+    let scale_half = |j8: __m256, n8: __m256i| {
+        let e = _mm512_slli_epi64::<52>(_mm512_add_epi64(
+            _mm512_cvtepi32_epi64(n8),
+            _mm512_set1_epi64(1023),
+        ));
+        _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(j8), _mm512_castsi512_pd(e)))
+    };
+    let lo = scale_half(_mm512_castps512_ps256(j), _mm512_castsi512_si256(ni));
+    let hi = scale_half(
+        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(j))),
+        _mm512_extracti64x4_epi64::<1>(ni),
+    );
+    let r = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi);
+    // Past |n| > 192: 0 for n <= 0, ∞ otherwise.
+    let abs_n = _mm512_abs_ps(n);
+    let big = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(abs_n, _mm512_set1_ps(192.0));
+    let nonpos = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps());
+    let r = _mm512_mask_mov_ps(r, big & nonpos, _mm512_setzero_ps());
+    _mm512_mask_mov_ps(r, big & !nonpos, _mm512_set1_ps(f32::INFINITY))
+}
+
+/// [`crate::scalar::softmax_cache_row`] with the exponentials sixteen at a time (one
+/// group of 16 absolute rows per register, the same group sums in f64); bit-identical.
+///
+/// # Safety
+/// The CPU has AVX-512 F/DQ and FMA.
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+pub(crate) unsafe fn softmax_cache_row(x: &mut [f32], first: usize) {
+    if x.is_empty() {
+        return;
+    }
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        x.fill(0.0);
+        return;
+    }
+    let end = first + x.len();
+    let max_v = _mm512_set1_ps(max);
+    let mut sum = 0.0f64;
+    let mut group = first / 16 * 16;
+    while group < end {
+        // Lanes of this group inside [first, end): rows group + i.
+        let lo = group.max(first) - group;
+        let hi = (group + 16).min(end) - group;
+        let mask: __mmask16 = (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as u16;
+        // SAFETY: the masked lanes map to x[group + i - first] for i in lo..hi, inside x;
+        // masked-off lanes are not accessed.
+        let base = unsafe { x.as_mut_ptr().offset(group as isize - first as isize) };
+        let xv = unsafe { _mm512_maskz_loadu_ps(mask, base) };
+        let e = _mm512_maskz_mov_ps(mask, expf16(_mm512_sub_ps(xv, max_v)));
+        // SAFETY: as above.
+        unsafe { _mm512_mask_storeu_ps(base, mask, e) };
+        sum += f64::from(reduce_add_16(e));
+        group += 16;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_matches_scalar_twin() {
+        if !(available() && std::arch::is_x86_feature_detected!("avx512dq")) {
+            return;
+        }
+        let mut seed = 7u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32
+        };
+        for len in [1usize, 5, 16, 17, 40, 100] {
+            for first in [0usize, 3, 15, 16, 29] {
+                for spread in [1.0f32, 30.0, 400.0] {
+                    let x: Vec<f32> = (0..len).map(|_| (next() - 0.5) * spread).collect();
+                    let mut a = x.clone();
+                    let mut b = x.clone();
+                    crate::scalar::softmax_cache_row(&mut a, first);
+                    // SAFETY: features checked above.
+                    unsafe { softmax_cache_row(&mut b, first) };
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&a),
+                        bits(&b),
+                        "len {len} first {first} spread {spread}"
+                    );
+                }
+            }
+        }
+        // The exponential alone, across its range and past the cut-offs.
+        for i in -2000..2000 {
+            let v = i as f32 * 0.07;
+            let got = {
+                let mut out = [0f32; 16];
+                // SAFETY: features checked above; out holds 16 f32.
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr(), expf16(_mm512_set1_ps(v))) };
+                out[0]
+            };
+            assert_eq!(
+                got.to_bits(),
+                crate::scalar::expf_vector(v).to_bits(),
+                "exp({v})"
+            );
+        }
     }
 }
