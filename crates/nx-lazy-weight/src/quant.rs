@@ -139,6 +139,17 @@ pub(crate) fn quantize_q8_0_acts(x: &[f32], out: &mut [u8]) {
 }
 
 pub(crate) fn quantize_q8_k_unchecked(x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(crate::active_tier(), Ok(crate::CpuTier::Avx512Vnni)) && crate::avx512::available()
+    {
+        // SAFETY: the CPU has the AVX-512 VNNI tier's features (checked).
+        return unsafe { crate::avx512::quantize_q8_k(x, out) };
+    }
+    quantize_q8_k_scalar(x, out)
+}
+
+/// The portable Q8_K quantizer (the reference for [`crate::avx512::quantize_q8_k`]).
+pub fn quantize_q8_k_scalar(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q8_K_BYTES)) {
         let mut max = 0.0f32;
         let mut amax = 0.0f32;

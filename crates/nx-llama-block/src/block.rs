@@ -168,7 +168,7 @@ pub fn forward(
 
     // ---- attention ----
     let normed = sized(&mut s.normed, n * n_embd); // [n, n_embd]
-    nx_f32::rmsnorm_rows(normed, x, w.attn_norm, n_embd, cfg.rms_eps);
+    rmsnorm_rows_pool(pool, normed, x, w.attn_norm, n_embd, cfg.rms_eps);
     s.projector.reset();
     let q = sized(&mut s.q, n * q_dim); // [n, q_dim]
     s.projector.project(&w.wq, normed, n, q, pool)?;
@@ -181,11 +181,11 @@ pub fn forward(
     add_bias_rows(v, w.bv);
     if let Some(qn) = w.q_norm {
         check(layer, "attn_q_norm", qn, cfg.head_dim)?;
-        nx_f32::rmsnorm_rows_in_place(q, qn, cfg.head_dim, cfg.rms_eps);
+        rmsnorm_in_place_pool(pool, q, qn, cfg.head_dim, cfg.rms_eps);
     }
     if let Some(kn) = w.k_norm {
         check(layer, "attn_k_norm", kn, cfg.head_dim)?;
-        nx_f32::rmsnorm_rows_in_place(k, kn, cfg.head_dim, cfg.rms_eps);
+        rmsnorm_in_place_pool(pool, k, kn, cfg.head_dim, cfg.rms_eps);
     }
 
     // RoPE: one table per position, shared by every Q and K head of the token.
@@ -286,13 +286,13 @@ pub fn forward(
     s.projector.project(&w.wo, attn, n, proj, pool)?;
     if let Some(pn) = w.post_attn_norm {
         check(layer, "post_attention_norm", pn, n_embd)?;
-        nx_f32::rmsnorm_rows_in_place(proj, pn, n_embd, cfg.rms_eps);
+        rmsnorm_in_place_pool(pool, proj, pn, n_embd, cfg.rms_eps);
     }
     nx_f32::add_in_place(x, proj);
 
     // ---- feed-forward ----
     let normed = sized(&mut s.normed, n * n_embd);
-    nx_f32::rmsnorm_rows(normed, x, w.ffn_norm, n_embd, cfg.rms_eps);
+    rmsnorm_rows_pool(pool, normed, x, w.ffn_norm, n_embd, cfg.rms_eps);
     s.projector.reset();
     let gate = sized(&mut s.gate, n * cfg.n_ff); // [n, n_ff]
     s.projector.project(&w.w_gate, normed, n, gate, pool)?;
@@ -325,10 +325,47 @@ pub fn forward(
     s.projector.project(&w.w_down, gate, n, proj, pool)?;
     if let Some(pn) = w.post_ffn_norm {
         check(layer, "post_ffw_norm", pn, n_embd)?;
-        nx_f32::rmsnorm_rows_in_place(proj, pn, n_embd, cfg.rms_eps);
+        rmsnorm_in_place_pool(pool, proj, pn, n_embd, cfg.rms_eps);
     }
     nx_f32::add_in_place(x, proj);
     Ok(())
+}
+
+/// Fewer rows than this are normalised on the calling thread.
+const MIN_PARALLEL_NORM_ROWS: usize = 64;
+
+/// [`nx_f32::rmsnorm_rows`] with the rows spread over `pool` (each row is normalised on
+/// its own, so the result does not depend on the split).
+fn rmsnorm_rows_pool(
+    pool: &ThreadPool,
+    out: &mut [f32],
+    x: &[f32],
+    weight: &[f32],
+    dim: usize,
+    eps: f32,
+) {
+    let n_rows = out.len().checked_div(dim).unwrap_or(0);
+    if pool.n_threads() < 2 || n_rows < MIN_PARALLEL_NORM_ROWS {
+        return nx_f32::rmsnorm_rows(out, x, weight, dim, eps);
+    }
+    let chunk = n_rows.div_ceil(2 * pool.n_threads());
+    let mut no_state = vec![(); pool.n_threads()]; // zero-sized: allocates nothing
+    pool.parallel_chunks_mut(out, dim, chunk, &mut no_state, |_, rows, out| {
+        nx_f32::rmsnorm_rows(out, &x[rows.start * dim..rows.end * dim], weight, dim, eps)
+    });
+}
+
+/// [`nx_f32::rmsnorm_rows_in_place`] with the rows spread over `pool`.
+fn rmsnorm_in_place_pool(pool: &ThreadPool, x: &mut [f32], weight: &[f32], dim: usize, eps: f32) {
+    let n_rows = x.len().checked_div(dim).unwrap_or(0);
+    if pool.n_threads() < 2 || n_rows < MIN_PARALLEL_NORM_ROWS {
+        return nx_f32::rmsnorm_rows_in_place(x, weight, dim, eps);
+    }
+    let chunk = n_rows.div_ceil(2 * pool.n_threads());
+    let mut no_state = vec![(); pool.n_threads()];
+    pool.parallel_chunks_mut(x, dim, chunk, &mut no_state, |_, _, x| {
+        nx_f32::rmsnorm_rows_in_place(x, weight, dim, eps)
+    });
 }
 
 /// Below this much attention work (tokens × heads × rows × (head_dim + value_dim)) the
