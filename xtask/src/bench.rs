@@ -898,7 +898,7 @@ fn benchmarks_doc(report: &Report, table: &str) -> String {
          AMX kernels' weights and the repacked (interleaved) weight layouts, so llama.cpp runs \
          its plain quantized kernels. Everything else is llama-bench's default (f16 KV cache, \
          flash attention `auto`, micro-batch 512, one untimed warm-up run per test). `nx bench` \
-         also keeps an f16 KV cache and prefills in chunks of 512, but does no warm-up run. \
+         also keeps an f16 KV cache and prefills in chunks of 256 (`nx bench`'s default), but does no warm-up run. \
          Both engines use {threads} threads and the same prompt \
          length; the prompt tokens themselves differ (llama-bench uses random ids, nx a fixed \
          spread of ordinary ids), which does not change the amount of work.\n\n\

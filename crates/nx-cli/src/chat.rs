@@ -53,7 +53,7 @@ pub struct ChatArgs {
     #[command(flatten)]
     pub sampling: crate::sampling::SamplingArgs,
     /// Most prompt tokens one forward pass processes (bounds prefill memory).
-    #[arg(long, value_name = "N", default_value_t = 32)]
+    #[arg(long, value_name = "N", default_value_t = 256)]
     pub prefill_chunk: usize,
     /// Context size in tokens (the whole conversation), capped by the model's trained
     /// context.

@@ -57,7 +57,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub sampling: crate::sampling::SamplingArgs,
     /// Most prompt tokens one forward pass processes (bounds prefill memory).
-    #[arg(long, value_name = "N", default_value_t = 32)]
+    #[arg(long, value_name = "N", default_value_t = 256)]
     pub prefill_chunk: usize,
     /// Context size in tokens (prompt + generation), capped by the model's trained context.
     #[arg(long, value_name = "N", default_value_t = 4096)]

@@ -328,7 +328,9 @@ pub(crate) unsafe fn tiles_end() {
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
 
+/// One 16 × 16 block of i32 tile products, aligned for `tilestored`.
 #[repr(C, align(64))]
+#[allow(dead_code)] // only ever written by `tilestored` and read through pointers
 struct Products([i32; 256]);
 
 /// Loads lane `l`'s weight tiles (lo, hi: 16 rows at `w_stride` from `wsb + 64l`) and
@@ -376,19 +378,20 @@ unsafe fn start_products<const G: usize>(
     }
 }
 
-/// Stores the products started by [`start_products`] to `lo[i]` / `hi[i]`.
+/// Stores the products started by [`start_products`] to `lo[i]` / `hi[i]` (256 i32
+/// each, 16 rows of 64 bytes).
 ///
 /// # Safety
-/// As [`start_products`], which ran before.
+/// As [`start_products`], which ran before; the pointers are valid for those writes.
 #[inline(always)]
-unsafe fn store_products<const G: usize>(lo: &mut [Products; 2], hi: &mut [Products; 2]) {
-    // SAFETY: each buffer is 16 rows of 64 bytes.
+unsafe fn store_products<const G: usize>(lo: [*mut i32; 2], hi: [*mut i32; 2]) {
+    // SAFETY: the caller's contract.
     unsafe {
         asm!(
             "tilestored [{clo} + {cs}*1], tmm0",
             "tilestored [{chi} + {cs}*1], tmm1",
-            clo = in(reg) lo[0].0.as_mut_ptr(),
-            chi = in(reg) hi[0].0.as_mut_ptr(),
+            clo = in(reg) lo[0],
+            chi = in(reg) hi[0],
             cs = in(reg) 64usize,
             options(nostack),
         );
@@ -396,8 +399,8 @@ unsafe fn store_products<const G: usize>(lo: &mut [Products; 2], hi: &mut [Produ
             asm!(
                 "tilestored [{clo} + {cs}*1], tmm5",
                 "tilestored [{chi} + {cs}*1], tmm6",
-                clo = in(reg) lo[1].0.as_mut_ptr(),
-                chi = in(reg) hi[1].0.as_mut_ptr(),
+                clo = in(reg) lo[1],
+                chi = in(reg) hi[1],
                 cs = in(reg) 64usize,
                 options(nostack),
             );
@@ -434,14 +437,14 @@ pub(crate) unsafe fn k_tile<const G: usize>(
     let zero = _mm512_setzero_si512();
     let mut acc = [[[_mm512_setzero_ps(); 8]; ROWS]; G];
     let mut acc_min = [[[_mm512_setzero_ps(); 4]; ROWS]; G];
-    let mut lo = [
-        [Products([0; 256]), Products([0; 256])],
-        [Products([0; 256]), Products([0; 256])],
-    ];
-    let mut hi = [
-        [Products([0; 256]), Products([0; 256])],
-        [Products([0; 256]), Products([0; 256])],
-    ];
+    // Tile products, [step parity][group]: written by `tilestored` before every read,
+    // so left uninitialised (zeroing them cost more than the loads that read them).
+    let mut lo_buf = std::mem::MaybeUninit::<[[Products; 2]; 2]>::uninit();
+    let mut hi_buf = std::mem::MaybeUninit::<[[Products; 2]; 2]>::uninit();
+    let lo = lo_buf.as_mut_ptr() as *mut i32;
+    let hi = hi_buf.as_mut_ptr() as *mut i32;
+    // The 256 products of (step parity, group).
+    let at = |base: *mut i32, parity: usize, i: usize| base.wrapping_add(256 * (2 * parity + i));
     let xt_of =
         |s: usize| -> [*const u8; G] { std::array::from_fn(|i| xs[i][s * ACTK_BLOCK..].as_ptr()) };
     let n_steps = n_sb * 8;
@@ -453,7 +456,7 @@ pub(crate) unsafe fn k_tile<const G: usize>(
     // SAFETY: step 0's tiles are inside `w` and the first tile super-blocks (asserted).
     unsafe {
         start_products::<G>(w.as_ptr(), stride, xt_of(0), 0);
-        store_products::<G>(&mut lo[0], &mut hi[0]);
+        store_products::<G>([at(lo, 0, 0), at(lo, 0, 1)], [at(hi, 0, 0), at(hi, 0, 1)]);
     }
     let mut d = [[_mm512_setzero_ps(); ROWS]; G];
     for step in 0..n_steps {
@@ -477,15 +480,14 @@ pub(crate) unsafe fn k_tile<const G: usize>(
                 }
             }
         }
-        let (lo_s, hi_s) = (&lo[step % 2], &hi[step % 2]);
         for i in 0..G {
             // SAFETY: inside the tile super-block.
             let bsums = unsafe { _mm512_loadu_si512(xt[i].add(ACTK_BSUMS + 64 * l) as *const _) };
             for r in 0..ROWS {
                 // SAFETY: row r of each 16 × 16 product; the unpacked row's pairs.
                 unsafe {
-                    let p_lo = _mm512_loadu_si512(lo_s[i].0.as_ptr().add(16 * r) as *const _);
-                    let p_hi = _mm512_loadu_si512(hi_s[i].0.as_ptr().add(16 * r) as *const _);
+                    let p_lo = _mm512_loadu_si512(at(lo, step % 2, i).add(16 * r) as *const _);
+                    let p_hi = _mm512_loadu_si512(at(hi, step % 2, i).add(16 * r) as *const _);
                     let mut lane = _mm512_add_epi32(p_lo, _mm512_slli_epi32::<8>(p_hi));
                     if q6 {
                         let pair =
@@ -528,7 +530,12 @@ pub(crate) unsafe fn k_tile<const G: usize>(
         if step + 1 < n_steps {
             let next = (step + 1) % 2;
             // SAFETY: the products of step + 1 were started above.
-            unsafe { store_products::<G>(&mut lo[next], &mut hi[next]) };
+            unsafe {
+                store_products::<G>(
+                    [at(lo, next, 0), at(lo, next, 1)],
+                    [at(hi, next, 0), at(hi, next, 1)],
+                )
+            };
         }
     }
     for i in 0..G {

@@ -44,12 +44,12 @@ pub struct RunConfig {
 }
 
 impl Default for RunConfig {
-    /// Chunks of 32, 4096 positions of f16 cache, 128 tokens, no byte cap or stop
+    /// Chunks of 256, 4096 positions of f16 cache, 128 tokens, no byte cap or stop
     /// strings, no alternatives, the sampler's defaults, BOS added, special-token texts
     /// in prompts left as plain text.
     fn default() -> Self {
         RunConfig {
-            prefill_chunk: 32,
+            prefill_chunk: 256,
             n_ctx: 4096,
             kv_dtype: KvDtype::F16,
             max_tokens: 128,
