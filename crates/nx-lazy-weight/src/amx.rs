@@ -264,8 +264,11 @@ pub(crate) unsafe fn unpack_block(
     };
     let n_sb = row_bytes / src;
     let stride = n_sb * W_SB;
-    out.clear();
+    // Rows that get unpacked are overwritten whole (every byte a kernel reads); only the
+    // padding rows of a last, partial block are zeroed.
     out.resize(ROWS * stride, 0);
+    let n_rows = (w_rows.len() / row_bytes).min(ROWS);
+    out[n_rows * stride..].fill(0);
     for (row, dst) in w_rows
         .chunks_exact(row_bytes)
         .take(ROWS)
@@ -435,6 +438,8 @@ pub(crate) unsafe fn k_tile<const G: usize>(
     }
     let q6 = weight_type == GgmlType::Q6_K;
     let zero = _mm512_setzero_si512();
+    // Word pairs (256, 0): vpdpwssd by it adds 256 × the low word of each dword.
+    let times_256 = _mm512_set1_epi32(256);
     let mut acc = [[[_mm512_setzero_ps(); 8]; ROWS]; G];
     let mut acc_min = [[[_mm512_setzero_ps(); 4]; ROWS]; G];
     // Tile products, [step parity][group]: written by `tilestored` before every read,
@@ -488,12 +493,16 @@ pub(crate) unsafe fn k_tile<const G: usize>(
                 unsafe {
                     let p_lo = _mm512_loadu_si512(at(lo, step % 2, i).add(16 * r) as *const _);
                     let p_hi = _mm512_loadu_si512(at(hi, step % 2, i).add(16 * r) as *const _);
-                    let mut lane = _mm512_add_epi32(p_lo, _mm512_slli_epi32::<8>(p_hi));
-                    if q6 {
+                    let lane = if q6 {
+                        let lane = _mm512_add_epi32(p_lo, _mm512_slli_epi32::<8>(p_hi));
                         let pair =
                             std::ptr::read_unaligned(wrow(r).add(W_BSUMS + 4 * l) as *const i32);
-                        lane = _mm512_dpwssd_epi32(lane, bsums, _mm512_set1_epi32(pair));
-                    }
+                        _mm512_dpwssd_epi32(lane, bsums, _mm512_set1_epi32(pair))
+                    } else {
+                        // Q4_K: |hi product| <= 32·3·128 fits a word (its high word is the
+                        // sign), so lo + 256·hi is one word multiply-add.
+                        _mm512_dpwssd_epi32(p_lo, p_hi, times_256)
+                    };
                     acc[i][r][l] = _mm512_fmadd_ps(d[i][r], _mm512_cvtepi32_ps(lane), acc[i][r][l]);
                 }
             }
