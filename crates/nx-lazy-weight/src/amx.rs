@@ -24,13 +24,18 @@ use nx_gguf::GgmlType;
 
 use crate::formats::{q4_k, q6_k, read_f16, scales_mins_k4_packed, Q4_K_BYTES, Q6_K_BYTES};
 
-/// Bytes of one unpacked super-block of one weight row: for each lane, 32 `lo` bytes
-/// then 32 `hi` bytes; then `d_w`, `−dmin_w` (f32), the four min pairs (Q4_K) and the
-/// eight bsum-scale pairs (Q6_K).
-pub(crate) const W_SB: usize = 576;
-const W_D: usize = 512;
-const W_MINS: usize = 520;
-const W_BSUMS: usize = 536;
+/// Layout of a block of [`ROWS`] unpacked weight rows of `n_sb` super-blocks: first the
+/// lane bytes, `[super-block][lane][row]` records of [`LANE_RECORD`] bytes (32 `lo`
+/// bytes, then 32 `hi`), so the sixteen rows of one (super-block, lane) tile are 1 KiB
+/// in a row; then the per-(super-block, row) scalars, [`SCALAR_RECORD`] bytes each:
+/// `d_w` and `−dmin_w` (f32), the four min pairs (Q4_K), the eight bsum-scale pairs
+/// (Q6_K).
+const LANE_RECORD: usize = 64;
+const SB_LANE_BYTES: usize = 8 * ROWS * LANE_RECORD;
+const SCALAR_RECORD: usize = 64;
+const W_D: usize = 0;
+const W_MINS: usize = 8;
+const W_BSUMS: usize = 24;
 
 /// Weight rows per tile (and per unpacked block of rows).
 pub(crate) const ROWS: usize = 16;
@@ -108,15 +113,20 @@ fn transpose_groups_to_lanes(g2: [__m512i; 4]) -> [__m512i; 4] {
 }
 
 /// Writes lane-ordered quants `t` (see [`transpose_groups_to_lanes`]) times the
-/// per-(lane, group) scales as `lo`/`hi` byte rows into an unpacked super-block.
+/// per-(lane, group) scales as `lo`/`hi` byte records, lane `l`'s at `lane_stride·l`.
 /// `scales(l)` is the 32 words `sc(g)` for `g = 0..8`, each repeated four times.
 ///
 /// # Safety
-/// `out` holds at least 512 bytes.
+/// `out` holds at least `7·lane_stride + 64` bytes.
 #[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
-unsafe fn put_lanes(t: [__m512i; 4], scales: impl Fn(usize) -> __m512i, out: &mut [u8]) {
-    assert!(out.len() >= 512);
+unsafe fn put_lanes(
+    t: [__m512i; 4],
+    scales: impl Fn(usize) -> __m512i,
+    out: &mut [u8],
+    lane_stride: usize,
+) {
+    assert!(out.len() >= 7 * lane_stride + 64);
     for l in 0..8 {
         let half = if l % 2 == 0 {
             _mm512_castsi512_si256(t[l / 2])
@@ -126,10 +136,13 @@ unsafe fn put_lanes(t: [__m512i; 4], scales: impl Fn(usize) -> __m512i, out: &mu
         let w = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(half), scales(l));
         let lo = _mm512_cvtepi16_epi8(w);
         let hi = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<8>(w));
-        // SAFETY: 64l + 64 <= 512 <= out.len().
+        // SAFETY: lane_stride·l + 64 <= out.len() (asserted).
         unsafe {
-            _mm256_storeu_si256(out.as_mut_ptr().add(64 * l) as *mut __m256i, lo);
-            _mm256_storeu_si256(out.as_mut_ptr().add(64 * l + 32) as *mut __m256i, hi);
+            _mm256_storeu_si256(out.as_mut_ptr().add(lane_stride * l) as *mut __m256i, lo);
+            _mm256_storeu_si256(
+                out.as_mut_ptr().add(lane_stride * l + 32) as *mut __m256i,
+                hi,
+            );
         }
     }
 }
@@ -158,10 +171,11 @@ fn put_pair(out: &mut [u8], at: usize, lo: i16, hi: i16) {
 /// One Q4_K super-block into the unpacked layout.
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW; `wb` is one 144-byte block, `out` [`W_SB`] bytes.
+/// The CPU has AVX-512 F/BW; `wb` is one 144-byte block; `lanes` holds the row's lane
+/// records of this super-block at `lane_stride`, `scalars` its scalar record.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn unpack_q4_k(wb: &[u8], out: &mut [u8]) {
-    assert!(wb.len() >= Q4_K_BYTES && out.len() >= W_SB);
+unsafe fn unpack_q4_k(wb: &[u8], lanes: &mut [u8], lane_stride: usize, scalars: &mut [u8]) {
+    assert!(wb.len() >= Q4_K_BYTES && scalars.len() >= SCALAR_RECORD);
     let low4 = _mm512_set1_epi8(0x0F);
     // SAFETY: qs is bytes 16..144 of the block.
     let (z0, z1) = unsafe {
@@ -188,22 +202,34 @@ unsafe fn unpack_q4_k(wb: &[u8], out: &mut [u8]) {
     let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
     let byte = |v: u64, j: usize| ((v >> (8 * j)) & 0xFF) as i16;
     let scales = scale_words(std::array::from_fn(|g| byte(sc, g)));
-    // SAFETY: out holds W_SB >= 512 bytes.
-    unsafe { put_lanes(transpose_groups_to_lanes(g2), |_| scales, out) };
-    put_f32(out, W_D, read_f16(wb, 0));
-    put_f32(out, W_D + 4, -read_f16(wb, q4_k::DMIN));
+    // SAFETY: the caller's contract on `lanes`.
+    unsafe {
+        put_lanes(
+            transpose_groups_to_lanes(g2),
+            |_| scales,
+            lanes,
+            lane_stride,
+        )
+    };
+    put_f32(scalars, W_D, read_f16(wb, 0));
+    put_f32(scalars, W_D + 4, -read_f16(wb, q4_k::DMIN));
     for m in 0..4 {
-        put_pair(out, W_MINS + 4 * m, byte(mn, 2 * m), byte(mn, 2 * m + 1));
+        put_pair(
+            scalars,
+            W_MINS + 4 * m,
+            byte(mn, 2 * m),
+            byte(mn, 2 * m + 1),
+        );
     }
 }
 
 /// One Q6_K super-block into the unpacked layout (quants unsigned, 0..63).
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW; `wb` is one 210-byte block, `out` [`W_SB`] bytes.
+/// As [`unpack_q4_k`], for one 210-byte Q6_K block.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn unpack_q6_k(wb: &[u8], out: &mut [u8]) {
-    assert!(wb.len() >= Q6_K_BYTES && out.len() >= W_SB);
+unsafe fn unpack_q6_k(wb: &[u8], lanes: &mut [u8], lane_stride: usize, scalars: &mut [u8]) {
+    assert!(wb.len() >= Q6_K_BYTES && scalars.len() >= SCALAR_RECORD);
     let low4 = _mm512_set1_epi8(0x0F);
     let two_bits = _mm512_set1_epi32(0x0303_0303);
     let mut g2 = [_mm512_setzero_si512(); 4];
@@ -232,22 +258,28 @@ unsafe fn unpack_q6_k(wb: &[u8], out: &mut [u8]) {
     // Lane l of group g has the scale of sub-block 2g + l/4.
     let first = scale_words(std::array::from_fn(|g| sc[2 * g]));
     let second = scale_words(std::array::from_fn(|g| sc[2 * g + 1]));
-    // SAFETY: out holds W_SB >= 512 bytes.
+    // SAFETY: the caller's contract on `lanes`.
     unsafe {
         put_lanes(
             transpose_groups_to_lanes(g2),
             |l| if l < 4 { first } else { second },
-            out,
+            lanes,
+            lane_stride,
         )
     };
-    put_f32(out, W_D, read_f16(wb, q6_k::D));
+    put_f32(scalars, W_D, read_f16(wb, q6_k::D));
     for l in 0..8 {
-        put_pair(out, W_BSUMS + 4 * l, -32 * sc[2 * l], -32 * sc[2 * l + 1]);
+        put_pair(
+            scalars,
+            W_BSUMS + 4 * l,
+            -32 * sc[2 * l],
+            -32 * sc[2 * l + 1],
+        );
     }
 }
 
-/// Unpacks `n_rows` (≤ [`ROWS`]) weight rows of `row_bytes` from `w_rows` into `out` as
-/// [`ROWS`] rows of `n_sb · W_SB` bytes, rows past `n_rows` zero.
+/// Unpacks up to [`ROWS`] weight rows of `row_bytes` from `w_rows` into `out` in the
+/// block layout (see [`LANE_RECORD`]); rows past the last are zero. Returns `n_sb`.
 ///
 /// # Safety
 /// [`available`] is true and `weight_type` is Q4_K or Q6_K.
@@ -263,29 +295,37 @@ pub(crate) unsafe fn unpack_block(
         Q6_K_BYTES
     };
     let n_sb = row_bytes / src;
-    let stride = n_sb * W_SB;
-    // Rows that get unpacked are overwritten whole (every byte a kernel reads); only the
-    // padding rows of a last, partial block are zeroed.
-    out.resize(ROWS * stride, 0);
+    let lanes_len = n_sb * SB_LANE_BYTES;
+    out.resize(lanes_len + n_sb * ROWS * SCALAR_RECORD, 0);
     let n_rows = (w_rows.len() / row_bytes).min(ROWS);
-    out[n_rows * stride..].fill(0);
-    for (row, dst) in w_rows
-        .chunks_exact(row_bytes)
-        .take(ROWS)
-        .zip(out.chunks_exact_mut(stride))
-    {
-        for (wb, ob) in row.chunks_exact(src).zip(dst.chunks_exact_mut(W_SB)) {
-            // SAFETY: the caller guarantees the features; whole blocks.
+    // Unpacked rows overwrite every byte a kernel reads; only a last, partial block
+    // needs zeros for its padding rows.
+    if n_rows < ROWS {
+        out.fill(0);
+    }
+    let (lanes, scalars) = out.split_at_mut(lanes_len);
+    let lane_stride = ROWS * LANE_RECORD;
+    for (r, row) in w_rows.chunks_exact(row_bytes).take(ROWS).enumerate() {
+        for (s, wb) in row.chunks_exact(src).enumerate() {
+            let lane_at = s * SB_LANE_BYTES + r * LANE_RECORD;
+            let lane_end = lane_at + 7 * lane_stride + LANE_RECORD;
+            let scalar_at = (s * ROWS + r) * SCALAR_RECORD;
+            let (l, sc) = (
+                &mut lanes[lane_at..lane_end],
+                &mut scalars[scalar_at..scalar_at + SCALAR_RECORD],
+            );
+            // SAFETY: the caller guarantees the features; whole blocks; the records are
+            // inside `out` (sized above).
             unsafe {
                 if weight_type == GgmlType::Q4_K {
-                    unpack_q4_k(wb, ob)
+                    unpack_q4_k(wb, l, lane_stride, sc)
                 } else {
-                    unpack_q6_k(wb, ob)
+                    unpack_q6_k(wb, l, lane_stride, sc)
                 }
             }
         }
     }
-    stride
+    n_sb
 }
 
 /// The tile shapes: tmm0/tmm1 (and tmm5/tmm6 for a second token group) the lo/hi
@@ -336,7 +376,7 @@ pub(crate) unsafe fn tiles_end() {
 #[allow(dead_code)] // only ever written by `tilestored` and read through pointers
 struct Products([i32; 256]);
 
-/// Loads lane `l`'s weight tiles (lo, hi: 16 rows at `w_stride` from `wsb + 64l`) and
+/// Loads lane `l`'s weight tiles (lo, hi: 16 records at `w_stride` from `wsb + 1024·l`) and
 /// `G` activation tiles (8 rows at 512 bytes from `xt[i] + 64l`) and starts the
 /// products: tmm0/tmm1 (group 0 lo/hi), tmm5/tmm6 (group 1).
 ///
@@ -359,8 +399,8 @@ unsafe fn start_products<const G: usize>(
             "tilezero tmm1",
             "tdpbusd tmm0, tmm2, tmm4",
             "tdpbssd tmm1, tmm3, tmm4",
-            alo = in(reg) wsb.add(64 * l),
-            ahi = in(reg) wsb.add(64 * l + 32),
+            alo = in(reg) wsb.add(ROWS * LANE_RECORD * l),
+            ahi = in(reg) wsb.add(ROWS * LANE_RECORD * l + 32),
             ws = in(reg) w_stride,
             b0 = in(reg) xt[0].add(64 * l),
             xs = in(reg) 512usize,
@@ -411,7 +451,8 @@ unsafe fn store_products<const G: usize>(lo: [*mut i32; 2], hi: [*mut i32; 2]) {
     }
 }
 
-/// Sixteen unpacked weight rows (`w`, row stride `stride`, `n_sb` super-blocks) against
+/// A block of sixteen unpacked weight rows (`w`, [`unpack_block`]'s layout, `n_sb`
+/// super-blocks) against
 /// `G` Q8_K token groups `xs` (raw quants, [`crate::tiled`] layout): `out[i][r]` gets
 /// row `r`'s sixteen outputs for group `i`. Two groups share each weight tile load.
 /// The tile products of one (super-block, lane) step are computed while the previous
@@ -419,20 +460,20 @@ unsafe fn store_products<const G: usize>(lo: [*mut i32; 2], hi: [*mut i32; 2]) {
 ///
 /// # Safety
 /// [`available`] is true, [`tiles_begin`] ran on this thread, `weight_type` is Q4_K or
-/// Q6_K, `w` holds 16 rows of `n_sb` unpacked super-blocks at `stride`, and every `xs`
+/// Q6_K, `w` holds a block of `n_sb` unpacked super-blocks, and every `xs`
 /// holds `n_sb` tile super-blocks of raw quants. `G` is 1 or 2.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
 pub(crate) unsafe fn k_tile<const G: usize>(
     weight_type: GgmlType,
     w: &[u8],
-    stride: usize,
     xs: [&[u8]; G],
     n_sb: usize,
     out: &mut [[[f32; 16]; 16]; G],
 ) {
     use crate::tiled::{ACTK_BLOCK, ACTK_BSUMS, ACTK_DX, ACTK_MINS};
     assert!(G == 1 || G == 2);
-    assert!(w.len() >= (ROWS - 1) * stride + n_sb * W_SB);
+    assert!(w.len() >= n_sb * (SB_LANE_BYTES + ROWS * SCALAR_RECORD));
+    let scalars = w[n_sb * SB_LANE_BYTES..].as_ptr();
     for x in xs {
         assert!(x.len() >= n_sb * ACTK_BLOCK);
     }
@@ -460,7 +501,7 @@ pub(crate) unsafe fn k_tile<const G: usize>(
     }
     // SAFETY: step 0's tiles are inside `w` and the first tile super-blocks (asserted).
     unsafe {
-        start_products::<G>(w.as_ptr(), stride, xt_of(0), 0);
+        start_products::<G>(w.as_ptr(), LANE_RECORD, xt_of(0), 0);
         store_products::<G>([at(lo, 0, 0), at(lo, 0, 1)], [at(hi, 0, 0), at(hi, 0, 1)]);
     }
     let mut d = [[_mm512_setzero_ps(); ROWS]; G];
@@ -469,11 +510,12 @@ pub(crate) unsafe fn k_tile<const G: usize>(
         if step + 1 < n_steps {
             let (s1, l1) = ((step + 1) / 8, (step + 1) % 8);
             // SAFETY: inside `w` and the tile super-blocks (asserted above).
-            unsafe { start_products::<G>(w[s1 * W_SB..].as_ptr(), stride, xt_of(s1), l1) };
+            unsafe {
+                start_products::<G>(w[s1 * SB_LANE_BYTES..].as_ptr(), LANE_RECORD, xt_of(s1), l1)
+            };
         }
         let xt = xt_of(s);
-        let wsb = w[s * W_SB..].as_ptr();
-        let wrow = |r: usize| wsb.wrapping_add(r * stride);
+        let wrow = |r: usize| scalars.wrapping_add((s * ROWS + r) * SCALAR_RECORD);
         if l == 0 {
             for i in 0..G {
                 // SAFETY: inside the tile super-block / unpacked rows.

@@ -573,7 +573,7 @@ unsafe fn run_amx(
         for r0 in (0..n_rows).step_by(crate::amx::ROWS) {
             let rows_here = crate::amx::ROWS.min(n_rows - r0);
             // SAFETY: AMX is available and the type is Q4_K or Q6_K.
-            let stride = unsafe {
+            unsafe {
                 crate::amx::unpack_block(
                     weight_type,
                     &w_rows[r0 * row_bytes..],
@@ -587,14 +587,12 @@ unsafe fn run_amx(
                 // of `n_sb` super-blocks, each group `n_sb` raw tile super-blocks.
                 let done = if tiles.n_groups() - g >= 2 {
                     let xs = [tiles.group(g), tiles.group(g + 1)];
-                    unsafe {
-                        crate::amx::k_tile::<2>(weight_type, &buf, stride, xs, n_sb, &mut out)
-                    };
+                    unsafe { crate::amx::k_tile::<2>(weight_type, &buf, xs, n_sb, &mut out) };
                     2
                 } else {
                     let one: &mut [_; 1] = (&mut out[..1]).try_into().expect("one group");
                     let xs = [tiles.group(g)];
-                    unsafe { crate::amx::k_tile::<1>(weight_type, &buf, stride, xs, n_sb, one) };
+                    unsafe { crate::amx::k_tile::<1>(weight_type, &buf, xs, n_sb, one) };
                     1
                 };
                 for (i, block) in out[..done].iter().enumerate() {
