@@ -367,12 +367,10 @@ fn attend_body<T: KvElem, const WIDE: bool>(
     if batched {
         #[cfg(target_arch = "x86_64")]
         {
-            let mut query = [[0f32; MAX_HEAD_DIM]; 1];
-            query[0][..head_dim].copy_from_slice(q_rounded);
             // SAFETY: WIDE is only set inside the AVX-512 builds (see weighted_values).
             unsafe {
                 crate::avx512::group_scores(
-                    &query,
+                    q_rounded,
                     head_dim,
                     keys,
                     first_row,
@@ -587,43 +585,46 @@ fn attend_group_body<T: KvElem, const WIDE: bool>(
     let (probs, lanes) = scratch.split_at_mut(group * n);
     let lanes = &mut lanes[..VALUE_LANES * value_dim];
     let tail_f64 = precision == KvPrecision::F16;
-    let mut rounded = [[0f32; MAX_HEAD_DIM]; MAX_GROUP_ROUNDED];
     let mut buf = [0f32; MAX_HEAD_DIM];
     // Queries at the cache's precision, a few heads at a time (all of them for every
     // supported model), then scores row by row: one key row load serves those heads.
-    for first in (0..group).step_by(MAX_GROUP_ROUNDED) {
-        let heads = MAX_GROUP_ROUNDED.min(group - first);
-        for g in 0..heads {
-            let q = &qs[(first + g) * head_dim..(first + g + 1) * head_dim];
-            for (r, &x) in rounded[g][..head_dim].iter_mut().zip(q) {
+    // `[heads, head_dim]`, kept per thread (not zeroed on every call).
+    ROUNDED_QUERIES.with(|cell| {
+        let mut rounded = cell.borrow_mut();
+        rounded.resize(MAX_GROUP_ROUNDED * head_dim, 0.0);
+        for first in (0..group).step_by(MAX_GROUP_ROUNDED) {
+            let heads = MAX_GROUP_ROUNDED.min(group - first);
+            let q_all = &qs[first * head_dim..(first + heads) * head_dim];
+            for (r, &x) in rounded.iter_mut().zip(q_all) {
                 *r = precision.round(x);
             }
-        }
-        #[cfg(target_arch = "x86_64")]
-        if WIDE && head_dim.is_multiple_of(VALUE_LANES) {
-            // SAFETY: WIDE is only set inside the AVX-512 builds (see weighted_values).
-            unsafe {
-                crate::avx512::group_scores(
-                    &rounded[..heads],
-                    head_dim,
-                    keys,
-                    first_row,
-                    rows.clone(),
-                    scale,
-                    probs,
-                    first,
-                )
-            };
-            continue;
-        }
-        for (i, j) in rows.clone().enumerate() {
-            let k = T::row_f32(keys.row(j - first_row), &mut buf);
-            for g in 0..heads {
-                probs[(first + g) * n + i] =
-                    scale * score_dot::<WIDE>(&rounded[g][..head_dim], k, tail_f64);
+            let rounded = &rounded[..heads * head_dim];
+            #[cfg(target_arch = "x86_64")]
+            if WIDE && head_dim.is_multiple_of(VALUE_LANES) {
+                // SAFETY: WIDE is only set inside the AVX-512 builds (see
+                // weighted_values).
+                unsafe {
+                    crate::avx512::group_scores(
+                        rounded,
+                        head_dim,
+                        keys,
+                        first_row,
+                        rows.clone(),
+                        scale,
+                        probs,
+                        first,
+                    )
+                };
+                continue;
+            }
+            for (i, j) in rows.clone().enumerate() {
+                let k = T::row_f32(keys.row(j - first_row), &mut buf);
+                for (g, q) in rounded.chunks_exact(head_dim).enumerate() {
+                    probs[(first + g) * n + i] = scale * score_dot::<WIDE>(q, k, tail_f64);
+                }
             }
         }
-    }
+    });
     let mut buf = [0f32; MAX_HEAD_DIM];
     for g in 0..group {
         let p = &mut probs[g * n..(g + 1) * n];
@@ -640,6 +641,12 @@ fn attend_group_body<T: KvElem, const WIDE: bool>(
             &mut buf,
         );
     }
+}
+
+thread_local! {
+    /// [`attend_group`]'s rounded query heads.
+    static ROUNDED_QUERIES: std::cell::RefCell<Vec<f32>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Query heads whose rounded copies [`attend_group`] keeps at once.

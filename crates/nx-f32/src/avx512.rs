@@ -113,10 +113,11 @@ fn reduce_add_16x16(r: &[__m512; 16]) -> [f32; 16] {
     out
 }
 
-/// Scores of `queries` (each `head_dim` long, a multiple of 64: no tail) against the key
-/// rows `rows` (view row `j - first_row`): `probs[(first_head + g)·n + i]` =
-/// `scale · (q_g · k_{rows.start + i})` with the portable code's 64-lane order and
-/// reduction, the horizontal sums done sixteen rows at a time.
+/// Scores of the query heads in `queries` (`[heads, head_dim]`, `head_dim` a multiple
+/// of 64: no tail) against the key rows `rows` (view row `j - first_row`):
+/// `probs[(first_head + g)·n + i]` = `scale · (q_g · k_{rows.start + i})` with the
+/// portable code's 64-lane order and reduction, the horizontal sums done sixteen rows
+/// at a time (one head at a time over a block of sixteen rows, whose keys stay in L1).
 ///
 /// # Safety
 /// The CPU has the features of [`available`].
@@ -128,7 +129,7 @@ fn reduce_add_16x16(r: &[__m512; 16]) -> [f32; 16] {
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[inline]
 pub(crate) unsafe fn group_scores<T: KvElem>(
-    queries: &[[f32; MAX_HEAD_DIM]],
+    queries: &[f32],
     head_dim: usize,
     keys: HeadRows<'_, T>,
     first_row: usize,
@@ -138,23 +139,22 @@ pub(crate) unsafe fn group_scores<T: KvElem>(
     first_head: usize,
 ) {
     assert!(head_dim > 0 && head_dim.is_multiple_of(64) && head_dim <= MAX_HEAD_DIM);
-    assert!(queries.len() <= MAX_HEADS_AT_ONCE);
+    assert!(queries.len().is_multiple_of(head_dim));
     let n = rows.len();
     let mut buf = [0f32; MAX_HEAD_DIM];
-    let mut r = [[_mm512_setzero_ps(); 16]; MAX_HEADS_AT_ONCE];
-    for (i, j) in rows.enumerate() {
-        let k = T::row_f32(keys.row(j - first_row), &mut buf);
-        for (g, q) in queries.iter().enumerate() {
-            r[g][i % 16] = lanes64_vertical(&q[..head_dim], k);
-        }
-        if i % 16 == 15 || i + 1 == n {
-            let base = i - i % 16;
-            for (g, rg) in r[..queries.len()].iter().enumerate() {
-                let sums = reduce_add_16x16(rg);
-                let dst = &mut probs[(first_head + g) * n + base..(first_head + g) * n + i + 1];
-                for (p, &s) in dst.iter_mut().zip(&sums) {
-                    *p = scale * s;
-                }
+    let mut r = [_mm512_setzero_ps(); 16];
+    for block in (0..n).step_by(16) {
+        let count = 16.min(n - block);
+        for (g, q) in queries.chunks_exact(head_dim).enumerate() {
+            for (i, ri) in r.iter_mut().enumerate().take(count) {
+                let j = rows.start + block + i;
+                let k = T::row_f32(keys.row(j - first_row), &mut buf);
+                *ri = lanes64_vertical(q, k);
+            }
+            let sums = reduce_add_16x16(&r);
+            let at = (first_head + g) * n + block;
+            for (p, &s) in probs[at..at + count].iter_mut().zip(&sums) {
+                *p = scale * s;
             }
         }
     }
