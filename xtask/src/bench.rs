@@ -5,8 +5,8 @@
 //!
 //! - nx: `nx bench --model F -p P -n N --threads T --reps 1 --json` (release build);
 //! - llama.cpp: `llama-bench -m F -t T -p P -n N -r 1 --repack 0 -o json`. `--repack 0`
-//!   because the dev machines advertise AMX but fault on it, and repacking is what selects
-//!   the AMX kernels.
+//!   because the reference build crashes on the dev machines with its extra (AMX and
+//!   repacked) buffer types, which repacking selects.
 //!
 //! Reported per engine: the median prompt-processing and generation speed (t/s), the
 //! median peak RSS of the process (`/usr/bin/time -f %M` when present, else polling
@@ -893,10 +893,12 @@ fn benchmarks_doc(report: &Report, table: &str) -> String {
          For each file the engines run alternately, one process per run, {reps} times each:\n\n\
          - nx: `target/release/nx {nx_cmd}`\n\
          - llama.cpp: `llama-bench {llama_cmd}`\n\n\
-         `--repack 0` is needed on this machine: it advertises AMX, but AMX instructions fault \
-         (SIGILL). The flag turns off llama.cpp's extra CPU buffer types, which hold both the \
-         AMX kernels' weights and the repacked (interleaved) weight layouts, so llama.cpp runs \
-         its plain quantized kernels. Everything else is llama-bench's default (f16 KV cache, \
+         `--repack 0` is needed on this machine: with its extra CPU buffer types (the AMX \
+         kernels' weights and the repacked, interleaved weight layouts) this llama.cpp build \
+         crashes here (SIGILL in earlier runs, SIGSEGV with `--repack 1` on 2026-11-30), so it \
+         runs its plain quantized kernels. nx's prefill uses AMX-INT8 tiles for Q4_K and Q6_K \
+         weights where the CPU has them and the kernel grants tile data (`NX_AMX=0` turns \
+         that off); its outputs are the same bits either way. Everything else is llama-bench's default (f16 KV cache, \
          flash attention `auto`, micro-batch 512, one untimed warm-up run per test). `nx bench` \
          also keeps an f16 KV cache and prefills in chunks of 256 (`nx bench`'s default), but does no warm-up run. \
          Both engines use {threads} threads and the same prompt \
