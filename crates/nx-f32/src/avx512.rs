@@ -276,6 +276,31 @@ fn expf16(x: __m512) -> __m512 {
     _mm512_mask_mov_ps(r, big & !nonpos, _mm512_set1_ps(f32::INFINITY))
 }
 
+/// [`crate::scalar::swiglu_row_in_place`]: `g = silu(g)·u` with the vector SiLU
+/// `x / (1 + e^−x)` on whole groups of 16 from the row start (sixteen lanes at a time,
+/// [`expf16`]), libm's on the tail, as the scalar code.
+///
+/// # Safety
+/// The CPU has AVX-512 F/DQ, AVX2 and FMA.
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+pub(crate) unsafe fn swiglu_row(gate: &mut [f32], up: &[f32]) {
+    let whole = gate.len().min(up.len()) / 16 * 16;
+    let sign = _mm512_set1_ps(-0.0);
+    let one = _mm512_set1_ps(1.0);
+    for i in (0..whole).step_by(16) {
+        // SAFETY: i + 16 <= whole, inside both slices.
+        unsafe {
+            let g = _mm512_loadu_ps(gate.as_ptr().add(i));
+            let u = _mm512_loadu_ps(up.as_ptr().add(i));
+            let silu = _mm512_div_ps(g, _mm512_add_ps(one, expf16(_mm512_xor_ps(g, sign))));
+            _mm512_storeu_ps(gate.as_mut_ptr().add(i), _mm512_mul_ps(silu, u));
+        }
+    }
+    for (g, &u) in gate[whole..].iter_mut().zip(&up[whole..]) {
+        *g = crate::scalar::silu(*g) * u;
+    }
+}
+
 /// [`crate::scalar::softmax_cache_row`] with the exponentials sixteen at a time (one
 /// group of 16 absolute rows per register, the same group sums in f64); bit-identical.
 ///

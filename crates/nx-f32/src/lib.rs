@@ -210,11 +210,27 @@ pub use scalar::expf_vector;
 /// the vector exp's fused multiply-adds into instructions (same bits).
 pub fn swiglu_row_in_place(gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
+    if use_avx512() {
+        // SAFETY: `use_avx512` verified AVX-512 F/DQ, AVX2, FMA and F16C on this CPU.
+        return unsafe { swiglu_row_avx512(gate, up) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if use_avx2_fma() {
         // SAFETY: `use_avx2_fma` verified AVX2 and FMA on this CPU.
         return unsafe { swiglu_row_avx2(gate, up) };
     }
     scalar::swiglu_row_in_place(gate, up)
+}
+
+/// [`scalar::swiglu_row_in_place`] with the groups of 16 in 512-bit registers (the
+/// vector exp of [`avx512`], then the same division and products); bit-identical.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/DQ, AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn swiglu_row_avx512(gate: &mut [f32], up: &[f32]) {
+    // SAFETY: the caller's contract.
+    unsafe { avx512::swiglu_row(gate, up) }
 }
 
 /// [`scalar::swiglu_row_in_place`] compiled for AVX2 + FMA.

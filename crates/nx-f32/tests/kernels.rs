@@ -858,6 +858,15 @@ fn swiglu_avx2_matches_portable_twin() {
         // SAFETY: AVX2 and FMA were detected above.
         unsafe { swiglu_row_avx2(&mut b, &up) };
         assert_eq!(a, b, "len {len}");
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+        {
+            let mut c = gate.clone();
+            // SAFETY: AVX-512 F/DQ detected here, AVX2 and FMA above.
+            unsafe { swiglu_row_avx512(&mut c, &up) };
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&c), "avx512 len {len}");
+        }
     }
 }
 

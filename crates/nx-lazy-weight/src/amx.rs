@@ -481,8 +481,10 @@ pub(crate) unsafe fn k_tile<const G: usize>(
     let zero = _mm512_setzero_si512();
     // Word pairs (256, 0): vpdpwssd by it adds 256 × the low word of each dword.
     let times_256 = _mm512_set1_epi32(256);
-    let mut acc = [[[_mm512_setzero_ps(); 8]; ROWS]; G];
-    let mut acc_min = [[[_mm512_setzero_ps(); 4]; ROWS]; G];
+    // The float chains: written first at super-block 0 (as fma(·, ·, +0), what a zeroed
+    // start gives), so they are not zeroed here (24 KiB per call).
+    let mut acc = [[[std::mem::MaybeUninit::<__m512>::uninit(); 8]; ROWS]; G];
+    let mut acc_min = [[[std::mem::MaybeUninit::<__m512>::uninit(); 4]; ROWS]; G];
     // Tile products, [step parity][group]: written by `tilestored` before every read,
     // so left uninitialised (zeroing them cost more than the loads that read them).
     let mut lo_buf = std::mem::MaybeUninit::<[[Products; 2]; 2]>::uninit();
@@ -545,7 +547,12 @@ pub(crate) unsafe fn k_tile<const G: usize>(
                         // sign), so lo + 256·hi is one word multiply-add.
                         _mm512_dpwssd_epi32(p_lo, p_hi, times_256)
                     };
-                    acc[i][r][l] = _mm512_fmadd_ps(d[i][r], _mm512_cvtepi32_ps(lane), acc[i][r][l]);
+                    let prev = if s == 0 {
+                        _mm512_setzero_ps()
+                    } else {
+                        acc[i][r][l].assume_init()
+                    };
+                    acc[i][r][l].write(_mm512_fmadd_ps(d[i][r], _mm512_cvtepi32_ps(lane), prev));
                 }
             }
         }
@@ -568,11 +575,16 @@ pub(crate) unsafe fn k_tile<const G: usize>(
                             let pair =
                                 std::ptr::read_unaligned(wrow(r).add(W_MINS + 4 * m) as *const i32);
                             let prod = _mm512_dpwssd_epi32(zero, sums, _mm512_set1_epi32(pair));
-                            acc_min[i][r][m] = _mm512_fmadd_ps(
+                            let prev = if s == 0 {
+                                _mm512_setzero_ps()
+                            } else {
+                                acc_min[i][r][m].assume_init()
+                            };
+                            acc_min[i][r][m].write(_mm512_fmadd_ps(
                                 neg_dmin,
                                 _mm512_cvtepi32_ps(prod),
-                                acc_min[i][r][m],
-                            );
+                                prev,
+                            ));
                         }
                     }
                 }
@@ -591,7 +603,8 @@ pub(crate) unsafe fn k_tile<const G: usize>(
     }
     for i in 0..G {
         for r in 0..ROWS {
-            let a = &acc[i][r];
+            // SAFETY: every chain was written at super-block 0 (n_sb > 0 here).
+            let a: [__m512; 8] = std::array::from_fn(|l| unsafe { acc[i][r][l].assume_init() });
             let lanes = _mm512_add_ps(
                 _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
                 _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
@@ -599,7 +612,9 @@ pub(crate) unsafe fn k_tile<const G: usize>(
             let total = if q6 {
                 lanes
             } else {
-                let m = &acc_min[i][r];
+                // SAFETY: as above (Q4_K writes the min chains at every super-block).
+                let m: [__m512; 4] =
+                    std::array::from_fn(|k| unsafe { acc_min[i][r][k].assume_init() });
                 _mm512_add_ps(
                     lanes,
                     _mm512_add_ps(_mm512_add_ps(m[0], m[2]), _mm512_add_ps(m[1], m[3])),
