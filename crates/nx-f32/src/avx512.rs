@@ -35,22 +35,7 @@ pub(crate) fn available() -> bool {
 #[inline]
 pub(crate) unsafe fn lanes64_dot(q: &[f32], k: &[f32], whole: usize) -> f32 {
     assert!(whole.is_multiple_of(64) && whole <= q.len() && whole <= k.len());
-    let mut acc = [_mm512_setzero_ps(); 4];
-    for c in (0..whole).step_by(64) {
-        for (r, a) in acc.iter_mut().enumerate() {
-            // SAFETY: c + 16r + 16 <= whole, inside both slices (asserted).
-            let (qv, kv) = unsafe {
-                (
-                    _mm512_loadu_ps(q.as_ptr().add(c + 16 * r)),
-                    _mm512_loadu_ps(k.as_ptr().add(c + 16 * r)),
-                )
-            };
-            *a = _mm512_fmadd_ps(qv, kv, *a);
-        }
-    }
-    // r_l = (lane l + lane 32+l) + (lane 16+l + lane 48+l)
-    let r = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
-    reduce_add_16(r)
+    reduce_add_16(lanes64_vertical(&q[..whole], k))
 }
 
 /// The four 16-lane FMA chains of a 64-lane dot over `q` and `k` (`q.len()` a multiple
