@@ -233,47 +233,6 @@ fn unpacked_block_bytes(weight_type: GgmlType) -> (usize, usize) {
     }
 }
 
-/// Signed 32-quant block `wq` with scale `d` into an unpacked block.
-fn put_block32(wq: &[i8; 32], d: f32, out: &mut [u8]) {
-    for (o, &q) in out[..32].iter_mut().zip(wq) {
-        *o = q as u8;
-    }
-    for l in 0..8 {
-        let sum: i32 = wq[4 * l..4 * l + 4].iter().map(|&q| q as i32).sum();
-        put_i32(out, 32 + 4 * l, -128 * sum);
-    }
-    put_f32(out, 64, d);
-}
-
-fn unpack_q4_0(wb: &[u8], out: &mut [u8]) {
-    let mut wq = [0i8; 32];
-    for j in 0..16 {
-        wq[j] = (wb[2 + j] & 0x0F) as i8 - 8;
-        wq[j + 16] = (wb[2 + j] >> 4) as i8 - 8;
-    }
-    put_block32(&wq, read_f16(wb, 0), out);
-}
-
-fn unpack_q5_0(wb: &[u8], out: &mut [u8]) {
-    let qh = read_u32(wb, q5_0::QH);
-    let mut wq = [0i8; 32];
-    for j in 0..16 {
-        let h_lo = (((qh >> j) & 1) << 4) as u8;
-        let h_hi = (((qh >> (j + 16)) & 1) << 4) as u8;
-        wq[j] = ((wb[q5_0::QS + j] & 0x0F) | h_lo) as i8 - 16;
-        wq[j + 16] = ((wb[q5_0::QS + j] >> 4) | h_hi) as i8 - 16;
-    }
-    put_block32(&wq, read_f16(wb, 0), out);
-}
-
-fn unpack_q8_0(wb: &[u8], out: &mut [u8]) {
-    let mut wq = [0i8; 32];
-    for (q, &b) in wq.iter_mut().zip(&wb[2..34]) {
-        *q = b as i8;
-    }
-    put_block32(&wq, read_f16(wb, 0), out);
-}
-
 fn unpack_q4_k(wb: &[u8], out: &mut [u8]) {
     for chunk in 0..4 {
         for l in 0..32 {
@@ -341,24 +300,31 @@ fn unpack_q6_k(wb: &[u8], out: &mut [u8]) {
 }
 
 /// Unpacks whole rows of `w_rows` (`row_bytes` each) into `out` (resized), returning
-/// the unpacked row stride.
-fn unpack_rows(weight_type: GgmlType, w_rows: &[u8], row_bytes: usize, out: &mut Vec<u8>) -> usize {
+/// the unpacked row stride (0 for a type without tiles).
+///
+/// # Safety
+/// [`available`] is true.
+unsafe fn unpack_rows(
+    weight_type: GgmlType,
+    w_rows: &[u8],
+    row_bytes: usize,
+    out: &mut Vec<u8>,
+) -> usize {
     let (src, dst) = unpacked_block_bytes(weight_type);
     let unpack: fn(&[u8], &mut [u8]) = match weight_type {
-        GgmlType::Q4_0 => unpack_q4_0,
-        GgmlType::Q5_0 => unpack_q5_0,
-        GgmlType::Q8_0 => unpack_q8_0,
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
+            let stride = row_bytes / src * dst;
+            out.resize(w_rows.len() / row_bytes * stride, 0);
+            // SAFETY: the caller guarantees the features; whole blocks in and out.
+            unsafe { unpack_rows32_avx512(weight_type, w_rows, row_bytes, out, stride) };
+            return stride;
+        }
         GgmlType::Q4_K => unpack_q4_k,
         GgmlType::Q6_K => unpack_q6_k,
         _ => return 0,
     };
     let stride = row_bytes / src * dst;
     out.resize(w_rows.len() / row_bytes * stride, 0);
-    if dst == W32_BLOCK && available() {
-        // SAFETY: the CPU has the features (checked); whole blocks in and out.
-        unsafe { unpack_rows32_avx512(weight_type, w_rows, row_bytes, out, stride) };
-        return stride;
-    }
     for (row, dst_row) in w_rows
         .chunks_exact(row_bytes)
         .zip(out.chunks_exact_mut(stride))
@@ -370,8 +336,9 @@ fn unpack_rows(weight_type: GgmlType, w_rows: &[u8], row_bytes: usize, out: &mut
     stride
 }
 
-/// [`unpack_rows`] for Q4_0 / Q5_0 / Q8_0 with AVX-512: the same bytes as
-/// [`unpack_q4_0`] / [`unpack_q5_0`] / [`unpack_q8_0`], one block per few instructions.
+/// [`unpack_rows`] for Q4_0 / Q5_0 / Q8_0: per block the 32 quants as signed bytes
+/// (Q4_0 `q − 8`, Q5_0 `q − 16` with the fifth bits from `qh`, Q8_0 as stored), the
+/// eight lane corrections `−128·Σ` of each lane's four quants, and `d_w` as f32.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL/VNNI; `out` holds `w_rows.len() / row_bytes` rows of
@@ -490,7 +457,8 @@ unsafe fn run_avx512(
     }
     UNPACKED.with(|cell| {
         let mut buf = cell.borrow_mut();
-        let stride = unpack_rows(weight_type, w_rows, row_bytes, &mut buf);
+        // SAFETY: the caller guarantees the features.
+        let stride = unsafe { unpack_rows(weight_type, w_rows, row_bytes, &mut buf) };
         if stride == 0 {
             return;
         }
