@@ -59,6 +59,12 @@ pub enum RunError {
     /// No token could be sampled.
     #[error(transparent)]
     Sampler(#[from] SamplerError),
+    /// The engine's queue of waiting requests is full.
+    #[error("the queue is full ({max_queue} requests waiting); try again later")]
+    QueueFull { max_queue: usize },
+    /// The KV cache could not hold what was asked.
+    #[error(transparent)]
+    Cache(#[from] nx_kv_cache::KvError),
 }
 
 fn cached_text(cached: usize) -> String {

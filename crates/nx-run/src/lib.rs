@@ -54,6 +54,7 @@
 
 pub mod chat;
 mod config;
+pub mod engine;
 mod error;
 pub mod perplexity;
 mod runner;
@@ -63,6 +64,9 @@ pub use chat::{
     BuiltinTemplate, ChatError, ChatMessage, ChatSession, ChatTemplate, ChatTurn, TemplateChoice,
 };
 pub use config::{Prompt, RunConfig};
+pub use engine::{
+    Engine, EngineConfig, EngineEvent, EngineMetrics, Request, SeqId, Usage,
+};
 pub use error::RunError;
 pub use perplexity::{
     perplexity, ChunkProgress, PerplexityConfig, PerplexityError, PerplexityReport,
