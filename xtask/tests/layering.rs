@@ -18,6 +18,7 @@ const ORDER: &[&str] = &[
     "nx-llama-stack",
     "nx-sampler",
     "nx-run",
+    "nx-serve",
     "nx-cli",
     "xtask",
 ];

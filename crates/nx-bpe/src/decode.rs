@@ -15,6 +15,39 @@ pub struct StreamDecoder<'t> {
     pending: Vec<u8>,
 }
 
+/// [`StreamDecoder`] without the borrow: the tokenizer is passed to each
+/// [`DetachedDecoder::push`], so the decoder can live beside an `Arc<Tokenizer>` (one per
+/// sequence of a server).
+#[derive(Debug, Clone, Default)]
+pub struct DetachedDecoder {
+    pending: Vec<u8>,
+}
+
+impl DetachedDecoder {
+    /// An empty decoder.
+    pub fn new() -> DetachedDecoder {
+        DetachedDecoder::default()
+    }
+
+    /// Adds one token of `tokenizer`; returns the text that is now complete.
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
+        let mut d = StreamDecoder {
+            tokenizer,
+            pending: std::mem::take(&mut self.pending),
+        };
+        let out = d.push(id);
+        self.pending = d.pending;
+        out
+    }
+
+    /// Ends the stream: any held-back incomplete character becomes U+FFFD.
+    pub fn finish(&mut self) -> String {
+        let s = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        s
+    }
+}
+
 impl<'t> StreamDecoder<'t> {
     pub(crate) fn new(tokenizer: &'t Tokenizer) -> StreamDecoder<'t> {
         StreamDecoder {

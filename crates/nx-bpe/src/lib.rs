@@ -31,7 +31,7 @@ mod vocab;
 
 use nx_gguf::{Gguf, Metadata};
 
-pub use decode::StreamDecoder;
+pub use decode::{DetachedDecoder, StreamDecoder};
 pub use error::TokenizerError;
 pub use pretok::{PreTokenizer, PreTokenizerConfig, SplitScratch};
 pub use vocab::TokenType;

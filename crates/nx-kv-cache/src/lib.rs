@@ -18,9 +18,19 @@
 //! Reads ([`KvCache::keys`], [`KvCache::values`]) cover rows `0..n` of one layer with
 //! `n <= written(layer)`, as typed slices ([`KvRows`]) so attention reads f16 directly.
 //! Every failure is a [`KvError`]; nothing here panics on a bad request.
+//!
+//! Many sequences share one bounded pool of fixed-size blocks in [`PagedKv`] (block
+//! tables, reference counts, copy-on-write, prefix cache); a batched forward pass reaches
+//! either kind of storage through [`KvSegments`].
 
 use half::f16;
 use nx_f32::KvElem;
+
+mod paged;
+mod segments;
+
+pub use paged::{BlockId, BlockTable, PagedBatch, PagedKv, PoolUsage};
+pub use segments::KvSegments;
 
 /// Storage element type of a cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -129,6 +139,20 @@ pub enum KvError {
     /// The cache geometry is unusable (zero context, zero width, no layers).
     #[error("invalid cache shape: {0}")]
     InvalidShape(&'static str),
+    /// The block pool has fewer free blocks than a reservation needs.
+    #[error("KV block pool exhausted: {needed} blocks needed, {available} available")]
+    OutOfBlocks {
+        /// Blocks the reservation needs.
+        needed: usize,
+        /// Blocks free or evictable.
+        available: usize,
+    },
+    /// A write was aimed at a block another sequence shares (reserve it first).
+    #[error("KV block {block} is shared and cannot be written in place")]
+    SharedBlock {
+        /// The block.
+        block: u32,
+    },
     /// The total size overflows or the allocation failed.
     #[error("cannot allocate the KV cache: {bytes} bytes requested")]
     Allocation {

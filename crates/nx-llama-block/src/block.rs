@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use nx_f32::{
     attend, attend_group, CacheView, GeluTable, HeadRows, KvElem, KvPrecision, RopeStyle, RopeTable,
 };
-use nx_kv_cache::{KvCache, KvError, KvRows};
+use half::f16;
+use nx_kv_cache::{KvCache, KvDtype, KvError, KvRows, KvSegments};
 use nx_lazy_weight::{LazyWeight, LazyWeightError};
 use nx_syscalls::ThreadPool;
 
@@ -135,13 +136,8 @@ fn add_bias_rows(x: &mut [f32], bias: Option<&[f32]>) {
 }
 
 /// Runs layer `layer` over the chunk `x` (`[n, n_embd]`, updated in place) whose tokens sit
-/// at positions `pos..pos+n`. Writes the chunk's K/V rows into `cache` (rows
-/// `pos..pos+n` of this layer), then token `i` attends to rows `0..=pos+i` (only the last
-/// `window` of them in a local layer).
-///
-/// Matmuls (split by weight rows), attention (split by token × head) and the FFN
-/// activation run on `pool`; each output element is computed by one thread in a fixed
-/// order, so the result is bit-identical for any thread count.
+/// at positions `pos..pos+n` of the one sequence in `cache`: [`forward_batch`] with one
+/// segment.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     cfg: &LayerConfig,
@@ -154,6 +150,42 @@ pub fn forward(
     s: &mut BlockScratch,
     pool: &ThreadPool,
 ) -> Result<(), BlockError> {
+    forward_batch(cfg, w, layer, x, &[Segment { n, pos }], cache, s, pool)
+}
+
+/// One sequence's rows in a batch: `n` tokens at positions `pos..pos+n`, segment `i` of
+/// the batch being sequence `i` of the [`KvSegments`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// Tokens of this sequence in the batch.
+    pub n: usize,
+    /// Position of the first of them.
+    pub pos: usize,
+}
+
+/// Runs layer `layer` over a batch `x` (`[Σn, n_embd]`, updated in place): the rows of
+/// segment 0, then those of segment 1, and so on. Every matmul takes all rows of the
+/// batch at once (each weight is read once per step); RoPE, the K/V writes and attention
+/// run per segment, each sequence over its own cache rows: token `i` of a segment at
+/// `pos` attends to its rows `0..=pos+i` (only the last `window` of them in a local
+/// layer).
+///
+/// Matmuls (split by weight rows), attention (split by token × head) and the FFN
+/// activation run on `pool`; each output element is computed by one thread in a fixed
+/// order that depends on neither the batch nor the thread count, so every row's result
+/// is bit-identical to running its sequence alone.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_batch(
+    cfg: &LayerConfig,
+    w: &LayerWeights<'_>,
+    layer: usize,
+    x: &mut [f32],
+    segs: &[Segment],
+    kv: &mut dyn KvSegments,
+    s: &mut BlockScratch,
+    pool: &ThreadPool,
+) -> Result<(), BlockError> {
+    let n: usize = segs.iter().map(|g| g.n).sum();
     let n_embd = cfg.n_embd;
     let q_dim = cfg.n_head * cfg.head_dim;
     let k_dim = cfg.n_head_kv * cfg.head_dim;
@@ -187,99 +219,26 @@ pub fn forward(
         check(layer, "attn_k_norm", kn, cfg.head_dim)?;
         rmsnorm_in_place_pool(pool, k, kn, cfg.head_dim, cfg.rms_eps);
     }
-
-    // RoPE: one table per position, shared by every Q and K head of the token.
-    let base_bits = cfg.rope_base.to_bits();
-    let rebuild = !matches!(&s.rope, Some((d, b, _)) if *d == cfg.rope_dim && *b == base_bits)
-        || w.rope_freq_factors.is_some();
-    if rebuild {
-        let table = RopeTable::new(cfg.rope_dim, cfg.rope_base, w.rope_freq_factors)
-            .map_err(|e| BlockError::Rope(e.to_string()))?;
-        s.rope = Some((cfg.rope_dim, base_bits, table));
-    }
-    let rope = &mut s.rope.as_mut().expect("set above").2;
-    for t in 0..n {
-        rope.set_position(pos + t);
-        rope.apply_heads(
-            &mut q[t * q_dim..(t + 1) * q_dim],
-            cfg.head_dim,
-            cfg.rope_style,
-        );
-        rope.apply_heads(
-            &mut k[t * k_dim..(t + 1) * k_dim],
-            cfg.head_dim,
-            cfg.rope_style,
-        );
-    }
+    apply_rope(cfg, w, &mut s.rope, q, k, segs)?;
     if cfg.q_scale != 1.0 {
         nx_f32::scale(q, cfg.q_scale);
     }
 
-    cache.write_rows(layer, pos, k, v)?;
-    let (keys, values) = cache.layer_rows(layer, pos + n)?;
-    let attn = sized(&mut s.attn, n * attn_dim); // [n, n_head · value_dim]
-
-    // One probability row per thread; a single one when the work is too small to split.
-    let work = n * cfg.n_head * (pos + n) * (cfg.head_dim + cfg.value_dim);
-    let n_slots = if work < MIN_PARALLEL_ATTENTION_WORK {
-        1
-    } else {
-        pool.n_threads()
-    };
-    if s.probs.len() < n_slots {
-        s.probs.resize_with(n_slots, Vec::new);
-    }
-    let group = cfg.n_head / cfg.n_head_kv.max(1);
-    for p in &mut s.probs[..n_slots] {
-        sized(
-            p,
-            nx_f32::attend_group_scratch_len(group, pos + n, cfg.value_dim),
+    // Each sequence's new K/V rows into its own cache rows.
+    let mut row = 0;
+    for (i, g) in segs.iter().enumerate() {
+        let (kr, vr) = (
+            &k[row * k_dim..(row + g.n) * k_dim],
+            &v[row * v_dim..(row + g.n) * v_dim],
         );
+        kv.write_rows(i, layer, g.pos, kr, vr)?;
+        row += g.n;
     }
-    let probs = &mut s.probs[..n_slots];
-    // The first cache row any query of the chunk reads.
-    let first_row = match cfg.window {
-        Some(wnd) => (pos + 1).saturating_sub(wnd),
-        None => 0,
-    };
-    match (keys, values) {
-        (KvRows::F16 { data: kd, .. }, KvRows::F16 { data: vd, .. }) if n > 1 => {
-            // A prefill chunk reads every row many times: widen the rows it needs to f32
-            // once (exact), and keep the f16 rounding of query and probabilities.
-            let kd = &kd[first_row * k_dim..];
-            let vd = &vd[first_row * v_dim..];
-            let wk = sized(&mut s.widened_k, kd.len()); // [rows, k_dim]
-            nx_f32::f16_to_f32_row(kd, wk);
-            let wv = sized(&mut s.widened_v, vd.len()); // [rows, v_dim]
-            nx_f32::f16_to_f32_row(vd, wv);
-            let rows = CacheRows {
-                keys: wk,
-                values: wv,
-                first_row,
-                precision: KvPrecision::F16,
-            };
-            attend_chunk(cfg, layer, rows, q, pos, attn, probs, pool)?
-        }
-        (KvRows::F16 { data: kd, .. }, KvRows::F16 { data: vd, .. }) => {
-            let rows = CacheRows {
-                keys: kd,
-                values: vd,
-                first_row: 0,
-                precision: KvPrecision::F16,
-            };
-            attend_chunk(cfg, layer, rows, q, pos, attn, probs, pool)?
-        }
-        (KvRows::F32 { data: kd, .. }, KvRows::F32 { data: vd, .. }) => {
-            let rows = CacheRows {
-                keys: kd,
-                values: vd,
-                first_row: 0,
-                precision: KvPrecision::F32,
-            };
-            attend_chunk(cfg, layer, rows, q, pos, attn, probs, pool)?
-        }
-        _ => return Err(bad_view(layer, "mixed K/V storage types")),
-    }
+    let attn = sized(&mut s.attn, n * attn_dim); // [n, n_head · value_dim]
+    let views = segment_views(cfg, layer, segs, &*kv, &mut s.widened_k, &mut s.widened_v)?;
+    let probs = attention_scratch(cfg, segs, &mut s.probs, pool);
+    attend_batch(cfg, layer, &views, segs, q, attn, probs, pool)?;
+    drop(views);
 
     let proj = sized(&mut s.proj, n * n_embd); // [n, n_embd]
     s.projector.reset();
@@ -415,17 +374,163 @@ impl<'a, T: KvElem> CacheRows<'a, T> {
     }
 }
 
-/// Attention of every (token, query head) pair of the chunk against the cache rows
-/// `rows`, written to `attn` (`[n, n_head · value_dim]`). The pairs are spread over
-/// `pool`, one scratch per thread (at most `probs.len()` threads); each pair is computed
-/// whole by one thread, so the result does not depend on the split.
-#[allow(clippy::too_many_arguments)]
-fn attend_chunk<T: KvElem>(
+/// One segment's cache rows for attention: borrowed f16 rows (a decode step over a
+/// contiguous f16 cache), or f32 rows (an f32 cache, or rows gathered and widened once
+/// for the step, keeping the f16 rounding).
+enum SegmentRows<'a> {
+    F16(CacheRows<'a, f16>),
+    F32(CacheRows<'a, f32>),
+}
+
+/// RoPE for every token of the batch at its own position (one table per position,
+/// shared by every Q and K head of the token).
+fn apply_rope(
+    cfg: &LayerConfig,
+    w: &LayerWeights<'_>,
+    slot: &mut Option<(usize, u32, RopeTable)>,
+    q: &mut [f32],
+    k: &mut [f32],
+    segs: &[Segment],
+) -> Result<(), BlockError> {
+    let base_bits = cfg.rope_base.to_bits();
+    let rebuild = !matches!(&slot, Some((d, b, _)) if *d == cfg.rope_dim && *b == base_bits)
+        || w.rope_freq_factors.is_some();
+    if rebuild {
+        let table = RopeTable::new(cfg.rope_dim, cfg.rope_base, w.rope_freq_factors)
+            .map_err(|e| BlockError::Rope(e.to_string()))?;
+        *slot = Some((cfg.rope_dim, base_bits, table));
+    }
+    let rope = &mut slot.as_mut().expect("set above").2;
+    let (q_dim, k_dim) = (cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim);
+    let positions = segs.iter().flat_map(|g| g.pos..g.pos + g.n);
+    for (t, p) in positions.enumerate() {
+        rope.set_position(p);
+        rope.apply_heads(&mut q[t * q_dim..(t + 1) * q_dim], cfg.head_dim, cfg.rope_style);
+        rope.apply_heads(&mut k[t * k_dim..(t + 1) * k_dim], cfg.head_dim, cfg.rope_style);
+    }
+    Ok(())
+}
+
+/// The cache rows each segment's queries read in `layer`: borrowed where the storage is
+/// contiguous and no widening pays, otherwise gathered (and widened) into `wide_k` /
+/// `wide_v`, from the first row any of the segment's queries sees.
+fn segment_views<'a>(
     cfg: &LayerConfig,
     layer: usize,
-    rows: CacheRows<'_, T>,
+    segs: &[Segment],
+    kv: &'a dyn KvSegments,
+    wide_k: &'a mut Vec<f32>,
+    wide_v: &'a mut Vec<f32>,
+) -> Result<Vec<SegmentRows<'a>>, BlockError> {
+    let (k_dim, v_dim) = (cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.value_dim);
+    let precision = match kv.dtype() {
+        KvDtype::F16 => KvPrecision::F16,
+        KvDtype::F32 => KvPrecision::F32,
+    };
+    // Which segments read borrowed rows; the rest are gathered from `first_row`.
+    let first_rows: Vec<Option<usize>> = segs
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let end = g.pos + g.n;
+            let direct = kv.contiguous(i, layer, end).is_some()
+                && (kv.dtype() == KvDtype::F32 || g.n == 1);
+            let first = match cfg.window {
+                Some(wnd) => (g.pos + 1).saturating_sub(wnd),
+                None => 0,
+            };
+            (!direct).then_some(first)
+        })
+        .collect();
+    let gathered_rows = |i: usize| first_rows[i].map_or(0, |f| segs[i].pos + segs[i].n - f);
+    let total: usize = (0..segs.len()).map(gathered_rows).sum();
+    let mut k_rest = sized(wide_k, total * k_dim);
+    let mut v_rest = sized(wide_v, total * v_dim);
+    let mut views = Vec::with_capacity(segs.len());
+    for (i, g) in segs.iter().enumerate() {
+        let end = g.pos + g.n;
+        let Some(first) = first_rows[i] else {
+            let (keys, values) = kv
+                .contiguous(i, layer, end)
+                .ok_or_else(|| bad_view(layer, "contiguous cache rows"))?;
+            views.push(match (keys, values) {
+                (KvRows::F16 { data: kd, .. }, KvRows::F16 { data: vd, .. }) => {
+                    SegmentRows::F16(CacheRows {
+                        keys: kd,
+                        values: vd,
+                        first_row: 0,
+                        precision: KvPrecision::F16,
+                    })
+                }
+                (KvRows::F32 { data: kd, .. }, KvRows::F32 { data: vd, .. }) => {
+                    SegmentRows::F32(CacheRows {
+                        keys: kd,
+                        values: vd,
+                        first_row: 0,
+                        precision: KvPrecision::F32,
+                    })
+                }
+                _ => return Err(bad_view(layer, "mixed K/V storage types")),
+            });
+            continue;
+        };
+        let rows = end - first;
+        let (kh, kt) = std::mem::take(&mut k_rest).split_at_mut(rows * k_dim);
+        let (vh, vt) = std::mem::take(&mut v_rest).split_at_mut(rows * v_dim);
+        (k_rest, v_rest) = (kt, vt);
+        kv.gather_f32(i, layer, first..end, kh, vh)?;
+        views.push(SegmentRows::F32(CacheRows {
+            keys: kh,
+            values: vh,
+            first_row: first,
+            precision,
+        }));
+    }
+    Ok(views)
+}
+
+/// One attention scratch (probabilities and value lanes) per thread that will run, sized
+/// for the longest segment; a single one when the work is too small to split.
+fn attention_scratch<'a>(
+    cfg: &LayerConfig,
+    segs: &[Segment],
+    probs: &'a mut Vec<Vec<f32>>,
+    pool: &ThreadPool,
+) -> &'a mut [Vec<f32>] {
+    let work: usize = segs
+        .iter()
+        .map(|g| g.n * cfg.n_head * (g.pos + g.n) * (cfg.head_dim + cfg.value_dim))
+        .sum();
+    let n_slots = if work < MIN_PARALLEL_ATTENTION_WORK {
+        1
+    } else {
+        pool.n_threads()
+    };
+    if probs.len() < n_slots {
+        probs.resize_with(n_slots, Vec::new);
+    }
+    let group = cfg.n_head / cfg.n_head_kv.max(1);
+    let max_rows = segs.iter().map(|g| g.pos + g.n).max().unwrap_or(0);
+    for p in &mut probs[..n_slots] {
+        sized(
+            p,
+            nx_f32::attend_group_scratch_len(group, max_rows, cfg.value_dim),
+        );
+    }
+    &mut probs[..n_slots]
+}
+
+/// Attention of every (token, query head) pair of the batch, each against its own
+/// segment's rows `views[seg]`, written to `attn` (`[n, n_head · value_dim]`). The pairs
+/// are spread over `pool`, one scratch per thread (at most `probs.len()` threads); each
+/// pair is computed whole by one thread, so the result does not depend on the split.
+#[allow(clippy::too_many_arguments)]
+fn attend_batch(
+    cfg: &LayerConfig,
+    layer: usize,
+    views: &[SegmentRows<'_>],
+    segs: &[Segment],
     q: &[f32],
-    pos: usize,
     attn: &mut [f32],
     probs: &mut [Vec<f32>],
     pool: &ThreadPool,
@@ -435,55 +540,68 @@ fn attend_chunk<T: KvElem>(
     }
     let q_dim = cfg.n_head * cfg.head_dim;
     let group = cfg.n_head / cfg.n_head_kv;
-    let n_pairs = attn.len() / cfg.value_dim;
-    // Small claims balance the causal mask's uneven rows (later tokens see more).
-    let chunk = n_pairs.div_ceil(probs.len() * 8).max(1);
-    let missing_view = AtomicBool::new(false);
-    if pos_is_prefill(attn.len(), cfg) {
-        // Several tokens: one item per (token, KV head), its query heads scored together
-        // so each key row is read once for the group.
-        let n_items = attn.len() / (group * cfg.value_dim);
-        let chunk = n_items.div_ceil(probs.len() * 8).max(1);
-        pool.parallel_chunks_mut(
-            attn,
-            group * cfg.value_dim,
-            chunk,
-            probs,
-            |probs, items, out| {
-                for (i, out) in items.zip(out.chunks_exact_mut(group * cfg.value_dim)) {
-                    let (t, kv_head) = (i / cfg.n_head_kv, i % cfg.n_head_kv);
-                    let first_q = t * q_dim + kv_head * group * cfg.head_dim;
-                    let qs = &q[first_q..first_q + group * cfg.head_dim];
-                    let Some((view, seen)) = rows.view(cfg, kv_head, pos + t) else {
-                        missing_view.store(true, Ordering::Relaxed);
-                        return;
-                    };
-                    attend_group(qs, view, seen, cfg.kq_scale, out, probs);
-                }
-            },
-        );
-    } else {
-        pool.parallel_chunks_mut(attn, cfg.value_dim, chunk, probs, |probs, pairs, out| {
-            for (i, out) in pairs.zip(out.chunks_exact_mut(cfg.value_dim)) {
-                let (t, h) = (i / cfg.n_head, i % cfg.n_head);
-                let qh = &q[t * q_dim + h * cfg.head_dim..t * q_dim + (h + 1) * cfg.head_dim];
-                let Some((view, seen)) = rows.view(cfg, h / group, pos + t) else {
-                    missing_view.store(true, Ordering::Relaxed);
-                    return;
-                };
-                attend(qh, view, seen, cfg.kq_scale, out, probs);
-            }
-        });
+    // Row of the batch → (segment, position).
+    let mut row_at: Vec<(usize, usize)> = Vec::with_capacity(attn.len() / (cfg.n_head * cfg.value_dim));
+    for (i, g) in segs.iter().enumerate() {
+        row_at.extend((g.pos..g.pos + g.n).map(|p| (i, p)));
     }
+    let missing_view = AtomicBool::new(false);
+    // Several rows: one item per (row, KV head), its query heads scored together so each
+    // key row is read once for the group. One row (a lone decode step) keeps one item per
+    // query head, so its few heads still spread over the threads.
+    let grouped = row_at.len() > 1;
+    let (heads_per_item, items_per_row) = if grouped {
+        (group, cfg.n_head_kv)
+    } else {
+        (1, cfg.n_head)
+    };
+    let out_len = heads_per_item * cfg.value_dim;
+    let n_items = attn.len() / out_len;
+    // Small claims balance the causal mask's uneven rows (later tokens see more).
+    let chunk = n_items.div_ceil(probs.len() * 8).max(1);
+    pool.parallel_chunks_mut(attn, out_len, chunk, probs, |probs, items, out| {
+        for (i, out) in items.zip(out.chunks_exact_mut(out_len)) {
+            let (r, j) = (i / items_per_row, i % items_per_row);
+            let (seg, at) = row_at[r];
+            let first_head = j * heads_per_item;
+            let qs = &q[r * q_dim + first_head * cfg.head_dim..][..heads_per_item * cfg.head_dim];
+            let kv_head = first_head / group;
+            let ok = match &views[seg] {
+                SegmentRows::F16(rows) => attend_item(cfg, rows, kv_head, at, qs, out, probs, grouped),
+                SegmentRows::F32(rows) => attend_item(cfg, rows, kv_head, at, qs, out, probs, grouped),
+            };
+            if !ok {
+                missing_view.store(true, Ordering::Relaxed);
+                return;
+            }
+        }
+    });
     if missing_view.load(Ordering::Relaxed) {
         return Err(bad_view(layer, "key/value cache view"));
     }
     Ok(())
 }
 
-/// True when the attention output `[n, n_head · value_dim]` holds more than one token:
-/// a prefill chunk, whose query heads are scored per KV group. One token (decoding)
-/// keeps one item per query head, so its few heads still spread over the threads.
-fn pos_is_prefill(attn_len: usize, cfg: &LayerConfig) -> bool {
-    attn_len > cfg.n_head * cfg.value_dim
+/// One item of [`attend_batch`]: the query heads `qs` (a KV group, or one head) of the
+/// token at position `at`; `false` when the rows do not fit the view.
+#[allow(clippy::too_many_arguments)]
+fn attend_item<T: KvElem>(
+    cfg: &LayerConfig,
+    rows: &CacheRows<'_, T>,
+    kv_head: usize,
+    at: usize,
+    qs: &[f32],
+    out: &mut [f32],
+    scratch: &mut [f32],
+    grouped: bool,
+) -> bool {
+    let Some((view, seen)) = rows.view(cfg, kv_head, at) else {
+        return false;
+    };
+    if grouped {
+        attend_group(qs, view, seen, cfg.kq_scale, out, scratch);
+    } else {
+        attend(qs, view, seen, cfg.kq_scale, out, scratch);
+    }
+    true
 }

@@ -12,5 +12,8 @@
 mod block;
 mod project;
 
-pub use block::{forward, BlockError, BlockScratch, FfnActivation, LayerConfig, LayerWeights};
+pub use block::{
+    forward, forward_batch, BlockError, BlockScratch, FfnActivation, LayerConfig, LayerWeights,
+    Segment,
+};
 pub use project::Projector;

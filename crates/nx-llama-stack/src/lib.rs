@@ -10,8 +10,13 @@ mod config;
 mod model;
 
 pub use config::{Arch, FfnActivation, ModelConfig, RopeStyle};
-pub use model::{ForwardState, Model};
-pub use nx_kv_cache::{KvCache, KvDtype};
+/// The tiny random-weight llama model of the tests, for doctests downstream.
+#[doc(hidden)]
+#[path = "../../nx-run/tests/common/tiny_model.rs"]
+pub mod tiny_fixture;
+
+pub use model::{BatchItem, ForwardState, Model};
+pub use nx_kv_cache::{BlockTable, KvCache, KvDtype, KvSegments, PagedBatch, PagedKv};
 
 /// Why a model could not be loaded or run.
 #[derive(Debug, thiserror::Error)]
@@ -42,4 +47,6 @@ pub enum StackError {
     PositionMismatch { pos: usize, cache_len: usize },
     #[error("requested logits row {row} of a chunk of {n} tokens")]
     RowOutOfRange { row: usize, n: usize },
+    #[error("a batch of {items} items over KV storage of {segments} sequences")]
+    BatchShape { items: usize, segments: usize },
 }

@@ -4,9 +4,9 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use nx_gguf::{GgmlType, Gguf, TensorInfo};
-use nx_kv_cache::{KvCache, KvDtype};
+use nx_kv_cache::{KvCache, KvDtype, KvSegments, PagedKv};
 use nx_lazy_weight::{LazyWeight, QuantizedActs};
-use nx_llama_block::{BlockScratch, LayerConfig, LayerWeights};
+use nx_llama_block::{BlockScratch, LayerConfig, LayerWeights, Segment};
 use nx_syscalls::ThreadPool;
 
 use crate::config::{Arch, ModelConfig};
@@ -51,6 +51,17 @@ pub struct Model {
     vectors: Vec<Vector>,
     /// Threads of the forward pass; the process-wide pool unless set.
     pool: Arc<ThreadPool>,
+}
+
+/// One sequence's part of a batched forward pass ([`Model::forward_batch`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchItem<'a> {
+    /// New tokens of the sequence.
+    pub tokens: &'a [u32],
+    /// Position of the first of them (the segment's committed length).
+    pub pos: usize,
+    /// Indices into `tokens` whose next-token logits are wanted.
+    pub logit_rows: &'a [usize],
 }
 
 /// Per-sequence scratch of the forward pass, reused across calls.
@@ -223,17 +234,8 @@ impl Model {
     /// A KV cache sized for this model (`n_ctx` positions).
     pub fn new_cache(&self, n_ctx: usize, dtype: KvDtype) -> Result<KvCache, StackError> {
         let c = &self.config;
-        Ok(KvCache::with_layer_widths(
-            n_ctx,
-            &vec![
-                nx_kv_cache::LayerWidths {
-                    k: c.k_dim(),
-                    v: c.v_dim()
-                };
-                c.n_layers
-            ],
-            dtype,
-        )?)
+        let _ = c;
+        Ok(KvCache::with_layer_widths(n_ctx, &self.kv_widths(), dtype)?)
     }
 
     fn weight(&self, info: &TensorInfo) -> Result<LazyWeight<'_>, StackError> {
@@ -319,58 +321,133 @@ impl Model {
         state: &mut ForwardState,
         logits: &mut Vec<f32>,
     ) -> Result<(), StackError> {
+        let item = BatchItem {
+            tokens,
+            pos,
+            logit_rows: rows,
+        };
+        self.forward_batch(&[item], cache, state, logits)
+    }
+
+    /// Runs a batch of sequences through the model in one pass: item `i` is segment `i`
+    /// of `kv`, its tokens at positions `pos..pos+n` right after the segment's committed
+    /// rows. Every matmul takes all rows of the batch together (weights are read once per
+    /// step); attention runs per sequence over its own rows. `logits` becomes
+    /// `[Σ logit_rows, n_vocab]`: the requested rows of item 0, then item 1, …; only those
+    /// rows pay for the final norm and LM head. Each row's logits are bit-identical to
+    /// running its sequence alone, in any chunking, on any thread count.
+    pub fn forward_batch(
+        &self,
+        items: &[BatchItem<'_>],
+        kv: &mut dyn KvSegments,
+        state: &mut ForwardState,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), StackError> {
         let c = &self.config;
-        let n = tokens.len();
-        if pos != cache.len() {
-            return Err(StackError::PositionMismatch {
-                pos,
-                cache_len: cache.len(),
-            });
-        }
-        if let Some(&row) = rows.iter().find(|&&r| r >= n) {
-            return Err(StackError::RowOutOfRange { row, n });
-        }
-        cache.ensure_room(n)?;
+        self.check_batch(items, &*kv)?;
         logits.clear();
+        let segs: Vec<Segment> = items
+            .iter()
+            .map(|it| Segment {
+                n: it.tokens.len(),
+                pos: it.pos,
+            })
+            .collect();
+        let n: usize = segs.iter().map(|g| g.n).sum();
         if n == 0 {
             return Ok(());
         }
+        let tokens = items.iter().flat_map(|it| it.tokens.iter().copied());
+        self.embed(tokens, n, &mut state.x)?; // [n, n_embd]
+        for layer in 0..c.n_layers {
+            let cfg = self.layer_config(layer);
+            let w = self.layer_weights(layer)?;
+            let result = nx_llama_block::forward_batch(
+                &cfg,
+                &w,
+                layer,
+                &mut state.x,
+                &segs,
+                kv,
+                &mut state.block,
+                &self.pool,
+            );
+            if let Err(e) = result {
+                (0..items.len()).for_each(|i| kv.rollback(i));
+                return Err(e.into());
+            }
+        }
+        for (i, g) in segs.iter().enumerate() {
+            kv.commit(i, g.n)?;
+        }
+        // Batch rows whose logits were asked for, in item order.
+        let mut rows = Vec::new();
+        let mut first = 0;
+        for it in items {
+            rows.extend(it.logit_rows.iter().map(|&r| first + r));
+            first += it.tokens.len();
+        }
+        self.lm_head(&rows, state, logits) // [rows, n_vocab]
+    }
 
-        // Embeddings: [n, n_embd]
-        let embd = self.weight(&self.token_embd)?;
-        state.x.resize(n * c.n_embd, 0.0);
-        for (t, &id) in tokens.iter().enumerate() {
-            if id as usize >= c.n_vocab {
-                return Err(StackError::TokenOutOfRange {
-                    id,
-                    n_vocab: c.n_vocab,
+    fn check_batch(&self, items: &[BatchItem<'_>], kv: &dyn KvSegments) -> Result<(), StackError> {
+        if items.len() != kv.n_segments() {
+            return Err(StackError::BatchShape {
+                items: items.len(),
+                segments: kv.n_segments(),
+            });
+        }
+        for (i, it) in items.iter().enumerate() {
+            let cache_len = kv.len(i)?;
+            if it.pos != cache_len {
+                return Err(StackError::PositionMismatch {
+                    pos: it.pos,
+                    cache_len,
                 });
             }
-            let row = &mut state.x[t * c.n_embd..(t + 1) * c.n_embd];
+            let n = it.tokens.len();
+            if let Some(&row) = it.logit_rows.iter().find(|&&r| r >= n) {
+                return Err(StackError::RowOutOfRange { row, n });
+            }
+            if let Some(&id) = it.tokens.iter().find(|&&id| id as usize >= self.config.n_vocab) {
+                return Err(StackError::TokenOutOfRange {
+                    id,
+                    n_vocab: self.config.n_vocab,
+                });
+            }
+            kv.ensure_room(i, n)?;
+        }
+        Ok(())
+    }
+
+    /// Token embeddings (scaled where the architecture asks) into `x`: `[n, n_embd]`.
+    fn embed(
+        &self,
+        tokens: impl Iterator<Item = u32>,
+        n: usize,
+        x: &mut Vec<f32>,
+    ) -> Result<(), StackError> {
+        let c = &self.config;
+        let embd = self.weight(&self.token_embd)?;
+        x.resize(n * c.n_embd, 0.0);
+        for (t, id) in tokens.enumerate() {
+            let row = &mut x[t * c.n_embd..(t + 1) * c.n_embd];
             embd.dequantize_row(id as usize, row)?;
             if let Some(s) = c.embed_scale {
                 nx_f32::scale(row, s);
             }
         }
+        Ok(())
+    }
 
-        for layer in 0..c.n_layers {
-            let cfg = self.layer_config(layer);
-            let w = self.layer_weights(layer)?;
-            nx_llama_block::forward(
-                &cfg,
-                &w,
-                layer,
-                &mut state.x,
-                n,
-                pos,
-                cache,
-                &mut state.block,
-                &self.pool,
-            )?;
-        }
-        cache.advance(n)?;
-
-        // Final norm and LM head, only for the requested rows: [rows, n_vocab]
+    /// Final norm and LM head for the batch rows `rows` of `state.x`.
+    fn lm_head(
+        &self,
+        rows: &[usize],
+        state: &mut ForwardState,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), StackError> {
+        let c = &self.config;
         if rows.is_empty() {
             return Ok(());
         }
@@ -400,6 +477,35 @@ impl Model {
             }
         }
         Ok(())
+    }
+
+    /// A KV block pool for this model: `max_bytes` of blocks of `block_size` positions,
+    /// sequences of at most `n_ctx` positions.
+    pub fn new_paged_cache(
+        &self,
+        n_ctx: usize,
+        dtype: KvDtype,
+        block_size: usize,
+        max_bytes: u64,
+    ) -> Result<PagedKv, StackError> {
+        Ok(PagedKv::new(
+            &self.kv_widths(),
+            dtype,
+            block_size,
+            n_ctx,
+            max_bytes,
+        )?)
+    }
+
+    fn kv_widths(&self) -> Vec<nx_kv_cache::LayerWidths> {
+        let c = &self.config;
+        vec![
+            nx_kv_cache::LayerWidths {
+                k: c.k_dim(),
+                v: c.v_dim()
+            };
+            c.n_layers
+        ]
     }
 
     /// Bytes of weights a decode step reads (every matrix once, plus one embedding row).

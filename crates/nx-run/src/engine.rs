@@ -1,16 +1,73 @@
 //! `Engine`: many sequences, one batched forward pass per step, continuous batching.
 //!
-//! API (implementation in progress; the types are stable):
-//! `Engine::new(model, tokenizer, EngineConfig)`, `submit(Request) -> SeqId`,
-//! `step() -> Vec<EngineEvent>`, `cancel(SeqId)`, `has_work()`, `metrics()`.
+//! [`Engine::submit`] queues a [`Request`] (prompt ids and how to generate) and returns
+//! its [`SeqId`]; each [`Engine::step`] lets the scheduler pick a batch, runs it through
+//! [`Model::forward_batch`] and reports [`EngineEvent`]s; [`Engine::cancel`] drops a
+//! sequence.
+//!
+//! ## Scheduling
+//! - **Admission** is FIFO, up to [`EngineConfig::max_running`] sequences, when the pool
+//!   has blocks for the request's first chunk. On admission the longest cached prefix
+//!   of its tokens (whole blocks) is shared from the prefix cache.
+//! - **Each step** spends at most [`EngineConfig::step_tokens`] rows: first one token
+//!   for every sequence that is decoding, then prefill chunks (at most
+//!   [`EngineConfig::prefill_chunk`] each) of those still reading their prompt, in
+//!   admission order. A long prompt never stalls the others for its whole prefill.
+//! - **Preemption**: when a sequence needs a block and none is free (nor evictable from
+//!   the prefix cache), the most recently admitted sequence outside the step's batch
+//!   gives its blocks back and goes to the front of the queue; when it is admitted again
+//!   its tokens (prompt and everything generated) are recomputed, from the prefix cache
+//!   where possible.
+//!
+//! ## Why answers do not depend on the batch
+//! A position's logits are bit-identical whatever else shares the forward pass, however
+//! the prompt was chunked and whether its rows came from the prefix cache or were
+//! recomputed after preemption (the kernels are batch-invariant; gate EQUIV-3). Each
+//! sequence owns its sampler (a seeded ChaCha stream) and consumes it exactly as
+//! [`crate::Runner`] does, so a request's tokens depend only on its own prompt,
+//! settings and seed.
+//!
+//! # Example
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let model_bytes = nx_llama_stack::tiny_fixture::tiny_gguf(Default::default());
+//! use std::sync::Arc;
+//! use nx_run::{Engine, EngineConfig, EngineEvent, Model, Request, SamplerConfig};
+//!
+//! let model = Arc::new(Model::from_gguf(nx_gguf::Gguf::from_bytes(model_bytes)?)?);
+//! let mut engine = Engine::new(model, None, EngineConfig::default())?;
+//! let request = |prompt: Vec<u32>| Request {
+//!     prompt,
+//!     max_tokens: 4,
+//!     sampler: SamplerConfig::greedy(),
+//!     ..Request::default()
+//! };
+//! let a = engine.submit(request(vec![1, 2, 3]))?;
+//! let b = engine.submit(request(vec![4, 5]))?;
+//! let mut tokens = std::collections::HashMap::new();
+//! while engine.has_work() {
+//!     for event in engine.step()? {
+//!         if let EngineEvent::Token { seq, id, .. } = event {
+//!             tokens.entry(seq).or_insert_with(Vec::new).push(id);
+//!         }
+//!     }
+//! }
+//! assert_eq!(tokens[&a].len(), 4);
+//! assert_eq!(tokens[&b].len(), 4);
+//! # Ok(())
+//! # }
+//! ```
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
-use nx_bpe::Tokenizer;
-use nx_kv_cache::KvDtype;
-use nx_llama_stack::Model;
-use nx_sampler::SamplerConfig;
+use nx_bpe::{DetachedDecoder, Tokenizer};
+use nx_kv_cache::{BlockTable, KvDtype, KvError, PagedBatch, PagedKv};
+use nx_llama_stack::{BatchItem, ForwardState, Model};
+use nx_sampler::{log_prob, log_softmax_top, Sampler, SamplerConfig};
 
+use crate::stop::{Released, StopMatcher};
 use crate::{RunError, StopReason};
 
 /// Identifies one submitted request inside an [`Engine`].
@@ -58,6 +115,9 @@ impl Default for EngineConfig {
 }
 
 /// One generation request: prompt ids and how to generate.
+///
+/// The default is an empty prompt, 128 tokens, the sampler's defaults, no stop strings,
+/// no alternatives, stopping at end-of-generation, no byte cap.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
     /// Prompt token ids, used as given (BOS included if wanted).
@@ -147,67 +207,576 @@ pub struct EngineMetrics {
     pub steps_total: u64,
 }
 
+
+impl Default for Request {
+    fn default() -> Self {
+        Request {
+            prompt: Vec::new(),
+            max_tokens: 128,
+            sampler: SamplerConfig::default(),
+            stop_strings: Vec::new(),
+            logprobs: 0,
+            ignore_eos: false,
+            max_bytes: None,
+        }
+    }
+}
+
+/// One sequence: its tokens (prompt, then what it generated), its blocks and its
+/// generation state.
+struct Sequence {
+    id: SeqId,
+    /// Prompt and generated tokens; rows `0..table.len()` of them are in the cache.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    max_tokens: usize,
+    logprobs: usize,
+    ignore_eos: bool,
+    max_bytes: Option<usize>,
+    table: BlockTable,
+    sampler: Sampler,
+    decoder: DetachedDecoder,
+    stops: StopMatcher,
+    text_bytes: usize,
+    generated: usize,
+    cached_prompt_tokens: usize,
+    preemptions: usize,
+    submitted: Instant,
+    ttft_ms: f64,
+}
+
+impl Sequence {
+    /// Tokens not yet in the cache.
+    fn pending(&self) -> usize {
+        self.tokens.len() - self.table.len()
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_len,
+            cached_prompt_tokens: self.cached_prompt_tokens,
+            generated_tokens: self.generated,
+            ttft_ms: self.ttft_ms,
+            total_ms: self.submitted.elapsed().as_secs_f64() * 1e3,
+            preemptions: self.preemptions,
+        }
+    }
+}
+
+/// What sampling one token did to a sequence.
+enum Sampled {
+    /// The sequence goes on; the token was emitted.
+    Continue(EngineEvent),
+    /// The sequence ended (the token event, if any, then the end).
+    Finished(Option<EngineEvent>, StopReason, String),
+}
+
 /// The step-wise engine; see the module docs.
 pub struct Engine {
-    _model: Arc<Model>,
-    _tokenizer: Option<Arc<Tokenizer>>,
-    _config: EngineConfig,
+    model: Arc<Model>,
+    tokenizer: Option<Arc<Tokenizer>>,
+    config: EngineConfig,
+    kv: PagedKv,
+    state: ForwardState,
+    logits: Vec<f32>,
+    sample_buf: Vec<f32>,
+    waiting: VecDeque<Sequence>,
+    /// Admitted sequences, oldest first.
+    running: Vec<Sequence>,
+    next_id: SeqId,
+    metrics: EngineMetrics,
 }
 
 impl Engine {
-    /// An engine over `model`, with its KV block pool allocated.
+    /// An engine over `model`, with its KV block pool allocated
+    /// ([`EngineConfig::kv_memory_bytes`]).
     pub fn new(
         model: Arc<Model>,
         tokenizer: Option<Arc<Tokenizer>>,
         config: EngineConfig,
     ) -> Result<Engine, RunError> {
+        let c = &config;
+        if c.n_ctx == 0 || c.max_running == 0 || c.step_tokens == 0 || c.prefill_chunk == 0 {
+            return Err(RunError::InvalidConfig(
+                "n_ctx, max_running, step_tokens and prefill_chunk must be at least 1".into(),
+            ));
+        }
+        if !(1..=1024).contains(&c.block_size) {
+            return Err(RunError::InvalidConfig(format!(
+                "block_size {} is not in 1..=1024",
+                c.block_size
+            )));
+        }
+        let kv = model.new_paged_cache(c.n_ctx, c.kv_dtype, c.block_size, c.kv_memory_bytes)?;
         Ok(Engine {
-            _model: model,
-            _tokenizer: tokenizer,
-            _config: config,
+            model,
+            tokenizer,
+            config,
+            kv,
+            state: ForwardState::default(),
+            logits: Vec::new(),
+            sample_buf: Vec::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 1,
+            metrics: EngineMetrics::default(),
         })
-    }
-
-    /// Queues `request`; errors (empty prompt, token out of range, prompt +
-    /// `max_tokens` beyond `n_ctx`, queue full, bad sampler settings) leave nothing queued.
-    pub fn submit(&mut self, _request: Request) -> Result<SeqId, RunError> {
-        todo!("engine in progress")
-    }
-
-    /// Runs one forward pass over a batch chosen by the scheduler and returns what
-    /// happened. With nothing to do it returns an empty list at once.
-    pub fn step(&mut self) -> Result<Vec<EngineEvent>, RunError> {
-        todo!("engine in progress")
-    }
-
-    /// Drops sequence `seq` (waiting or running) and frees its blocks; `false` if unknown.
-    /// No event is reported for it.
-    pub fn cancel(&mut self, _seq: SeqId) -> bool {
-        todo!("engine in progress")
-    }
-
-    /// `true` while any sequence waits or runs.
-    pub fn has_work(&self) -> bool {
-        todo!("engine in progress")
-    }
-
-    /// Current gauges and counters.
-    pub fn metrics(&self) -> EngineMetrics {
-        todo!("engine in progress")
     }
 
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
-        &self._model
+        &self.model
     }
 
     /// The tokenizer, if any.
     pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
-        self._tokenizer.as_ref()
+        self.tokenizer.as_ref()
     }
 
     /// The settings in use.
     pub fn config(&self) -> &EngineConfig {
-        &self._config
+        &self.config
     }
+
+    /// Queues `request`; errors (empty prompt, token out of range, prompt +
+    /// `max_tokens` beyond `n_ctx` or beyond the whole block pool, queue full, bad
+    /// sampler settings) leave nothing queued.
+    pub fn submit(&mut self, request: Request) -> Result<SeqId, RunError> {
+        let n_vocab = self.model.config().n_vocab;
+        let r = &request;
+        if r.prompt.is_empty() {
+            return Err(RunError::EmptyPrompt);
+        }
+        if let Some(&id) = r.prompt.iter().find(|&&id| id as usize >= n_vocab) {
+            return Err(RunError::TokenOutOfRange { id, n_vocab });
+        }
+        if r.stop_strings.iter().any(|s| s.is_empty()) {
+            return Err(RunError::InvalidConfig("a stop string is empty".into()));
+        }
+        if r.max_bytes == Some(0) {
+            return Err(RunError::InvalidConfig(
+                "max_bytes must be at least 1 (leave it unset for no cap)".into(),
+            ));
+        }
+        let needed = r.prompt.len().checked_add(r.max_tokens);
+        if needed.is_none_or(|n| n > self.config.n_ctx) {
+            return Err(RunError::ContextOverflow {
+                cached: 0,
+                prompt_tokens: r.prompt.len(),
+                max_tokens: r.max_tokens,
+                n_ctx: self.config.n_ctx,
+            });
+        }
+        let blocks = self.kv.blocks_for(r.prompt.len() + r.max_tokens);
+        if blocks > self.kv.n_blocks() {
+            return Err(RunError::Cache(KvError::OutOfBlocks {
+                needed: blocks,
+                available: self.kv.n_blocks(),
+            }));
+        }
+        if self.waiting.len() >= self.config.max_queue {
+            return Err(RunError::QueueFull {
+                max_queue: self.config.max_queue,
+            });
+        }
+        let mut sampler = Sampler::new(request.sampler.clone())?;
+        // The prompt enters the penalty window before the first token, as in the runner.
+        sampler.accept_all(&request.prompt);
+        let id = self.next_id;
+        self.next_id += 1;
+        self.metrics.requests_total += 1;
+        self.metrics.prompt_tokens_total += request.prompt.len() as u64;
+        self.waiting.push_back(Sequence {
+            id,
+            prompt_len: request.prompt.len(),
+            stops: StopMatcher::new(&request.stop_strings),
+            tokens: request.prompt,
+            max_tokens: request.max_tokens,
+            logprobs: request.logprobs,
+            ignore_eos: request.ignore_eos,
+            max_bytes: request.max_bytes,
+            table: BlockTable::new(),
+            sampler,
+            decoder: DetachedDecoder::new(),
+            text_bytes: 0,
+            generated: 0,
+            cached_prompt_tokens: 0,
+            preemptions: 0,
+            submitted: Instant::now(),
+            ttft_ms: 0.0,
+        });
+        Ok(id)
+    }
+
+    /// Drops sequence `seq` (waiting or running) and frees its blocks; `false` if unknown.
+    /// No event is reported for it.
+    pub fn cancel(&mut self, seq: SeqId) -> bool {
+        if let Some(i) = self.waiting.iter().position(|s| s.id == seq) {
+            let mut s = self.waiting.remove(i).expect("index found");
+            self.kv.release(&mut s.table);
+            return true;
+        }
+        if let Some(i) = self.running.iter().position(|s| s.id == seq) {
+            let mut s = self.running.remove(i);
+            self.kv.release(&mut s.table);
+            return true;
+        }
+        false
+    }
+
+    /// `true` while any sequence waits or runs.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Current gauges and counters.
+    pub fn metrics(&self) -> EngineMetrics {
+        let usage = self.kv.usage();
+        EngineMetrics {
+            waiting: self.waiting.len(),
+            running: self.running.len(),
+            kv_blocks_used: usage.used,
+            kv_blocks_free: usage.free + usage.cached,
+            kv_blocks_total: usage.total,
+            ..self.metrics
+        }
+    }
+
+    /// Runs one forward pass over a batch chosen by the scheduler and returns what
+    /// happened. With nothing to do it returns an empty list at once. A sequence that
+    /// fails (it cannot fit in the pool even alone, or the forward pass failed) gets an
+    /// [`EngineEvent::Failed`]; the engine goes on with the others.
+    pub fn step(&mut self) -> Result<Vec<EngineEvent>, RunError> {
+        let mut events = Vec::new();
+        self.admit();
+        let plan = self.schedule(&mut events);
+        if plan.is_empty() {
+            return Ok(events);
+        }
+        self.metrics.steps_total += 1;
+        self.metrics.last_batch_seqs = plan.len();
+        self.metrics.last_batch_tokens = plan.iter().map(|p| p.1).sum();
+        if let Err(e) = self.run_batch(&plan) {
+            // Fail the batch, keep the engine.
+            let message = e.to_string();
+            let ids: Vec<SeqId> = plan.iter().map(|&(i, _)| self.running[i].id).collect();
+            for id in ids {
+                self.cancel(id);
+                events.push(EngineEvent::Failed {
+                    seq: id,
+                    error: message.clone(),
+                });
+            }
+            return Ok(events);
+        }
+        self.sample_batch(&plan, &mut events);
+        Ok(events)
+    }
+
+    /// Moves waiting sequences to running, oldest first, while there is room.
+    fn admit(&mut self) {
+        while self.running.len() < self.config.max_running {
+            let Some(seq) = self.waiting.front() else {
+                break;
+            };
+            // Share the longest cached prefix; the last token is always computed, since
+            // its logits are needed.
+            let mut table = if self.config.prefix_cache {
+                self.kv.match_prefix(&seq.tokens, seq.tokens.len() - 1)
+            } else {
+                BlockTable::new()
+            };
+            let first_chunk = seq.pending_after(&table).min(self.config.prefill_chunk);
+            let need = self.kv.blocks_for(table.len() + first_chunk) - table.blocks().len();
+            if need > self.kv.available_blocks() && !self.running.is_empty() {
+                self.kv.release(&mut table);
+                break;
+            }
+            let mut seq = self.waiting.pop_front().expect("front exists");
+            if seq.generated == 0 && seq.preemptions == 0 {
+                seq.cached_prompt_tokens = table.len();
+                self.metrics.prefix_hit_tokens_total += table.len() as u64;
+            }
+            seq.table = table;
+            self.running.push(seq);
+        }
+    }
+
+    /// Chooses this step's batch: `(index into running, tokens)`, reserving their blocks
+    /// (preempting, or failing a sequence that cannot fit even alone, as needed).
+    fn schedule(&mut self, events: &mut Vec<EngineEvent>) -> Vec<(usize, usize)> {
+        let mut budget = self.config.step_tokens;
+        let mut plan: Vec<(SeqId, usize)> = Vec::new();
+        // Decoding sequences first, then prefill chunks, each group oldest first.
+        let mut order: Vec<(SeqId, usize)> = self
+            .running
+            .iter()
+            .filter(|s| s.pending() == 1)
+            .map(|s| (s.id, 1))
+            .collect();
+        order.extend(
+            self.running
+                .iter()
+                .filter(|s| s.pending() > 1)
+                .map(|s| (s.id, s.pending().min(self.config.prefill_chunk))),
+        );
+        for (id, want) in order {
+            if budget == 0 {
+                break;
+            }
+            let n = want.min(budget);
+            if self.reserve_or_preempt(id, n, &plan, events) {
+                plan.push((id, n));
+                budget -= n;
+            }
+        }
+        plan.iter()
+            .filter_map(|&(id, n)| Some((self.running.iter().position(|s| s.id == id)?, n)))
+            .collect()
+    }
+
+    /// Reserves blocks for `n` more tokens of sequence `id`, preempting the newest
+    /// sequences outside `plan` while blocks are short. `false` when it was not reserved
+    /// (it was preempted itself, or failed).
+    fn reserve_or_preempt(
+        &mut self,
+        id: SeqId,
+        n: usize,
+        plan: &[(SeqId, usize)],
+        events: &mut Vec<EngineEvent>,
+    ) -> bool {
+        loop {
+            let Some(i) = self.running.iter().position(|s| s.id == id) else {
+                return false;
+            };
+            let seq = &mut self.running[i];
+            let new_len = seq.table.len() + n;
+            match self.kv.reserve(&mut seq.table, new_len) {
+                Ok(()) => return true,
+                Err(KvError::OutOfBlocks { .. }) => {}
+                Err(e) => {
+                    self.fail(id, e.to_string(), events);
+                    return false;
+                }
+            }
+            // The newest running sequence that is not in the batch gives its blocks back.
+            let victim = self
+                .running
+                .iter()
+                .rposition(|s| s.id != id && !plan.iter().any(|p| p.0 == s.id));
+            match victim {
+                Some(v) => self.preempt(v),
+                None if plan.is_empty() => {
+                    let message = format!(
+                        "the sequence needs more KV blocks than the pool of {} holds",
+                        self.kv.n_blocks()
+                    );
+                    self.fail(id, message, events);
+                    return false;
+                }
+                None => {
+                    // Others run this step; wait for their blocks.
+                    self.preempt(i);
+                    return false;
+                }
+            }
+        }
+    }
+
+    fn preempt(&mut self, index: usize) {
+        let mut seq = self.running.remove(index);
+        self.kv.release(&mut seq.table);
+        seq.preemptions += 1;
+        self.metrics.preemptions_total += 1;
+        self.waiting.push_front(seq);
+    }
+
+    fn fail(&mut self, id: SeqId, error: String, events: &mut Vec<EngineEvent>) {
+        self.cancel(id);
+        events.push(EngineEvent::Failed { seq: id, error });
+    }
+
+    /// The forward pass of the batch `plan`; logits for the last row of every sequence
+    /// whose tokens are then all in the cache.
+    fn run_batch(&mut self, plan: &[(usize, usize)]) -> Result<(), RunError> {
+        let mut slots: Vec<Option<&mut Sequence>> = self.running.iter_mut().map(Some).collect();
+        let mut items = Vec::with_capacity(plan.len());
+        let mut tables = Vec::with_capacity(plan.len());
+        let last_rows: Vec<[usize; 1]> = plan.iter().map(|&(_, n)| [n - 1]).collect();
+        for (k, &(i, n)) in plan.iter().enumerate() {
+            let seq = slots[i].take().expect("each sequence once per batch");
+            let pos = seq.table.len();
+            let finishes = pos + n == seq.tokens.len() && seq.max_tokens > 0;
+            items.push(BatchItem {
+                tokens: &seq.tokens[pos..pos + n],
+                pos,
+                logit_rows: if finishes { &last_rows[k][..] } else { &[] },
+            });
+            tables.push(&mut seq.table);
+        }
+        let mut batch = PagedBatch {
+            pool: &mut self.kv,
+            tables,
+        };
+        self.model
+            .forward_batch(&items, &mut batch, &mut self.state, &mut self.logits)?;
+        Ok(())
+    }
+
+    /// Samples the next token of every sequence in `plan` that has logits, applies the
+    /// stop rules and registers full blocks in the prefix cache.
+    fn sample_batch(&mut self, plan: &[(usize, usize)], events: &mut Vec<EngineEvent>) {
+        let n_vocab = self.model.config().n_vocab;
+        let mut row = 0;
+        let mut finished: Vec<(SeqId, StopReason, String)> = Vec::new();
+        let mut failed: Vec<(SeqId, String)> = Vec::new();
+        let ids: Vec<SeqId> = plan.iter().map(|&(i, _)| self.running[i].id).collect();
+        for (&(i, _), id) in plan.iter().zip(ids) {
+            let seq = &mut self.running[i];
+            if self.config.prefix_cache {
+                self.kv.register(&mut seq.table, &seq.tokens);
+            }
+            if seq.pending() > 0 {
+                continue; // mid-prefill: no logits this step
+            }
+            if seq.max_tokens == 0 {
+                finished.push((id, StopReason::MaxTokens, String::new()));
+                continue;
+            }
+            let logits = &self.logits[row * n_vocab..(row + 1) * n_vocab];
+            row += 1;
+            match sample_one(seq, self.tokenizer.as_deref(), logits, &mut self.sample_buf) {
+                Ok(Sampled::Continue(event)) => {
+                    self.metrics.generated_tokens_total += 1;
+                    events.push(event);
+                }
+                Ok(Sampled::Finished(event, reason, flushed)) => {
+                    if let Some(event) = event {
+                        self.metrics.generated_tokens_total += 1;
+                        events.push(event);
+                    }
+                    finished.push((id, reason, flushed));
+                }
+                Err(e) => failed.push((id, e.to_string())),
+            }
+        }
+        for (id, reason, flushed) in finished {
+            if let Some(i) = self.running.iter().position(|s| s.id == id) {
+                let mut seq = self.running.remove(i);
+                self.kv.release(&mut seq.table);
+                events.push(EngineEvent::Done {
+                    seq: id,
+                    reason,
+                    usage: seq.usage(),
+                    flushed,
+                });
+            }
+        }
+        for (id, error) in failed {
+            self.fail(id, error, events);
+        }
+    }
+}
+
+impl Sequence {
+    /// Tokens still to compute if `table` held this sequence's cached rows.
+    fn pending_after(&self, table: &BlockTable) -> usize {
+        self.tokens.len() - table.len()
+    }
+}
+
+/// Samples one token from `logits` for `seq` and applies the stop rules, exactly as the
+/// runner's decode loop does (same sampler calls in the same order, same text rules).
+fn sample_one(
+    seq: &mut Sequence,
+    tokenizer: Option<&Tokenizer>,
+    logits: &[f32],
+    sample_buf: &mut Vec<f32>,
+) -> Result<Sampled, RunError> {
+    if let Some(i) = logits.iter().position(|l| !l.is_finite()) {
+        return Err(RunError::NonFiniteLogits {
+            position: seq.table.len().saturating_sub(1),
+            token: i as u32,
+            value: logits[i],
+        });
+    }
+    let top = if seq.logprobs > 0 {
+        log_softmax_top(logits, seq.logprobs)
+    } else {
+        Vec::new()
+    };
+    sample_buf.clear();
+    sample_buf.extend_from_slice(logits);
+    let id = seq.sampler.sample(sample_buf)?;
+    seq.sampler.accept(id);
+    let logprob = log_prob(logits, id).unwrap_or(f32::NEG_INFINITY);
+    if seq.generated == 0 {
+        seq.ttft_ms = seq.submitted.elapsed().as_secs_f64() * 1e3;
+    }
+    if !seq.ignore_eos && tokenizer.is_some_and(|t| t.is_eog(id)) {
+        let mut flushed = seq.stops.flush();
+        flushed.push_str(&seq.decoder.finish());
+        if let Some(cap) = seq.max_bytes {
+            truncate_at_char(&mut flushed, cap.saturating_sub(seq.text_bytes));
+        }
+        return Ok(Sampled::Finished(None, StopReason::Eos, flushed));
+    }
+    seq.generated += 1;
+    seq.tokens.push(id);
+    let last_allowed = seq.generated == seq.max_tokens;
+    let is_control = match tokenizer {
+        Some(t) => t.is_control(id)?,
+        None => false,
+    };
+    let mut piece = match tokenizer {
+        Some(t) if !is_control => seq.decoder.push(t, id)?,
+        _ => String::new(),
+    };
+    if last_allowed && tokenizer.is_some() {
+        piece.push_str(&seq.decoder.finish());
+    }
+    let mut cap_hit = false;
+    if let Some(cap) = seq.max_bytes {
+        if seq.text_bytes + piece.len() >= cap {
+            truncate_at_char(&mut piece, cap - seq.text_bytes);
+            cap_hit = true;
+        }
+    }
+    seq.text_bytes += piece.len();
+    let (text, stop) = match seq.stops.push(&piece) {
+        Released::Stopped(before) => (before, Some(StopReason::StopString)),
+        Released::Text(mut out) if cap_hit || last_allowed => {
+            out.push_str(&seq.stops.flush());
+            let r = if cap_hit {
+                StopReason::MaxBytes
+            } else {
+                StopReason::MaxTokens
+            };
+            (out, Some(r))
+        }
+        Released::Text(out) => (out, None),
+    };
+    let event = EngineEvent::Token {
+        seq: seq.id,
+        id,
+        text,
+        logprob,
+        top,
+    };
+    Ok(match stop {
+        Some(reason) => Sampled::Finished(Some(event), reason, String::new()),
+        None => Sampled::Continue(event),
+    })
+}
+
+/// Cuts `s` to at most `max` bytes, at a character boundary.
+pub(crate) fn truncate_at_char(s: &mut String, max: usize) {
+    if s.len() <= max {
+        return;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
 }
