@@ -74,6 +74,11 @@ pub const GATES: &[Gate] = &[
     Gate::new("EQUIV-1-AVX2", "nx-llama-stack", "equiv").with_env(&[("NX_TIER", "avx2")]),
     // And on the portable kernels (several minutes: no SIMD).
     Gate::new("EQUIV-1-SCALAR", "nx-llama-stack", "equiv").with_env(&[("NX_TIER", "scalar")]),
+    // The engine (batching, joining, prefix cache, preemption) gives every request the
+    // ids and log-probs of plain decoding, bit for bit, on every tier.
+    Gate::new("EQUIV-3", "nx-run", "equiv_engine"),
+    Gate::new("EQUIV-3-AVX2", "nx-run", "equiv_engine").with_env(&[("NX_TIER", "avx2")]),
+    Gate::new("EQUIV-3-SCALAR", "nx-run", "equiv_engine").with_env(&[("NX_TIER", "scalar")]),
     // Seeded sampling reproducible; filters and penalties exact; temperature statistics.
     Gate::new("SAMPLER", "nx-sampler", "sampler"),
     // The same through the runner: seeds across chunk sizes.

@@ -1,0 +1,151 @@
+//! The engine on the tiny model: every scenario of EQUIV-3 (alone, batched, joining,
+//! prefix cache, preemption), cancellation, and the errors `submit` gives.
+
+mod common;
+#[path = "common/equiv3.rs"]
+mod equiv3;
+
+use std::sync::Arc;
+
+use common::{load, prompt_ids, TinyOptions};
+use equiv3::{check_all_scenarios, engine_config, request, serve, Schedule};
+use nx_run::{Engine, EngineConfig, EngineEvent, Request, RunError};
+
+#[test]
+fn engine_answers_equal_plain_decoding_in_every_scenario() {
+    let (model, tok) = load(TinyOptions::default());
+    let tok = Some(tok);
+    let n_vocab = model.config().n_vocab;
+    let reqs: Vec<Request> = equiv3::prompts(10, n_vocab, 6, 7)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| request(p, 10, i % 3 != 0, 100 + i as u64))
+        .collect();
+    let compared = check_all_scenarios(&model, &tok, &reqs);
+    assert_eq!(compared, 5 * reqs.len());
+}
+
+#[test]
+fn two_threads_give_the_same_answers() {
+    let (model, tok) = load(TinyOptions::default());
+    let mut one = Arc::try_unwrap(model).ok().expect("sole owner");
+    one.set_threads(2);
+    let model = Arc::new(one);
+    let reqs: Vec<Request> = (0..4)
+        .map(|i| request(prompt_ids(20 + 9 * i, i as u32), 8, i % 2 == 1, i as u64))
+        .collect();
+    check_all_scenarios(&model, &Some(tok), &reqs);
+}
+
+fn tiny_engine(config: EngineConfig) -> Engine {
+    let (model, tok) = load(TinyOptions::default());
+    Engine::new(model, Some(tok), config).expect("engine")
+}
+
+#[test]
+fn cancel_frees_the_blocks_of_a_running_sequence() {
+    let mut e = tiny_engine(EngineConfig::default());
+    let a = e
+        .submit(request(prompt_ids(50, 1), 100, false, 0))
+        .unwrap();
+    let b = e.submit(request(prompt_ids(30, 2), 5, false, 0)).unwrap();
+    e.step().unwrap();
+    e.step().unwrap();
+    assert_eq!(e.metrics().running, 2);
+    assert!(e.metrics().kv_blocks_used > 0);
+    assert!(e.cancel(a));
+    assert!(!e.cancel(a), "a second cancel finds nothing");
+    let mut done = Vec::new();
+    while e.has_work() {
+        for ev in e.step().unwrap() {
+            if let EngineEvent::Done { seq, .. } = ev {
+                done.push(seq);
+            }
+            if let EngineEvent::Token { seq, .. } = ev {
+                assert_ne!(seq, a, "a cancelled sequence emitted a token");
+            }
+        }
+    }
+    assert_eq!(done, vec![b]);
+    assert_eq!(e.metrics().kv_blocks_used, 0);
+}
+
+#[test]
+fn a_shared_prefix_is_computed_once() {
+    let mut e = tiny_engine(EngineConfig::default());
+    let system = prompt_ids(64, 5);
+    let with = |tail: u32| {
+        let mut p = system.clone();
+        p.extend(prompt_ids(5, tail));
+        request(p, 3, false, 0)
+    };
+    let first = serve(&mut e, &[with(1)], &Schedule { join_at: vec![0] });
+    assert_eq!(e.metrics().prefix_hit_tokens_total, 0);
+    let id = e.submit(with(2)).unwrap();
+    let mut cached = None;
+    while e.has_work() {
+        for ev in e.step().unwrap() {
+            if let EngineEvent::Done { seq, usage, .. } = ev {
+                assert_eq!(seq, id);
+                cached = Some(usage.cached_prompt_tokens);
+            }
+        }
+    }
+    assert_eq!(cached, Some(64), "the 64-token system prompt is four whole blocks");
+    assert_eq!(first.len(), 1);
+}
+
+#[test]
+fn submit_refuses_bad_requests_and_keeps_nothing() {
+    let mut cfg = EngineConfig {
+        n_ctx: 64,
+        max_queue: 1,
+        ..EngineConfig::default()
+    };
+    cfg.kv_memory_bytes = 1 << 20;
+    let mut e = tiny_engine(cfg);
+    let n_vocab = e.model().config().n_vocab as u32;
+    assert!(matches!(
+        e.submit(request(vec![], 4, false, 0)),
+        Err(RunError::EmptyPrompt)
+    ));
+    assert!(matches!(
+        e.submit(request(vec![n_vocab], 4, false, 0)),
+        Err(RunError::TokenOutOfRange { .. })
+    ));
+    match e.submit(request(prompt_ids(60, 0), 10, false, 0)) {
+        Err(RunError::ContextOverflow {
+            prompt_tokens: 60,
+            max_tokens: 10,
+            n_ctx: 64,
+            ..
+        }) => {}
+        other => panic!("expected a context overflow, got {other:?}"),
+    }
+    let mut bad = request(prompt_ids(4, 0), 4, true, 0);
+    bad.sampler.top_p = 2.0;
+    assert!(e.submit(bad).is_err());
+    let mut stop = request(prompt_ids(4, 0), 4, false, 0);
+    stop.stop_strings = vec![String::new()];
+    assert!(e.submit(stop).is_err());
+    assert!(!e.has_work(), "a refused request was queued");
+    e.submit(request(prompt_ids(4, 0), 4, false, 0)).unwrap();
+    assert!(matches!(
+        e.submit(request(prompt_ids(4, 0), 4, false, 0)),
+        Err(RunError::QueueFull { max_queue: 1 })
+    ));
+}
+
+#[test]
+fn a_pool_too_small_for_a_request_is_an_error_at_submit() {
+    let (model, tok) = load(TinyOptions::default());
+    let c = model.config();
+    let block_bytes = (c.k_dim() + c.v_dim()) as u64 * 2 * c.n_layers as u64 * 16;
+    let cfg = engine_config(256, block_bytes * 2); // two blocks: 32 positions
+    let mut e = Engine::new(model, Some(tok), cfg).unwrap();
+    assert!(matches!(
+        e.submit(request(prompt_ids(30, 0), 8, false, 0)),
+        Err(RunError::Cache(_))
+    ));
+    e.submit(request(prompt_ids(20, 0), 8, false, 0)).unwrap();
+}

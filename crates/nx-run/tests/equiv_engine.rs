@@ -1,0 +1,74 @@
+//! EQUIV-3: every request the engine serves gets the token ids, log-probs and
+//! alternatives of plain decoding (`Runner`, as `nx run`) bit for bit, whatever runs
+//! beside it: alone; batched with up to 15 others of different lengths; joining while
+//! others decode; after preemption and recomputation; with its prefix from the cache
+//! and computed fresh; on 1 and 2 threads; greedy and sampled. The gate runs it on the
+//! avx512, avx2 and scalar tiers (`NX_TIER`), over the synthetic fixtures and the
+//! default model.
+
+#[path = "common/equiv3.rs"]
+mod equiv3;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use equiv3::{check_all_scenarios, request};
+use nx_gguf::Gguf;
+use nx_run::{Model, Request, Tokenizer};
+
+fn cache_dir() -> PathBuf {
+    match std::env::var_os("NX_CACHE") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME or NX_CACHE")).join(".cache/nx"),
+    }
+}
+
+fn open(path: PathBuf, threads: usize) -> (Arc<Model>, Option<Arc<Tokenizer>>) {
+    let gguf = Gguf::open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask fetch` and `cargo xtask synth`)", path.display()));
+    let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
+    let mut model = Model::from_gguf(gguf).expect("model");
+    model.set_threads(threads);
+    (Arc::new(model), Some(Arc::new(tok)))
+}
+
+fn requests(n: usize, n_vocab: usize, max_tokens: usize, salt: u32) -> Vec<Request> {
+    // Ids from 300 on: ordinary tokens in every fixture vocabulary.
+    equiv3::prompts(n, n_vocab, 300, salt)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| request(p, max_tokens, i % 2 == 1, 1000 + i as u64))
+        .collect()
+}
+
+fn scalar_tier() -> bool {
+    std::env::var("NX_TIER").is_ok_and(|t| t == "scalar")
+}
+
+#[test]
+#[ignore = "gate: run by cargo xtask gate"]
+fn equiv3_synthetic_fixtures() {
+    for fixture in ["qwen2-tiny", "llama-tiny", "qwen3-tiny"] {
+        for threads in [1, 2] {
+            let (model, tok) = open(cache_dir().join("synth").join(format!("{fixture}.gguf")), threads);
+            let n_vocab = model.config().n_vocab;
+            let reqs = requests(16, n_vocab, 12, threads as u32);
+            let compared = check_all_scenarios(&model, &tok, &reqs);
+            eprintln!("EQUIV-3 {fixture}, {threads} threads: {compared} answers identical");
+        }
+    }
+}
+
+#[test]
+#[ignore = "gate: run by cargo xtask gate"]
+fn equiv3_default_model() {
+    // The portable kernels are slow on a 253 MB model: fewer, shorter requests there.
+    let (n, max_tokens) = if scalar_tier() { (3, 4) } else { (8, 8) };
+    for threads in [1, 2] {
+        let (model, tok) = open(cache_dir().join("models/gemma-3-270m-q4_k_m.gguf"), threads);
+        let n_vocab = model.config().n_vocab;
+        let reqs = requests(n, n_vocab, max_tokens, 40 + threads as u32);
+        let compared = check_all_scenarios(&model, &tok, &reqs);
+        eprintln!("EQUIV-3 default model, {threads} threads: {compared} answers identical");
+    }
+}
