@@ -497,6 +497,12 @@ impl Model {
         )?)
     }
 
+    /// Bytes of K and V rows one position takes in every layer, stored as `dtype`.
+    pub fn kv_bytes_per_position(&self, dtype: KvDtype) -> u64 {
+        let c = &self.config;
+        (c.k_dim() + c.v_dim()) as u64 * c.n_layers as u64 * dtype.size_bytes() as u64
+    }
+
     fn kv_widths(&self) -> Vec<nx_kv_cache::LayerWidths> {
         let c = &self.config;
         vec![

@@ -285,7 +285,12 @@ pub struct Engine {
     running: Vec<Sequence>,
     next_id: SeqId,
     metrics: EngineMetrics,
+    /// Why recent sequences failed, for [`Engine::take_failure`] (the newest few).
+    failures: VecDeque<(SeqId, RunError)>,
 }
+
+/// Failures kept for [`Engine::take_failure`].
+const KEPT_FAILURES: usize = 64;
 
 impl Engine {
     /// An engine over `model`, with its KV block pool allocated
@@ -320,6 +325,7 @@ impl Engine {
             running: Vec::new(),
             next_id: 1,
             metrics: EngineMetrics::default(),
+            failures: VecDeque::new(),
         })
     }
 
@@ -424,6 +430,34 @@ impl Engine {
         false
     }
 
+    /// Ends sequence `seq` now, as if a stop rule fired: frees its blocks and returns the
+    /// text it held back (a possible stop-string prefix, an incomplete character), which
+    /// no token event carried. `None` if unknown.
+    pub fn finish_early(&mut self, seq: SeqId) -> Option<String> {
+        let tokenizer = self.tokenizer.clone();
+        let s = self
+            .running
+            .iter_mut()
+            .chain(self.waiting.iter_mut())
+            .find(|s| s.id == seq)?;
+        let mut flushed = s.stops.flush();
+        if tokenizer.is_some() {
+            flushed.push_str(&s.decoder.finish());
+        }
+        if let Some(cap) = s.max_bytes {
+            truncate_at_char(&mut flushed, cap.saturating_sub(s.text_bytes));
+        }
+        self.cancel(seq);
+        Some(flushed)
+    }
+
+    /// The error behind the [`EngineEvent::Failed`] of `seq`, once (the newest few
+    /// failures are kept).
+    pub fn take_failure(&mut self, seq: SeqId) -> Option<RunError> {
+        let i = self.failures.iter().position(|f| f.0 == seq)?;
+        self.failures.remove(i).map(|f| f.1)
+    }
+
     /// `true` while any sequence waits or runs.
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()
@@ -460,12 +494,12 @@ impl Engine {
             // Fail the batch, keep the engine.
             let message = e.to_string();
             let ids: Vec<SeqId> = plan.iter().map(|&(i, _)| self.running[i].id).collect();
+            let mut first = Some(e);
             for id in ids {
-                self.cancel(id);
-                events.push(EngineEvent::Failed {
-                    seq: id,
-                    error: message.clone(),
-                });
+                let error = first
+                    .take()
+                    .unwrap_or_else(|| RunError::Batch(message.clone()));
+                self.fail(id, error, &mut events);
             }
             return Ok(events);
         }
@@ -555,7 +589,7 @@ impl Engine {
                 Ok(()) => return true,
                 Err(KvError::OutOfBlocks { .. }) => {}
                 Err(e) => {
-                    self.fail(id, e.to_string(), events);
+                    self.fail(id, e.into(), events);
                     return false;
                 }
             }
@@ -567,11 +601,12 @@ impl Engine {
             match victim {
                 Some(v) => self.preempt(v),
                 None if plan.is_empty() => {
-                    let message = format!(
-                        "the sequence needs more KV blocks than the pool of {} holds",
-                        self.kv.n_blocks()
-                    );
-                    self.fail(id, message, events);
+                    let needed = self.kv.blocks_for(new_len);
+                    let error = KvError::OutOfBlocks {
+                        needed,
+                        available: self.kv.n_blocks(),
+                    };
+                    self.fail(id, error.into(), events);
                     return false;
                 }
                 None => {
@@ -591,9 +626,16 @@ impl Engine {
         self.waiting.push_front(seq);
     }
 
-    fn fail(&mut self, id: SeqId, error: String, events: &mut Vec<EngineEvent>) {
+    fn fail(&mut self, id: SeqId, error: RunError, events: &mut Vec<EngineEvent>) {
         self.cancel(id);
-        events.push(EngineEvent::Failed { seq: id, error });
+        events.push(EngineEvent::Failed {
+            seq: id,
+            error: error.to_string(),
+        });
+        if self.failures.len() == KEPT_FAILURES {
+            self.failures.pop_front();
+        }
+        self.failures.push_back((id, error));
     }
 
     /// The forward pass of the batch `plan`; logits for the last row of every sequence
@@ -629,7 +671,7 @@ impl Engine {
         let n_vocab = self.model.config().n_vocab;
         let mut row = 0;
         let mut finished: Vec<(SeqId, StopReason, String)> = Vec::new();
-        let mut failed: Vec<(SeqId, String)> = Vec::new();
+        let mut failed: Vec<(SeqId, RunError)> = Vec::new();
         let ids: Vec<SeqId> = plan.iter().map(|&(i, _)| self.running[i].id).collect();
         for (&(i, _), id) in plan.iter().zip(ids) {
             let seq = &mut self.running[i];
@@ -657,7 +699,7 @@ impl Engine {
                     }
                     finished.push((id, reason, flushed));
                 }
-                Err(e) => failed.push((id, e.to_string())),
+                Err(e) => failed.push((id, e)),
             }
         }
         for (id, reason, flushed) in finished {
@@ -707,7 +749,8 @@ fn sample_one(
     };
     sample_buf.clear();
     sample_buf.extend_from_slice(logits);
-    let id = seq.sampler.sample(sample_buf)?;
+    // The draw is keyed by the position the token will take.
+    let id = seq.sampler.sample_at(sample_buf, seq.tokens.len() as u64)?;
     seq.sampler.accept(id);
     let logprob = log_prob(logits, id).unwrap_or(f32::NEG_INFINITY);
     if seq.generated == 0 {

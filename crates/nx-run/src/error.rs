@@ -59,6 +59,10 @@ pub enum RunError {
     /// No token could be sampled.
     #[error(transparent)]
     Sampler(#[from] SamplerError),
+    /// The batched forward pass this sequence was part of failed (for the first
+    /// sequence of the batch the error itself is reported).
+    #[error("the batched forward pass failed: {0}")]
+    Batch(String),
     /// The engine's queue of waiting requests is full.
     #[error("the queue is full ({max_queue} requests waiting); try again later")]
     QueueFull { max_queue: usize },

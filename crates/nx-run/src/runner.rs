@@ -1,15 +1,14 @@
-//! `Runner`: one sequence's cache, scratch and sampler, and the prefill/decode loop.
+//! `Runner`: one sequence at a time over a one-slot [`Engine`]; events and stats.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nx_bpe::{EncodeOptions, StreamDecoder, Tokenizer};
-use nx_kv_cache::KvCache;
-use nx_llama_stack::{ForwardState, Model};
-use nx_sampler::{log_prob, log_softmax_top, Sampler};
+use nx_bpe::{EncodeOptions, Tokenizer};
+use nx_llama_stack::Model;
+use nx_sampler::Sampler;
 
-use crate::stop::{Released, StopMatcher};
+use crate::engine::{Engine, EngineConfig, EngineEvent, Request};
 use crate::{Prompt, RunConfig, RunError};
 
 /// Why a generation ended.
@@ -111,52 +110,56 @@ pub struct Completion {
 
 /// Generates from one model for one sequence at a time.
 ///
-/// The sequence is every token in the KV cache, plus (after a generation that stopped
-/// on anything but an end-of-generation token) the last emitted token, which is fed at
-/// the start of the next [`Runner::continue_with`]. An end-of-generation token that
-/// ended a generation is not part of the sequence: chat templates write their own
-/// end-of-turn marker.
+/// The sequence is every token fed so far, plus (after a generation that stopped on
+/// anything but an end-of-generation token) the last emitted token, which is fed at the
+/// start of the next [`Runner::continue_with`]. An end-of-generation token that ended a
+/// generation is not part of the sequence: chat templates write their own end-of-turn
+/// marker.
+///
+/// A runner is an [`Engine`] with one sequence: every generation is a request to it, so
+/// `nx run`, `nx chat` and `nx serve` share one decode loop. A continuation is a request
+/// for the whole sequence; its rows come back from the engine's prefix cache (whole
+/// blocks), so only the tail is computed again.
 pub struct Runner {
-    model: Arc<Model>,
-    tokenizer: Option<Arc<Tokenizer>>,
+    engine: Engine,
     config: RunConfig,
-    cache: KvCache,
-    state: ForwardState,
-    sampler: Sampler,
-    /// The logits row of the next position (valid after a prefill or decode step).
-    logits: Vec<f32>,
-    /// A copy of `logits` the sampler may modify (penalties).
-    sample_buf: Vec<f32>,
-    /// Tokens in the cache, in position order.
-    history: Vec<u32>,
-    /// The last emitted token, not yet fed to the model.
-    unfed: Option<u32>,
+    /// The sequence: fed tokens, then the unfed last token when `unfed`.
+    tokens: Vec<u32>,
+    unfed: bool,
 }
 
 impl Runner {
     /// A runner for `model`, with `tokenizer` for text prompts, output text and
     /// end-of-generation detection (without one, prompts must be ids, output text is
     /// empty and only `max_tokens`, `max_bytes` and the callback stop a generation).
-    /// Allocates the KV cache for `config.n_ctx` positions.
+    /// Allocates the KV blocks for `config.n_ctx` positions.
     pub fn new(
         model: Arc<Model>,
         tokenizer: Option<Arc<Tokenizer>>,
         config: RunConfig,
     ) -> Result<Runner, RunError> {
         config.validate()?;
-        let sampler = Sampler::new(config.sampler.clone())?;
-        let cache = model.new_cache(config.n_ctx, config.kv_dtype)?;
+        Sampler::new(config.sampler.clone())?;
+        let block_size = 16;
+        let n_blocks = config.n_ctx.div_ceil(block_size) as u64 + 1;
+        let engine_config = EngineConfig {
+            n_ctx: config.n_ctx,
+            kv_dtype: config.kv_dtype,
+            kv_memory_bytes: model.kv_bytes_per_position(config.kv_dtype)
+                * block_size as u64
+                * n_blocks,
+            block_size,
+            max_running: 1,
+            step_tokens: config.prefill_chunk,
+            prefill_chunk: config.prefill_chunk,
+            prefix_cache: true,
+            max_queue: 1,
+        };
         Ok(Runner {
-            model,
-            tokenizer,
+            engine: Engine::new(model, tokenizer, engine_config)?,
             config,
-            cache,
-            state: ForwardState::default(),
-            sampler,
-            logits: Vec::new(),
-            sample_buf: Vec::new(),
-            history: Vec::new(),
-            unfed: None,
+            tokens: Vec::new(),
+            unfed: false,
         })
     }
 
@@ -167,30 +170,28 @@ impl Runner {
 
     /// The model.
     pub fn model(&self) -> &Model {
-        &self.model
+        self.engine.model()
     }
 
     /// The tokenizer, if any.
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
-        self.tokenizer.as_deref()
+        self.engine.tokenizer().map(|t| &**t)
     }
 
-    /// Positions the cache holds.
+    /// Positions a sequence may hold.
     pub fn n_ctx(&self) -> usize {
-        self.cache.n_ctx()
+        self.config.n_ctx
     }
 
-    /// The sequence so far: the tokens in the cache, then the last emitted token if it
-    /// has not been fed yet.
+    /// The sequence so far: the tokens fed to the model, then the last emitted token if
+    /// it has not been fed yet.
     pub fn tokens(&self) -> Vec<u32> {
-        let mut t = self.history.clone();
-        t.extend(self.unfed);
-        t
+        self.tokens.clone()
     }
 
-    /// Number of positions in the KV cache.
+    /// Number of positions the model has computed for the sequence.
     pub fn cached_len(&self) -> usize {
-        self.cache.len()
+        self.tokens.len() - usize::from(self.unfed)
     }
 
     /// Changes how many tokens the next generations may emit.
@@ -207,41 +208,27 @@ impl Runner {
         Ok(())
     }
 
-    /// Forgets the sequence: empties the cache and the penalty window and reseeds the
-    /// sampler. The cache allocation is kept.
+    /// Forgets the sequence. The KV blocks stay allocated (and cached for reuse).
     pub fn reset(&mut self) {
-        self.cache.clear();
-        self.history.clear();
-        self.unfed = None;
-        self.logits.clear();
-        self.sampler.reset();
+        self.tokens.clear();
+        self.unfed = false;
     }
 
     /// Keeps only the first `n` tokens of [`Runner::tokens`] (e.g. to re-use the common
-    /// prefix of an edited conversation). When tokens are removed, the penalty window
-    /// is rebuilt from the kept tokens and the sampler's generator restarts from its
-    /// seed.
+    /// prefix of an edited conversation). The penalty window of the next generation is
+    /// built from the kept tokens, and each draw depends only on the seed and position.
     pub fn truncate(&mut self, n: usize) {
-        let total = self.history.len() + usize::from(self.unfed.is_some());
-        if n >= total {
+        if n >= self.tokens.len() {
             return;
         }
-        if n <= self.history.len() {
-            self.unfed = None;
-            self.history.truncate(n);
-            self.cache.truncate(n);
-        }
-        self.logits.clear();
-        self.sampler.reset();
-        let window = self.sampler.config().penalty_last_n;
-        let start = self.history.len().saturating_sub(window);
-        self.sampler.accept_all(&self.history[start..]);
+        self.tokens.truncate(n);
+        self.unfed = false;
     }
 
     /// Encodes `text` with the tokenizer (`add_special`: BOS/EOS as the vocabulary
     /// asks; `parse_special` from the config).
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, RunError> {
-        let tok = self.tokenizer.as_deref().ok_or(RunError::NoTokenizer)?;
+        let tok = self.tokenizer().ok_or(RunError::NoTokenizer)?;
         Ok(tok.encode(
             text,
             EncodeOptions {
@@ -264,10 +251,10 @@ impl Runner {
         self.run(ids, &mut on_event)
     }
 
-    /// Appends `more` to the current sequence (prefilling only the new tokens, plus the
-    /// previous generation's last token if it was not fed yet) and generates. A text
-    /// prompt gets BOS only if the sequence is empty. With an empty sequence this is
-    /// [`Runner::generate`] without the reset.
+    /// Appends `more` to the current sequence (computing only the new tokens, plus the
+    /// previous generation's last token if it was not fed yet, and what the prefix cache
+    /// no longer holds) and generates. A text prompt gets BOS only if the sequence is
+    /// empty. With an empty sequence this is [`Runner::generate`] without the reset.
     pub fn continue_with(
         &mut self,
         more: Prompt,
@@ -281,42 +268,37 @@ impl Runner {
         match prompt {
             Prompt::Ids(ids) => Ok(ids),
             Prompt::Text(text) => {
-                let fresh = self.history.is_empty() && self.unfed.is_none();
+                let fresh = self.tokens.is_empty();
                 self.encode(&text, self.config.add_special && fresh)
             }
         }
     }
 
-    /// Runs `chunk` at the end of the cache, writing the logits of `rows` into
-    /// `self.logits`. On failure the cache is rolled back to the known sequence.
-    fn forward(&mut self, chunk: &[u32], rows: &[usize]) -> Result<(), RunError> {
-        let pos = self.cache.len();
-        if let Err(e) = self.model.forward(
-            chunk,
-            pos,
-            &mut self.cache,
-            rows,
-            &mut self.state,
-            &mut self.logits,
-        ) {
-            self.cache.truncate(pos);
-            self.logits.clear();
-            return Err(e.into());
+    /// Checks a generation of `new_tokens` before any work: the same errors, with the
+    /// same numbers, whatever the engine would say.
+    fn validate(&self, new_tokens: &[u32]) -> Result<(), RunError> {
+        let n_vocab = self.model().config().n_vocab;
+        let feed = usize::from(self.unfed) + new_tokens.len();
+        if feed == 0 {
+            return Err(RunError::EmptyPrompt);
         }
-        self.history.extend_from_slice(chunk);
+        if let Some(&id) = new_tokens.iter().find(|&&id| id as usize >= n_vocab) {
+            return Err(RunError::TokenOutOfRange { id, n_vocab });
+        }
+        let cached = self.cached_len();
+        let max_tokens = self.config.max_tokens;
+        let needed = cached
+            .checked_add(feed)
+            .and_then(|n| n.checked_add(max_tokens));
+        if needed.is_none_or(|n| n > self.config.n_ctx) {
+            return Err(RunError::ContextOverflow {
+                cached,
+                prompt_tokens: feed,
+                max_tokens,
+                n_ctx: self.config.n_ctx,
+            });
+        }
         Ok(())
-    }
-
-    /// Checks the current logits row for NaN and infinities.
-    fn check_logits(&self) -> Result<(), RunError> {
-        match self.logits.iter().position(|l| !l.is_finite()) {
-            None => Ok(()),
-            Some(i) => Err(RunError::NonFiniteLogits {
-                position: self.cache.len().saturating_sub(1),
-                token: i as u32,
-                value: self.logits[i],
-            }),
-        }
     }
 
     fn run(
@@ -324,165 +306,82 @@ impl Runner {
         new_tokens: Vec<u32>,
         on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
     ) -> Result<Completion, RunError> {
+        self.validate(&new_tokens)?;
         let t_start = Instant::now();
-        let n_vocab = self.model.config().n_vocab;
-        let mut feed: Vec<u32> = Vec::with_capacity(new_tokens.len() + 1);
-        feed.extend(self.unfed);
-        feed.extend_from_slice(&new_tokens);
-        if feed.is_empty() {
-            return Err(RunError::EmptyPrompt);
-        }
-        if let Some(&id) = feed.iter().find(|&&id| id as usize >= n_vocab) {
-            return Err(RunError::TokenOutOfRange { id, n_vocab });
-        }
-        let max_tokens = self.config.max_tokens;
-        let cached = self.cache.len();
-        let needed = cached
-            .checked_add(feed.len())
-            .and_then(|n| n.checked_add(max_tokens));
-        if needed.is_none_or(|n| n > self.cache.n_ctx()) {
-            return Err(RunError::ContextOverflow {
-                cached,
-                prompt_tokens: feed.len(),
-                max_tokens,
-                n_ctx: self.cache.n_ctx(),
-            });
-        }
-
-        // Prefill: logits only for the last prompt token, and only if a token follows.
-        let t_prefill = Instant::now();
-        let n_chunks = feed.len().div_ceil(self.config.prefill_chunk);
-        // The pending token is the first one fed; once its chunk is in the cache it is
-        // part of the history.
-        let pending = self.unfed.take();
-        for (i, chunk) in feed.chunks(self.config.prefill_chunk).enumerate() {
-            let last_row = [chunk.len() - 1];
-            let rows: &[usize] = if i + 1 == n_chunks && max_tokens > 0 {
-                &last_row
-            } else {
-                &[]
-            };
-            if let Err(e) = self.forward(chunk, rows) {
-                if i == 0 {
-                    self.unfed = pending;
-                }
-                return Err(e);
-            }
-        }
-        let prefill_secs = t_prefill.elapsed().as_secs_f64();
-        // The previous generation's last token is already in the penalty window.
-        self.sampler.accept_all(&new_tokens);
-
+        let prompt_tokens = usize::from(self.unfed) + new_tokens.len();
+        let mut sequence = self.tokens.clone();
+        sequence.extend_from_slice(&new_tokens);
+        let c = &self.config;
+        let request = Request {
+            prompt: sequence.clone(),
+            max_tokens: c.max_tokens,
+            sampler: c.sampler.clone(),
+            stop_strings: c.stop_strings.clone(),
+            logprobs: c.logprobs,
+            ignore_eos: false,
+            max_bytes: c.max_bytes,
+        };
+        let seq = self.engine.submit(request)?;
         let mut stats = Stats {
-            prompt_tokens: feed.len(),
-            prefill_secs,
-            prompt_tps: rate(feed.len(), prefill_secs),
+            prompt_tokens,
             ..Stats::default()
         };
-        let tokenizer = self.tokenizer.clone();
-        let mut decoder: Option<StreamDecoder<'_>> =
-            tokenizer.as_deref().map(|t| t.stream_decoder());
-        let mut stops = StopMatcher::new(&self.config.stop_strings);
-        let max_bytes = self.config.max_bytes;
-        let mut text_bytes = 0usize;
         let mut generated: Vec<u32> = Vec::new();
         let mut decode_time = Duration::ZERO;
-        // Start of the decode step in progress (forward pass, then sampling).
-        let mut step_start: Option<Instant> = None;
-
-        let reason = loop {
-            if generated.len() == max_tokens {
-                // Only reached with max_tokens == 0: prefill only.
-                break StopReason::MaxTokens;
+        let mut first_token_at: Option<Duration> = None;
+        let (reason, flushed) = 'steps: loop {
+            let t_step = Instant::now();
+            let events = self.engine.step()?;
+            match first_token_at {
+                Some(_) => {
+                    decode_time += t_step.elapsed();
+                    stats.decode_steps += 1;
+                }
+                None if !events.is_empty() => first_token_at = Some(t_start.elapsed()),
+                None => {}
             }
-            self.check_logits()?;
-            let top = if self.config.logprobs > 0 {
-                log_softmax_top(&self.logits, self.config.logprobs)
-            } else {
-                Vec::new()
-            };
-            self.sample_buf.clear();
-            self.sample_buf.extend_from_slice(&self.logits);
-            let id = self.sampler.sample(&mut self.sample_buf)?;
-            self.sampler.accept(id);
-            let logprob = log_prob(&self.logits, id).unwrap_or(f32::NEG_INFINITY);
-            match step_start.take() {
-                Some(t) => decode_time += t.elapsed(),
-                None => stats.ttft_ms = t_start.elapsed().as_secs_f64() * 1e3,
-            }
-
-            if tokenizer.as_deref().is_some_and(|t| t.is_eog(id)) {
-                break StopReason::Eos;
-            }
-            generated.push(id);
-            self.unfed = Some(id);
-            let last_allowed = generated.len() == max_tokens;
-
-            // Control tokens (BOS, turn markers, …) are structure, not text: like
-            // llama.cpp's tools, the output shows nothing for them.
-            let is_control = match tokenizer.as_deref() {
-                Some(t) => t.is_control(id)?,
-                None => false,
-            };
-            let mut piece = match decoder.as_mut() {
-                Some(d) if !is_control => d.push(id)?,
-                _ => String::new(),
-            };
-            if last_allowed {
-                if let Some(d) = decoder.as_mut() {
-                    piece.push_str(&d.finish());
+            for event in events {
+                match event {
+                    EngineEvent::Token {
+                        id,
+                        text,
+                        logprob,
+                        top,
+                        ..
+                    } => {
+                        generated.push(id);
+                        let flow = on_event(Event::Token {
+                            id,
+                            text,
+                            logprob,
+                            top,
+                        });
+                        if flow.is_break() {
+                            if let Some(flushed) = self.engine.finish_early(seq) {
+                                break 'steps (StopReason::Callback, flushed);
+                            }
+                        }
+                    }
+                    EngineEvent::Done { reason, flushed, .. } => break 'steps (reason, flushed),
+                    EngineEvent::Failed { error, .. } => {
+                        return Err(self
+                            .engine
+                            .take_failure(seq)
+                            .unwrap_or(RunError::InvalidConfig(error)));
+                    }
                 }
             }
-            let mut cap_hit = false;
-            if let Some(cap) = max_bytes {
-                if text_bytes + piece.len() >= cap {
-                    truncate_at_char(&mut piece, cap - text_bytes);
-                    cap_hit = true;
-                }
-            }
-            text_bytes += piece.len();
-            let (text, stop) = match stops.push(&piece) {
-                Released::Stopped(before) => (before, Some(StopReason::StopString)),
-                Released::Text(mut out) if cap_hit || last_allowed => {
-                    out.push_str(&stops.flush());
-                    let r = if cap_hit {
-                        StopReason::MaxBytes
-                    } else {
-                        StopReason::MaxTokens
-                    };
-                    (out, Some(r))
-                }
-                Released::Text(out) => (out, None),
-            };
-            let flow = on_event(Event::Token {
-                id,
-                text,
-                logprob,
-                top,
-            });
-            if let Some(r) = stop {
-                break r;
-            }
-            if flow.is_break() {
-                break StopReason::Callback;
-            }
-
-            step_start = Some(Instant::now());
-            self.forward(&[id], &[0])?;
-            self.unfed = None;
-            stats.decode_steps += 1;
         };
-
-        // Text still held back when the output ends without a stop string match.
-        let mut flushed = String::new();
-        if matches!(reason, StopReason::Eos | StopReason::Callback) {
-            flushed.push_str(&stops.flush());
-            if let Some(d) = decoder.as_mut() {
-                flushed.push_str(&d.finish());
-            }
-            if let Some(cap) = max_bytes {
-                truncate_at_char(&mut flushed, cap.saturating_sub(text_bytes));
-            }
+        // A generated token that did not end the generation is the sequence's unfed tail;
+        // the previous unfed token (if any) was fed by this call.
+        sequence.extend_from_slice(&generated);
+        self.tokens = sequence;
+        self.unfed = !generated.is_empty() && reason != StopReason::Eos;
+        let ttft = first_token_at.unwrap_or_default();
+        stats.prefill_secs = ttft.as_secs_f64();
+        stats.prompt_tps = rate(prompt_tokens, stats.prefill_secs);
+        if !generated.is_empty() || reason == StopReason::Eos {
+            stats.ttft_ms = ttft.as_secs_f64() * 1e3;
         }
         stats.generated_tokens = generated.len();
         stats.decode_secs = decode_time.as_secs_f64();
@@ -508,18 +407,6 @@ fn rate(n: usize, secs: f64) -> f64 {
     }
 }
 
-/// Cuts `s` to at most `max` bytes, at a character boundary.
-fn truncate_at_char(s: &mut String, max: usize) {
-    if s.len() <= max {
-        return;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s.truncate(end);
-}
-
 #[cfg(test)]
 mod tests {
     /// A runner can move to another thread (a server hands sequences to workers).
@@ -529,14 +416,4 @@ mod tests {
         assert_send::<super::Runner>();
     }
 
-    #[test]
-    fn truncate_at_char_keeps_whole_characters() {
-        let mut s = String::from("aé€b");
-        super::truncate_at_char(&mut s, 4);
-        assert_eq!(s, "aé");
-        super::truncate_at_char(&mut s, 10);
-        assert_eq!(s, "aé");
-        super::truncate_at_char(&mut s, 2);
-        assert_eq!(s, "a");
-    }
 }

@@ -1,5 +1,5 @@
 //! EQUIV-3: every request the engine serves gets the token ids, log-probs and
-//! alternatives of plain decoding (`Runner`, as `nx run`) bit for bit, whatever runs
+//! alternatives of plain decoding (one contiguous cache, one token per pass) bit for bit, whatever runs
 //! beside it: alone; batched with up to 15 others of different lengths; joining while
 //! others decode; after preemption and recomputation; with its prefix from the cache
 //! and computed fresh; on 1 and 2 threads; greedy and sampled. The gate runs it on the

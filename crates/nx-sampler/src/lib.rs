@@ -211,6 +211,33 @@ impl Sampler {
         result
     }
 
+    /// [`Sampler::sample`] with the random number taken from the position of the token
+    /// being chosen instead of the running generator: the ChaCha20 stream seeded from
+    /// `config.seed`, at word `2·position` (one 64-bit draw per position). The token for
+    /// a position then depends only on the seed, the position, the logits and the
+    /// penalty window — not on how many draws came before — so plain decoding, a
+    /// continued conversation, a recomputed sequence and speculative verification all
+    /// draw the same number for the same position.
+    pub fn sample_at(&mut self, logits: &mut [f32], position: u64) -> Result<u32, SamplerError> {
+        if logits.is_empty() {
+            return Err(SamplerError::EmptyLogits);
+        }
+        self.apply_penalties(logits);
+        if self.config.is_greedy() {
+            return argmax(logits);
+        }
+        let mut cands = std::mem::take(&mut self.cands);
+        let result = filter(&self.config, logits, &mut cands).map(|_| {
+            let temperature = self.config.temperature;
+            for c in cands.iter_mut() {
+                c.logit /= temperature;
+            }
+            draw(&cands, uniform_at(self.config.seed, position))
+        });
+        self.cands = cands;
+        result
+    }
+
     /// [`Sampler::sample`] followed by [`Sampler::accept`] of the chosen token.
     pub fn sample_and_accept(&mut self, logits: &mut [f32]) -> Result<u32, SamplerError> {
         let token = self.sample(logits)?;
@@ -330,6 +357,13 @@ fn filter(
 }
 
 /// A uniform double in `[0, 1)` from the top 53 bits of one 64-bit output.
+/// The uniform number of `position` in the stream of `seed` (see [`Sampler::sample_at`]).
+fn uniform_at(seed: u64, position: u64) -> f64 {
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    rng.set_word_pos(u128::from(position) * 2);
+    uniform_f64(&mut rng)
+}
+
 fn uniform_f64(rng: &mut ChaCha20Rng) -> f64 {
     (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }

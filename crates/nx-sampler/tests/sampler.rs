@@ -621,3 +621,39 @@ fn log_probabilities_are_stable_for_large_logits() {
     let want = -(1.0f64 + (-1.0f64).exp() + (-1000.0f64).exp()).ln();
     assert!((f64::from(lp) - want).abs() < 1e-6);
 }
+
+#[test]
+fn a_position_keyed_draw_depends_only_on_seed_and_position() {
+    let logits = logits_row(3, 500);
+    let config = SamplerConfig { seed: 11, ..cfg() };
+    let pick = |s: &mut Sampler, pos: u64| s.sample_at(&mut logits.clone(), pos).unwrap();
+    // In order, backwards, or after unrelated draws: the same token per position.
+    let mut a = Sampler::new(config.clone()).unwrap();
+    let forward: Vec<u32> = (0..64).map(|p| pick(&mut a, p)).collect();
+    let mut b = Sampler::new(config.clone()).unwrap();
+    for _ in 0..5 {
+        b.sample(&mut logits.clone()).unwrap();
+    }
+    let mut backward: Vec<u32> = (0..64).rev().map(|p| pick(&mut b, p)).collect();
+    backward.reverse();
+    assert_eq!(forward, backward);
+    // Positions differ from each other, and another seed differs.
+    assert!(sorted(forward.clone()).windows(2).filter(|w| w[0] != w[1]).count() > 10);
+    let mut c = Sampler::new(SamplerConfig { seed: 12, ..config }).unwrap();
+    let other: Vec<u32> = (0..64).map(|p| pick(&mut c, p)).collect();
+    assert_ne!(forward, other);
+}
+
+#[test]
+fn position_keyed_draws_follow_the_softmax() {
+    // The draws over positions 0..N are uniform: token frequencies match the softmax.
+    let logits: Vec<f32> = vec![0.0, 0.5, 1.0, -1.0, 2.0];
+    let p = softmax64(&logits, 1.0);
+    let mut s = Sampler::new(SamplerConfig { seed: 5, ..cfg() }).unwrap();
+    let mut counts = vec![0usize; logits.len()];
+    for pos in 0..20_000u64 {
+        counts[s.sample_at(&mut logits.clone(), pos).unwrap() as usize] += 1;
+    }
+    // 4 degrees of freedom: 18.47 is the 0.999 quantile.
+    assert!(chi_square(&counts, &p) < 18.47, "{counts:?}");
+}

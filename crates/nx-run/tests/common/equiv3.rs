@@ -1,16 +1,17 @@
 //! EQUIV-3's scenarios: every request served by the `Engine` gives the ids, log-probs and
-//! alternatives of `Runner` (plain `nx run`) bit for bit, whatever runs beside it.
+//! alternatives of plain decoding bit for bit, whatever runs beside it.
 
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::ops::ControlFlow;
 use std::sync::Arc;
 
+use nx_llama_stack::ForwardState;
 use nx_run::{
-    Engine, EngineConfig, EngineEvent, Event, KvDtype, Model, Prompt, Request, RunConfig, Runner,
-    SamplerConfig, SeqId, Tokenizer,
+    Engine, EngineConfig, EngineEvent, KvDtype, Model, Request, Sampler, SamplerConfig, SeqId,
+    Tokenizer,
 };
+use nx_sampler::{log_prob, log_softmax_top};
 
 /// What one request produced, as raw bits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,7 +19,6 @@ pub struct Answer {
     pub ids: Vec<u32>,
     pub logprob_bits: Vec<u32>,
     pub top_bits: Vec<Vec<(u32, u32)>>,
-    pub text: String,
 }
 
 /// A greedy or a sampled request over `prompt`.
@@ -47,33 +47,38 @@ pub fn request(prompt: Vec<u32>, max_tokens: usize, sampled: bool, seed: u64) ->
     }
 }
 
-/// The answer of plain decoding (`Runner`, contiguous cache, its default chunking).
+/// The answer of plain decoding, written out here independently of the engine: one
+/// contiguous `KvCache`, the prompt in one forward pass, then one token per pass, the
+/// sampler drawing at each token's position.
 pub fn reference(model: &Arc<Model>, tok: &Option<Arc<Tokenizer>>, req: &Request) -> Answer {
-    let config = RunConfig {
-        n_ctx: req.prompt.len() + req.max_tokens + 1,
-        kv_dtype: KvDtype::F16,
-        max_tokens: req.max_tokens,
-        logprobs: req.logprobs,
-        sampler: req.sampler.clone(),
-        stop_strings: req.stop_strings.clone(),
-        ..RunConfig::default()
-    };
-    let mut runner = Runner::new(model.clone(), tok.clone(), config).expect("runner");
+    let mut cache = model
+        .new_cache(req.prompt.len() + req.max_tokens + 1, KvDtype::F16)
+        .unwrap();
+    let mut state = ForwardState::default();
+    let mut logits = Vec::new();
+    let mut sampler = Sampler::new(req.sampler.clone()).unwrap();
+    sampler.accept_all(&req.prompt);
     let mut answer = empty();
-    runner
-        .generate(Prompt::Ids(req.prompt.clone()), |e| {
-            match e {
-                Event::Token {
-                    id,
-                    text,
-                    logprob,
-                    top,
-                } => push(&mut answer, id, &text, logprob, &top),
-                Event::Done { flushed, .. } => answer.text.push_str(&flushed),
-            }
-            ControlFlow::Continue(())
-        })
-        .expect("reference generation");
+    let last = [req.prompt.len() - 1];
+    model
+        .forward(&req.prompt, 0, &mut cache, &last, &mut state, &mut logits)
+        .unwrap();
+    let mut position = req.prompt.len();
+    while answer.ids.len() < req.max_tokens {
+        let top = log_softmax_top(&logits, req.logprobs);
+        let mut buf = logits.clone();
+        let id = sampler.sample_at(&mut buf, position as u64).unwrap();
+        sampler.accept(id);
+        if tok.as_ref().is_some_and(|t| t.is_eog(id)) {
+            break;
+        }
+        let logprob = log_prob(&logits, id).unwrap();
+        push(&mut answer, id, "", logprob, &top);
+        model
+            .forward(&[id], position, &mut cache, &[0], &mut state, &mut logits)
+            .unwrap();
+        position += 1;
+    }
     answer
 }
 
@@ -82,16 +87,14 @@ fn empty() -> Answer {
         ids: Vec::new(),
         logprob_bits: Vec::new(),
         top_bits: Vec::new(),
-        text: String::new(),
     }
 }
 
-fn push(a: &mut Answer, id: u32, text: &str, logprob: f32, top: &[(u32, f32)]) {
+fn push(a: &mut Answer, id: u32, _text: &str, logprob: f32, top: &[(u32, f32)]) {
     a.ids.push(id);
     a.logprob_bits.push(logprob.to_bits());
     a.top_bits
         .push(top.iter().map(|&(t, l)| (t, l.to_bits())).collect());
-    a.text.push_str(text);
 }
 
 /// When each request joins: before step `join_at[i]`.
@@ -123,10 +126,7 @@ pub fn serve(engine: &mut Engine, reqs: &[Request], schedule: &Schedule) -> Vec<
                     logprob,
                     top,
                 } => push(answers.get_mut(&seq).unwrap(), id, &text, logprob, &top),
-                EngineEvent::Done { seq, flushed, .. } => {
-                    answers.get_mut(&seq).unwrap().text.push_str(&flushed);
-                    done += 1;
-                }
+                EngineEvent::Done { .. } => done += 1,
                 EngineEvent::Failed { seq, error } => panic!("sequence {seq} failed: {error}"),
             }
         }
