@@ -79,6 +79,9 @@ pub const GATES: &[Gate] = &[
     Gate::new("EQUIV-3", "nx-run", "equiv_engine"),
     Gate::new("EQUIV-3-AVX2", "nx-run", "equiv_engine").with_env(&[("NX_TIER", "avx2")]),
     Gate::new("EQUIV-3-SCALAR", "nx-run", "equiv_engine").with_env(&[("NX_TIER", "scalar")]),
+    // Speculative decoding (prompt lookup, draft model; draft lengths 1-8) gives the
+    // ids and log-probs of plain decoding, bit for bit.
+    Gate::new("EQUIV-4", "nx-run", "spec_equiv"),
     // Seeded sampling reproducible; filters and penalties exact; temperature statistics.
     Gate::new("SAMPLER", "nx-sampler", "sampler"),
     // The same through the runner: seeds across chunk sizes.

@@ -52,6 +52,8 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub spec: crate::spec::SpecArgs,
 }
 
 /// `n` ordinary token ids spread over the vocabulary (deterministic).
@@ -119,9 +121,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         n_ctx: (args.n_prompt + 1).max(args.n_gen + 2),
         max_tokens: 1,
         sampler: SamplerConfig::greedy(),
+        // Every repetition computes its prompt: no rows from the previous one.
+        prefix_cache: false,
+        speculation: args.spec.speculation()?,
         ..RunConfig::default()
     };
-    let mut runner = Runner::new(model, None, config)?;
+    let mut runner = args.spec.attach(Runner::new(model, None, config)?)?;
     let ignore = |_| std::ops::ControlFlow::Continue(());
 
     let (mut pp, mut ttft, mut tg) = (Vec::new(), Vec::new(), Vec::new());

@@ -88,6 +88,8 @@ pub struct RunArgs {
     /// else the built-in one for its architecture).
     #[arg(long, value_name = "NAME|FILE", requires = "chat")]
     pub chat_template: Option<String>,
+    #[command(flatten)]
+    pub spec: crate::spec::SpecArgs,
 }
 
 /// `$NX_CACHE`, or `~/.cache/nx`.
@@ -172,6 +174,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     // Check the cheap things before opening anything.
     let sampler = args.sampler();
     sampler.validate()?;
+    let speculation = args.spec.speculation()?;
     if args.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
     }
@@ -191,21 +194,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         Tokenizer::from_gguf(model.gguf())
             .with_context(|| format!("tokenizer of {}", path.display()))?,
     );
-    // Encode here (as the runner would) to size the cache for this one completion.
-    let ids = match (&text_prompt, &args.prompt_ids) {
-        (Some(text), _) if args.chat => {
-            crate::chat::single_turn_ids(&model, &tokenizer, args.chat_template.as_deref(), text)?
-        }
-        (Some(text), _) => tokenizer.encode(
-            text,
-            EncodeOptions {
-                add_special: !args.no_special,
-                parse_special: true,
-            },
-        )?,
-        (None, Some(list)) => parse_ids(list)?,
-        (None, None) => unreachable!("checked above"),
-    };
+    let ids = prompt_ids(args, &model, &tokenizer, text_prompt.as_deref())?;
     let ctx_cap = args.ctx.min(model.config().n_ctx_train.max(1));
     let needed = ids.len().saturating_add(args.n_predict);
     let config = RunConfig {
@@ -217,98 +206,160 @@ pub fn run(args: &RunArgs) -> Result<()> {
         stop_strings: args.stop.clone(),
         logprobs: if args.json { args.logprobs } else { 0 },
         sampler,
+        speculation,
         ..RunConfig::default()
     };
-    let mut runner = Runner::new(model, Some(tokenizer), config)?;
+    let runner = Runner::new(model, Some(tokenizer), config)?;
+    let mut runner = args.spec.attach(runner)?;
 
     let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let mut write_error: Option<std::io::Error> = None;
-    let mut last_text = String::new();
-    let mut done: Option<(StopReason, Stats)> = None;
-    let json = args.json;
-    let result = runner.generate(Prompt::Ids(ids), |event| {
-        let written = match event {
-            Event::Token {
-                id,
-                text,
-                logprob,
-                top,
-            } => {
-                let r = if json {
-                    let top: Vec<_> = top
-                        .iter()
-                        .map(|&(id, logprob)| json!({ "id": id, "logprob": logprob }))
-                        .collect();
-                    let line = json!({ "id": id, "text": text, "logprob": logprob, "top": top });
-                    writeln!(out, "{line}")
-                } else {
-                    out.write_all(text.as_bytes())
-                };
-                if !text.is_empty() {
-                    last_text = text;
-                }
-                r.and_then(|_| out.flush())
-            }
-            Event::Done {
-                reason,
-                stats,
-                flushed,
-            } => {
-                done = Some((reason, stats));
-                let r = if json {
-                    let line = json!({
-                        "stop": reason.as_str(),
-                        "text": flushed,
-                        "prompt_tokens": stats.prompt_tokens,
-                        "generated_tokens": stats.generated_tokens,
-                        "prefill_secs": stats.prefill_secs,
-                        "decode_secs": stats.decode_secs,
-                        "prompt_tps": stats.prompt_tps,
-                        "gen_tps": stats.gen_tps,
-                        "ttft_ms": stats.ttft_ms,
-                    });
-                    writeln!(out, "{line}")
-                } else {
-                    out.write_all(flushed.as_bytes())
-                };
-                if !flushed.is_empty() {
-                    last_text = flushed;
-                }
-                r.and_then(|_| out.flush())
-            }
-        };
-        match written {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(e) => {
-                write_error = Some(e);
-                ControlFlow::Break(())
-            }
-        }
-    });
-    result?;
-    if let Some(e) = write_error {
+    let mut printer = Printer {
+        out: stdout.lock(),
+        json: args.json,
+        write_error: None,
+        last_text: String::new(),
+        done: None,
+    };
+    runner.generate(Prompt::Ids(ids), |event| printer.on_event(event))?;
+    if let Some(e) = printer.write_error {
         // A closed pipe (`nx run … | head`) just ends the output.
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             return Err(e).context("writing the output");
         }
         return Ok(());
     }
-    if !json {
-        if let Some((reason, s)) = done {
-            let newline = if last_text.ends_with('\n') { "" } else { "\n" };
-            eprintln!(
-                "{newline}prompt: {} tokens in {:.2} s ({:.1} tok/s) | generation: {} tokens, \
-                 {:.1} tok/s | ttft {:.0} ms | stop: {}",
-                s.prompt_tokens,
-                s.prefill_secs,
-                s.prompt_tps,
-                s.generated_tokens,
-                s.gen_tps,
-                s.ttft_ms,
-                reason
-            );
-        }
+    if let (false, Some((reason, s))) = (args.json, printer.done) {
+        let newline = if printer.last_text.ends_with('\n') { "" } else { "\n" };
+        eprintln!(
+            "{newline}prompt: {} tokens in {:.2} s ({:.1} tok/s) | generation: {} tokens, \
+             {:.1} tok/s | ttft {:.0} ms{} | stop: {}",
+            s.prompt_tokens,
+            s.prefill_secs,
+            s.prompt_tps,
+            s.generated_tokens,
+            s.gen_tps,
+            s.ttft_ms,
+            spec_text(args.spec.spec.is_some(), &s),
+            reason
+        );
     }
     Ok(())
+}
+
+/// ` | drafts: accepted/drafted (rate)` when speculating.
+fn spec_text(speculating: bool, s: &Stats) -> String {
+    if !speculating {
+        return String::new();
+    }
+    let rate = if s.drafted_tokens > 0 {
+        100.0 * s.accepted_tokens as f64 / s.drafted_tokens as f64
+    } else {
+        0.0
+    };
+    format!(
+        " | drafts: {} of {} accepted ({rate:.0} %)",
+        s.accepted_tokens, s.drafted_tokens
+    )
+}
+
+/// The prompt's token ids: encoded here (as the runner would) to size the cache for this
+/// one completion.
+fn prompt_ids(
+    args: &RunArgs,
+    model: &Model,
+    tokenizer: &Tokenizer,
+    text: Option<&str>,
+) -> Result<Vec<u32>> {
+    Ok(match (text, &args.prompt_ids) {
+        (Some(text), _) if args.chat => {
+            crate::chat::single_turn_ids(model, tokenizer, args.chat_template.as_deref(), text)?
+        }
+        (Some(text), _) => tokenizer.encode(
+            text,
+            EncodeOptions {
+                add_special: !args.no_special,
+                parse_special: true,
+            },
+        )?,
+        (None, Some(list)) => parse_ids(list)?,
+        (None, None) => bail!("no prompt: give --prompt TEXT, -f FILE or --prompt-ids IDS"),
+    })
+}
+
+/// Writes the runner's events to stdout: text as it comes, or one JSON object per token
+/// and a final statistics object.
+struct Printer<W: Write> {
+    out: W,
+    json: bool,
+    write_error: Option<std::io::Error>,
+    last_text: String,
+    done: Option<(StopReason, Stats)>,
+}
+
+impl<W: Write> Printer<W> {
+    fn on_event(&mut self, event: Event) -> ControlFlow<()> {
+        let written = match event {
+            Event::Token {
+                id,
+                text,
+                logprob,
+                top,
+            } => self.token(id, text, logprob, &top),
+            Event::Done {
+                reason,
+                stats,
+                flushed,
+            } => self.done(reason, stats, flushed),
+        };
+        match written.and_then(|_| self.out.flush()) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                self.write_error = Some(e);
+                ControlFlow::Break(())
+            }
+        }
+    }
+
+    fn token(&mut self, id: u32, text: String, logprob: f32, top: &[(u32, f32)]) -> std::io::Result<()> {
+        let r = if self.json {
+            let top: Vec<_> = top
+                .iter()
+                .map(|&(id, logprob)| json!({ "id": id, "logprob": logprob }))
+                .collect();
+            let line = json!({ "id": id, "text": text, "logprob": logprob, "top": top });
+            writeln!(self.out, "{line}")
+        } else {
+            self.out.write_all(text.as_bytes())
+        };
+        if !text.is_empty() {
+            self.last_text = text;
+        }
+        r
+    }
+
+    fn done(&mut self, reason: StopReason, stats: Stats, flushed: String) -> std::io::Result<()> {
+        self.done = Some((reason, stats));
+        let r = if self.json {
+            let line = json!({
+                "stop": reason.as_str(),
+                "text": flushed,
+                "prompt_tokens": stats.prompt_tokens,
+                "generated_tokens": stats.generated_tokens,
+                "prefill_secs": stats.prefill_secs,
+                "decode_secs": stats.decode_secs,
+                "prompt_tps": stats.prompt_tps,
+                "gen_tps": stats.gen_tps,
+                "ttft_ms": stats.ttft_ms,
+                "drafted_tokens": stats.drafted_tokens,
+                "accepted_tokens": stats.accepted_tokens,
+            });
+            writeln!(self.out, "{line}")
+        } else {
+            self.out.write_all(flushed.as_bytes())
+        };
+        if !flushed.is_empty() {
+            self.last_text = flushed;
+        }
+        r
+    }
 }

@@ -41,12 +41,18 @@ pub struct RunConfig {
     /// Read special-token texts in a text prompt (e.g. `<start_of_turn>`) as those
     /// tokens; without it they are plain text.
     pub parse_special: bool,
+    /// Reuse the KV rows of earlier generations whose tokens start the same way (whole
+    /// blocks of 16). Off only for measurements (`nx bench`); answers are the same.
+    pub prefix_cache: bool,
+    /// Speculative decoding (`None`: one token per forward pass). The answer is the same
+    /// with and without it.
+    pub speculation: Option<crate::Speculation>,
 }
 
 impl Default for RunConfig {
     /// Chunks of 256, 4096 positions of f16 cache, 128 tokens, no byte cap or stop
     /// strings, no alternatives, the sampler's defaults, BOS added, special-token texts
-    /// in prompts left as plain text.
+    /// in prompts left as plain text, prefix cache on, no speculation.
     fn default() -> Self {
         RunConfig {
             prefill_chunk: 256,
@@ -59,6 +65,8 @@ impl Default for RunConfig {
             sampler: SamplerConfig::default(),
             add_special: true,
             parse_special: false,
+            prefix_cache: true,
+            speculation: None,
         }
     }
 }
@@ -83,6 +91,9 @@ impl RunConfig {
             return Err(RunError::InvalidConfig("a stop string is empty".into()));
         }
         self.sampler.validate()?;
+        if let Some(spec) = &self.speculation {
+            spec.validate()?;
+        }
         Ok(())
     }
 }

@@ -67,6 +67,7 @@ use nx_kv_cache::{BlockTable, KvDtype, KvError, PagedBatch, PagedKv};
 use nx_llama_stack::{BatchItem, ForwardState, Model};
 use nx_sampler::{log_prob, log_softmax_top, Sampler, SamplerConfig};
 
+use crate::spec::{check_same_vocab, ngram_draft, DraftSource, SpecState, Speculation, NGRAM_MAX};
 use crate::stop::{Released, StopMatcher};
 use crate::{RunError, StopReason};
 
@@ -134,6 +135,8 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Cap on output bytes (`None`: no cap).
     pub max_bytes: Option<usize>,
+    /// Speculative decoding (`None`: one token per pass). Never changes the answer.
+    pub speculation: Option<Speculation>,
 }
 
 /// Counts and timings of one finished request.
@@ -151,6 +154,10 @@ pub struct Usage {
     pub total_ms: f64,
     /// Times the sequence was preempted and recomputed.
     pub preemptions: usize,
+    /// Draft tokens verified (speculative decoding).
+    pub drafted_tokens: usize,
+    /// Of those, tokens kept.
+    pub accepted_tokens: usize,
 }
 
 /// What one [`Engine::step`] reports.
@@ -205,6 +212,10 @@ pub struct EngineMetrics {
     pub preemptions_total: u64,
     /// Forward steps so far.
     pub steps_total: u64,
+    /// Draft tokens verified so far (speculative decoding).
+    pub drafted_tokens_total: u64,
+    /// Of those, tokens kept.
+    pub accepted_tokens_total: u64,
 }
 
 
@@ -218,6 +229,7 @@ impl Default for Request {
             logprobs: 0,
             ignore_eos: false,
             max_bytes: None,
+            speculation: None,
         }
     }
 }
@@ -243,6 +255,7 @@ struct Sequence {
     preemptions: usize,
     submitted: Instant,
     ttft_ms: f64,
+    spec: Option<SpecState>,
 }
 
 impl Sequence {
@@ -259,6 +272,8 @@ impl Sequence {
             ttft_ms: self.ttft_ms,
             total_ms: self.submitted.elapsed().as_secs_f64() * 1e3,
             preemptions: self.preemptions,
+            drafted_tokens: self.spec.as_ref().map_or(0, |s| s.drafted),
+            accepted_tokens: self.spec.as_ref().map_or(0, |s| s.accepted),
         }
     }
 }
@@ -287,6 +302,26 @@ pub struct Engine {
     metrics: EngineMetrics,
     /// Why recent sequences failed, for [`Engine::take_failure`] (the newest few).
     failures: VecDeque<(SeqId, RunError)>,
+    /// The draft model of [`DraftSource::Model`] speculation, with its own block pool.
+    draft: Option<DraftModel>,
+}
+
+/// A draft model and its per-step state.
+struct DraftModel {
+    model: Arc<Model>,
+    kv: PagedKv,
+    state: ForwardState,
+    logits: Vec<f32>,
+}
+
+/// One sequence's part of a step: `n` of its pending tokens, then `drafts` to verify.
+struct Slot {
+    /// Index into `running`.
+    index: usize,
+    n: usize,
+    drafts: Vec<u32>,
+    /// Draft tokens asked of the draft model (filled in by the draft phase).
+    model_drafts: usize,
 }
 
 /// Failures kept for [`Engine::take_failure`].
@@ -326,7 +361,26 @@ impl Engine {
             next_id: 1,
             metrics: EngineMetrics::default(),
             failures: VecDeque::new(),
+            draft: None,
         })
+    }
+
+    /// Adds a draft model for [`DraftSource::Model`] speculation: a (smaller) model with
+    /// the same vocabulary, given a block pool of its own for as many positions as the
+    /// target's. A vocabulary that differs is an error naming the difference.
+    pub fn with_draft_model(mut self, draft: Arc<Model>) -> Result<Engine, RunError> {
+        check_same_vocab(self.model.gguf(), draft.gguf())?;
+        let c = &self.config;
+        let positions = self.kv.n_blocks() as u64 * c.block_size as u64;
+        let bytes = positions * draft.kv_bytes_per_position(c.kv_dtype);
+        let kv = draft.new_paged_cache(c.n_ctx, c.kv_dtype, c.block_size, bytes)?;
+        self.draft = Some(DraftModel {
+            model: draft,
+            kv,
+            state: ForwardState::default(),
+            logits: Vec::new(),
+        });
+        Ok(self)
     }
 
     /// The model.
@@ -385,6 +439,14 @@ impl Engine {
                 max_queue: self.config.max_queue,
             });
         }
+        if let Some(spec) = &r.speculation {
+            spec.validate()?;
+            if spec.source == DraftSource::Model && self.draft.is_none() {
+                return Err(RunError::InvalidConfig(
+                    "draft-model speculation needs a draft model (--draft-model)".into(),
+                ));
+            }
+        }
         let mut sampler = Sampler::new(request.sampler.clone())?;
         // The prompt enters the penalty window before the first token, as in the runner.
         sampler.accept_all(&request.prompt);
@@ -410,6 +472,7 @@ impl Engine {
             preemptions: 0,
             submitted: Instant::now(),
             ttft_ms: 0.0,
+            spec: request.speculation.map(SpecState::new),
         });
         Ok(id)
     }
@@ -418,13 +481,13 @@ impl Engine {
     /// No event is reported for it.
     pub fn cancel(&mut self, seq: SeqId) -> bool {
         if let Some(i) = self.waiting.iter().position(|s| s.id == seq) {
-            let mut s = self.waiting.remove(i).expect("index found");
-            self.kv.release(&mut s.table);
+            let s = self.waiting.remove(i).expect("index found");
+            self.release(s);
             return true;
         }
         if let Some(i) = self.running.iter().position(|s| s.id == seq) {
-            let mut s = self.running.remove(i);
-            self.kv.release(&mut s.table);
+            let s = self.running.remove(i);
+            self.release(s);
             return true;
         }
         false
@@ -483,17 +546,18 @@ impl Engine {
     pub fn step(&mut self) -> Result<Vec<EngineEvent>, RunError> {
         let mut events = Vec::new();
         self.admit();
-        let plan = self.schedule(&mut events);
+        let mut plan = self.schedule(&mut events);
         if plan.is_empty() {
             return Ok(events);
         }
+        self.draft_with_model(&mut plan);
         self.metrics.steps_total += 1;
         self.metrics.last_batch_seqs = plan.len();
-        self.metrics.last_batch_tokens = plan.iter().map(|p| p.1).sum();
+        self.metrics.last_batch_tokens = plan.iter().map(|p| p.n + p.drafts.len()).sum();
         if let Err(e) = self.run_batch(&plan) {
             // Fail the batch, keep the engine.
             let message = e.to_string();
-            let ids: Vec<SeqId> = plan.iter().map(|&(i, _)| self.running[i].id).collect();
+            let ids: Vec<SeqId> = plan.iter().map(|p| self.running[p.index].id).collect();
             let mut first = Some(e);
             for id in ids {
                 let error = first
@@ -536,11 +600,13 @@ impl Engine {
         }
     }
 
-    /// Chooses this step's batch: `(index into running, tokens)`, reserving their blocks
-    /// (preempting, or failing a sequence that cannot fit even alone, as needed).
-    fn schedule(&mut self, events: &mut Vec<EngineEvent>) -> Vec<(usize, usize)> {
+    /// Chooses this step's batch (one [`Slot`] per sequence), reserving its blocks
+    /// (preempting, or failing a sequence that cannot fit even alone, as needed). A
+    /// decoding sequence with speculation gets its n-gram drafts here, or room for the
+    /// draft model's.
+    fn schedule(&mut self, events: &mut Vec<EngineEvent>) -> Vec<Slot> {
         let mut budget = self.config.step_tokens;
-        let mut plan: Vec<(SeqId, usize)> = Vec::new();
+        let mut plan: Vec<(SeqId, usize, Vec<u32>, usize)> = Vec::new();
         // Decoding sequences first, then prefill chunks, each group oldest first.
         let mut order: Vec<(SeqId, usize)> = self
             .running
@@ -559,14 +625,127 @@ impl Engine {
                 break;
             }
             let n = want.min(budget);
-            if self.reserve_or_preempt(id, n, &plan, events) {
-                plan.push((id, n));
-                budget -= n;
+            let (drafts, model_drafts) = self.drafts_for(id, n, budget - n);
+            let extra = drafts.len().max(model_drafts);
+            let ids: Vec<(SeqId, usize)> = plan.iter().map(|p| (p.0, p.1)).collect();
+            if self.reserve_or_preempt(id, n + extra, &ids, events) {
+                plan.push((id, n, drafts, model_drafts));
+                budget -= n + extra;
             }
         }
-        plan.iter()
-            .filter_map(|&(id, n)| Some((self.running.iter().position(|s| s.id == id)?, n)))
+        plan.into_iter()
+            .filter_map(|(id, n, drafts, model_drafts)| {
+                Some(Slot {
+                    index: self.running.iter().position(|s| s.id == id)?,
+                    n,
+                    drafts,
+                    model_drafts,
+                })
+            })
             .collect()
+    }
+
+    /// Drafts for sequence `id` when it decodes (`n == 1`): n-gram drafts now, or how
+    /// many to ask of the draft model; at most `room` tokens of the step budget.
+    fn drafts_for(&self, id: SeqId, n: usize, room: usize) -> (Vec<u32>, usize) {
+        let Some(seq) = self.running.iter().find(|s| s.id == id) else {
+            return (Vec::new(), 0);
+        };
+        let Some(spec) = seq.spec.as_ref().filter(|_| n == 1 && seq.pending() == 1) else {
+            return (Vec::new(), 0);
+        };
+        let k = spec
+            .next_len(seq.max_tokens.saturating_sub(seq.generated))
+            .min(room);
+        match spec.spec.source {
+            DraftSource::Ngram => (ngram_draft(&seq.tokens, NGRAM_MAX, k), 0),
+            DraftSource::Model => (Vec::new(), k),
+        }
+    }
+
+    /// Runs the draft model for every slot that asked for drafts: first it catches up
+    /// on the sequence's tokens, then proposes its greedy choices one pass at a time,
+    /// all sequences batched. A sequence whose draft rows do not fit goes without.
+    fn draft_with_model(&mut self, plan: &mut [Slot]) {
+        let Some(d) = self.draft.as_mut() else {
+            return;
+        };
+        let chunk = self.config.prefill_chunk;
+        let n_vocab = d.model.config().n_vocab;
+        loop {
+            // (slot, tokens to feed, position, wants logits)
+            let mut work: Vec<(usize, Vec<u32>, usize, bool)> = Vec::new();
+            for (k, slot) in plan.iter().enumerate() {
+                if slot.drafts.len() >= slot.model_drafts {
+                    continue; // no draft-model drafts asked, or all there
+                }
+                let seq = &self.running[slot.index];
+                let spec = seq.spec.as_ref().expect("model drafts only with speculation");
+                let (dl, len) = (spec.draft_table.len(), seq.tokens.len());
+                if dl < len {
+                    let end = len.min(dl + chunk);
+                    work.push((k, seq.tokens[dl..end].to_vec(), dl, end == len));
+                } else {
+                    let last = *slot.drafts.last().expect("caught up after one draft");
+                    work.push((k, vec![last], dl, true));
+                }
+            }
+            if work.is_empty() {
+                return;
+            }
+            // Reserve draft rows; a sequence that does not fit gives up its drafts.
+            let mut ok = Vec::with_capacity(work.len());
+            for (k, toks, pos, want) in work {
+                let spec = self.running[plan[k].index].spec.as_mut().expect("speculation");
+                match d.kv.reserve(&mut spec.draft_table, pos + toks.len()) {
+                    Ok(()) => ok.push((k, toks, pos, want)),
+                    Err(_) => {
+                        d.kv.release(&mut spec.draft_table);
+                        plan[k].model_drafts = 0;
+                    }
+                }
+            }
+            let rows: Vec<[usize; 1]> = ok.iter().map(|w| [w.1.len() - 1]).collect();
+            let mut tables: Vec<&mut BlockTable> = Vec::with_capacity(ok.len());
+            let mut slots: Vec<Option<&mut Sequence>> =
+                self.running.iter_mut().map(Some).collect();
+            for (k, ..) in &ok {
+                let seq = slots[plan[*k].index].take().expect("one slot per sequence");
+                tables.push(&mut seq.spec.as_mut().expect("speculation").draft_table);
+            }
+            let items: Vec<BatchItem<'_>> = ok
+                .iter()
+                .zip(&rows)
+                .map(|((_, toks, pos, want), row)| BatchItem {
+                    tokens: toks,
+                    pos: *pos,
+                    logit_rows: if *want { &row[..] } else { &[] },
+                })
+                .collect();
+            let mut batch = PagedBatch {
+                pool: &mut d.kv,
+                tables,
+            };
+            if d
+                .model
+                .forward_batch(&items, &mut batch, &mut d.state, &mut d.logits)
+                .is_err()
+            {
+                // Drafting is only a guess: without it every slot decodes plainly.
+                for (k, ..) in &ok {
+                    plan[*k].model_drafts = 0;
+                }
+                continue;
+            }
+            let mut row = 0;
+            for (k, _, _, want) in &ok {
+                if *want {
+                    let logits = &d.logits[row * n_vocab..(row + 1) * n_vocab];
+                    row += 1;
+                    plan[*k].drafts.push(greedy_choice(logits));
+                }
+            }
+        }
     }
 
     /// Reserves blocks for `n` more tokens of sequence `id`, preempting the newest
@@ -579,6 +758,7 @@ impl Engine {
         plan: &[(SeqId, usize)],
         events: &mut Vec<EngineEvent>,
     ) -> bool {
+        // Draft-model drafts come after this reservation; they are counted in `n`.
         loop {
             let Some(i) = self.running.iter().position(|s| s.id == id) else {
                 return false;
@@ -618,9 +798,18 @@ impl Engine {
         }
     }
 
-    fn preempt(&mut self, index: usize) {
-        let mut seq = self.running.remove(index);
+    /// Frees the blocks of a sequence that leaves the engine.
+    fn release(&mut self, mut seq: Sequence) -> Sequence {
         self.kv.release(&mut seq.table);
+        if let (Some(spec), Some(d)) = (seq.spec.as_mut(), self.draft.as_mut()) {
+            d.kv.release(&mut spec.draft_table);
+        }
+        seq
+    }
+
+    fn preempt(&mut self, index: usize) {
+        let seq = self.running.remove(index);
+        let mut seq = self.release(seq);
         seq.preemptions += 1;
         self.metrics.preemptions_total += 1;
         self.waiting.push_front(seq);
@@ -639,20 +828,32 @@ impl Engine {
     }
 
     /// The forward pass of the batch `plan`; logits for the last row of every sequence
-    /// whose tokens are then all in the cache.
-    fn run_batch(&mut self, plan: &[(usize, usize)]) -> Result<(), RunError> {
+    /// whose tokens are then all in the cache, and for every draft row.
+    fn run_batch(&mut self, plan: &[Slot]) -> Result<(), RunError> {
+        let mut fed: Vec<Vec<u32>> = Vec::with_capacity(plan.len());
+        let mut rows: Vec<Vec<usize>> = Vec::with_capacity(plan.len());
+        for slot in plan {
+            let seq = &self.running[slot.index];
+            let pos = seq.table.len();
+            let mut toks = seq.tokens[pos..pos + slot.n].to_vec();
+            toks.extend_from_slice(&slot.drafts);
+            let finishes = pos + slot.n == seq.tokens.len() && seq.max_tokens > 0;
+            rows.push(if finishes {
+                (slot.n - 1..toks.len()).collect()
+            } else {
+                Vec::new()
+            });
+            fed.push(toks);
+        }
         let mut slots: Vec<Option<&mut Sequence>> = self.running.iter_mut().map(Some).collect();
         let mut items = Vec::with_capacity(plan.len());
         let mut tables = Vec::with_capacity(plan.len());
-        let last_rows: Vec<[usize; 1]> = plan.iter().map(|&(_, n)| [n - 1]).collect();
-        for (k, &(i, n)) in plan.iter().enumerate() {
-            let seq = slots[i].take().expect("each sequence once per batch");
-            let pos = seq.table.len();
-            let finishes = pos + n == seq.tokens.len() && seq.max_tokens > 0;
+        for ((slot, toks), rows) in plan.iter().zip(&fed).zip(&rows) {
+            let seq = slots[slot.index].take().expect("each sequence once per batch");
             items.push(BatchItem {
-                tokens: &seq.tokens[pos..pos + n],
-                pos,
-                logit_rows: if finishes { &last_rows[k][..] } else { &[] },
+                tokens: toks,
+                pos: seq.table.len(),
+                logit_rows: rows,
             });
             tables.push(&mut seq.table);
         }
@@ -665,47 +866,80 @@ impl Engine {
         Ok(())
     }
 
-    /// Samples the next token of every sequence in `plan` that has logits, applies the
-    /// stop rules and registers full blocks in the prefix cache.
-    fn sample_batch(&mut self, plan: &[(usize, usize)], events: &mut Vec<EngineEvent>) {
+    /// Samples the next token of every sequence in `plan` that has logits — with drafts,
+    /// one token per row until a sampled token differs from its draft — applies the stop
+    /// rules, rolls rejected draft rows back and registers full blocks in the prefix cache.
+    fn sample_batch(&mut self, plan: &[Slot], events: &mut Vec<EngineEvent>) {
         let n_vocab = self.model.config().n_vocab;
         let mut row = 0;
         let mut finished: Vec<(SeqId, StopReason, String)> = Vec::new();
         let mut failed: Vec<(SeqId, RunError)> = Vec::new();
-        let ids: Vec<SeqId> = plan.iter().map(|&(i, _)| self.running[i].id).collect();
-        for (&(i, _), id) in plan.iter().zip(ids) {
-            let seq = &mut self.running[i];
-            if self.config.prefix_cache {
-                self.kv.register(&mut seq.table, &seq.tokens);
-            }
-            if seq.pending() > 0 {
+        for slot in plan {
+            let seq = &mut self.running[slot.index];
+            let id = seq.id;
+            let caught_up = seq.table.len() >= seq.tokens.len();
+            if !caught_up {
+                self.register(slot.index);
                 continue; // mid-prefill: no logits this step
             }
             if seq.max_tokens == 0 {
                 finished.push((id, StopReason::MaxTokens, String::new()));
                 continue;
             }
-            let logits = &self.logits[row * n_vocab..(row + 1) * n_vocab];
-            row += 1;
-            match sample_one(seq, self.tokenizer.as_deref(), logits, &mut self.sample_buf) {
-                Ok(Sampled::Continue(event)) => {
-                    self.metrics.generated_tokens_total += 1;
-                    events.push(event);
-                }
-                Ok(Sampled::Finished(event, reason, flushed)) => {
-                    if let Some(event) = event {
+            let base = seq.tokens.len(); // position of the first token sampled now
+            let mut kept = 0;
+            let mut ended = false;
+            for i in 0..=slot.drafts.len() {
+                let logits = &self.logits[(row + i) * n_vocab..(row + i + 1) * n_vocab];
+                match sample_one(seq, self.tokenizer.as_deref(), logits, &mut self.sample_buf) {
+                    Ok(Sampled::Continue(event)) => {
                         self.metrics.generated_tokens_total += 1;
                         events.push(event);
                     }
-                    finished.push((id, reason, flushed));
+                    Ok(Sampled::Finished(event, reason, flushed)) => {
+                        if let Some(event) = event {
+                            self.metrics.generated_tokens_total += 1;
+                            events.push(event);
+                        }
+                        finished.push((id, reason, flushed));
+                        ended = true;
+                        break;
+                    }
+                    Err(e) => {
+                        failed.push((id, e));
+                        ended = true;
+                        break;
+                    }
                 }
-                Err(e) => failed.push((id, e)),
+                if i < slot.drafts.len() && seq.tokens.last() == Some(&slot.drafts[i]) {
+                    kept += 1;
+                } else {
+                    break;
+                }
             }
+            row += slot.drafts.len() + 1;
+            if ended {
+                continue;
+            }
+            // Rows of rejected drafts go; the cache ends before the new unfed token.
+            self.kv.truncate(&mut seq.table, base + kept);
+            if let Some(spec) = seq.spec.as_mut() {
+                if !slot.drafts.is_empty() {
+                    spec.record(slot.drafts.len(), kept);
+                }
+                if let Some(d) = self.draft.as_mut() {
+                    let valid = spec.draft_table.len().min(base + kept);
+                    d.kv.truncate(&mut spec.draft_table, valid);
+                }
+            }
+            self.register(slot.index);
         }
         for (id, reason, flushed) in finished {
             if let Some(i) = self.running.iter().position(|s| s.id == id) {
-                let mut seq = self.running.remove(i);
-                self.kv.release(&mut seq.table);
+                let seq = self.running.remove(i);
+                let seq = self.release(seq);
+                self.metrics.drafted_tokens_total += seq.usage().drafted_tokens as u64;
+                self.metrics.accepted_tokens_total += seq.usage().accepted_tokens as u64;
                 events.push(EngineEvent::Done {
                     seq: id,
                     reason,
@@ -718,6 +952,25 @@ impl Engine {
             self.fail(id, error, events);
         }
     }
+
+    /// Files the full committed blocks of `running[index]` in the prefix cache.
+    fn register(&mut self, index: usize) {
+        if self.config.prefix_cache {
+            let seq = &mut self.running[index];
+            self.kv.register(&mut seq.table, &seq.tokens);
+        }
+    }
+}
+
+/// The highest logit (lowest id on ties): the draft model's guess.
+fn greedy_choice(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
 }
 
 impl Sequence {

@@ -63,6 +63,9 @@ pub enum RunError {
     /// sequence of the batch the error itself is reported).
     #[error("the batched forward pass failed: {0}")]
     Batch(String),
+    /// A draft model does not share the target's vocabulary.
+    #[error("the draft model's vocabulary differs from the target's: {0}")]
+    DraftVocab(String),
     /// The engine's queue of waiting requests is full.
     #[error("the queue is full ({max_queue} requests waiting); try again later")]
     QueueFull { max_queue: usize },

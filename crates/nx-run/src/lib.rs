@@ -58,6 +58,7 @@ pub mod engine;
 mod error;
 pub mod perplexity;
 mod runner;
+pub mod spec;
 mod stop;
 
 pub use chat::{
@@ -72,6 +73,7 @@ pub use perplexity::{
     perplexity, ChunkProgress, PerplexityConfig, PerplexityError, PerplexityReport,
 };
 pub use runner::{Completion, Event, Runner, Stats, StopReason};
+pub use spec::{DraftSource, Speculation};
 
 pub use nx_bpe::Tokenizer;
 pub use nx_llama_stack::{KvCache, KvDtype, Model};

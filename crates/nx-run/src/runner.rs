@@ -67,6 +67,10 @@ pub struct Stats {
     /// Milliseconds from the start of the call (after validation and encoding) to the
     /// first token being chosen: prefill plus one sampling (0 when no token was sampled).
     pub ttft_ms: f64,
+    /// Draft tokens verified (speculative decoding).
+    pub drafted_tokens: usize,
+    /// Of those, tokens kept.
+    pub accepted_tokens: usize,
 }
 
 /// What the runner reports while generating.
@@ -152,7 +156,7 @@ impl Runner {
             max_running: 1,
             step_tokens: config.prefill_chunk,
             prefill_chunk: config.prefill_chunk,
-            prefix_cache: true,
+            prefix_cache: config.prefix_cache,
             max_queue: 1,
         };
         Ok(Runner {
@@ -161,6 +165,13 @@ impl Runner {
             tokens: Vec::new(),
             unfed: false,
         })
+    }
+
+    /// Adds a draft model for `DraftSource::Model` speculation (same vocabulary; see
+    /// [`Engine::with_draft_model`]).
+    pub fn with_draft_model(mut self, draft: Arc<Model>) -> Result<Runner, RunError> {
+        self.engine = self.engine.with_draft_model(draft)?;
+        Ok(self)
     }
 
     /// The settings in use.
@@ -320,6 +331,7 @@ impl Runner {
             logprobs: c.logprobs,
             ignore_eos: false,
             max_bytes: c.max_bytes,
+            speculation: c.speculation,
         };
         let seq = self.engine.submit(request)?;
         let mut stats = Stats {
@@ -362,7 +374,16 @@ impl Runner {
                             }
                         }
                     }
-                    EngineEvent::Done { reason, flushed, .. } => break 'steps (reason, flushed),
+                    EngineEvent::Done {
+                        reason,
+                        flushed,
+                        usage,
+                        ..
+                    } => {
+                        stats.drafted_tokens = usage.drafted_tokens;
+                        stats.accepted_tokens = usage.accepted_tokens;
+                        break 'steps (reason, flushed);
+                    }
                     EngineEvent::Failed { error, .. } => {
                         return Err(self
                             .engine

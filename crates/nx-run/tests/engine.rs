@@ -149,3 +149,36 @@ fn a_pool_too_small_for_a_request_is_an_error_at_submit() {
     ));
     e.submit(request(prompt_ids(20, 0), 8, false, 0)).unwrap();
 }
+
+#[test]
+fn speculation_never_changes_the_answer() {
+    let (model, tok) = load(TinyOptions::default());
+    let tok = Some(tok);
+    // Grounded prompts (a passage said twice, so lookup finds it) and random ones.
+    let reqs: Vec<Request> = (0..6)
+        .map(|i| {
+            let mut p = prompt_ids(12 + 5 * i, i as u32);
+            if i % 2 == 0 {
+                let again = p.clone();
+                p.extend(again);
+            }
+            request(p, 12, i % 3 == 1, 7 + i as u64)
+        })
+        .collect();
+    // The target as its own draft model: the same vocabulary, drafts often right.
+    let (drafted, accepted) = equiv3::check_speculation(&model, Some(&model), &tok, &reqs);
+    assert!(drafted > 0 && accepted > 0, "drafted {drafted}, accepted {accepted}");
+    assert!(accepted < drafted, "some drafts must be wrong to test rejection");
+}
+
+#[test]
+fn a_draft_model_with_another_vocabulary_is_refused() {
+    let (model, tok) = load(TinyOptions::default());
+    let (other, _) = load(TinyOptions {
+        eos_id: 0,
+        ..TinyOptions::default()
+    });
+    let e = Engine::new(model, Some(tok), EngineConfig::default()).unwrap();
+    let err = e.with_draft_model(other).err().expect("refused").to_string();
+    assert!(err.contains("eos_token_id"), "{err}");
+}

@@ -247,3 +247,59 @@ pub fn check_all_scenarios(model: &Arc<Model>, tok: &Option<Arc<Tokenizer>>, req
     }
     compared
 }
+
+/// EQUIV-4: the same requests with speculation (prompt lookup, and the draft model when
+/// given) for draft lengths 1 to 8 and two prefill chunkings, batched together, give
+/// the plain-decoding answers bit for bit. Returns (drafted, accepted) over all runs.
+pub fn check_speculation(
+    model: &Arc<Model>,
+    draft: Option<&Arc<Model>>,
+    tok: &Option<Arc<Tokenizer>>,
+    reqs: &[Request],
+) -> (u64, u64) {
+    use nx_run::{DraftSource, Speculation};
+    let expected: Vec<Answer> = reqs.iter().map(|r| reference(model, tok, r)).collect();
+    let n_ctx = reqs.iter().map(|r| r.prompt.len() + r.max_tokens).max().unwrap() + 1;
+    let mut sources = vec![DraftSource::Ngram];
+    if draft.is_some() {
+        sources.push(DraftSource::Model);
+    }
+    let (mut drafted, mut accepted) = (0, 0);
+    for source in sources {
+        for (draft_max, prefill_chunk) in [(1, 256), (2, 7), (3, 256), (5, 16), (8, 256), (8, 5)] {
+            let spec_reqs: Vec<Request> = reqs
+                .iter()
+                .map(|r| Request {
+                    speculation: Some(Speculation { source, draft_max }),
+                    ..r.clone()
+                })
+                .collect();
+            let mut cfg = engine_config(n_ctx, 64 << 20);
+            cfg.prefill_chunk = prefill_chunk;
+            let mut e = Engine::new(model.clone(), tok.clone(), cfg).unwrap();
+            if let Some(d) = draft {
+                e = e.with_draft_model(d.clone()).unwrap();
+            }
+            let got = serve(
+                &mut e,
+                &spec_reqs,
+                &Schedule {
+                    join_at: (0..reqs.len()).map(|i| i % 3).collect(),
+                },
+            );
+            for (i, (g, x)) in got.iter().zip(&expected).enumerate() {
+                assert_eq!(
+                    g,
+                    x,
+                    "{} drafts, draft_max {draft_max}, chunk {prefill_chunk}: request {i} \
+                     differs from plain decoding",
+                    source.name()
+                );
+            }
+            let m = e.metrics();
+            drafted += m.drafted_tokens_total;
+            accepted += m.accepted_tokens_total;
+        }
+    }
+    (drafted, accepted)
+}

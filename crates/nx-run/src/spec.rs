@@ -1,0 +1,216 @@
+//! Speculative decoding that never changes the answer: drafters and the draft length.
+//!
+//! A drafter guesses the next tokens of a sequence; the engine then runs the last token
+//! and the guesses through the target model in one forward pass, samples every position
+//! from its own logits row exactly as plain decoding would (the same sampler, penalty
+//! window and position-keyed draw), and keeps the guesses up to the first one that differs
+//! from what was sampled. Because a position's logits do not depend on how many tokens
+//! share the forward pass, the kept tokens, their log-probabilities and every later token
+//! are bit-identical to plain decoding, for greedy and for seeded sampling alike (gate
+//! EQUIV-4). The drafts only decide how many positions one pass gets through.
+//!
+//! Two drafters: prompt lookup ([`DraftSource::Ngram`]: the longest recent n-gram that
+//! occurred before, n from [`NGRAM_MAX`] down to 1, proposes what followed it) and a
+//! draft model ([`DraftSource::Model`]: a smaller model with the same vocabulary, set with
+//! [`crate::Engine::with_draft_model`], greedy). The draft length adapts per sequence:
+//! it doubles while every guess is kept and falls back to one more than the guesses kept.
+
+use nx_gguf::Gguf;
+use nx_kv_cache::BlockTable;
+
+use crate::RunError;
+
+/// Longest n-gram prompt lookup tries.
+pub const NGRAM_MAX: usize = 4;
+
+/// Where draft tokens come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftSource {
+    /// Prompt lookup: n-gram matches over the prompt and the text generated so far.
+    Ngram,
+    /// The engine's draft model ([`crate::Engine::with_draft_model`]).
+    Model,
+}
+
+impl DraftSource {
+    /// `"ngram"` or `"draft"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DraftSource::Ngram => "ngram",
+            DraftSource::Model => "draft",
+        }
+    }
+
+    /// Parses `"ngram"` or `"draft"`.
+    pub fn from_name(name: &str) -> Option<DraftSource> {
+        match name {
+            "ngram" => Some(DraftSource::Ngram),
+            "draft" => Some(DraftSource::Model),
+            _ => None,
+        }
+    }
+}
+
+/// Speculative decoding for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Speculation {
+    /// The drafter.
+    pub source: DraftSource,
+    /// Most draft tokens verified in one forward pass (1 to 32).
+    pub draft_max: usize,
+}
+
+impl Speculation {
+    /// Checks the draft length.
+    pub fn validate(&self) -> Result<(), RunError> {
+        if !(1..=32).contains(&self.draft_max) {
+            return Err(RunError::InvalidConfig(format!(
+                "draft_max {} is not in 1..=32",
+                self.draft_max
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A sequence's speculation state.
+#[derive(Debug)]
+pub(crate) struct SpecState {
+    pub(crate) spec: Speculation,
+    /// Draft length of the next pass.
+    k: usize,
+    /// Tokens drafted and accepted so far.
+    pub(crate) drafted: usize,
+    pub(crate) accepted: usize,
+    /// The draft model's cache of this sequence's first tokens.
+    pub(crate) draft_table: BlockTable,
+}
+
+impl SpecState {
+    pub(crate) fn new(spec: Speculation) -> SpecState {
+        SpecState {
+            spec,
+            k: spec.draft_max.min(4),
+            drafted: 0,
+            accepted: 0,
+            draft_table: BlockTable::new(),
+        }
+    }
+
+    /// Draft tokens to ask for when `remaining` more tokens may be generated (the
+    /// pass also yields one token of its own, so at most `remaining − 1`).
+    pub(crate) fn next_len(&self, remaining: usize) -> usize {
+        self.k.min(remaining.saturating_sub(1))
+    }
+
+    /// Records one verification: `drafted` guesses, `kept` of them kept.
+    pub(crate) fn record(&mut self, drafted: usize, kept: usize) {
+        self.drafted += drafted;
+        self.accepted += kept;
+        self.k = if kept == drafted {
+            (self.k * 2).min(self.spec.draft_max)
+        } else {
+            (kept + 1).min(self.spec.draft_max)
+        };
+    }
+}
+
+/// Prompt lookup: for n from `max_n` down to 1, the most recent earlier occurrence of
+/// the last n tokens proposes the (up to `k`) tokens that followed it.
+pub fn ngram_draft(tokens: &[u32], max_n: usize, k: usize) -> Vec<u32> {
+    if k == 0 {
+        return Vec::new();
+    }
+    let len = tokens.len();
+    for n in (1..=max_n.min(len.saturating_sub(1))).rev() {
+        let suffix = &tokens[len - n..];
+        // An occurrence starting at `start` must end before the suffix itself starts
+        // being compared with itself, and be followed by at least one token.
+        for start in (0..len - n).rev() {
+            if &tokens[start..start + n] == suffix {
+                let follow = &tokens[start + n..(start + n + k).min(len)];
+                if !follow.is_empty() {
+                    return follow.to_vec();
+                }
+            }
+        }
+    }
+    Vec::new()
+}
+
+/// Checks that a draft model reads and writes the same tokens as the target: the same
+/// vocabulary size, token texts and special tokens. The error names what differs.
+pub(crate) fn check_same_vocab(target: &Gguf, draft: &Gguf) -> Result<(), RunError> {
+    let (t, d) = (target.metadata(), draft.metadata());
+    fn tokens<'m>(m: &'m nx_gguf::Metadata, which: &str) -> Result<Vec<&'m str>, RunError> {
+        m.get_str_array("tokenizer.ggml.tokens")
+            .map_err(|e| RunError::DraftVocab(format!("the {which} model has no vocabulary: {e}")))
+    }
+    let (tt, dt) = (tokens(t, "target")?, tokens(d, "draft")?);
+    if tt.len() != dt.len() {
+        return Err(RunError::DraftVocab(format!(
+            "the target has {} tokens, the draft model {}",
+            tt.len(),
+            dt.len()
+        )));
+    }
+    if let Some(i) = tt.iter().zip(&dt).position(|(a, b)| a != b) {
+        return Err(RunError::DraftVocab(format!(
+            "token {i} is {:?} in the target and {:?} in the draft model",
+            tt[i], dt[i]
+        )));
+    }
+    for k in [
+        "tokenizer.ggml.model",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+    ] {
+        let (a, b) = (t.get(k), d.get(k));
+        if a != b {
+            return Err(RunError::DraftVocab(format!(
+                "{k} is {a:?} in the target and {b:?} in the draft model"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_recent_match_proposes_what_followed() {
+        // "1 2 3 4 ... 1 2 3" → the 3-gram "1 2 3" was followed by "4 5".
+        let t = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3];
+        assert_eq!(ngram_draft(&t, 4, 2), vec![4, 5]);
+        // The most recent occurrence wins.
+        let t = [7, 1, 7, 2, 7];
+        assert_eq!(ngram_draft(&t, 4, 1), vec![2]);
+        // Nothing repeats: no draft.
+        assert!(ngram_draft(&[1, 2, 3], 4, 3).is_empty());
+        assert!(ngram_draft(&[5], 4, 3).is_empty());
+        assert!(ngram_draft(&[5, 5], 4, 0).is_empty());
+        // A run of one token drafts more of it.
+        assert_eq!(ngram_draft(&[5, 5, 5], 4, 3), vec![5]);
+    }
+
+    #[test]
+    fn the_draft_length_grows_on_success_and_shrinks_on_failure() {
+        let mut s = SpecState::new(Speculation {
+            source: DraftSource::Ngram,
+            draft_max: 8,
+        });
+        assert_eq!(s.next_len(100), 4);
+        s.record(4, 4);
+        assert_eq!(s.next_len(100), 8);
+        s.record(8, 8);
+        assert_eq!(s.next_len(100), 8);
+        s.record(8, 2);
+        assert_eq!(s.next_len(100), 3);
+        s.record(3, 0);
+        assert_eq!(s.next_len(100), 1);
+        assert_eq!(s.next_len(1), 0, "the pass's own token is the last allowed");
+        assert_eq!((s.drafted, s.accepted), (23, 14));
+    }
+}

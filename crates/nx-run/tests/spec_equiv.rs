@@ -1,0 +1,89 @@
+//! EQUIV-4: speculative decoding never changes the answer. With prompt lookup and with
+//! a draft model, draft lengths 1 to 8, several prefill chunk sizes, 1 and 2 threads,
+//! greedy and sampled, the token ids, log-probs and alternatives equal plain decoding
+//! bit for bit — on the synthetic fixtures (another fixture with the same vocabulary as
+//! the draft model: its drafts are mostly wrong) and on the default model (drafted by
+//! itself, and by prompt lookup over grounded prompts).
+
+#[path = "common/equiv3.rs"]
+mod equiv3;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use equiv3::{check_speculation, request};
+use nx_gguf::Gguf;
+use nx_run::{Model, Request, Tokenizer};
+
+fn cache_dir() -> PathBuf {
+    match std::env::var_os("NX_CACHE") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME or NX_CACHE")).join(".cache/nx"),
+    }
+}
+
+fn open(path: PathBuf, threads: usize) -> (Arc<Model>, Option<Arc<Tokenizer>>) {
+    let gguf = Gguf::open(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run `cargo xtask fetch` and `cargo xtask synth`)",
+            path.display()
+        )
+    });
+    let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
+    let mut model = Model::from_gguf(gguf).expect("model");
+    model.set_threads(threads);
+    (Arc::new(model), Some(Arc::new(tok)))
+}
+
+/// Half grounded (a passage given twice, so lookup finds what comes next), half not.
+fn requests(n: usize, n_vocab: usize, max_tokens: usize, salt: u32) -> Vec<Request> {
+    equiv3::prompts(n, n_vocab, 300, salt)
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut p)| {
+            if i % 2 == 0 {
+                let again = p[p.len() / 2..].to_vec();
+                p.extend(again);
+            }
+            request(p, max_tokens, i % 3 == 1, 77 + i as u64)
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "gate: run by cargo xtask gate"]
+fn equiv4_synthetic_fixtures() {
+    let synth = |name: &str| cache_dir().join("synth").join(format!("{name}.gguf"));
+    for threads in [1, 2] {
+        let (target, tok) = open(synth("qwen2-tiny"), threads);
+        let (draft, _) = open(synth("qwen3-tiny"), threads);
+        let reqs = requests(8, target.config().n_vocab, 12, threads as u32);
+        let (drafted, accepted) = check_speculation(&target, Some(&draft), &tok, &reqs);
+        eprintln!("EQUIV-4 qwen2-tiny (draft qwen3-tiny), {threads} threads: {accepted} of {drafted} drafts kept, every answer identical");
+        assert!(drafted > accepted, "most drafts of an unrelated model are wrong");
+        // The target as its own draft model: greedy drafts are kept, sampled ones often not.
+        let (drafted, accepted) = check_speculation(&target, Some(&target), &tok, &reqs);
+        eprintln!("EQUIV-4 qwen2-tiny (drafting for itself), {threads} threads: {accepted} of {drafted} drafts kept, every answer identical");
+        assert!(accepted > 0 && accepted < drafted);
+    }
+    for fixture in ["llama-tiny", "qwen3-tiny"] {
+        let (model, tok) = open(synth(fixture), 2);
+        let reqs = requests(6, model.config().n_vocab, 12, 9);
+        let (drafted, accepted) = check_speculation(&model, None, &tok, &reqs);
+        eprintln!("EQUIV-4 {fixture} (prompt lookup): {accepted} of {drafted} drafts kept, every answer identical");
+    }
+}
+
+#[test]
+#[ignore = "gate: run by cargo xtask gate"]
+fn equiv4_default_model() {
+    let path = cache_dir().join("models/gemma-3-270m-q4_k_m.gguf");
+    for threads in [1, 2] {
+        let (model, tok) = open(path.clone(), threads);
+        let reqs = requests(4, model.config().n_vocab, 10, 50 + threads as u32);
+        // The model as its own draft: drafts mostly right for greedy requests.
+        let (drafted, accepted) = check_speculation(&model, Some(&model), &tok, &reqs);
+        eprintln!("EQUIV-4 default model, {threads} threads: {accepted} of {drafted} drafts kept, every answer identical");
+        assert!(accepted > 0);
+    }
+}
