@@ -1,4 +1,4 @@
-//! The `nx` command-line tool: inspect, tokenize, run, chat, bench, perplexity.
+//! The `nx` command-line tool: inspect, tokenize, run, chat, serve, bench, perplexity.
 
 use std::process::ExitCode;
 
@@ -10,6 +10,8 @@ mod inspect;
 mod perplexity;
 mod run;
 mod sampling;
+mod serve;
+mod spec;
 mod tokenize;
 
 /// nx runs GGUF language models (Gemma 3, Qwen2/2.5, Qwen3, Llama) on the CPU, with
@@ -32,6 +34,9 @@ enum Command {
     Run(run::RunArgs),
     /// Chat with a model in the terminal (one message per line; /reset, /exit).
     Chat(chat::ChatArgs),
+    /// Serve the model over HTTP with an OpenAI-compatible API (/v1/chat/completions,
+    /// /v1/completions, /v1/models, /health, /tokenize, /detokenize, /metrics).
+    Serve(serve::ServeArgs),
     /// Measure prompt-processing and generation speed (like llama-bench).
     Bench(bench::BenchArgs),
     /// Compute a model's perplexity on a text file (like llama-perplexity).
@@ -53,6 +58,7 @@ fn main() -> ExitCode {
         Command::Tokenize(args) => tokenize::run(args),
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Perplexity(args) => perplexity::run(args),
     };

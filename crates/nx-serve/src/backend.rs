@@ -191,7 +191,9 @@ impl EngineHandle {
         events: tmpsc::UnboundedSender<EngineEvent>,
     ) -> Result<SeqId, ApiError> {
         if let EngineStatus::Failed(e) = self.status() {
-            return Err(ApiError::unavailable(format!("the engine is not running: {e}")));
+            return Err(ApiError::unavailable(format!(
+                "the engine is not running: {e}"
+            )));
         }
         let (answer, rx) = oneshot::channel();
         self.tx
@@ -277,7 +279,12 @@ fn engine_loop<B: Backend>(mut backend: B, rx: Receiver<Command>, shared: &Share
     // Dropping `rx` makes every later submit fail at once.
 }
 
-fn run_loop<B: Backend>(backend: &mut B, rx: &Receiver<Command>, shared: &Shared, routes: &mut Routes) {
+fn run_loop<B: Backend>(
+    backend: &mut B,
+    rx: &Receiver<Command>,
+    shared: &Shared,
+    routes: &mut Routes,
+) {
     loop {
         // Commands: without blocking while there is work, else wait for one.
         if !backend.has_work() {
@@ -306,7 +313,12 @@ fn run_loop<B: Backend>(backend: &mut B, rx: &Receiver<Command>, shared: &Shared
         }
         if backend.has_work() {
             match backend.step() {
-                Ok(events) => route(backend, routes, events),
+                Ok(events) => {
+                    // Published before the events go out, so a client that has its
+                    // answer sees metrics that include it.
+                    publish(backend, shared);
+                    route(backend, routes, events);
+                }
                 Err(e) => {
                     let message = format!("generation failed: {e}");
                     for (seq, tx) in routes.drain() {

@@ -96,8 +96,9 @@ impl ApiError {
     /// 400 for a request the engine refuses, 500 otherwise.
     pub fn from_submit(e: &RunError) -> ApiError {
         match e {
-            RunError::QueueFull { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
-                .with_code("queue_full"),
+            RunError::QueueFull { .. } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()).with_code("queue_full")
+            }
             RunError::ContextOverflow { .. } => ApiError::bad_request(e.to_string())
                 .with_code("context_length_exceeded")
                 .with_param("max_tokens"),

@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nx_bpe::Tokenizer;
-use nx_run::{ChatTemplate, Engine, EngineConfig, Model};
+use nx_run::{ChatTemplate, Engine, EngineConfig, Model, Speculation};
 use tokio::net::TcpListener;
 
 pub use backend::{Backend, EngineHandle, EngineStatus};
@@ -72,11 +72,14 @@ pub struct ServeConfig {
     pub shutdown_grace: Duration,
     /// Log one line per generation request to stderr.
     pub log_requests: bool,
+    /// Speculative decoding for every request (`None`: off). Never changes an answer;
+    /// a draft-model source needs an engine built with a draft model.
+    pub speculation: Option<Speculation>,
 }
 
 impl Default for ServeConfig {
     /// `127.0.0.1:8080`, model id `nx`, 4 MiB bodies, the engine's defaults, 5 s of
-    /// grace at shutdown, request logging on.
+    /// grace at shutdown, request logging on, no speculation.
     fn default() -> Self {
         ServeConfig {
             host: "127.0.0.1".into(),
@@ -87,19 +90,28 @@ impl Default for ServeConfig {
             engine: EngineConfig::default(),
             shutdown_grace: Duration::from_secs(5),
             log_requests: true,
+            speculation: None,
         }
     }
 }
 
-/// Starts the engine thread over a real [`Engine`] for `model` (the engine is created
-/// on that thread; until it is ready `/health` answers 503).
+/// Starts the engine thread over a real [`Engine`] for `model`, with `draft` as its
+/// draft model when given (the engine is created on that thread; until it is ready
+/// `/health` answers 503).
 pub fn spawn_engine(
     model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
+    draft: Option<Arc<Model>>,
 ) -> std::io::Result<EngineHandle> {
     EngineHandle::spawn(move || {
-        Engine::new(model, Some(tokenizer), config).map_err(|e| e.to_string())
+        let engine = Engine::new(model, Some(tokenizer), config).map_err(|e| e.to_string())?;
+        match draft {
+            Some(d) => engine
+                .with_draft_model(d)
+                .map_err(|e| format!("draft model: {e}")),
+            None => Ok(engine),
+        }
     })
 }
 
@@ -130,12 +142,14 @@ pub async fn shutdown_signal() {
 /// Serves `model` until SIGINT or SIGTERM (blocking): listens on `host:port`, starts the
 /// engine, logs a startup line and one line per request to stderr, and on a signal stops
 /// accepting, lets running requests finish (up to [`ServeConfig::shutdown_grace`]) and
-/// returns `Ok`. An engine that cannot be created is an error.
+/// returns `Ok`. An engine that cannot be created is an error. `draft` is the draft
+/// model for [`ServeConfig::speculation`] with a draft-model source.
 pub fn run(
     config: ServeConfig,
     model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
     template: ChatTemplate,
+    draft: Option<Arc<Model>>,
 ) -> Result<(), ServeError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -151,7 +165,7 @@ pub fn run(
                 source,
             })?;
         let local = listener.local_addr()?;
-        let engine = spawn_engine(model, Arc::clone(&tokenizer), config.engine.clone())?;
+        let engine = spawn_engine(model, Arc::clone(&tokenizer), config.engine.clone(), draft)?;
         let engine_config = config.engine.clone();
         let model_id = config.model_id.clone();
         let state = AppState::new(config, tokenizer, template, engine);

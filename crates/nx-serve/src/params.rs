@@ -154,12 +154,15 @@ pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<GenParams, ApiEr
         sampler.frequency_penalty = p as f32;
     }
     if let Some(p) = f.get("repeat_penalty") {
-        let x = p.as_f64().filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| {
-            ApiError::invalid(
-                "repeat_penalty",
-                format!("repeat_penalty must be a number above 0, got {}", show(p)),
-            )
-        })?;
+        let x = p
+            .as_f64()
+            .filter(|x| x.is_finite() && *x > 0.0)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "repeat_penalty",
+                    format!("repeat_penalty must be a number above 0, got {}", show(p)),
+                )
+            })?;
         sampler.repeat_penalty = x as f32;
     }
     if let Some(n) = f.count("repeat_last_n", 0, None)? {
@@ -291,6 +294,7 @@ pub fn build_requests(
             logprobs: params.logprobs.unwrap_or(0),
             ignore_eos: params.ignore_eos,
             max_bytes: None,
+            ..Request::default()
         })
         .collect())
 }

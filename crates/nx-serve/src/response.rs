@@ -105,7 +105,7 @@ pub fn chat_logprobs(tokenizer: &Tokenizer, tokens: &[TokenLogprob]) -> Value {
 /// A completion choice's `logprobs` object: `{tokens, token_logprobs, top_logprobs,
 /// text_offset}`; `top_logprobs` entries map token text to log-probability (`null`
 /// when no alternatives were asked for). `first_offset` is the text offset of the first
-/// token.
+/// token. nx adds `token_ids`, the ids of `tokens`.
 pub fn completion_logprobs(
     tokenizer: &Tokenizer,
     tokens: &[TokenLogprob],
@@ -139,6 +139,7 @@ pub fn completion_logprobs(
         "token_logprobs": logprobs,
         "top_logprobs": tops,
         "text_offset": offsets,
+        "token_ids": tokens.iter().map(|t| t.id).collect::<Vec<u32>>(),
     })
 }
 

@@ -276,9 +276,9 @@ async fn models(State(state): State<AppState>) -> Response {
 async fn tokenize(State(state): State<AppState>, req: Request) -> Response {
     let result = async {
         let v = read_json(req, state.config().max_body_bytes).await?;
-        let obj = v.as_object().ok_or_else(|| {
-            ApiError::bad_request("the request body must be a JSON object")
-        })?;
+        let obj = v
+            .as_object()
+            .ok_or_else(|| ApiError::bad_request("the request body must be a JSON object"))?;
         let content = match obj.get("content") {
             Some(Value::String(s)) => s.clone(),
             Some(_) => return Err(ApiError::invalid("content", "content must be a string")),
@@ -310,7 +310,12 @@ async fn detokenize(State(state): State<AppState>, req: Request) -> Response {
         let v = read_json(req, state.config().max_body_bytes).await?;
         let list = match v.get("tokens") {
             Some(Value::Array(a)) => a,
-            Some(_) => return Err(ApiError::invalid("tokens", "tokens must be an array of token ids")),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "tokens",
+                    "tokens must be an array of token ids",
+                ))
+            }
             None => return Err(ApiError::invalid("tokens", "tokens is required")),
         };
         let n_vocab = state.0.tokenizer.n_vocab();
@@ -363,21 +368,106 @@ fn render_metrics(state: &AppState) -> String {
         let _ = writeln!(out, "# TYPE nx_{name} {kind}");
         let _ = writeln!(out, "nx_{name} {value}");
     };
-    metric("requests_total", "counter", "Requests submitted to the engine.", m.requests_total);
-    metric("prompt_tokens_total", "counter", "Prompt tokens submitted.", m.prompt_tokens_total);
-    metric("generated_tokens_total", "counter", "Tokens generated.", m.generated_tokens_total);
-    metric("prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.", m.prefix_hit_tokens_total);
-    metric("preemptions_total", "counter", "Sequences preempted and recomputed.", m.preemptions_total);
-    metric("steps_total", "counter", "Engine forward steps.", m.steps_total);
-    metric("requests_waiting", "gauge", "Requests waiting for admission.", m.waiting as u64);
-    metric("requests_running", "gauge", "Sequences admitted (prefilling or decoding).", m.running as u64);
-    metric("kv_blocks_used", "gauge", "KV blocks referenced by sequences.", m.kv_blocks_used as u64);
-    metric("kv_blocks_free", "gauge", "KV blocks free or held only by the prefix cache.", m.kv_blocks_free as u64);
-    metric("kv_blocks_total", "gauge", "KV blocks in the pool.", m.kv_blocks_total as u64);
-    metric("batch_tokens", "gauge", "Rows of the last step's forward pass.", m.last_batch_tokens as u64);
-    metric("batch_sequences", "gauge", "Sequences in the last step's forward pass.", m.last_batch_seqs as u64);
-    metric("http_requests_total", "counter", "HTTP requests answered.", state.0.http_requests.load(Ordering::Relaxed));
-    let _ = writeln!(out, "# HELP nx_http_errors_total HTTP error responses by status.");
+    metric(
+        "requests_total",
+        "counter",
+        "Requests submitted to the engine.",
+        m.requests_total,
+    );
+    metric(
+        "prompt_tokens_total",
+        "counter",
+        "Prompt tokens submitted.",
+        m.prompt_tokens_total,
+    );
+    metric(
+        "generated_tokens_total",
+        "counter",
+        "Tokens generated.",
+        m.generated_tokens_total,
+    );
+    metric(
+        "prefix_cache_hit_tokens_total",
+        "counter",
+        "Prompt tokens served from the prefix cache.",
+        m.prefix_hit_tokens_total,
+    );
+    metric(
+        "preemptions_total",
+        "counter",
+        "Sequences preempted and recomputed.",
+        m.preemptions_total,
+    );
+    metric(
+        "steps_total",
+        "counter",
+        "Engine forward steps.",
+        m.steps_total,
+    );
+    metric(
+        "drafted_tokens_total",
+        "counter",
+        "Draft tokens verified (speculative decoding).",
+        m.drafted_tokens_total,
+    );
+    metric(
+        "accepted_tokens_total",
+        "counter",
+        "Draft tokens accepted (speculative decoding).",
+        m.accepted_tokens_total,
+    );
+    metric(
+        "requests_waiting",
+        "gauge",
+        "Requests waiting for admission.",
+        m.waiting as u64,
+    );
+    metric(
+        "requests_running",
+        "gauge",
+        "Sequences admitted (prefilling or decoding).",
+        m.running as u64,
+    );
+    metric(
+        "kv_blocks_used",
+        "gauge",
+        "KV blocks referenced by sequences.",
+        m.kv_blocks_used as u64,
+    );
+    metric(
+        "kv_blocks_free",
+        "gauge",
+        "KV blocks free or held only by the prefix cache.",
+        m.kv_blocks_free as u64,
+    );
+    metric(
+        "kv_blocks_total",
+        "gauge",
+        "KV blocks in the pool.",
+        m.kv_blocks_total as u64,
+    );
+    metric(
+        "batch_tokens",
+        "gauge",
+        "Rows of the last step's forward pass.",
+        m.last_batch_tokens as u64,
+    );
+    metric(
+        "batch_sequences",
+        "gauge",
+        "Sequences in the last step's forward pass.",
+        m.last_batch_seqs as u64,
+    );
+    metric(
+        "http_requests_total",
+        "counter",
+        "HTTP requests answered.",
+        state.0.http_requests.load(Ordering::Relaxed),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP nx_http_errors_total HTTP error responses by status."
+    );
     let _ = writeln!(out, "# TYPE nx_http_errors_total counter");
     if let Ok(errors) = state.0.http_errors.lock() {
         for (status, n) in errors.iter() {
@@ -442,19 +532,24 @@ async fn generate(state: AppState, endpoint: Endpoint, req: Request) -> Result<R
         EngineStatus::Ready => {}
         EngineStatus::Loading => return Err(ApiError::unavailable("the model is still loading")),
         EngineStatus::Failed(e) => {
-            return Err(ApiError::unavailable(format!("the engine is not running: {e}")))
+            return Err(ApiError::unavailable(format!(
+                "the engine is not running: {e}"
+            )))
         }
     }
     let (st, p) = (state.clone(), params.clone());
     let prompt = tokio::task::spawn_blocking(move || encode_prompt(&st, &p))
         .await
         .map_err(|e| ApiError::internal(format!("encoding the prompt failed: {e}")))??;
-    let requests = params::build_requests(
+    let mut requests = params::build_requests(
         &params,
         &prompt,
         state.config().engine.n_ctx,
         state.0.tokenizer.n_vocab(),
     )?;
+    for r in &mut requests {
+        r.speculation = state.config().speculation;
+    }
     let id = format!(
         "{}-{}",
         endpoint.id_prefix(),
@@ -483,7 +578,10 @@ async fn generate(state: AppState, endpoint: Endpoint, req: Request) -> Result<R
         };
         let mut response = Response::new(Body::from_stream(stream));
         let h = response.headers_mut();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         Ok(response)
     } else {
@@ -524,7 +622,12 @@ struct Generation {
 }
 
 impl Generation {
-    fn new(state: AppState, envelope: Envelope, params: &GenParams, prompt_tokens: usize) -> Generation {
+    fn new(
+        state: AppState,
+        envelope: Envelope,
+        params: &GenParams,
+        prompt_tokens: usize,
+    ) -> Generation {
         Generation {
             state,
             envelope,
@@ -644,7 +747,9 @@ impl Generation {
                 let first = chat && !c.sent_role;
                 c.sent_role = true;
                 c.streamed_bytes += text.len();
-                let chunk = self.envelope.chunk(index, Some(&text), first, lp, None, include_usage);
+                let chunk = self
+                    .envelope
+                    .chunk(index, Some(&text), first, lp, None, include_usage);
                 out.push_back(response::sse_data(&chunk));
             }
             Update::Done { flushed, finish } => {
@@ -653,7 +758,14 @@ impl Generation {
                 c.sent_role = true;
                 if !flushed.is_empty() || first {
                     c.streamed_bytes += flushed.len();
-                    let chunk = env.chunk(index, Some(&flushed), first, Value::Null, None, include_usage);
+                    let chunk = env.chunk(
+                        index,
+                        Some(&flushed),
+                        first,
+                        Value::Null,
+                        None,
+                        include_usage,
+                    );
                     out.push_back(response::sse_data(&chunk));
                 }
                 let text = if chat { None } else { Some("") };
@@ -676,11 +788,13 @@ impl Generation {
     /// The non-streamed answer.
     fn full_response(&self) -> Result<Response, ApiError> {
         if let Some(e) = self.choices.iter().find_map(|c| c.error.clone()) {
-            return Err(if e.contains("shutting down") || e.starts_with("the engine stopped") {
-                ApiError::unavailable(e)
-            } else {
-                ApiError::internal(e)
-            });
+            return Err(
+                if e.contains("shutting down") || e.starts_with("the engine stopped") {
+                    ApiError::unavailable(e)
+                } else {
+                    ApiError::internal(e)
+                },
+            );
         }
         let choices: Vec<Value> = self
             .choices
@@ -695,7 +809,10 @@ impl Generation {
                 )
             })
             .collect();
-        Ok(json_response(StatusCode::OK, &self.envelope.full(choices, self.usage())))
+        Ok(json_response(
+            StatusCode::OK,
+            &self.envelope.full(choices, self.usage()),
+        ))
     }
 }
 
@@ -706,7 +823,7 @@ impl Drop for Generation {
                 self.state.engine().cancel(c.seq);
             }
         }
-        if !self.state.config().log_requests {
+        if !self.state.config().log_requests || self.choices.is_empty() {
             return;
         }
         let usages: Vec<Usage> = self.choices.iter().filter_map(|c| c.usage).collect();
@@ -715,7 +832,11 @@ impl Drop for Generation {
             .iter()
             .map(|c| c.usage.map_or(0, |u| u.generated_tokens))
             .sum();
-        let cached = usages.iter().map(|u| u.cached_prompt_tokens).min().unwrap_or(0);
+        let cached = usages
+            .iter()
+            .map(|u| u.cached_prompt_tokens)
+            .min()
+            .unwrap_or(0);
         let ttft = usages
             .iter()
             .map(|u| u.ttft_ms)
