@@ -229,7 +229,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
         return Ok(());
     }
     if let (false, Some((reason, s))) = (args.json, printer.done) {
-        let newline = if printer.last_text.ends_with('\n') { "" } else { "\n" };
+        let newline = if printer.last_text.ends_with('\n') {
+            ""
+        } else {
+            "\n"
+        };
         eprintln!(
             "{newline}prompt: {} tokens in {:.2} s ({:.1} tok/s) | generation: {} tokens, \
              {:.1} tok/s | ttft {:.0} ms{} | stop: {}",
@@ -320,7 +324,13 @@ impl<W: Write> Printer<W> {
         }
     }
 
-    fn token(&mut self, id: u32, text: String, logprob: f32, top: &[(u32, f32)]) -> std::io::Result<()> {
+    fn token(
+        &mut self,
+        id: u32,
+        text: String,
+        logprob: f32,
+        top: &[(u32, f32)],
+    ) -> std::io::Result<()> {
         let r = if self.json {
             let top: Vec<_> = top
                 .iter()

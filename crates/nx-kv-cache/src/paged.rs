@@ -160,7 +160,9 @@ impl PagedKv {
             return Err(KvError::InvalidShape("no layers"));
         }
         if block_size == 0 || n_ctx == 0 {
-            return Err(KvError::InvalidShape("block size and n_ctx must be at least 1"));
+            return Err(KvError::InvalidShape(
+                "block size and n_ctx must be at least 1",
+            ));
         }
         if widths.iter().any(|w| w.k == 0 || w.v == 0) {
             return Err(KvError::InvalidShape("a K or V row width is 0"));

@@ -75,7 +75,9 @@ pub(crate) fn rows_to_f32(src: KvRows<'_>, rows: Range<usize>, dst: &mut [f32]) 
             let s: &[f16] = &data[rows.start * width..rows.end * width];
             nx_f32::f16_to_f32_row(s, dst);
         }
-        KvRows::F32 { data, .. } => dst.copy_from_slice(&data[rows.start * width..rows.end * width]),
+        KvRows::F32 { data, .. } => {
+            dst.copy_from_slice(&data[rows.start * width..rows.end * width])
+        }
     }
     true
 }
@@ -129,7 +131,9 @@ impl KvSegments for KvCache {
         only_segment_zero(seg)?;
         let (k, v) = self.layer_rows(layer, rows.end)?;
         if !rows_to_f32(k, rows.clone(), k_dst) || !rows_to_f32(v, rows, v_dst) {
-            return Err(KvError::InvalidShape("gather destination has the wrong length"));
+            return Err(KvError::InvalidShape(
+                "gather destination has the wrong length",
+            ));
         }
         Ok(())
     }

@@ -28,7 +28,12 @@ fn write(pool: &mut PagedKv, t: &mut BlockTable, s: u32, from: usize, to: usize)
     pool.set_len(t, to).unwrap();
 }
 
-fn read(pool: &PagedKv, t: &BlockTable, layer: usize, rows: std::ops::Range<usize>) -> (Vec<f32>, Vec<f32>) {
+fn read(
+    pool: &PagedKv,
+    t: &BlockTable,
+    layer: usize,
+    rows: std::ops::Range<usize>,
+) -> (Vec<f32>, Vec<f32>) {
     let mut k = vec![0.0; rows.len() * 3];
     let mut v = vec![0.0; rows.len() * 2];
     pool.gather_f32(t, layer, rows, &mut k, &mut v).unwrap();
@@ -65,7 +70,10 @@ fn exhaustion_is_an_error_and_release_frees_everything() {
     let mut b = BlockTable::new();
     assert!(matches!(
         p.reserve(&mut b, 1),
-        Err(KvError::OutOfBlocks { needed: 1, available: 0 })
+        Err(KvError::OutOfBlocks {
+            needed: 1,
+            available: 0
+        })
     ));
     assert!(b.blocks().is_empty(), "a failed reserve takes nothing");
     p.release(&mut a);
@@ -182,7 +190,11 @@ fn a_registered_block_is_never_written_in_place() {
     // A rolls back into its second block and writes other rows there.
     p.truncate(&mut a, 6);
     write(&mut p, &mut a, 5, 6, 8);
-    assert_eq!(read(&p, &b, 0, 0..8), expected(1, 0..8, 0), "the cached rows are intact");
+    assert_eq!(
+        read(&p, &b, 0, 0..8),
+        expected(1, 0..8, 0),
+        "the cached rows are intact"
+    );
     assert_eq!(read(&p, &a, 0, 6..8), expected(5, 6..8, 0));
     p.release(&mut a);
     p.release(&mut b);
@@ -208,17 +220,32 @@ fn registering_an_already_cached_prefix_shares_the_cached_block() {
 #[test]
 fn bad_shapes_are_errors() {
     let widths = [LayerWidths { k: 3, v: 2 }];
-    assert!(PagedKv::new(&widths, KvDtype::F16, 4, 64, 1).is_err(), "not one block fits");
+    assert!(
+        PagedKv::new(&widths, KvDtype::F16, 4, 64, 1).is_err(),
+        "not one block fits"
+    );
     assert!(PagedKv::new(&[], KvDtype::F16, 4, 64, 1 << 20).is_err());
     assert!(PagedKv::new(&widths, KvDtype::F16, 0, 64, 1 << 20).is_err());
     let mut p = pool(4, KvDtype::F16);
     let mut t = BlockTable::new();
     assert!(matches!(
         p.reserve(&mut t, 65),
-        Err(KvError::ContextFull { n_ctx: 64, requested: 65 })
+        Err(KvError::ContextFull {
+            n_ctx: 64,
+            requested: 65
+        })
     ));
     p.reserve(&mut t, 4).unwrap();
-    assert!(p.write_rows(&t, 0, 0, &[0.0; 4], &[0.0; 2]).is_err(), "K row width");
-    assert!(p.write_rows(&t, 5, 0, &[0.0; 3], &[0.0; 2]).is_err(), "layer");
-    assert!(p.write_rows(&t, 0, 2, &[0.0; 9], &[0.0; 6]).is_err(), "past the reserved blocks");
+    assert!(
+        p.write_rows(&t, 0, 0, &[0.0; 4], &[0.0; 2]).is_err(),
+        "K row width"
+    );
+    assert!(
+        p.write_rows(&t, 5, 0, &[0.0; 3], &[0.0; 2]).is_err(),
+        "layer"
+    );
+    assert!(
+        p.write_rows(&t, 0, 2, &[0.0; 9], &[0.0; 6]).is_err(),
+        "past the reserved blocks"
+    );
 }

@@ -2,10 +2,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use half::f16;
 use nx_f32::{
     attend, attend_group, CacheView, GeluTable, HeadRows, KvElem, KvPrecision, RopeStyle, RopeTable,
 };
-use half::f16;
 use nx_kv_cache::{KvCache, KvDtype, KvError, KvRows, KvSegments};
 use nx_lazy_weight::{LazyWeight, LazyWeightError};
 use nx_syscalls::ThreadPool;
@@ -405,8 +405,16 @@ fn apply_rope(
     let positions = segs.iter().flat_map(|g| g.pos..g.pos + g.n);
     for (t, p) in positions.enumerate() {
         rope.set_position(p);
-        rope.apply_heads(&mut q[t * q_dim..(t + 1) * q_dim], cfg.head_dim, cfg.rope_style);
-        rope.apply_heads(&mut k[t * k_dim..(t + 1) * k_dim], cfg.head_dim, cfg.rope_style);
+        rope.apply_heads(
+            &mut q[t * q_dim..(t + 1) * q_dim],
+            cfg.head_dim,
+            cfg.rope_style,
+        );
+        rope.apply_heads(
+            &mut k[t * k_dim..(t + 1) * k_dim],
+            cfg.head_dim,
+            cfg.rope_style,
+        );
     }
     Ok(())
 }
@@ -433,8 +441,8 @@ fn segment_views<'a>(
         .enumerate()
         .map(|(i, g)| {
             let end = g.pos + g.n;
-            let direct = kv.contiguous(i, layer, end).is_some()
-                && (kv.dtype() == KvDtype::F32 || g.n == 1);
+            let direct =
+                kv.contiguous(i, layer, end).is_some() && (kv.dtype() == KvDtype::F32 || g.n == 1);
             let first = match cfg.window {
                 Some(wnd) => (g.pos + 1).saturating_sub(wnd),
                 None => 0,
@@ -541,7 +549,8 @@ fn attend_batch(
     let q_dim = cfg.n_head * cfg.head_dim;
     let group = cfg.n_head / cfg.n_head_kv;
     // Row of the batch → (segment, position).
-    let mut row_at: Vec<(usize, usize)> = Vec::with_capacity(attn.len() / (cfg.n_head * cfg.value_dim));
+    let mut row_at: Vec<(usize, usize)> =
+        Vec::with_capacity(attn.len() / (cfg.n_head * cfg.value_dim));
     for (i, g) in segs.iter().enumerate() {
         row_at.extend((g.pos..g.pos + g.n).map(|p| (i, p)));
     }
@@ -567,8 +576,12 @@ fn attend_batch(
             let qs = &q[r * q_dim + first_head * cfg.head_dim..][..heads_per_item * cfg.head_dim];
             let kv_head = first_head / group;
             let ok = match &views[seg] {
-                SegmentRows::F16(rows) => attend_item(cfg, rows, kv_head, at, qs, out, probs, grouped),
-                SegmentRows::F32(rows) => attend_item(cfg, rows, kv_head, at, qs, out, probs, grouped),
+                SegmentRows::F16(rows) => {
+                    attend_item(cfg, rows, kv_head, at, qs, out, probs, grouped)
+                }
+                SegmentRows::F32(rows) => {
+                    attend_item(cfg, rows, kv_head, at, qs, out, probs, grouped)
+                }
             };
             if !ok {
                 missing_view.store(true, Ordering::Relaxed);

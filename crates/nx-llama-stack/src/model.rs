@@ -409,7 +409,11 @@ impl Model {
             if let Some(&row) = it.logit_rows.iter().find(|&&r| r >= n) {
                 return Err(StackError::RowOutOfRange { row, n });
             }
-            if let Some(&id) = it.tokens.iter().find(|&&id| id as usize >= self.config.n_vocab) {
+            if let Some(&id) = it
+                .tokens
+                .iter()
+                .find(|&&id| id as usize >= self.config.n_vocab)
+            {
                 return Err(StackError::TokenOutOfRange {
                     id,
                     n_vocab: self.config.n_vocab,

@@ -218,7 +218,6 @@ pub struct EngineMetrics {
     pub accepted_tokens_total: u64,
 }
 
-
 impl Default for Request {
     fn default() -> Self {
         Request {
@@ -680,7 +679,10 @@ impl Engine {
                     continue; // no draft-model drafts asked, or all there
                 }
                 let seq = &self.running[slot.index];
-                let spec = seq.spec.as_ref().expect("model drafts only with speculation");
+                let spec = seq
+                    .spec
+                    .as_ref()
+                    .expect("model drafts only with speculation");
                 let (dl, len) = (spec.draft_table.len(), seq.tokens.len());
                 if dl < len {
                     let end = len.min(dl + chunk);
@@ -696,7 +698,10 @@ impl Engine {
             // Reserve draft rows; a sequence that does not fit gives up its drafts.
             let mut ok = Vec::with_capacity(work.len());
             for (k, toks, pos, want) in work {
-                let spec = self.running[plan[k].index].spec.as_mut().expect("speculation");
+                let spec = self.running[plan[k].index]
+                    .spec
+                    .as_mut()
+                    .expect("speculation");
                 match d.kv.reserve(&mut spec.draft_table, pos + toks.len()) {
                     Ok(()) => ok.push((k, toks, pos, want)),
                     Err(_) => {
@@ -707,8 +712,7 @@ impl Engine {
             }
             let rows: Vec<[usize; 1]> = ok.iter().map(|w| [w.1.len() - 1]).collect();
             let mut tables: Vec<&mut BlockTable> = Vec::with_capacity(ok.len());
-            let mut slots: Vec<Option<&mut Sequence>> =
-                self.running.iter_mut().map(Some).collect();
+            let mut slots: Vec<Option<&mut Sequence>> = self.running.iter_mut().map(Some).collect();
             for (k, ..) in &ok {
                 let seq = slots[plan[*k].index].take().expect("one slot per sequence");
                 tables.push(&mut seq.spec.as_mut().expect("speculation").draft_table);
@@ -726,8 +730,7 @@ impl Engine {
                 pool: &mut d.kv,
                 tables,
             };
-            if d
-                .model
+            if d.model
                 .forward_batch(&items, &mut batch, &mut d.state, &mut d.logits)
                 .is_err()
             {
@@ -849,7 +852,9 @@ impl Engine {
         let mut items = Vec::with_capacity(plan.len());
         let mut tables = Vec::with_capacity(plan.len());
         for ((slot, toks), rows) in plan.iter().zip(&fed).zip(&rows) {
-            let seq = slots[slot.index].take().expect("each sequence once per batch");
+            let seq = slots[slot.index]
+                .take()
+                .expect("each sequence once per batch");
             items.push(BatchItem {
                 tokens: toks,
                 pos: seq.table.len(),

@@ -65,9 +65,7 @@ pub use chat::{
     BuiltinTemplate, ChatError, ChatMessage, ChatSession, ChatTemplate, ChatTurn, TemplateChoice,
 };
 pub use config::{Prompt, RunConfig};
-pub use engine::{
-    Engine, EngineConfig, EngineEvent, EngineMetrics, Request, SeqId, Usage,
-};
+pub use engine::{Engine, EngineConfig, EngineEvent, EngineMetrics, Request, SeqId, Usage};
 pub use error::RunError;
 pub use perplexity::{
     perplexity, ChunkProgress, PerplexityConfig, PerplexityError, PerplexityReport,

@@ -436,5 +436,4 @@ mod tests {
         fn assert_send<T: Send>() {}
         assert_send::<super::Runner>();
     }
-
 }

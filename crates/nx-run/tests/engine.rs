@@ -45,9 +45,7 @@ fn tiny_engine(config: EngineConfig) -> Engine {
 #[test]
 fn cancel_frees_the_blocks_of_a_running_sequence() {
     let mut e = tiny_engine(EngineConfig::default());
-    let a = e
-        .submit(request(prompt_ids(50, 1), 100, false, 0))
-        .unwrap();
+    let a = e.submit(request(prompt_ids(50, 1), 100, false, 0)).unwrap();
     let b = e.submit(request(prompt_ids(30, 2), 5, false, 0)).unwrap();
     e.step().unwrap();
     e.step().unwrap();
@@ -91,7 +89,11 @@ fn a_shared_prefix_is_computed_once() {
             }
         }
     }
-    assert_eq!(cached, Some(64), "the 64-token system prompt is four whole blocks");
+    assert_eq!(
+        cached,
+        Some(64),
+        "the 64-token system prompt is four whole blocks"
+    );
     assert_eq!(first.len(), 1);
 }
 
@@ -167,8 +169,14 @@ fn speculation_never_changes_the_answer() {
         .collect();
     // The target as its own draft model: the same vocabulary, drafts often right.
     let (drafted, accepted) = equiv3::check_speculation(&model, Some(&model), &tok, &reqs);
-    assert!(drafted > 0 && accepted > 0, "drafted {drafted}, accepted {accepted}");
-    assert!(accepted < drafted, "some drafts must be wrong to test rejection");
+    assert!(
+        drafted > 0 && accepted > 0,
+        "drafted {drafted}, accepted {accepted}"
+    );
+    assert!(
+        accepted < drafted,
+        "some drafts must be wrong to test rejection"
+    );
 }
 
 #[test]
@@ -179,6 +187,10 @@ fn a_draft_model_with_another_vocabulary_is_refused() {
         ..TinyOptions::default()
     });
     let e = Engine::new(model, Some(tok), EngineConfig::default()).unwrap();
-    let err = e.with_draft_model(other).err().expect("refused").to_string();
+    let err = e
+        .with_draft_model(other)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(err.contains("eos_token_id"), "{err}");
 }

@@ -24,8 +24,12 @@ fn cache_dir() -> PathBuf {
 }
 
 fn open(path: PathBuf, threads: usize) -> (Arc<Model>, Option<Arc<Tokenizer>>) {
-    let gguf = Gguf::open(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask fetch` and `cargo xtask synth`)", path.display()));
+    let gguf = Gguf::open(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run `cargo xtask fetch` and `cargo xtask synth`)",
+            path.display()
+        )
+    });
     let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
     let mut model = Model::from_gguf(gguf).expect("model");
     model.set_threads(threads);
@@ -50,7 +54,10 @@ fn scalar_tier() -> bool {
 fn equiv3_synthetic_fixtures() {
     for fixture in ["qwen2-tiny", "llama-tiny", "qwen3-tiny"] {
         for threads in [1, 2] {
-            let (model, tok) = open(cache_dir().join("synth").join(format!("{fixture}.gguf")), threads);
+            let (model, tok) = open(
+                cache_dir().join("synth").join(format!("{fixture}.gguf")),
+                threads,
+            );
             let n_vocab = model.config().n_vocab;
             // The portable kernels are slow: fewer, shorter requests on that tier.
             let (n, max_tokens) = if scalar_tier() { (5, 5) } else { (16, 12) };

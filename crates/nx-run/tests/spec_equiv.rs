@@ -60,7 +60,10 @@ fn equiv4_synthetic_fixtures() {
         let reqs = requests(8, target.config().n_vocab, 12, threads as u32);
         let (drafted, accepted) = check_speculation(&target, Some(&draft), &tok, &reqs);
         eprintln!("EQUIV-4 qwen2-tiny (draft qwen3-tiny), {threads} threads: {accepted} of {drafted} drafts kept, every answer identical");
-        assert!(drafted > accepted, "most drafts of an unrelated model are wrong");
+        assert!(
+            drafted > accepted,
+            "most drafts of an unrelated model are wrong"
+        );
         // The target as its own draft model: greedy drafts are kept, sampled ones often not.
         let (drafted, accepted) = check_speculation(&target, Some(&target), &tok, &reqs);
         eprintln!("EQUIV-4 qwen2-tiny (drafting for itself), {threads} threads: {accepted} of {drafted} drafts kept, every answer identical");

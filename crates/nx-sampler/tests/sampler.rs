@@ -638,7 +638,13 @@ fn a_position_keyed_draw_depends_only_on_seed_and_position() {
     backward.reverse();
     assert_eq!(forward, backward);
     // Positions differ from each other, and another seed differs.
-    assert!(sorted(forward.clone()).windows(2).filter(|w| w[0] != w[1]).count() > 10);
+    assert!(
+        sorted(forward.clone())
+            .windows(2)
+            .filter(|w| w[0] != w[1])
+            .count()
+            > 10
+    );
     let mut c = Sampler::new(SamplerConfig { seed: 12, ..config }).unwrap();
     let other: Vec<u32> = (0..64).map(|p| pick(&mut c, p)).collect();
     assert_ne!(forward, other);

@@ -135,7 +135,10 @@ pub fn serve(engine: &mut Engine, reqs: &[Request], schedule: &Schedule) -> Vec<
     }
     assert!(!engine.has_work());
     let m = engine.metrics();
-    assert_eq!(m.kv_blocks_used, 0, "blocks still referenced after all finished");
+    assert_eq!(
+        m.kv_blocks_used, 0,
+        "blocks still referenced after all finished"
+    );
     ids.iter()
         .map(|id| answers.remove(&id.unwrap()).unwrap())
         .collect()
@@ -155,7 +158,11 @@ pub fn prompts(n: usize, n_vocab: usize, first_id: u32, seed: u32) -> Vec<Vec<u3
     (0..n)
         .map(|i| {
             let len = 3 + (i * 37) % 90;
-            let mut p = if i % 2 == 0 { shared.clone() } else { Vec::new() };
+            let mut p = if i % 2 == 0 {
+                shared.clone()
+            } else {
+                Vec::new()
+            };
             p.extend((0..len).map(|_| next()));
             p
         })
@@ -174,7 +181,11 @@ pub fn engine_config(n_ctx: usize, kv_memory_bytes: u64) -> EngineConfig {
 
 /// Runs every scenario for `reqs` on `model` and checks each answer against the
 /// reference; returns how many (scenario, request) pairs were compared.
-pub fn check_all_scenarios(model: &Arc<Model>, tok: &Option<Arc<Tokenizer>>, reqs: &[Request]) -> usize {
+pub fn check_all_scenarios(
+    model: &Arc<Model>,
+    tok: &Option<Arc<Tokenizer>>,
+    reqs: &[Request],
+) -> usize {
     let expected: Vec<Answer> = reqs.iter().map(|r| reference(model, tok, r)).collect();
     let n_ctx = reqs
         .iter()
@@ -204,8 +215,14 @@ pub fn check_all_scenarios(model: &Arc<Model>, tok: &Option<Arc<Tokenizer>>, req
     let alone: Vec<Answer> = reqs
         .iter()
         .map(|r| {
-            let mut e = Engine::new(model.clone(), tok.clone(), engine_config(n_ctx, roomy)).unwrap();
-            serve(&mut e, std::slice::from_ref(r), &Schedule { join_at: vec![0] }).remove(0)
+            let mut e =
+                Engine::new(model.clone(), tok.clone(), engine_config(n_ctx, roomy)).unwrap();
+            serve(
+                &mut e,
+                std::slice::from_ref(r),
+                &Schedule { join_at: vec![0] },
+            )
+            .remove(0)
         })
         .collect();
     compare("alone", alone);
@@ -232,7 +249,10 @@ pub fn check_all_scenarios(model: &Arc<Model>, tok: &Option<Arc<Tokenizer>>, req
     cfg.prefill_chunk = 7;
     cfg.prefix_cache = false;
     let mut e = Engine::new(model.clone(), tok.clone(), cfg).unwrap();
-    compare("joining while others decode", serve(&mut e, reqs, &staggered));
+    compare(
+        "joining while others decode",
+        serve(&mut e, reqs, &staggered),
+    );
 
     // A pool too small for all of them: preemption and recomputation.
     let mut cfg = engine_config(n_ctx, tight);
@@ -259,7 +279,12 @@ pub fn check_speculation(
 ) -> (u64, u64) {
     use nx_run::{DraftSource, Speculation};
     let expected: Vec<Answer> = reqs.iter().map(|r| reference(model, tok, r)).collect();
-    let n_ctx = reqs.iter().map(|r| r.prompt.len() + r.max_tokens).max().unwrap() + 1;
+    let n_ctx = reqs
+        .iter()
+        .map(|r| r.prompt.len() + r.max_tokens)
+        .max()
+        .unwrap()
+        + 1;
     let mut sources = vec![DraftSource::Ngram];
     if draft.is_some() {
         sources.push(DraftSource::Model);
