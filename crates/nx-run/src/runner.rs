@@ -62,7 +62,9 @@ pub struct Stats {
     pub decode_secs: f64,
     /// `prompt_tokens / prefill_secs` (0 when nothing was timed).
     pub prompt_tps: f64,
-    /// `decode_steps / decode_secs` (0 when nothing was timed).
+    /// Tokens chosen by the decode steps (every generated token after the first, and an
+    /// end-of-generation token that ended the run) per second of `decode_secs`; without
+    /// speculation that is `decode_steps / decode_secs` (0 when nothing was timed).
     pub gen_tps: f64,
     /// Milliseconds from the start of the call (after validation and encoding) to the
     /// first token being chosen: prefill plus one sampling (0 when no token was sampled).
@@ -406,7 +408,11 @@ impl Runner {
         }
         stats.generated_tokens = generated.len();
         stats.decode_secs = decode_time.as_secs_f64();
-        stats.gen_tps = rate(stats.decode_steps, stats.decode_secs);
+        // The first token comes from the prefill's logits; with speculation one decode
+        // step may choose several.
+        let decode_tokens =
+            (generated.len() + usize::from(reason == StopReason::Eos)).saturating_sub(1);
+        stats.gen_tps = rate(decode_tokens, stats.decode_secs);
         let _ = on_event(Event::Done {
             reason,
             stats,
