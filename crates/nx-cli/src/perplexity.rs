@@ -102,6 +102,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
     );
 
     let mut stderr = std::io::stderr();
+    let model = std::sync::Arc::new(model);
     let report = perplexity(&model, &tokenizer, &text, &config, |p| {
         // Printed once the first window is done, so that input the library rejects
         // before any work (a text too short) leaves only the error line.

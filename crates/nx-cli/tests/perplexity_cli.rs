@@ -84,7 +84,7 @@ fn prints_the_library_figures() {
 
     let gguf = Gguf::open(model_path()).unwrap();
     let tokenizer = Tokenizer::from_gguf(&gguf).unwrap();
-    let model = Model::from_gguf(gguf).unwrap();
+    let model = std::sync::Arc::new(Model::from_gguf(gguf).unwrap());
     let cfg = PerplexityConfig {
         n_ctx: 16,
         batch: 16,

@@ -137,6 +137,10 @@ pub struct Request {
     pub max_bytes: Option<usize>,
     /// Speculative decoding (`None`: one token per pass). Never changes the answer.
     pub speculation: Option<Speculation>,
+    /// Score the prompt: report the negative log-likelihood of every prompt token at
+    /// position `score_from` or later given the tokens before it
+    /// ([`EngineEvent::PromptScores`]; `nx perplexity`). `None`: no scoring.
+    pub score_from: Option<usize>,
 }
 
 /// Counts and timings of one finished request.
@@ -170,6 +174,14 @@ pub enum EngineEvent {
         text: String,
         logprob: f32,
         top: Vec<(u32, f32)>,
+    },
+    /// Negative log-likelihoods (nats, f64) of prompt tokens `first..first + nll.len()` of
+    /// sequence `seq`, each given the tokens before it ([`Request::score_from`]); one
+    /// event per step that computed some.
+    PromptScores {
+        seq: SeqId,
+        first: usize,
+        nll: Vec<f64>,
     },
     /// Sequence `seq` ended; its blocks are freed.
     Done {
@@ -229,6 +241,7 @@ impl Default for Request {
             ignore_eos: false,
             max_bytes: None,
             speculation: None,
+            score_from: None,
         }
     }
 }
@@ -255,6 +268,25 @@ struct Sequence {
     submitted: Instant,
     ttft_ms: f64,
     spec: Option<SpecState>,
+    score_from: Option<usize>,
+    /// Prompt targets below this were reported (a recomputed sequence does not repeat
+    /// them).
+    scored_upto: usize,
+}
+
+impl Sequence {
+    /// Prompt positions whose targets (the token after each) are scored when the batch
+    /// covers positions `pos..pos+n`: the target range.
+    fn scored_targets(&self, pos: usize, n: usize) -> std::ops::Range<usize> {
+        match self.score_from {
+            Some(from) => {
+                let start = from.max(pos + 1).max(1).max(self.scored_upto);
+                let end = (pos + n + 1).min(self.prompt_len);
+                start..end.max(start)
+            }
+            None => 0..0,
+        }
+    }
 }
 
 impl Sequence {
@@ -438,6 +470,11 @@ impl Engine {
                 max_queue: self.config.max_queue,
             });
         }
+        if r.speculation.is_some() && r.score_from.is_some() {
+            return Err(RunError::InvalidConfig(
+                "prompt scoring and speculative decoding do not mix".into(),
+            ));
+        }
         if let Some(spec) = &r.speculation {
             spec.validate()?;
             if spec.source == DraftSource::Model && self.draft.is_none() {
@@ -472,6 +509,8 @@ impl Engine {
             submitted: Instant::now(),
             ttft_ms: 0.0,
             spec: request.speculation.map(SpecState::new),
+            score_from: request.score_from,
+            scored_upto: 0,
         });
         Ok(id)
     }
@@ -578,7 +617,8 @@ impl Engine {
             };
             // Share the longest cached prefix; the last token is always computed, since
             // its logits are needed.
-            let mut table = if self.config.prefix_cache {
+            // A scored prompt computes every row it scores.
+            let mut table = if self.config.prefix_cache && seq.score_from.is_none() {
                 self.kv.match_prefix(&seq.tokens, seq.tokens.len() - 1)
             } else {
                 BlockTable::new()
@@ -841,11 +881,18 @@ impl Engine {
             let mut toks = seq.tokens[pos..pos + slot.n].to_vec();
             toks.extend_from_slice(&slot.drafts);
             let finishes = pos + slot.n == seq.tokens.len() && seq.max_tokens > 0;
-            rows.push(if finishes {
-                (slot.n - 1..toks.len()).collect()
-            } else {
-                Vec::new()
-            });
+            // Rows scoring prompt targets (the row of position t−1 predicts token t), then
+            // the rows that choose tokens.
+            let mut want: Vec<usize> = seq
+                .scored_targets(pos, slot.n)
+                .map(|t| t - 1 - pos)
+                .collect();
+            if finishes {
+                let first_gen = slot.n - 1;
+                want.retain(|&r| r < first_gen);
+                want.extend(first_gen..toks.len());
+            }
+            rows.push(want);
             fed.push(toks);
         }
         let mut slots: Vec<Option<&mut Sequence>> = self.running.iter_mut().map(Some).collect();
@@ -882,6 +929,39 @@ impl Engine {
         for slot in plan {
             let seq = &mut self.running[slot.index];
             let id = seq.id;
+            // The chunk started where the cache ends now, less what this step added.
+            let pos = seq.table.len() - slot.n - slot.drafts.len();
+            let gen_rows = if seq.table.len() >= seq.tokens.len() && seq.max_tokens > 0 {
+                slot.drafts.len() + 1
+            } else {
+                0
+            };
+            let targets = seq.scored_targets(pos, slot.n);
+            if !targets.is_empty() {
+                seq.scored_upto = targets.end;
+                let n = targets.len();
+                let logits = &self.logits[row * n_vocab..(row + n) * n_vocab];
+                match score_targets(&self.model, logits, &seq.tokens[targets.clone()]) {
+                    Ok(nll) => events.push(EngineEvent::PromptScores {
+                        seq: id,
+                        first: targets.start,
+                        nll,
+                    }),
+                    Err((i, token, value)) => {
+                        failed.push((
+                            id,
+                            RunError::NonFiniteLogits {
+                                position: targets.start + i - 1,
+                                token,
+                                value,
+                            },
+                        ));
+                        row += n + gen_rows;
+                        continue;
+                    }
+                }
+                row += n;
+            }
             let caught_up = seq.table.len() >= seq.tokens.len();
             if !caught_up {
                 self.register(slot.index);
@@ -965,6 +1045,44 @@ impl Engine {
             self.kv.register(&mut seq.table, &seq.tokens);
         }
     }
+}
+
+/// `-log softmax(row)[target]` (f64) for each logits row and its target, spread over the
+/// model's pool; the first row whose value is not finite is an error `(row, token,
+/// logit)`.
+fn score_targets(
+    model: &Model,
+    logits: &[f32],
+    targets: &[u32],
+) -> Result<Vec<f64>, (usize, u32, f32)> {
+    let n_vocab = model.config().n_vocab;
+    let mut nll = vec![0f64; targets.len()];
+    let mut states = vec![(); model.threads()];
+    model
+        .pool()
+        .parallel_chunks_mut(&mut nll, 1, 8, &mut states, |_, range, part| {
+            for (r, slot) in range.zip(part.iter_mut()) {
+                *slot = token_nll(&logits[r * n_vocab..(r + 1) * n_vocab], targets[r]);
+            }
+        });
+    if let Some(r) = nll.iter().position(|v| !v.is_finite()) {
+        let row = &logits[r * n_vocab..(r + 1) * n_vocab];
+        // Finite logits can still give an infinite NLL (a target far below the rest).
+        let (token, value) = row
+            .iter()
+            .enumerate()
+            .find(|(_, l)| !l.is_finite())
+            .map_or((0, row[0]), |(t, &l)| (t as u32, l));
+        return Err((r, token, value));
+    }
+    Ok(nll)
+}
+
+/// `-log softmax(logits)[target]` in f64: `max + ln Σ exp(l - max) - l[target]`.
+pub fn token_nll(logits: &[f32], target: u32) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    max + sum.ln() - logits[target as usize] as f64
 }
 
 /// The highest logit (lowest id on ties): the draft model's guess.

@@ -21,10 +21,14 @@
 //! are computed in parallel on the model's thread pool and summed in token order, so the
 //! result does not depend on the thread count.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nx_bpe::{EncodeOptions, Tokenizer, TokenizerError};
-use nx_llama_stack::{ForwardState, KvDtype, Model, StackError};
+use nx_llama_stack::{KvDtype, Model, StackError};
+
+use crate::engine::{Engine, EngineConfig, EngineEvent, Request};
+use crate::RunError;
 
 /// Settings of a perplexity run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +106,9 @@ pub enum PerplexityError {
     /// The forward pass failed.
     #[error(transparent)]
     Model(#[from] StackError),
+    /// The engine refused or failed the window.
+    #[error(transparent)]
+    Engine(RunError),
 }
 
 /// Progress after one window, handed to the caller's callback.
@@ -163,7 +170,7 @@ pub fn tokenize_text(tokenizer: &Tokenizer, text: &[u8]) -> Result<Vec<u32>, Per
 /// Computes the perplexity of `model` on `text` (see the module docs), calling
 /// `on_chunk` after each window.
 pub fn perplexity(
-    model: &Model,
+    model: &Arc<Model>,
     tokenizer: &Tokenizer,
     text: &[u8],
     config: &PerplexityConfig,
@@ -182,7 +189,7 @@ pub fn perplexity(
 /// Computes the perplexity of `model` on already-tokenized `tokens`; `bos`, when given,
 /// replaces each window's first token (see the module docs).
 pub fn perplexity_of_tokens(
-    model: &Model,
+    model: &Arc<Model>,
     tokens: &[u32],
     bos: Option<u32>,
     config: &PerplexityConfig,
@@ -219,10 +226,8 @@ pub fn perplexity_of_tokens(
     // predict the next window's first token, which llama.cpp does not score.
     let scored_per_chunk = n_ctx - 1 - first;
 
-    let mut cache = model.new_cache(n_ctx, config.kv_dtype)?;
-    let mut state = ForwardState::default();
-    let mut logits = Vec::new();
-    let mut rows = Vec::with_capacity(batch);
+    // One window at a time through a one-slot engine, scoring rows `first..n_ctx-1`.
+    let mut engine = window_engine(model, n_ctx, batch, config.kv_dtype)?;
     let mut window = Vec::with_capacity(n_ctx);
     let mut nll_rows = vec![0f64; scored_per_chunk];
 
@@ -239,39 +244,21 @@ pub fn perplexity_of_tokens(
         if let Some(bos) = bos {
             window[0] = bos;
         }
-        cache.clear();
-
-        let mut start = 0;
-        while start < n_ctx {
-            let end = (start + batch).min(n_ctx);
-            rows.clear();
-            rows.extend((start.max(first)..end.min(n_ctx - 1)).map(|pos| pos - start));
-            model.forward(
-                &window[start..end],
-                start,
-                &mut cache,
-                &rows,
-                &mut state,
-                &mut logits,
-            )?;
-            if !rows.is_empty() {
-                // Targets: the window token after each scored position. The window's
-                // first token was replaced by BOS, but it is never a target (first >= 1).
-                let first_pos = start + rows[0];
-                let targets = &window[first_pos + 1..first_pos + 1 + rows.len()];
-                let out = &mut nll_rows[first_pos - first..first_pos - first + rows.len()];
-                score_rows(model, &logits, n_vocab, targets, out);
-                if let Some((i, token, value)) = first_non_finite(&logits, n_vocab, out) {
-                    return Err(PerplexityError::NonFiniteLogits {
-                        chunk,
-                        position: first_pos + i,
-                        token,
-                        value,
-                    });
-                }
-            }
-            start = end;
-        }
+        // Targets: the window token after each scored position. The window's first
+        // token was replaced by BOS, but it is never a target (first >= 1).
+        score_window(&mut engine, &window, first + 1, &mut nll_rows).map_err(|e| match e {
+            RunError::NonFiniteLogits {
+                position,
+                token,
+                value,
+            } => PerplexityError::NonFiniteLogits {
+                chunk,
+                position,
+                token,
+                value,
+            },
+            other => PerplexityError::Engine(other),
+        })?;
 
         let mut chunk_sum = 0f64;
         for &v in &nll_rows {
@@ -318,10 +305,59 @@ pub fn final_estimate(nll_sum: f64, nll2_sum: f64, count: usize) -> (f64, f64, O
 }
 
 /// `-log softmax(logits)[target]` in f64: `max + ln Σ exp(l - max) - l[target]`.
-pub fn token_nll(logits: &[f32], target: u32) -> f64 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
-    max + sum.ln() - logits[target as usize] as f64
+pub use crate::engine::token_nll;
+
+/// A one-slot engine for windows of `n_ctx` tokens, prefilled `batch` at a time.
+fn window_engine(
+    model: &Arc<Model>,
+    n_ctx: usize,
+    batch: usize,
+    kv_dtype: nx_kv_cache::KvDtype,
+) -> Result<Engine, PerplexityError> {
+    let block_size = 16;
+    let blocks = n_ctx.div_ceil(block_size) as u64 + 1;
+    let config = EngineConfig {
+        n_ctx,
+        kv_dtype,
+        kv_memory_bytes: model.kv_bytes_per_position(kv_dtype) * block_size as u64 * blocks,
+        block_size,
+        max_running: 1,
+        step_tokens: batch,
+        prefill_chunk: batch,
+        prefix_cache: false,
+        max_queue: 1,
+    };
+    Engine::new(model.clone(), None, config).map_err(PerplexityError::Engine)
+}
+
+/// Runs `window` through `engine` and writes the NLL of its tokens `first..` into `out`.
+fn score_window(
+    engine: &mut Engine,
+    window: &[u32],
+    first: usize,
+    out: &mut [f64],
+) -> Result<(), RunError> {
+    let seq = engine.submit(Request {
+        prompt: window.to_vec(),
+        max_tokens: 0,
+        sampler: nx_sampler::SamplerConfig::greedy(),
+        score_from: Some(first),
+        ..Request::default()
+    })?;
+    loop {
+        for event in engine.step()? {
+            match event {
+                EngineEvent::PromptScores { first: at, nll, .. } => {
+                    out[at - first..at - first + nll.len()].copy_from_slice(&nll);
+                }
+                EngineEvent::Done { .. } => return Ok(()),
+                EngineEvent::Failed { error, .. } => {
+                    return Err(engine.take_failure(seq).unwrap_or(RunError::Batch(error)))
+                }
+                EngineEvent::Token { .. } => {}
+            }
+        }
+    }
 }
 
 fn check_config(config: &PerplexityConfig) -> Result<(), PerplexityError> {
@@ -342,34 +378,6 @@ fn check_config(config: &PerplexityConfig) -> Result<(), PerplexityError> {
         ));
     }
     Ok(())
-}
-
-/// Fills `out[r]` with the NLL of `targets[r]` under logits row `r`, rows spread over the
-/// model's thread pool (each row's value is computed by one thread, so the result does
-/// not depend on the thread count).
-fn score_rows(model: &Model, logits: &[f32], n_vocab: usize, targets: &[u32], out: &mut [f64]) {
-    let mut states = vec![(); model.threads()];
-    model
-        .pool()
-        .parallel_chunks_mut(out, 1, 8, &mut states, |_, range, part| {
-            for (r, slot) in range.zip(part.iter_mut()) {
-                *slot = token_nll(&logits[r * n_vocab..(r + 1) * n_vocab], targets[r]);
-            }
-        });
-}
-
-/// The first scored row whose NLL is not finite, with its first non-finite logit:
-/// `(row, token, value)`.
-fn first_non_finite(logits: &[f32], n_vocab: usize, nll: &[f64]) -> Option<(usize, u32, f32)> {
-    let row = nll.iter().position(|v| !v.is_finite())?;
-    let row_logits = &logits[row * n_vocab..(row + 1) * n_vocab];
-    let (token, &value) = row_logits
-        .iter()
-        .enumerate()
-        .find(|(_, l)| !l.is_finite())
-        // Finite logits can still give an infinite NLL (a target far below the rest).
-        .unwrap_or((0, &row_logits[0]));
-    Some((row, token as u32, value))
 }
 
 #[cfg(test)]

@@ -334,6 +334,7 @@ impl Runner {
             ignore_eos: false,
             max_bytes: c.max_bytes,
             speculation: c.speculation,
+            score_from: None,
         };
         let seq = self.engine.submit(request)?;
         let mut stats = Stats {
@@ -386,6 +387,7 @@ impl Runner {
                         stats.accepted_tokens = usage.accepted_tokens;
                         break 'steps (reason, flushed);
                     }
+                    EngineEvent::PromptScores { .. } => {} // never asked for
                     EngineEvent::Failed { error, .. } => {
                         return Err(self
                             .engine

@@ -192,6 +192,7 @@ fn gold_ppl_gemma3_270m() {
         kv_dtype: KvDtype::F32,
     };
     let started = Instant::now();
+    let model = std::sync::Arc::new(model);
     let report = perplexity(&model, &tokenizer, &text, &config, |p| {
         println!(
             "  [{}] nx {:.4}  llama.cpp {:.4}  ({:.2} s)",

@@ -1,6 +1,8 @@
 //! `nx_run::perplexity` on the tiny random-weight model: agreement with a brute-force
 //! recomputation, BOS handling, chunking and thread invariance, and the typed errors.
 
+use std::sync::Arc;
+
 #[path = "common/tiny_model.rs"]
 mod tiny_model;
 
@@ -11,10 +13,13 @@ use nx_run::perplexity::{perplexity_of_tokens, token_nll, tokenize_text};
 use nx_run::{perplexity, PerplexityConfig, PerplexityError, PerplexityReport};
 use tiny_model::{TinyOptions, BOS};
 
-fn load(opts: TinyOptions) -> (Model, Tokenizer) {
+fn load(opts: TinyOptions) -> (Arc<Model>, Tokenizer) {
     let gguf = Gguf::from_bytes(tiny_model::tiny_gguf(opts)).expect("tiny GGUF parses");
     let tokenizer = Tokenizer::from_gguf(&gguf).expect("tiny tokenizer");
-    (Model::from_gguf(gguf).expect("tiny model"), tokenizer)
+    (
+        Arc::new(Model::from_gguf(gguf).expect("tiny model")),
+        tokenizer,
+    )
 }
 
 /// A text of a few hundred tokens in the tiny vocabulary.
@@ -44,7 +49,12 @@ fn config(n_ctx: usize, batch: usize) -> PerplexityConfig {
     }
 }
 
-fn run(model: &Model, tok: &Tokenizer, text: &[u8], cfg: &PerplexityConfig) -> PerplexityReport {
+fn run(
+    model: &Arc<Model>,
+    tok: &Tokenizer,
+    text: &[u8],
+    cfg: &PerplexityConfig,
+) -> PerplexityReport {
     perplexity(model, tok, text, cfg, |_| {}).expect("perplexity")
 }
 
@@ -142,7 +152,9 @@ fn batch_size_and_threads_do_not_change_the_result() {
         assert_eq!(r.ppl_error, reference.ppl_error, "batch {batch}");
     }
     for threads in [1, 2, 3] {
-        model.set_threads(threads);
+        let mut m = Arc::try_unwrap(model).ok().expect("sole owner");
+        m.set_threads(threads);
+        model = Arc::new(m);
         let r = run(&model, &tok, text.as_bytes(), &config(n_ctx, 7));
         assert_eq!(r.running_ppl, reference.running_ppl, "{threads} threads");
     }

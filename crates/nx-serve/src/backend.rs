@@ -377,7 +377,7 @@ fn cancel_all<B: Backend>(backend: &mut B, routes: &mut Routes) {
 fn route<B: Backend>(backend: &mut B, routes: &mut Routes, events: Vec<EngineEvent>) {
     for event in events {
         let (seq, last) = match &event {
-            EngineEvent::Token { seq, .. } => (*seq, false),
+            EngineEvent::Token { seq, .. } | EngineEvent::PromptScores { seq, .. } => (*seq, false),
             EngineEvent::Done { seq, .. } | EngineEvent::Failed { seq, .. } => (*seq, true),
         };
         let Some(tx) = routes.get(&seq) else {

@@ -674,6 +674,8 @@ impl Generation {
             EngineEvent::Token { seq, .. }
             | EngineEvent::Done { seq, .. }
             | EngineEvent::Failed { seq, .. } => *seq,
+            // The server never asks the engine to score prompts.
+            EngineEvent::PromptScores { .. } => return None,
         };
         let index = *self.index_of.get(&seq)?;
         let want_logprobs = self.logprobs.is_some();
@@ -709,6 +711,7 @@ impl Generation {
                 c.error = Some(error.clone());
                 Some((index, Update::Failed(error)))
             }
+            EngineEvent::PromptScores { .. } => None,
         }
     }
 

@@ -127,6 +127,7 @@ pub fn serve(engine: &mut Engine, reqs: &[Request], schedule: &Schedule) -> Vec<
                     top,
                 } => push(answers.get_mut(&seq).unwrap(), id, &text, logprob, &top),
                 EngineEvent::Done { .. } => done += 1,
+                EngineEvent::PromptScores { .. } => panic!("no request asked for scores"),
                 EngineEvent::Failed { seq, error } => panic!("sequence {seq} failed: {error}"),
             }
         }
