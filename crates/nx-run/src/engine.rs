@@ -686,16 +686,19 @@ impl Engine {
 
     /// Drafts for sequence `id` when it decodes (`n == 1`): n-gram drafts now, or how
     /// many to ask of the draft model; at most `room` tokens of the step budget.
-    fn drafts_for(&self, id: SeqId, n: usize, room: usize) -> (Vec<u32>, usize) {
-        let Some(seq) = self.running.iter().find(|s| s.id == id) else {
+    fn drafts_for(&mut self, id: SeqId, n: usize, room: usize) -> (Vec<u32>, usize) {
+        let Some(seq) = self.running.iter_mut().find(|s| s.id == id) else {
             return (Vec::new(), 0);
         };
-        let Some(spec) = seq.spec.as_ref().filter(|_| n == 1 && seq.pending() == 1) else {
+        let decoding = n == 1 && seq.pending() == 1;
+        let remaining = seq.max_tokens.saturating_sub(seq.generated);
+        let Some(spec) = seq.spec.as_mut().filter(|_| decoding) else {
             return (Vec::new(), 0);
         };
-        let k = spec
-            .next_len(seq.max_tokens.saturating_sub(seq.generated))
-            .min(room);
+        if !spec.take_turn() {
+            return (Vec::new(), 0);
+        }
+        let k = spec.next_len(remaining).min(room);
         match spec.spec.source {
             DraftSource::Ngram => (ngram_draft(&seq.tokens, NGRAM_MAX, k), 0),
             DraftSource::Model => (Vec::new(), k),

@@ -13,7 +13,10 @@
 //! occurred before, n from [`NGRAM_MAX`] down to 1, proposes what followed it) and a
 //! draft model ([`DraftSource::Model`]: a smaller model with the same vocabulary, set with
 //! [`crate::Engine::with_draft_model`], greedy). The draft length adapts per sequence:
-//! it doubles while every guess is kept and falls back to one more than the guesses kept.
+//! it doubles while every guess is kept and falls back to one more than the guesses kept,
+//! and after a pass whose guesses were all wrong the sequence decodes a while without
+//! drafting (1, 2, 4, … up to [`MAX_PAUSE`] passes), since checking guesses costs a wider
+//! forward pass.
 
 use nx_gguf::Gguf;
 use nx_kv_cache::BlockTable;
@@ -84,7 +87,15 @@ pub(crate) struct SpecState {
     pub(crate) accepted: usize,
     /// The draft model's cache of this sequence's first tokens.
     pub(crate) draft_table: BlockTable,
+    /// Passes left to decode without drafts, and the length of the last such pause:
+    /// after a pass whose drafts were all wrong the pause doubles (up to
+    /// [`MAX_PAUSE`]), so text where drafts fail costs little more than plain decoding.
+    pause_left: usize,
+    pause: usize,
 }
+
+/// Longest pause from drafting, in passes.
+pub const MAX_PAUSE: usize = 32;
 
 impl SpecState {
     pub(crate) fn new(spec: Speculation) -> SpecState {
@@ -94,7 +105,18 @@ impl SpecState {
             drafted: 0,
             accepted: 0,
             draft_table: BlockTable::new(),
+            pause_left: 0,
+            pause: 0,
         }
+    }
+
+    /// `false` while drafting is paused (and counts the pass).
+    pub(crate) fn take_turn(&mut self) -> bool {
+        if self.pause_left > 0 {
+            self.pause_left -= 1;
+            return false;
+        }
+        true
     }
 
     /// Draft tokens to ask for when `remaining` more tokens may be generated (the
@@ -112,6 +134,12 @@ impl SpecState {
         } else {
             (kept + 1).min(self.spec.draft_max)
         };
+        if kept == 0 {
+            self.pause = (self.pause * 2).clamp(1, MAX_PAUSE);
+            self.pause_left = self.pause;
+        } else {
+            self.pause = 0;
+        }
     }
 }
 
@@ -208,9 +236,18 @@ mod tests {
         assert_eq!(s.next_len(100), 8);
         s.record(8, 2);
         assert_eq!(s.next_len(100), 3);
+        assert!(s.take_turn());
         s.record(3, 0);
         assert_eq!(s.next_len(100), 1);
         assert_eq!(s.next_len(1), 0, "the pass's own token is the last allowed");
         assert_eq!((s.drafted, s.accepted), (23, 14));
+        // All wrong: one pass without drafts, then two, then four, …
+        assert!(!s.take_turn());
+        assert!(s.take_turn());
+        s.record(1, 0);
+        assert!(!s.take_turn() && !s.take_turn());
+        assert!(s.take_turn());
+        s.record(1, 1);
+        assert!(s.take_turn(), "a kept draft ends the pauses");
     }
 }
