@@ -82,7 +82,9 @@ impl Model {
     /// Builds the model over an already-parsed file.
     pub fn from_gguf(gguf: Gguf) -> Result<Model, StackError> {
         // Fail on the architecture before looking for its tensors.
-        Arch::from_name(gguf.architecture()?)?;
+        let arch = gguf.architecture()?.to_string();
+        Arch::from_name(&arch)?;
+        check_layer_count(&gguf, &arch)?;
         let token_embd = find(&gguf, "token_embd.weight")?;
         if token_embd.ne.len() != 2 {
             return Err(StackError::TensorShape {
@@ -533,6 +535,31 @@ impl Model {
     pub fn embedding_type(&self) -> GgmlType {
         self.token_embd.ggml_type
     }
+}
+
+/// Checks the layer count against the tensors the file holds before anything is sized
+/// by it: every layer has at least nine tensors, and the last layer's norm must exist.
+fn check_layer_count(gguf: &Gguf, arch: &str) -> Result<(), StackError> {
+    let key = format!("{arch}.block_count");
+    let Ok(n_layers) = gguf.metadata().get_u32(&key) else {
+        return Ok(()); // a missing or mistyped key is reported by the config
+    };
+    let most = gguf.tensors().len() / 9;
+    if n_layers as usize > most {
+        return Err(StackError::BadConfig(format!(
+            "{key} = {n_layers}, but the file's {} tensors hold at most {most} layers",
+            gguf.tensors().len()
+        )));
+    }
+    if n_layers > 0 {
+        let last = format!("blk.{}.attn_norm.weight", n_layers - 1);
+        if gguf.tensor(&last).is_none() {
+            return Err(StackError::BadConfig(format!(
+                "{key} = {n_layers}, but the file has no tensor {last:?}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn find(gguf: &Gguf, name: &str) -> Result<TensorInfo, StackError> {
