@@ -54,6 +54,11 @@ pub struct BenchArgs {
     pub json: bool,
     #[command(flatten)]
     pub spec: crate::spec::SpecArgs,
+    /// Batched mode: decode N sequences together for each N in the list (e.g.
+    /// `1,2,4,8,16`), each with a P-token prompt and N_GEN tokens, and report the
+    /// aggregate prefill and decode rates (like llama-batched-bench).
+    #[arg(long, value_name = "N,N,...")]
+    pub parallel: Option<String>,
 }
 
 /// `n` ordinary token ids spread over the vocabulary (deterministic).
@@ -76,7 +81,7 @@ fn bench_ids(n: usize, n_vocab: usize, tokenizer: Option<&Tokenizer>) -> Vec<u32
     ids
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
@@ -110,6 +115,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let path = resolve_model(args.model.as_deref())?;
     let model = open_model(&path)?;
+    if let Some(list) = &args.parallel {
+        return run_batched(args, &path, &model, &crate::batched::parse_levels(list)?);
+    }
     let n_vocab = model.config().n_vocab;
     // The tokenizer only helps pick ordinary ids; a model without one still benches.
     let tokenizer = Tokenizer::from_gguf(model.gguf()).ok();
@@ -184,5 +192,69 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!("ttft:      {} ms", fmt(ttft, 1));
     }
     println!("peak RSS:  {} MB", fmt(rss, 1));
+    Ok(())
+}
+
+/// `--parallel`: the batched table.
+fn run_batched(
+    args: &BenchArgs,
+    path: &std::path::Path,
+    model: &std::sync::Arc<nx_run::Model>,
+    levels: &[usize],
+) -> Result<()> {
+    if args.n_prompt == 0 || args.n_gen == 0 {
+        bail!("--parallel needs -p and -n above 0");
+    }
+    let n_vocab = model.config().n_vocab;
+    let tokenizer = Tokenizer::from_gguf(model.gguf()).ok();
+    let max = levels.iter().copied().max().unwrap_or(1);
+    let all = bench_ids(args.n_prompt * max + max, n_vocab, tokenizer.as_ref());
+    let threads = args.threads.unwrap_or_else(nx_syscalls::threads_from_env);
+    let mut rows = Vec::new();
+    for &n in levels {
+        // Distinct prompts: shifted windows of one long id sequence.
+        let prompts: Vec<Vec<u32>> = (0..n)
+            .map(|i| all[i * args.n_prompt + i..(i + 1) * args.n_prompt + i].to_vec())
+            .collect();
+        eprintln!("bench: {n} sequences ...");
+        rows.push(crate::batched::run_level(
+            model,
+            &prompts,
+            args.n_gen,
+            args.prefill_chunk,
+            args.reps,
+        )?);
+    }
+    if args.json {
+        let levels: Vec<_> = rows
+            .iter()
+            .map(|l| json!({"n_seqs": l.n_seqs, "pp_tps": l.pp_tps, "tg_tps": l.tg_tps, "total_tps": l.total_tps}))
+            .collect();
+        println!(
+            "{}",
+            json!({"model": path.display().to_string(), "threads": threads, "pp_tokens": args.n_prompt, "tg_tokens": args.n_gen, "reps": args.reps, "levels": levels})
+        );
+        return Ok(());
+    }
+    println!("model: {}", path.display());
+    println!(
+        "threads: {threads}   reps: {}   prompt: {} tokens   generation: {} tokens per sequence",
+        args.reps, args.n_prompt, args.n_gen
+    );
+    println!(
+        "{:>6} {:>12} {:>12} {:>12} {:>10}",
+        "seqs", "pp t/s", "tg t/s", "total t/s", "tg vs 1"
+    );
+    let base = rows.first().map_or(1.0, |l| l.tg_tps);
+    for l in &rows {
+        println!(
+            "{:>6} {:>12.1} {:>12.1} {:>12.1} {:>9.2}x",
+            l.n_seqs,
+            l.pp_tps,
+            l.tg_tps,
+            l.total_tps,
+            l.tg_tps / base
+        );
+    }
     Ok(())
 }

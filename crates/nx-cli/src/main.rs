@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod batched;
 mod bench;
 mod chat;
 mod inspect;

@@ -325,7 +325,8 @@ pub struct Engine {
     kv: PagedKv,
     state: ForwardState,
     logits: Vec<f32>,
-    sample_buf: Vec<f32>,
+    /// One sampling buffer per pool thread.
+    sample_bufs: Vec<Vec<f32>>,
     waiting: VecDeque<Sequence>,
     /// Admitted sequences, oldest first.
     running: Vec<Sequence>,
@@ -386,7 +387,7 @@ impl Engine {
             kv,
             state: ForwardState::default(),
             logits: Vec::new(),
-            sample_buf: Vec::new(),
+            sample_bufs: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_id: 1,
@@ -926,15 +927,17 @@ impl Engine {
     /// rules, rolls rejected draft rows back and registers full blocks in the prefix cache.
     fn sample_batch(&mut self, plan: &[Slot], events: &mut Vec<EngineEvent>) {
         let n_vocab = self.model.config().n_vocab;
-        let mut row = 0;
         let mut finished: Vec<(SeqId, StopReason, String)> = Vec::new();
         let mut failed: Vec<(SeqId, RunError)> = Vec::new();
-        for slot in plan {
+        // Prompt scores, and which slots choose tokens from which logits rows.
+        let mut jobs: Vec<(usize, usize)> = Vec::new(); // (slot, first row)
+        let mut row = 0;
+        for (k, slot) in plan.iter().enumerate() {
             let seq = &mut self.running[slot.index];
-            let id = seq.id;
             // The chunk started where the cache ends now, less what this step added.
             let pos = seq.table.len() - slot.n - slot.drafts.len();
-            let gen_rows = if seq.table.len() >= seq.tokens.len() && seq.max_tokens > 0 {
+            let caught_up = seq.table.len() >= seq.tokens.len();
+            let gen_rows = if caught_up && seq.max_tokens > 0 {
                 slot.drafts.len() + 1
             } else {
                 0
@@ -944,79 +947,63 @@ impl Engine {
                 seq.scored_upto = targets.end;
                 let n = targets.len();
                 let logits = &self.logits[row * n_vocab..(row + n) * n_vocab];
+                row += n;
                 match score_targets(&self.model, logits, &seq.tokens[targets.clone()]) {
                     Ok(nll) => events.push(EngineEvent::PromptScores {
-                        seq: id,
+                        seq: seq.id,
                         first: targets.start,
                         nll,
                     }),
                     Err((i, token, value)) => {
-                        failed.push((
-                            id,
-                            RunError::NonFiniteLogits {
-                                position: targets.start + i - 1,
-                                token,
-                                value,
-                            },
-                        ));
-                        row += n + gen_rows;
+                        let position = targets.start + i - 1;
+                        let error = RunError::NonFiniteLogits {
+                            position,
+                            token,
+                            value,
+                        };
+                        failed.push((seq.id, error));
+                        row += gen_rows;
                         continue;
                     }
                 }
-                row += n;
             }
-            let caught_up = seq.table.len() >= seq.tokens.len();
             if !caught_up {
                 self.register(slot.index);
                 continue; // mid-prefill: no logits this step
             }
             if seq.max_tokens == 0 {
-                finished.push((id, StopReason::MaxTokens, String::new()));
+                finished.push((seq.id, StopReason::MaxTokens, String::new()));
                 continue;
             }
-            let base = seq.tokens.len(); // position of the first token sampled now
-            let mut kept = 0;
-            let mut ended = false;
-            for i in 0..=slot.drafts.len() {
-                let logits = &self.logits[(row + i) * n_vocab..(row + i + 1) * n_vocab];
-                match sample_one(seq, self.tokenizer.as_deref(), logits, &mut self.sample_buf) {
-                    Ok(Sampled::Continue(event)) => {
-                        self.metrics.generated_tokens_total += 1;
-                        events.push(event);
-                    }
-                    Ok(Sampled::Finished(event, reason, flushed)) => {
-                        if let Some(event) = event {
-                            self.metrics.generated_tokens_total += 1;
-                            events.push(event);
-                        }
-                        finished.push((id, reason, flushed));
-                        ended = true;
-                        break;
-                    }
-                    Err(e) => {
-                        failed.push((id, e));
-                        ended = true;
-                        break;
-                    }
+            jobs.push((k, row));
+            row += gen_rows;
+        }
+        let outcomes = self.verify_all(plan, &jobs);
+        for (&(k, _), v) in jobs.iter().zip(outcomes) {
+            let slot = &plan[k];
+            let id = self.running[slot.index].id;
+            self.metrics.generated_tokens_total += v.events.len() as u64;
+            events.extend(v.events);
+            match v.end {
+                Some(Ok((reason, flushed))) => {
+                    finished.push((id, reason, flushed));
+                    continue;
                 }
-                if i < slot.drafts.len() && seq.tokens.last() == Some(&slot.drafts[i]) {
-                    kept += 1;
-                } else {
-                    break;
+                Some(Err(e)) => {
+                    failed.push((id, e));
+                    continue;
                 }
+                None => {}
             }
-            row += slot.drafts.len() + 1;
-            if ended {
-                continue;
-            }
+            let seq = &mut self.running[slot.index];
             // Rows of rejected drafts go; the cache ends before the new unfed token.
-            self.kv.truncate(&mut seq.table, base + kept);
+            self.kv.truncate(&mut seq.table, v.base + v.kept);
             if let Some(spec) = seq.spec.as_mut() {
                 if !slot.drafts.is_empty() {
-                    spec.record(slot.drafts.len(), kept);
+                    spec.record(slot.drafts.len(), v.kept);
                 }
                 if let Some(d) = self.draft.as_mut() {
-                    let valid = spec.draft_table.len().min(base + kept);
+                    let valid = spec.draft_table.len().min(v.base + v.kept);
                     d.kv.truncate(&mut spec.draft_table, valid);
                 }
             }
@@ -1041,6 +1028,44 @@ impl Engine {
         }
     }
 
+    /// Chooses the tokens of every job `(slot, first logits row)`, the sequences spread
+    /// over the model's pool (each sequence's tokens are chosen in order by one thread,
+    /// with its own sampler, so the split never shows). Outcomes in job order.
+    fn verify_all(&mut self, plan: &[Slot], jobs: &[(usize, usize)]) -> Vec<Verified> {
+        let n_vocab = self.model.config().n_vocab;
+        let tokenizer = self.tokenizer.as_deref();
+        let logits = &self.logits;
+        let mut seqs: Vec<Option<&mut Sequence>> = self.running.iter_mut().map(Some).collect();
+        let mut work: Vec<VerifyJob<'_>> = jobs
+            .iter()
+            .map(|&(k, row)| {
+                let slot = &plan[k];
+                let seq = seqs[slot.index].take().expect("one slot per sequence");
+                let rows = &logits[row * n_vocab..(row + slot.drafts.len() + 1) * n_vocab];
+                (seq, &slot.drafts[..], rows, None)
+            })
+            .collect();
+        let pool = self.model.pool();
+        if self.sample_bufs.len() < pool.n_threads() {
+            self.sample_bufs.resize_with(pool.n_threads(), Vec::new);
+        }
+        let bufs = &mut self.sample_bufs[..pool.n_threads()];
+        let run = |buf: &mut Vec<f32>, item: &mut VerifyJob<'_>| {
+            item.3 = Some(verify(item.0, item.1, item.2, n_vocab, tokenizer, buf));
+        };
+        if work.len() == 1 {
+            run(&mut bufs[0], &mut work[0]);
+        } else {
+            pool.parallel_chunks_mut(&mut work, 1, 1, bufs, |buf, _, items| {
+                for item in items {
+                    run(buf, item);
+                }
+            });
+        }
+        work.into_iter()
+            .map(|w| w.3.expect("every job ran"))
+            .collect()
+    }
     /// Files the full committed blocks of `running[index]` in the prefix cache.
     fn register(&mut self, index: usize) {
         if self.config.prefix_cache {
@@ -1104,6 +1129,62 @@ impl Sequence {
     fn pending_after(&self, table: &BlockTable) -> usize {
         self.tokens.len() - table.len()
     }
+}
+
+/// One sequence's token choice in [`Engine::verify_all`]: the sequence, its drafts, its
+/// logits rows and the outcome.
+type VerifyJob<'a> = (&'a mut Sequence, &'a [u32], &'a [f32], Option<Verified>);
+
+/// What choosing one step's tokens did to a sequence.
+struct Verified {
+    /// Token events, in order.
+    events: Vec<EngineEvent>,
+    /// `Some` when the sequence ended (a stop rule, or an error).
+    end: Option<Result<(StopReason, String), RunError>>,
+    /// Position of the first token chosen now, and how many drafts were kept.
+    base: usize,
+    kept: usize,
+}
+
+/// Chooses tokens for `seq` from `rows` (one logits row for its last token, then one per
+/// draft): one token per row, in order, until a chosen token differs from its draft or
+/// a stop rule fires — exactly the tokens plain decoding would choose.
+fn verify(
+    seq: &mut Sequence,
+    drafts: &[u32],
+    rows: &[f32],
+    n_vocab: usize,
+    tokenizer: Option<&Tokenizer>,
+    buf: &mut Vec<f32>,
+) -> Verified {
+    let base = seq.tokens.len();
+    let mut v = Verified {
+        events: Vec::new(),
+        end: None,
+        base,
+        kept: 0,
+    };
+    for i in 0..=drafts.len() {
+        let logits = &rows[i * n_vocab..(i + 1) * n_vocab];
+        match sample_one(seq, tokenizer, logits, buf) {
+            Ok(Sampled::Continue(event)) => v.events.push(event),
+            Ok(Sampled::Finished(event, reason, flushed)) => {
+                v.events.extend(event);
+                v.end = Some(Ok((reason, flushed)));
+                return v;
+            }
+            Err(e) => {
+                v.end = Some(Err(e));
+                return v;
+            }
+        }
+        if i < drafts.len() && seq.tokens.last() == Some(&drafts[i]) {
+            v.kept += 1;
+        } else {
+            break;
+        }
+    }
+    v
 }
 
 /// Samples one token from `logits` for `seq` and applies the stop rules, exactly as the

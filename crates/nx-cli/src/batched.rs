@@ -1,0 +1,106 @@
+//! `nx bench --parallel 1,2,4,8,16`: aggregate speed of N sequences decoded together by
+//! the engine, like `llama-batched-bench -npp P -ntg N -npl ...`.
+//!
+//! For each N, N requests with distinct `P`-token prompts and `N_GEN` tokens each
+//! (greedy, no stop rule) are submitted at once to one engine (`--parallel` slots, a
+//! pool big enough for all of them, no prefix cache). Reported per N: the prefill rate
+//! (N·P tokens over the time until every sequence has its first token), the decode rate
+//! (the tokens chosen after that, over the rest of the time: every sequence in every
+//! step) and the whole run's rate, each the median over `--reps`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use nx_run::{Engine, EngineConfig, EngineEvent, KvDtype, Model, Request, SamplerConfig};
+
+/// One level's figures.
+pub struct Level {
+    pub n_seqs: usize,
+    pub pp_tps: f64,
+    pub tg_tps: f64,
+    pub total_tps: f64,
+}
+
+/// Parses `1,2,4,8`.
+pub fn parse_levels(list: &str) -> Result<Vec<usize>> {
+    let levels: Vec<usize> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| match s.parse::<usize>() {
+            Ok(n) if (1..=256).contains(&n) => Ok(n),
+            _ => bail!("--parallel: {s:?} is not a sequence count in 1..=256"),
+        })
+        .collect::<Result<_>>()?;
+    if levels.is_empty() {
+        bail!("--parallel: no sequence counts given");
+    }
+    Ok(levels)
+}
+
+/// Runs one level `reps` times; the medians.
+pub fn run_level(
+    model: &Arc<Model>,
+    prompts: &[Vec<u32>],
+    n_gen: usize,
+    prefill_chunk: usize,
+    reps: usize,
+) -> Result<Level> {
+    let n_seqs = prompts.len();
+    let n_prompt = prompts[0].len();
+    let n_ctx = n_prompt + n_gen + 1;
+    let per_seq = model.kv_bytes_per_position(KvDtype::F16) * (n_ctx as u64 + 32);
+    let config = EngineConfig {
+        n_ctx,
+        kv_memory_bytes: per_seq * n_seqs as u64,
+        max_running: n_seqs,
+        step_tokens: prefill_chunk.max(n_seqs),
+        prefill_chunk,
+        prefix_cache: false,
+        max_queue: n_seqs,
+        ..EngineConfig::default()
+    };
+    let (mut pp, mut tg, mut total) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let mut engine = Engine::new(model.clone(), None, config.clone())?;
+        for p in prompts {
+            engine.submit(Request {
+                prompt: p.clone(),
+                max_tokens: n_gen,
+                sampler: SamplerConfig::greedy(),
+                ..Request::default()
+            })?;
+        }
+        let start = Instant::now();
+        let mut first_tokens = 0;
+        let mut decode_start = None;
+        let mut decoded = 0usize;
+        while engine.has_work() {
+            for event in engine.step()? {
+                match event {
+                    EngineEvent::Token { .. } if decode_start.is_some() => decoded += 1,
+                    EngineEvent::Token { .. } => {
+                        first_tokens += 1;
+                        if first_tokens == n_seqs {
+                            decode_start = Some(Instant::now());
+                        }
+                    }
+                    EngineEvent::Failed { error, .. } => bail!("a sequence failed: {error}"),
+                    _ => {}
+                }
+            }
+        }
+        let all = start.elapsed().as_secs_f64();
+        let prefill = decode_start.map_or(all, |t| (t - start).as_secs_f64());
+        pp.push((n_seqs * n_prompt) as f64 / prefill);
+        tg.push(decoded as f64 / (all - prefill).max(f64::EPSILON));
+        total.push((n_seqs * (n_prompt + n_gen)) as f64 / all);
+    }
+    Ok(Level {
+        n_seqs,
+        pp_tps: crate::bench::median(pp).unwrap_or(0.0),
+        tg_tps: crate::bench::median(tg).unwrap_or(0.0),
+        total_tps: crate::bench::median(total).unwrap_or(0.0),
+    })
+}
