@@ -201,45 +201,20 @@ pub fn forward_batch(
     // ---- attention ----
     let normed = sized(&mut s.normed, n * n_embd); // [n, n_embd]
     rmsnorm_rows_pool(pool, normed, x, w.attn_norm, n_embd, cfg.rms_eps);
-    s.projector.reset();
-    let q = sized(&mut s.q, n * q_dim); // [n, q_dim]
-    s.projector.project(&w.wq, normed, n, q, pool)?;
-    let k = sized(&mut s.k, n * k_dim); // [n, k_dim]
-    s.projector.project(&w.wk, normed, n, k, pool)?;
-    let v = sized(&mut s.v, n * v_dim); // [n, v_dim]
-    s.projector.project(&w.wv, normed, n, v, pool)?;
-    add_bias_rows(q, w.bq);
-    add_bias_rows(k, w.bk);
-    add_bias_rows(v, w.bv);
-    if let Some(qn) = w.q_norm {
-        check(layer, "attn_q_norm", qn, cfg.head_dim)?;
-        rmsnorm_in_place_pool(pool, q, qn, cfg.head_dim, cfg.rms_eps);
-    }
-    if let Some(kn) = w.k_norm {
-        check(layer, "attn_k_norm", kn, cfg.head_dim)?;
-        rmsnorm_in_place_pool(pool, k, kn, cfg.head_dim, cfg.rms_eps);
-    }
+    project_qkv(cfg, w, layer, n, s, pool)?;
+    let q = &mut s.q[..n * q_dim]; // [n, q_dim]
+    let k = &mut s.k[..n * k_dim]; // [n, k_dim]
+    let v = &s.v[..n * v_dim]; // [n, v_dim]
     apply_rope(cfg, w, &mut s.rope, q, k, segs)?;
     if cfg.q_scale != 1.0 {
         nx_f32::scale(q, cfg.q_scale);
     }
-
-    // Each sequence's new K/V rows into its own cache rows.
-    let mut row = 0;
-    for (i, g) in segs.iter().enumerate() {
-        let (kr, vr) = (
-            &k[row * k_dim..(row + g.n) * k_dim],
-            &v[row * v_dim..(row + g.n) * v_dim],
-        );
-        kv.write_rows(i, layer, g.pos, kr, vr)?;
-        row += g.n;
-    }
+    write_cache_rows(cfg, layer, segs, k, v, kv)?;
     let attn = sized(&mut s.attn, n * attn_dim); // [n, n_head · value_dim]
     let views = segment_views(cfg, layer, segs, &*kv, &mut s.widened_k, &mut s.widened_v)?;
     let probs = attention_scratch(cfg, segs, &mut s.probs, pool);
     attend_batch(cfg, layer, &views, segs, q, attn, probs, pool)?;
     drop(views);
-
     let proj = sized(&mut s.proj, n * n_embd); // [n, n_embd]
     s.projector.reset();
     s.projector.project(&w.wo, attn, n, proj, pool)?;
@@ -257,9 +232,78 @@ pub fn forward_batch(
     s.projector.project(&w.w_gate, normed, n, gate, pool)?;
     let up = sized(&mut s.up, n * cfg.n_ff); // [n, n_ff]
     s.projector.project(&w.w_up, normed, n, up, pool)?;
-    // hidden = act(gate)·up, written over gate; elementwise, split by token rows.
+    gated_activation(cfg, gate, up, pool); // hidden = act(gate)·up, over gate
+    s.projector.reset();
+    s.projector.project(&w.w_down, gate, n, proj, pool)?;
+    if let Some(pn) = w.post_ffn_norm {
+        check(layer, "post_ffw_norm", pn, n_embd)?;
+        rmsnorm_in_place_pool(pool, proj, pn, n_embd, cfg.rms_eps);
+    }
+    nx_f32::add_in_place(x, proj);
+    Ok(())
+}
+
+/// Q, K and V of the normalised rows `s.normed` into `s.q`, `s.k`, `s.v` (`[n, dim]`
+/// each): one quantization of the input for the three, then the biases and the per-head
+/// Q/K norms where the layer has them.
+fn project_qkv(
+    cfg: &LayerConfig,
+    w: &LayerWeights<'_>,
+    layer: usize,
+    n: usize,
+    s: &mut BlockScratch,
+    pool: &ThreadPool,
+) -> Result<(), BlockError> {
+    let q_dim = cfg.n_head * cfg.head_dim;
+    let k_dim = cfg.n_head_kv * cfg.head_dim;
+    let v_dim = cfg.n_head_kv * cfg.value_dim;
+    let normed = &s.normed[..n * cfg.n_embd];
+    s.projector.reset();
+    let q = sized(&mut s.q, n * q_dim);
+    s.projector.project(&w.wq, normed, n, q, pool)?;
+    let k = sized(&mut s.k, n * k_dim);
+    s.projector.project(&w.wk, normed, n, k, pool)?;
+    let v = sized(&mut s.v, n * v_dim);
+    s.projector.project(&w.wv, normed, n, v, pool)?;
+    add_bias_rows(q, w.bq);
+    add_bias_rows(k, w.bk);
+    add_bias_rows(v, w.bv);
+    if let Some(qn) = w.q_norm {
+        check(layer, "attn_q_norm", qn, cfg.head_dim)?;
+        rmsnorm_in_place_pool(pool, q, qn, cfg.head_dim, cfg.rms_eps);
+    }
+    if let Some(kn) = w.k_norm {
+        check(layer, "attn_k_norm", kn, cfg.head_dim)?;
+        rmsnorm_in_place_pool(pool, k, kn, cfg.head_dim, cfg.rms_eps);
+    }
+    Ok(())
+}
+
+/// Each sequence's new K/V rows (`[n, dim]`, batch order) into its own cache rows.
+fn write_cache_rows(
+    cfg: &LayerConfig,
+    layer: usize,
+    segs: &[Segment],
+    k: &[f32],
+    v: &[f32],
+    kv: &mut dyn KvSegments,
+) -> Result<(), BlockError> {
+    let (k_dim, v_dim) = (cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.value_dim);
+    let mut row = 0;
+    for (i, g) in segs.iter().enumerate() {
+        let (kr, vr) = (
+            &k[row * k_dim..(row + g.n) * k_dim],
+            &v[row * v_dim..(row + g.n) * v_dim],
+        );
+        kv.write_rows(i, layer, g.pos, kr, vr)?;
+        row += g.n;
+    }
+    Ok(())
+}
+
+/// `gate = act(gate)·up` elementwise (`[n, n_ff]`), split by token rows over `pool`.
+fn gated_activation(cfg: &LayerConfig, gate: &mut [f32], up: &[f32], pool: &ThreadPool) {
     let activation = cfg.ffn_activation;
-    let up = &*up;
     let mut no_state = vec![(); pool.n_threads()]; // zero-sized: allocates nothing
     pool.parallel_chunks_mut(gate, cfg.n_ff, 1, &mut no_state, |_, tokens, gate| {
         let up = &up[tokens.start * cfg.n_ff..tokens.end * cfg.n_ff];
@@ -280,14 +324,6 @@ pub fn forward_batch(
             }
         }
     });
-    s.projector.reset();
-    s.projector.project(&w.w_down, gate, n, proj, pool)?;
-    if let Some(pn) = w.post_ffn_norm {
-        check(layer, "post_ffw_norm", pn, n_embd)?;
-        rmsnorm_in_place_pool(pool, proj, pn, n_embd, cfg.rms_eps);
-    }
-    nx_f32::add_in_place(x, proj);
-    Ok(())
 }
 
 /// Fewer rows than this are normalised on the calling thread.

@@ -95,86 +95,27 @@ impl Model {
         }
         let n_vocab = token_embd.ne[1] as usize;
         let config = ModelConfig::from_metadata(gguf.metadata(), n_vocab)?;
-        let mut vectors = Vec::new();
-        let mut vector = |gguf: &Gguf, name: &str, len: usize| -> Result<usize, StackError> {
-            let info = find(gguf, name)?;
-            expect_shape(&info, &[len])?;
-            vectors.push(Vector {
-                info,
-                values: OnceLock::new(),
-            });
-            Ok(vectors.len() - 1)
-        };
         let c = &config;
+        let mut t = TensorTable {
+            gguf: &gguf,
+            vectors: Vec::new(),
+        };
         expect_shape(&token_embd, &[c.n_embd, n_vocab])?;
-        let output_norm = vector(&gguf, "output_norm.weight", c.n_embd)?;
+        let output_norm = t.vector("output_norm.weight", c.n_embd)?;
         let lm_head = match gguf.tensor("output.weight") {
             Some(t) => t.clone(),
             None => token_embd.clone(),
         };
         expect_shape(&lm_head, &[c.n_embd, n_vocab])?;
         let rope_freqs = match gguf.tensor("rope_freqs.weight") {
-            Some(_) => Some(vector(&gguf, "rope_freqs.weight", c.rope_dim / 2)?),
+            Some(_) => Some(t.vector("rope_freqs.weight", c.rope_dim / 2)?),
             None => None,
         };
-        let mut layers = Vec::with_capacity(c.n_layers);
-        for i in 0..c.n_layers {
-            let name = |s: &str| format!("blk.{i}.{s}");
-            let matrix = |s: &str, k: usize, n: usize| -> Result<TensorInfo, StackError> {
-                let t = find(&gguf, &name(s))?;
-                expect_shape(&t, &[k, n])?;
-                Ok(t)
-            };
-            let has = |s: &str| gguf.tensor(&name(s)).is_some();
-            let q_dim = c.q_dim();
-            let (bq, bk, bv) = if has("attn_q.bias") {
-                (
-                    Some(vector(&gguf, &name("attn_q.bias"), q_dim)?),
-                    Some(vector(&gguf, &name("attn_k.bias"), c.k_dim())?),
-                    Some(vector(&gguf, &name("attn_v.bias"), c.v_dim())?),
-                )
-            } else {
-                (None, None, None)
-            };
-            let (q_norm, k_norm) = if c.qk_norm {
-                (
-                    Some(vector(&gguf, &name("attn_q_norm.weight"), c.head_dim)?),
-                    Some(vector(&gguf, &name("attn_k_norm.weight"), c.head_dim)?),
-                )
-            } else {
-                (None, None)
-            };
-            let (post_attn_norm, post_ffn_norm) = if c.post_norms {
-                (
-                    Some(vector(
-                        &gguf,
-                        &name("post_attention_norm.weight"),
-                        c.n_embd,
-                    )?),
-                    Some(vector(&gguf, &name("post_ffw_norm.weight"), c.n_embd)?),
-                )
-            } else {
-                (None, None)
-            };
-            layers.push(LayerTensors {
-                attn_norm: vector(&gguf, &name("attn_norm.weight"), c.n_embd)?,
-                wq: matrix("attn_q.weight", c.n_embd, q_dim)?,
-                wk: matrix("attn_k.weight", c.n_embd, c.k_dim())?,
-                wv: matrix("attn_v.weight", c.n_embd, c.v_dim())?,
-                bq,
-                bk,
-                bv,
-                q_norm,
-                k_norm,
-                wo: matrix("attn_output.weight", c.n_head * c.value_dim, c.n_embd)?,
-                post_attn_norm,
-                ffn_norm: vector(&gguf, &name("ffn_norm.weight"), c.n_embd)?,
-                w_gate: matrix("ffn_gate.weight", c.n_embd, c.n_ff)?,
-                w_up: matrix("ffn_up.weight", c.n_embd, c.n_ff)?,
-                w_down: matrix("ffn_down.weight", c.n_ff, c.n_embd)?,
-                post_ffn_norm,
-            });
-        }
+        // The count was checked against the tensors present (`check_layer_count`).
+        let layers = (0..c.n_layers)
+            .map(|i| t.layer(c, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let vectors = t.vectors;
         let model = Model {
             gguf,
             config,
@@ -534,6 +475,86 @@ impl Model {
     /// The token embedding's type (for reports).
     pub fn embedding_type(&self) -> GgmlType {
         self.token_embd.ggml_type
+    }
+}
+
+/// Looks tensors up by name with their expected shapes while a model is built, keeping
+/// the 1-D ones (norms, biases) in `vectors` for lazy dequantization.
+struct TensorTable<'g> {
+    gguf: &'g Gguf,
+    vectors: Vec<Vector>,
+}
+
+impl TensorTable<'_> {
+    /// A 1-D tensor of `len` values: its index in `vectors`.
+    fn vector(&mut self, name: &str, len: usize) -> Result<usize, StackError> {
+        let info = find(self.gguf, name)?;
+        expect_shape(&info, &[len])?;
+        self.vectors.push(Vector {
+            info,
+            values: OnceLock::new(),
+        });
+        Ok(self.vectors.len() - 1)
+    }
+
+    /// A `[k, n]` matrix.
+    fn matrix(&self, name: &str, k: usize, n: usize) -> Result<TensorInfo, StackError> {
+        let t = find(self.gguf, name)?;
+        expect_shape(&t, &[k, n])?;
+        Ok(t)
+    }
+
+    /// The tensors of layer `i` (`blk.{i}.…`), the optional ones as the config asks.
+    fn layer(&mut self, c: &ModelConfig, i: usize) -> Result<LayerTensors, StackError> {
+        let name = |s: &str| format!("blk.{i}.{s}");
+        let q_dim = c.q_dim();
+        let (bq, bk, bv) = if self.gguf.tensor(&name("attn_q.bias")).is_some() {
+            (
+                Some(self.vector(&name("attn_q.bias"), q_dim)?),
+                Some(self.vector(&name("attn_k.bias"), c.k_dim())?),
+                Some(self.vector(&name("attn_v.bias"), c.v_dim())?),
+            )
+        } else {
+            (None, None, None)
+        };
+        let (q_norm, k_norm) = if c.qk_norm {
+            (
+                Some(self.vector(&name("attn_q_norm.weight"), c.head_dim)?),
+                Some(self.vector(&name("attn_k_norm.weight"), c.head_dim)?),
+            )
+        } else {
+            (None, None)
+        };
+        let (post_attn_norm, post_ffn_norm) = if c.post_norms {
+            (
+                Some(self.vector(&name("post_attention_norm.weight"), c.n_embd)?),
+                Some(self.vector(&name("post_ffw_norm.weight"), c.n_embd)?),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(LayerTensors {
+            attn_norm: self.vector(&name("attn_norm.weight"), c.n_embd)?,
+            wq: self.matrix(&name("attn_q.weight"), c.n_embd, q_dim)?,
+            wk: self.matrix(&name("attn_k.weight"), c.n_embd, c.k_dim())?,
+            wv: self.matrix(&name("attn_v.weight"), c.n_embd, c.v_dim())?,
+            bq,
+            bk,
+            bv,
+            q_norm,
+            k_norm,
+            wo: self.matrix(
+                &name("attn_output.weight"),
+                c.n_head * c.value_dim,
+                c.n_embd,
+            )?,
+            post_attn_norm,
+            ffn_norm: self.vector(&name("ffn_norm.weight"), c.n_embd)?,
+            w_gate: self.matrix(&name("ffn_gate.weight"), c.n_embd, c.n_ff)?,
+            w_up: self.matrix(&name("ffn_up.weight"), c.n_embd, c.n_ff)?,
+            w_down: self.matrix(&name("ffn_down.weight"), c.n_ff, c.n_embd)?,
+            post_ffn_norm,
+        })
     }
 }
 

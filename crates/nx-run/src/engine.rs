@@ -926,9 +926,80 @@ impl Engine {
     /// one token per row until a sampled token differs from its draft — applies the stop
     /// rules, rolls rejected draft rows back and registers full blocks in the prefix cache.
     fn sample_batch(&mut self, plan: &[Slot], events: &mut Vec<EngineEvent>) {
-        let n_vocab = self.model.config().n_vocab;
         let mut finished: Vec<(SeqId, StopReason, String)> = Vec::new();
         let mut failed: Vec<(SeqId, RunError)> = Vec::new();
+        let jobs = self.score_prompts(plan, events, &mut finished, &mut failed);
+        let outcomes = self.verify_all(plan, &jobs);
+        for (&(k, _), v) in jobs.iter().zip(outcomes) {
+            let slot = &plan[k];
+            let id = self.running[slot.index].id;
+            self.metrics.generated_tokens_total += v.events.len() as u64;
+            events.extend(v.events);
+            match v.end {
+                Some(Ok((reason, flushed))) => {
+                    finished.push((id, reason, flushed));
+                    continue;
+                }
+                Some(Err(e)) => {
+                    failed.push((id, e));
+                    continue;
+                }
+                None => {}
+            }
+            let seq = &mut self.running[slot.index];
+            // Rows of rejected drafts go; the cache ends before the new unfed token.
+            self.kv.truncate(&mut seq.table, v.base + v.kept);
+            if let Some(spec) = seq.spec.as_mut() {
+                if !slot.drafts.is_empty() {
+                    spec.record(slot.drafts.len(), v.kept);
+                }
+                if let Some(d) = self.draft.as_mut() {
+                    let valid = spec.draft_table.len().min(v.base + v.kept);
+                    d.kv.truncate(&mut spec.draft_table, valid);
+                }
+            }
+            self.register(slot.index);
+        }
+        self.finish(finished, failed, events);
+    }
+
+    /// Removes the sequences that ended this step, reporting `Done` or `Failed`.
+    fn finish(
+        &mut self,
+        finished: Vec<(SeqId, StopReason, String)>,
+        failed: Vec<(SeqId, RunError)>,
+        events: &mut Vec<EngineEvent>,
+    ) {
+        for (id, reason, flushed) in finished {
+            if let Some(i) = self.running.iter().position(|s| s.id == id) {
+                let seq = self.running.remove(i);
+                let seq = self.release(seq);
+                self.metrics.drafted_tokens_total += seq.usage().drafted_tokens as u64;
+                self.metrics.accepted_tokens_total += seq.usage().accepted_tokens as u64;
+                events.push(EngineEvent::Done {
+                    seq: id,
+                    reason,
+                    usage: seq.usage(),
+                    flushed,
+                });
+            }
+        }
+        for (id, error) in failed {
+            self.fail(id, error, events);
+        }
+    }
+
+    /// The first pass over a step's logits: prompt scores (and their failures), the
+    /// sequences still prefilling (their blocks registered), those with nothing to
+    /// generate (finished), and the jobs `(slot, first logits row)` that choose tokens.
+    fn score_prompts(
+        &mut self,
+        plan: &[Slot],
+        events: &mut Vec<EngineEvent>,
+        finished: &mut Vec<(SeqId, StopReason, String)>,
+        failed: &mut Vec<(SeqId, RunError)>,
+    ) -> Vec<(usize, usize)> {
+        let n_vocab = self.model.config().n_vocab;
         // Prompt scores, and which slots choose tokens from which logits rows.
         let mut jobs: Vec<(usize, usize)> = Vec::new(); // (slot, first row)
         let mut row = 0;
@@ -978,54 +1049,7 @@ impl Engine {
             jobs.push((k, row));
             row += gen_rows;
         }
-        let outcomes = self.verify_all(plan, &jobs);
-        for (&(k, _), v) in jobs.iter().zip(outcomes) {
-            let slot = &plan[k];
-            let id = self.running[slot.index].id;
-            self.metrics.generated_tokens_total += v.events.len() as u64;
-            events.extend(v.events);
-            match v.end {
-                Some(Ok((reason, flushed))) => {
-                    finished.push((id, reason, flushed));
-                    continue;
-                }
-                Some(Err(e)) => {
-                    failed.push((id, e));
-                    continue;
-                }
-                None => {}
-            }
-            let seq = &mut self.running[slot.index];
-            // Rows of rejected drafts go; the cache ends before the new unfed token.
-            self.kv.truncate(&mut seq.table, v.base + v.kept);
-            if let Some(spec) = seq.spec.as_mut() {
-                if !slot.drafts.is_empty() {
-                    spec.record(slot.drafts.len(), v.kept);
-                }
-                if let Some(d) = self.draft.as_mut() {
-                    let valid = spec.draft_table.len().min(v.base + v.kept);
-                    d.kv.truncate(&mut spec.draft_table, valid);
-                }
-            }
-            self.register(slot.index);
-        }
-        for (id, reason, flushed) in finished {
-            if let Some(i) = self.running.iter().position(|s| s.id == id) {
-                let seq = self.running.remove(i);
-                let seq = self.release(seq);
-                self.metrics.drafted_tokens_total += seq.usage().drafted_tokens as u64;
-                self.metrics.accepted_tokens_total += seq.usage().accepted_tokens as u64;
-                events.push(EngineEvent::Done {
-                    seq: id,
-                    reason,
-                    usage: seq.usage(),
-                    flushed,
-                });
-            }
-        }
-        for (id, error) in failed {
-            self.fail(id, error, events);
-        }
+        jobs
     }
 
     /// Chooses the tokens of every job `(slot, first logits row)`, the sequences spread

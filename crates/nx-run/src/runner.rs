@@ -8,7 +8,7 @@ use nx_bpe::{EncodeOptions, Tokenizer};
 use nx_llama_stack::Model;
 use nx_sampler::Sampler;
 
-use crate::engine::{Engine, EngineConfig, EngineEvent, Request};
+use crate::engine::{Engine, EngineConfig, EngineEvent, Request, SeqId};
 use crate::{Prompt, RunConfig, RunError};
 
 /// Why a generation ended.
@@ -320,7 +320,6 @@ impl Runner {
         on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
     ) -> Result<Completion, RunError> {
         self.validate(&new_tokens)?;
-        let t_start = Instant::now();
         let prompt_tokens = usize::from(self.unfed) + new_tokens.len();
         let mut sequence = self.tokens.clone();
         sequence.extend_from_slice(&new_tokens);
@@ -341,6 +340,61 @@ impl Runner {
             prompt_tokens,
             ..Stats::default()
         };
+        let steps = self.drive(seq, on_event, &mut stats)?;
+        let (reason, flushed, generated) = (steps.reason, steps.flushed, steps.generated);
+        let (first_token_at, decode_time) = (steps.first_token_at, steps.decode_time);
+        // A generated token that did not end the generation is the sequence's unfed tail;
+        // the previous unfed token (if any) was fed by this call.
+        sequence.extend_from_slice(&generated);
+        self.tokens = sequence;
+        self.unfed = !generated.is_empty() && reason != StopReason::Eos;
+        let ttft = first_token_at.unwrap_or_default();
+        stats.prefill_secs = ttft.as_secs_f64();
+        stats.prompt_tps = rate(prompt_tokens, stats.prefill_secs);
+        if !generated.is_empty() || reason == StopReason::Eos {
+            stats.ttft_ms = ttft.as_secs_f64() * 1e3;
+        }
+        stats.generated_tokens = generated.len();
+        stats.decode_secs = decode_time.as_secs_f64();
+        // The first token comes from the prefill's logits; with speculation one decode
+        // step may choose several.
+        let decode_tokens =
+            (generated.len() + usize::from(reason == StopReason::Eos)).saturating_sub(1);
+        stats.gen_tps = rate(decode_tokens, stats.decode_secs);
+        let _ = on_event(Event::Done {
+            reason,
+            stats,
+            flushed,
+        });
+        Ok(Completion {
+            reason,
+            stats,
+            tokens: generated,
+        })
+    }
+}
+
+/// What [`Runner::drive`] saw of one generation.
+struct Steps {
+    reason: StopReason,
+    flushed: String,
+    generated: Vec<u32>,
+    /// From the start of the generation to the first step that reported anything.
+    first_token_at: Option<Duration>,
+    /// Time in the steps after it.
+    decode_time: Duration,
+}
+
+impl Runner {
+    /// Steps the engine until sequence `seq` ends, turning its events into [`Event`]s
+    /// (a `Break` from `on_event` ends it early) and counting decode steps in `stats`.
+    fn drive(
+        &mut self,
+        seq: SeqId,
+        on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
+        stats: &mut Stats,
+    ) -> Result<Steps, RunError> {
+        let t_start = Instant::now();
         let mut generated: Vec<u32> = Vec::new();
         let mut decode_time = Duration::ZERO;
         let mut first_token_at: Option<Duration> = None;
@@ -392,38 +446,17 @@ impl Runner {
                         return Err(self
                             .engine
                             .take_failure(seq)
-                            .unwrap_or(RunError::InvalidConfig(error)));
+                            .unwrap_or(RunError::Batch(error)));
                     }
                 }
             }
         };
-        // A generated token that did not end the generation is the sequence's unfed tail;
-        // the previous unfed token (if any) was fed by this call.
-        sequence.extend_from_slice(&generated);
-        self.tokens = sequence;
-        self.unfed = !generated.is_empty() && reason != StopReason::Eos;
-        let ttft = first_token_at.unwrap_or_default();
-        stats.prefill_secs = ttft.as_secs_f64();
-        stats.prompt_tps = rate(prompt_tokens, stats.prefill_secs);
-        if !generated.is_empty() || reason == StopReason::Eos {
-            stats.ttft_ms = ttft.as_secs_f64() * 1e3;
-        }
-        stats.generated_tokens = generated.len();
-        stats.decode_secs = decode_time.as_secs_f64();
-        // The first token comes from the prefill's logits; with speculation one decode
-        // step may choose several.
-        let decode_tokens =
-            (generated.len() + usize::from(reason == StopReason::Eos)).saturating_sub(1);
-        stats.gen_tps = rate(decode_tokens, stats.decode_secs);
-        let _ = on_event(Event::Done {
+        Ok(Steps {
             reason,
-            stats,
             flushed,
-        });
-        Ok(Completion {
-            reason,
-            stats,
-            tokens: generated,
+            generated,
+            first_token_at,
+            decode_time,
         })
     }
 }
