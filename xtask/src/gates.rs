@@ -88,6 +88,9 @@ pub const GATES: &[Gate] = &[
     Gate::new("SAMPLER-RUNNER", "nx-run", "sampler_runner"),
     // Perplexity of the default model on GPL-3 within 0.5% of llama-perplexity's.
     Gate::new("GOLD-PPL", "nx-run", "gold_ppl"),
+    // `nx serve` driven by the pinned openai Python client (tiny and default model) and
+    // curl -N, then a soak of 500 mixed requests that must leave the server clean.
+    Gate::new("SERVE-OPENAI", "nx-cli", "serve_openai"),
 ];
 
 #[cfg(test)]

