@@ -388,9 +388,11 @@ fn verify_vocabs(source: &Path, vocabs: &[PinnedFile]) -> Result<()> {
 const ENV_STAMP: &str = "nx-pins.txt";
 
 /// Checks run by the environment's own Python: its version, each distribution's
-/// installed version, and the imports. Prints the problems and exits 1 if there are any.
+/// installed version and files (present, with the sizes its `RECORD` lists), and the
+/// imports (real modules, not empty namespace packages). Prints the problems and exits 1
+/// if there are any.
 const ENV_CHECK_PY: &str = r#"
-import importlib, importlib.metadata as md, sys
+import importlib, importlib.metadata as md, os, sys
 want_py, specs, imports = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
 problems = []
 have_py = "%d.%d" % sys.version_info[:2]
@@ -399,15 +401,24 @@ if have_py != want_py:
 for spec in specs:
     name, version = spec.split("==")
     try:
-        have = md.version(name)
+        dist = md.distribution(name)
     except md.PackageNotFoundError:
-        have = "not installed"
-    if have != version:
-        problems.append("%s %s, pinned %s" % (name, have, version))
+        problems.append("%s not installed, pinned %s" % (name, version))
+        continue
+    if dist.version != version:
+        problems.append("%s %s, pinned %s" % (name, dist.version, version))
+    for f in dist.files or []:
+        if f.size is None:
+            continue
+        path = f.locate()
+        if not os.path.isfile(path) or os.path.getsize(path) != f.size:
+            problems.append("%s: %s is missing or changed" % (name, f))
+            break
 if not problems:
     for module in imports:
         try:
-            importlib.import_module(module)
+            if importlib.import_module(module).__file__ is None:
+                problems.append("import %s: an empty namespace package" % module)
         except Exception as e:
             problems.append("import %s: %r" % (module, e))
 if problems:
@@ -1303,8 +1314,21 @@ mod tests {
         assert_eq!(calls.get(), 1);
         assert!(marker.is_file());
 
-        // An uninstalled distribution is noticed and the environment rebuilt from the
-        // cached wheel.
+        // A deleted file, then an uninstalled distribution, are noticed, and the
+        // environment is rebuilt from the cached wheel.
+        let module = Command::new(venv_python(&venv))
+            .args(["-c", "import nxfake; print(nxfake.__file__)"])
+            .output()
+            .unwrap();
+        fs::remove_file(String::from_utf8_lossy(&module.stdout).trim()).unwrap();
+        match env_state(&venv, &env) {
+            // (The fake wheel's RECORD lists no sizes, so the import notices.)
+            EnvState::Broken(why) => assert!(
+                why.contains("missing or changed") || why.contains("namespace package"),
+                "{why}"
+            ),
+            other => panic!("{other:?}"),
+        }
         let out = Command::new(venv_python(&venv))
             .args(["-m", "pip", "uninstall", "-y", "-q", "nxfake"])
             .output()
