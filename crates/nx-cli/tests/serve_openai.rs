@@ -632,7 +632,7 @@ fn soak_request(addr: SocketAddr, i: u64) -> (Kind, Result<(), String>) {
         }
         // Unknown model, unknown route, oversized bodies.
         7 => {
-            let result = match rng.below(4) {
+            let result = match rng.below(5) {
                 0 => expect_error(
                     post(
                         addr,
@@ -649,6 +649,8 @@ fn soak_request(addr: SocketAddr, i: u64) -> (Kind, Result<(), String>) {
                 ),
                 // Declared over --max-body: refused from the headers alone.
                 2 => expect_error(oversized_declared(addr), 413, None),
+                // Sent chunked, one byte over --max-body.
+                3 => expect_error(oversized_chunked(addr), 413, None),
                 // Within --max-body but far over the context.
                 _ => {
                     let long = "the ".repeat(15_000);
@@ -767,6 +769,21 @@ fn oversized_declared(addr: SocketAddr) -> Result<Resp, String> {
     stream
         .write_all(request_head("POST", "/v1/completions", SOAK_MAX_BODY + 1).as_bytes())
         .map_err(|e| format!("write: {e}"))?;
+    read_response(&mut stream)
+}
+
+/// A chunked body one byte over the limit. Nothing follows the chunk's data, so the
+/// server has read everything sent when it answers (no reset can eat the answer).
+fn oversized_chunked(addr: SocketAddr) -> Result<Resp, String> {
+    let mut stream = connect(addr).map_err(|e| format!("connect: {e}"))?;
+    let n = SOAK_MAX_BODY + 1;
+    let mut raw = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: nx\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n{n:x}\r\n"
+    )
+    .into_bytes();
+    raw.resize(raw.len() + n, b' ');
+    stream.write_all(&raw).map_err(|e| format!("write: {e}"))?;
     read_response(&mut stream)
 }
 
