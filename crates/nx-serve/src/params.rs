@@ -99,6 +99,46 @@ pub fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
 }
 
 /// Parses a JSON request for `endpoint`.
+/// OpenAI fields that would change the answer and that nx does not implement: a 400
+/// naming the field, rather than an answer that silently ignores it. Their neutral
+/// values (`echo: false`, an empty `logit_bias`, `best_of: 1`, no tools, text
+/// format) are accepted.
+fn reject_unsupported(obj: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    let neutral = |key: &str, v: &Value| match key {
+        "echo" => v == &Value::Bool(false),
+        "best_of" => v.as_u64() == Some(1),
+        "logit_bias" | "tools" | "functions" => {
+            v.is_null()
+                || v.as_object().is_some_and(|o| o.is_empty())
+                || v.as_array().is_some_and(|a| a.is_empty())
+        }
+        "response_format" => v
+            .get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| t == "text"),
+        _ => v.is_null(),
+    };
+    for key in [
+        "echo",
+        "best_of",
+        "logit_bias",
+        "suffix",
+        "tools",
+        "functions",
+        "response_format",
+    ] {
+        if let Some(v) = obj.get(key) {
+            if !neutral(key, v) {
+                return Err(ApiError::invalid(
+                    key,
+                    format!("{key} is not supported by nx serve"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<GenParams, ApiError> {
     let obj = value.as_object().ok_or_else(|| {
         ApiError::bad_request(format!(
@@ -107,6 +147,7 @@ pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<GenParams, ApiEr
         ))
     })?;
     let f = Fields(obj);
+    reject_unsupported(obj)?;
     let model = f.string("model")?.map(str::to_string);
     let prompt = match endpoint {
         Endpoint::Chat => PromptInput::Messages(parse_messages(&f)?),

@@ -58,8 +58,13 @@ pub struct TokenLogprob {
     pub top: Vec<(u32, f32)>,
 }
 
-/// The bytes of token `id` (empty for an unknown id).
+/// The bytes token `id` adds to the output text: empty for a control token (BOS, turn
+/// markers), which the generated text leaves out as `nx run` does, and for an unknown id.
+/// So the log-probability tokens spell the text and its offsets point into it.
 fn piece(tokenizer: &Tokenizer, id: u32) -> &[u8] {
+    if tokenizer.is_control(id).unwrap_or(true) {
+        return &[];
+    }
     tokenizer.token_to_piece(id).unwrap_or(&[])
 }
 
@@ -128,7 +133,9 @@ pub fn completion_logprobs(
         } else {
             let mut map = Map::new();
             for &(id, l) in &t.top {
-                let text = String::from_utf8_lossy(piece(tokenizer, id)).into_owned();
+                // Map keys: the vocabulary text, so alternatives never collide.
+                let raw = tokenizer.token_to_piece(id).unwrap_or(&[]);
+                let text = String::from_utf8_lossy(raw).into_owned();
                 map.entry(text).or_insert(lp(l));
             }
             tops.push(Value::Object(map));

@@ -448,3 +448,33 @@ fn submit_errors_map_to_statuses() {
         400
     );
 }
+
+#[test]
+fn fields_nx_does_not_implement_are_refused_by_name() {
+    for (field, value) in [
+        ("logit_bias", serde_json::json!({"56": -100})),
+        ("echo", serde_json::json!(true)),
+        ("suffix", serde_json::json!("end")),
+        ("best_of", serde_json::json!(3)),
+        ("tools", serde_json::json!([{"type": "function"}])),
+        (
+            "response_format",
+            serde_json::json!({"type": "json_object"}),
+        ),
+    ] {
+        let mut body = serde_json::json!({"prompt": "hi"});
+        body[field] = value;
+        let err = nx_serve::params::parse_value(nx_serve::params::Endpoint::Completion, &body)
+            .err()
+            .unwrap_or_else(|| panic!("{field} accepted"));
+        let text = format!("{err:?}");
+        assert!(
+            text.contains(field) && text.contains("not supported"),
+            "{text}"
+        );
+    }
+    // Their neutral values are fine.
+    let body = serde_json::json!({"prompt": "hi", "echo": false, "logit_bias": {}, "best_of": 1,
+        "response_format": {"type": "text"}, "suffix": null});
+    assert!(nx_serve::params::parse_value(nx_serve::params::Endpoint::Completion, &body).is_ok());
+}
