@@ -98,7 +98,6 @@ pub fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
     })
 }
 
-/// Parses a JSON request for `endpoint`.
 /// OpenAI fields that would change the answer and that nx does not implement: a 400
 /// naming the field, rather than an answer that silently ignores it. Their neutral
 /// values (`echo: false`, an empty `logit_bias`, `best_of: 1`, no tools, text
@@ -139,6 +138,7 @@ fn reject_unsupported(obj: &serde_json::Map<String, Value>) -> Result<(), ApiErr
     Ok(())
 }
 
+/// Parses a JSON request for `endpoint`.
 pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<GenParams, ApiError> {
     let obj = value.as_object().ok_or_else(|| {
         ApiError::bad_request(format!(
