@@ -9,6 +9,7 @@ pub mod gates;
 pub mod golden;
 pub mod http;
 pub mod llama_server;
+pub mod loadtest;
 pub mod pins;
 pub mod reference;
 pub mod synth;

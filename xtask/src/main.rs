@@ -1,7 +1,8 @@
-//! Project automation: `cargo xtask fetch|reference|gate|golden|synth|bench|demo` (see `--help`).
+//! Project automation: `cargo xtask fetch|reference|gate|golden|synth|bench|loadtest|demo`
+//! (see `--help`).
 
 use clap::{Parser, Subcommand};
-use xtask::{bench, demo, fetch, gate, golden, reference, synth};
+use xtask::{bench, demo, fetch, gate, golden, loadtest, reference, synth};
 
 const AFTER_HELP: &str = "\
 Environment:
@@ -103,6 +104,13 @@ enum Command {
         #[arg(long)]
         no_build: bool,
     },
+    /// Drive `nx serve` and `llama-server` with the same concurrent streaming clients.
+    ///
+    /// Per level (--clients): aggregate tok/s, TTFT and inter-token latency p50/p95, peak
+    /// RSS and errors of both servers, plus the prefix cache's TTFT effect; prints a
+    /// table, writes JSON to target/loadtest/ and, with --write, a section of
+    /// docs/benchmarks.md. Needs `cargo xtask fetch` (and `cargo xtask reference`).
+    Loadtest(loadtest::LoadtestArgs),
     /// Fetch the default model (once), build nx and stream a greedy completion.
     Demo {
         /// Prompt to complete (default: "The three most important inventions in history are").
@@ -157,6 +165,7 @@ fn main() {
             threads,
             no_build,
         }),
+        Command::Loadtest(args) => loadtest::run(&args),
         Command::Demo { prompt } => demo::run(prompt.as_deref()),
     };
     if let Err(err) = result {
