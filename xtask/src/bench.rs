@@ -252,8 +252,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         eprintln!("bench: --quick leaves docs/benchmarks.md alone");
     } else {
         let docs = workspace_root().join("docs").join("benchmarks.md");
-        std::fs::write(&docs, benchmarks_doc(&report, &table))
-            .with_context(|| format!("cannot write {}", docs.display()))?;
+        // The loadtest's section (`cargo xtask loadtest --write`) survives a new table.
+        let old = std::fs::read_to_string(&docs).unwrap_or_default();
+        let mut text = benchmarks_doc(&report, &table);
+        if let Some(section) = crate::loadtest::section_of(&old) {
+            text = crate::loadtest::update_section(&text, section);
+        }
+        std::fs::write(&docs, text).with_context(|| format!("cannot write {}", docs.display()))?;
         eprintln!("bench: wrote {}", docs.display());
     }
     eprintln!("bench: done in {}", duration_text(started.elapsed()));

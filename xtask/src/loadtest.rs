@@ -1561,6 +1561,17 @@ fn llama_prefix_note(report: &Report) -> &'static str {
     }
 }
 
+/// The loadtest section of `doc` (markers included, and its trailing newline), if any.
+pub fn section_of(doc: &str) -> Option<&str> {
+    let begin = doc.find(SECTION_BEGIN)?;
+    let end_at = doc[begin..].find(SECTION_END)? + begin;
+    let mut end = end_at + SECTION_END.len();
+    if doc[end..].starts_with('\n') {
+        end += 1;
+    }
+    Some(&doc[begin..end])
+}
+
 /// `doc` with its loadtest section replaced by `section`, or `section` appended.
 pub fn update_section(doc: &str, section: &str) -> String {
     if let (Some(begin), Some(end_at)) = (doc.find(SECTION_BEGIN), doc.find(SECTION_END)) {
@@ -2039,6 +2050,10 @@ mod tests {
         let doc = "# Benchmarks\n\ntable\n";
         let once = update_section(doc, &section);
         assert!(once.starts_with("# Benchmarks\n\ntable\n\n<!-- loadtest:begin"));
+        // A regenerated bench table keeps the section.
+        let kept = section_of(&once).expect("section");
+        let again = update_section("# Benchmarks\n\nnew table\n", kept);
+        assert_eq!(section_of(&again), Some(kept));
         // Updating again replaces, never duplicates, and keeps text after the section.
         let with_tail = format!("{once}\n## Later\n");
         let twice = update_section(&with_tail, &section.replace("Some CPU", "Other CPU"));

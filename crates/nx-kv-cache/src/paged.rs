@@ -118,13 +118,34 @@ pub struct PagedKv {
     index: HashMap<u64, BlockId>,
 }
 
-fn zeroed<T: Clone>(len: usize, zero: T, elem: usize) -> Result<Vec<T>, KvError> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| KvError::Allocation {
-        bytes: (len as u64).saturating_mul(elem as u64),
-    })?;
-    v.resize(len, zero);
-    Ok(v)
+/// Element types whose all-zero bytes are the value 0.
+///
+/// # Safety
+/// Every all-zero byte pattern must be a valid value of the type.
+unsafe trait ZeroBits: Copy {}
+// SAFETY: f32 has no invalid bit patterns; all-zero bits are +0.0.
+unsafe impl ZeroBits for f32 {}
+// SAFETY: f16 is a transparent u16; all-zero bits are +0.0.
+unsafe impl ZeroBits for f16 {}
+
+/// `len` zeros from the allocator's zeroed memory: a large pool is mapped lazily by the
+/// OS, so the process's resident memory grows only as blocks are written, not by the
+/// whole `--kv-memory` at start-up. Failure is an error, not an abort.
+fn zeroed<T: ZeroBits>(len: usize) -> Result<Vec<T>, KvError> {
+    let bytes = (len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<T>(len).map_err(|_| KvError::Allocation { bytes })?;
+    // SAFETY: the layout has a non-zero size (`len > 0`, `T` is f16 or f32).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        return Err(KvError::Allocation { bytes });
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `len` `T`s, so
+    // capacity `len` matches it; all `len` elements are initialised, since all-zero bytes
+    // are a valid `T` (`ZeroBits`).
+    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
 fn block_key(parent: u64, tokens: &[u32]) -> u64 {
@@ -180,12 +201,12 @@ impl PagedKv {
             let (k_len, v_len) = (n_blocks * block_size * w.k, n_blocks * block_size * w.v);
             layers.push(match dtype {
                 KvDtype::F16 => Storage::F16 {
-                    k: zeroed(k_len, f16::ZERO, 2)?,
-                    v: zeroed(v_len, f16::ZERO, 2)?,
+                    k: zeroed(k_len)?,
+                    v: zeroed(v_len)?,
                 },
                 KvDtype::F32 => Storage::F32 {
-                    k: zeroed(k_len, 0.0, 4)?,
-                    v: zeroed(v_len, 0.0, 4)?,
+                    k: zeroed(k_len)?,
+                    v: zeroed(v_len)?,
                 },
             });
         }
