@@ -9,32 +9,8 @@
 #[path = "common/equiv3.rs"]
 mod equiv3;
 
-use std::path::PathBuf;
-use std::sync::Arc;
-
-use equiv3::{check_all_scenarios, request};
-use nx_gguf::Gguf;
-use nx_run::{Model, Request, Tokenizer};
-
-fn cache_dir() -> PathBuf {
-    match std::env::var_os("NX_CACHE") {
-        Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME or NX_CACHE")).join(".cache/nx"),
-    }
-}
-
-fn open(path: PathBuf, threads: usize) -> (Arc<Model>, Option<Arc<Tokenizer>>) {
-    let gguf = Gguf::open(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run `cargo xtask fetch` and `cargo xtask synth`)",
-            path.display()
-        )
-    });
-    let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
-    let mut model = Model::from_gguf(gguf).expect("model");
-    model.set_threads(threads);
-    (Arc::new(model), Some(Arc::new(tok)))
-}
+use equiv3::{cache_dir, check_all_scenarios, open, request};
+use nx_run::Request;
 
 fn requests(n: usize, n_vocab: usize, max_tokens: usize, salt: u32) -> Vec<Request> {
     // Ids from 300 on: ordinary tokens in every fixture vocabulary.

@@ -147,21 +147,7 @@ impl Sampler {
     /// `count·frequency_penalty + presence_penalty` is subtracted. Other logits are
     /// untouched. Does nothing when the penalties are off.
     pub fn apply_penalties(&self, logits: &mut [f32]) {
-        if !self.config.penalties_enabled() {
-            return;
-        }
-        let c = &self.config;
-        for (&token, &count) in &self.counts {
-            let Some(logit) = logits.get_mut(token as usize) else {
-                continue;
-            };
-            if *logit <= 0.0 {
-                *logit *= c.repeat_penalty;
-            } else {
-                *logit /= c.repeat_penalty;
-            }
-            *logit -= count as f32 * c.frequency_penalty + c.presence_penalty;
-        }
+        penalise(&self.config, &self.counts, logits);
     }
 
     /// The candidate ids `sample` would draw from for these logits (penalties, then
@@ -192,23 +178,10 @@ impl Sampler {
     ///
     /// Does not record the token; see [`Sampler::accept`].
     pub fn sample(&mut self, logits: &mut [f32]) -> Result<u32, SamplerError> {
-        if logits.is_empty() {
-            return Err(SamplerError::EmptyLogits);
-        }
-        self.apply_penalties(logits);
-        if self.config.is_greedy() {
-            return argmax(logits);
-        }
-        let mut cands = std::mem::take(&mut self.cands);
-        let result = filter(&self.config, logits, &mut cands).map(|_| {
-            let temperature = self.config.temperature;
-            for c in cands.iter_mut() {
-                c.logit /= temperature;
-            }
-            draw(&cands, uniform_f64(&mut self.rng))
-        });
-        self.cands = cands;
-        result
+        let rng = &mut self.rng;
+        Self::choose(&self.config, &self.counts, &mut self.cands, logits, || {
+            uniform_f64(rng)
+        })
     }
 
     /// [`Sampler::sample`] with the random number taken from the position of the token
@@ -219,22 +192,36 @@ impl Sampler {
     /// continued conversation, a recomputed sequence and speculative verification all
     /// draw the same number for the same position.
     pub fn sample_at(&mut self, logits: &mut [f32], position: u64) -> Result<u32, SamplerError> {
+        let seed = self.config.seed;
+        Self::choose(&self.config, &self.counts, &mut self.cands, logits, || {
+            uniform_at(seed, position)
+        })
+    }
+
+    /// The pipeline of [`Sampler::sample`], drawing its one uniform number (if any)
+    /// from `uniform`.
+    fn choose(
+        config: &SamplerConfig,
+        counts: &HashMap<u32, u32>,
+        cands_buf: &mut Vec<Candidate>,
+        logits: &mut [f32],
+        uniform: impl FnOnce() -> f64,
+    ) -> Result<u32, SamplerError> {
         if logits.is_empty() {
             return Err(SamplerError::EmptyLogits);
         }
-        self.apply_penalties(logits);
-        if self.config.is_greedy() {
+        penalise(config, counts, logits);
+        if config.is_greedy() {
             return argmax(logits);
         }
-        let mut cands = std::mem::take(&mut self.cands);
-        let result = filter(&self.config, logits, &mut cands).map(|_| {
-            let temperature = self.config.temperature;
+        let mut cands = std::mem::take(cands_buf);
+        let result = filter(config, logits, &mut cands).map(|_| {
             for c in cands.iter_mut() {
-                c.logit /= temperature;
+                c.logit /= config.temperature;
             }
-            draw(&cands, uniform_at(self.config.seed, position))
+            draw(&cands, uniform())
         });
-        self.cands = cands;
+        *cands_buf = cands;
         result
     }
 
@@ -243,6 +230,25 @@ impl Sampler {
         let token = self.sample(logits)?;
         self.accept(token);
         Ok(token)
+    }
+}
+
+/// [`Sampler::apply_penalties`] for a config and a window's token counts.
+fn penalise(config: &SamplerConfig, counts: &HashMap<u32, u32>, logits: &mut [f32]) {
+    if !config.penalties_enabled() {
+        return;
+    }
+    let c = config;
+    for (&token, &count) in counts {
+        let Some(logit) = logits.get_mut(token as usize) else {
+            continue;
+        };
+        if *logit <= 0.0 {
+            *logit *= c.repeat_penalty;
+        } else {
+            *logit /= c.repeat_penalty;
+        }
+        *logit -= count as f32 * c.frequency_penalty + c.presence_penalty;
     }
 }
 

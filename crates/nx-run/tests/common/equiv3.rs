@@ -6,12 +6,36 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use nx_gguf::Gguf;
 use nx_llama_stack::ForwardState;
 use nx_run::{
     Engine, EngineConfig, EngineEvent, KvDtype, Model, Request, Sampler, SamplerConfig, SeqId,
     Tokenizer,
 };
 use nx_sampler::{log_prob, log_softmax_top};
+
+/// `$NX_CACHE`, or `~/.cache/nx`.
+pub fn cache_dir() -> std::path::PathBuf {
+    match std::env::var_os("NX_CACHE") {
+        Some(p) if !p.is_empty() => std::path::PathBuf::from(p),
+        _ => std::path::PathBuf::from(std::env::var_os("HOME").expect("HOME or NX_CACHE"))
+            .join(".cache/nx"),
+    }
+}
+
+/// A fetched or synthesized model with its tokenizer, on `threads` threads.
+pub fn open(path: std::path::PathBuf, threads: usize) -> (Arc<Model>, Option<Arc<Tokenizer>>) {
+    let gguf = Gguf::open(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run `cargo xtask fetch` and `cargo xtask synth`)",
+            path.display()
+        )
+    });
+    let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
+    let mut model = Model::from_gguf(gguf).expect("model");
+    model.set_threads(threads);
+    (Arc::new(model), Some(Arc::new(tok)))
+}
 
 /// What one request produced, as raw bits.
 #[derive(Debug, Clone, PartialEq, Eq)]
