@@ -21,22 +21,33 @@ fn requests(n: usize, n_vocab: usize, max_tokens: usize, salt: u32) -> Vec<Reque
         .collect()
 }
 
-fn scalar_tier() -> bool {
-    std::env::var("NX_TIER").is_ok_and(|t| t == "scalar")
+/// The tier the gate runs on (`NX_TIER`); the default is the machine's best.
+fn tier() -> String {
+    std::env::var("NX_TIER").unwrap_or_default()
+}
+
+/// Thread counts and (requests, tokens each) for `tier`: everything on the default tier,
+/// less on the lower ones, whose kernels are slower but must give the same bits (the
+/// scalar tier runs the portable kernels only).
+fn sizes(tier: &str, fixture: (usize, usize)) -> (&'static [usize], usize, usize) {
+    match tier {
+        "scalar" => (&[2], fixture.0.min(4), fixture.1.min(4)),
+        "avx2" => (&[1, 2], fixture.0.min(8), fixture.1.min(8)),
+        _ => (&[1, 2], fixture.0, fixture.1),
+    }
 }
 
 #[test]
 #[ignore = "gate: run by cargo xtask gate"]
 fn equiv3_synthetic_fixtures() {
     for fixture in ["qwen2-tiny", "llama-tiny", "qwen3-tiny"] {
-        for threads in [1, 2] {
+        let (threads_list, n, max_tokens) = sizes(&tier(), (16, 12));
+        for &threads in threads_list {
             let (model, tok) = open(
                 cache_dir().join("synth").join(format!("{fixture}.gguf")),
                 threads,
             );
             let n_vocab = model.config().n_vocab;
-            // The portable kernels are slow: fewer, shorter requests on that tier.
-            let (n, max_tokens) = if scalar_tier() { (5, 5) } else { (16, 12) };
             let reqs = requests(n, n_vocab, max_tokens, threads as u32);
             let compared = check_all_scenarios(&model, &tok, &reqs);
             eprintln!("EQUIV-3 {fixture}, {threads} threads: {compared} answers identical");
@@ -48,8 +59,13 @@ fn equiv3_synthetic_fixtures() {
 #[ignore = "gate: run by cargo xtask gate"]
 fn equiv3_default_model() {
     // The portable kernels are slow on a 253 MB model: fewer, shorter requests there.
-    let (n, max_tokens) = if scalar_tier() { (3, 3) } else { (8, 8) };
-    for threads in [1, 2] {
+    let (threads_list, n, max_tokens) = sizes(&tier(), (8, 8));
+    let (n, max_tokens) = if tier() == "scalar" {
+        (2, 3)
+    } else {
+        (n, max_tokens)
+    };
+    for &threads in threads_list {
         let (model, tok) = open(cache_dir().join("models/gemma-3-270m-q4_k_m.gguf"), threads);
         let n_vocab = model.config().n_vocab;
         let reqs = requests(n, n_vocab, max_tokens, 40 + threads as u32);

@@ -462,7 +462,10 @@ fn exp_nonpositive(x: f64) -> f64 {
     if x.is_nan() || x < -708.0 {
         return 0.0;
     }
-    let k = (x * LOG2E).round();
+    // Round to nearest by adding and removing 1.5·2⁵² (exact for |x·log2 e| < 2⁵¹):
+    // plain arithmetic, where `f64::round` is a libm call on baseline x86-64.
+    const SHIFT: f64 = 6_755_399_441_055_744.0;
+    let k = (x * LOG2E + SHIFT) - SHIFT;
     let r = (x - k * ln2_hi) - k * ln2_lo;
     // Horner over 1/n!, n = 13 down to 0.
     let mut p = 1.0 / 6_227_020_800.0;
