@@ -91,6 +91,9 @@ pub const GATES: &[Gate] = &[
     // `nx serve` driven by the pinned openai Python client (tiny and default model) and
     // curl -N, then a soak of 500 mixed requests that must leave the server clean.
     Gate::new("SERVE-OPENAI", "nx-cli", "serve_openai"),
+    // Every fuzz target over its seeds, the committed crash regressions and 400 seeded
+    // mutations (the long coverage-guided runs are `cargo xtask fuzz`).
+    Gate::new("FUZZ-SMOKE", "nx-fuzz", "corpus"),
 ];
 
 #[cfg(test)]

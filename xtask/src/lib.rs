@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod demo;
 pub mod fetch;
+pub mod fuzz;
 pub mod gate;
 pub mod gates;
 pub mod golden;

@@ -2,7 +2,7 @@
 //! (see `--help`).
 
 use clap::{Parser, Subcommand};
-use xtask::{bench, demo, fetch, gate, golden, loadtest, reference, synth};
+use xtask::{bench, demo, fetch, fuzz, gate, golden, loadtest, reference, synth};
 
 const AFTER_HELP: &str = "\
 Environment:
@@ -111,6 +111,12 @@ enum Command {
     /// table, writes JSON to target/loadtest/ and, with --write, a section of
     /// docs/benchmarks.md. Needs `cargo xtask fetch` (and `cargo xtask reference`).
     Loadtest(loadtest::LoadtestArgs),
+    /// Coverage-guided fuzzing of the `fuzz/` targets (libFuzzer, `cargo +nightly fuzz`).
+    ///
+    /// Writes the seeds into target/fuzz/corpus/TARGET, runs each target for --seconds and
+    /// prints runs, coverage and corpus size; a crash's input lands in
+    /// target/fuzz/artifacts/TARGET. Needs cargo-fuzz (`cargo install cargo-fuzz`).
+    Fuzz(fuzz::FuzzArgs),
     /// Fetch the default model (once), build nx and stream a greedy completion.
     Demo {
         /// Prompt to complete (default: "The three most important inventions in history are").
@@ -166,6 +172,7 @@ fn main() {
             no_build,
         }),
         Command::Loadtest(args) => loadtest::run(&args),
+        Command::Fuzz(args) => fuzz::run(&args),
         Command::Demo { prompt } => demo::run(prompt.as_deref()),
     };
     if let Err(err) = result {

@@ -391,12 +391,15 @@ impl Vocab {
     }
 }
 
-/// Parses a byte-fallback token text `<0xNN>`.
+/// Parses a byte-fallback token text `<0xNN>` (two hex digits; `<0x-1>`, `<0x+1>` or
+/// `<0xZZ>` are not byte tokens, whatever type the file gives them, and decode as their
+/// text).
 pub fn parse_byte_token(text: &[u8]) -> Option<u8> {
-    if text.len() == 6 && text.starts_with(b"<0x") && text[5] == b'>' {
-        let hex = std::str::from_utf8(&text[3..5]).ok()?;
-        u8::from_str_radix(hex, 16).ok()
-    } else {
-        None
+    match text {
+        [b'<', b'0', b'x', hi, lo, b'>'] if hi.is_ascii_hexdigit() && lo.is_ascii_hexdigit() => {
+            let hex = |d: u8| (d as char).to_digit(16).map(|v| v as u8);
+            Some(hex(*hi)? << 4 | hex(*lo)?)
+        }
+        _ => None,
     }
 }

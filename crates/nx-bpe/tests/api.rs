@@ -475,7 +475,7 @@ fn text_strategy() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 256 }))]
 
     #[test]
     fn bpe_round_trip(s in text_strategy(), parse_special in any::<bool>(), pre in prop_oneof![Just("qwen2"), Just("llama-bpe"), Just("gpt-2"), Just("default")]) {

@@ -303,7 +303,9 @@ fn answer(session: &mut ChatSession, message: &str, verbose: bool) -> Result<Flo
             return Ok(Flow::Continue);
         }
         // The template refused or failed on this conversation: say so, keep running.
-        Err(e @ (ChatError::Raised { .. } | ChatError::Render { .. })) => {
+        Err(
+            e @ (ChatError::Raised { .. } | ChatError::Render { .. } | ChatError::TooLong { .. }),
+        ) => {
             eprintln!("[{e}]");
             return Ok(Flow::Continue);
         }

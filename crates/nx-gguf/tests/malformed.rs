@@ -308,7 +308,7 @@ fn non_default_alignment_round_trips() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 2000 }))]
     /// Random byte mutations of a valid file parse to Ok or Err, never a panic.
     #[test]
     fn mutated_files_never_panic(

@@ -396,6 +396,9 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
+    // Miri runs each case thousands of times slower; a few still check every access.
+    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 256 }))]
+
     /// Any sequence of operations keeps the cache equal to a plain shadow model, and
     /// every refused operation is refused for the reason the model predicts.
     #[test]

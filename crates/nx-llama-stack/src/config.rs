@@ -98,10 +98,17 @@ impl ModelConfig {
             Err(nx_gguf::GgufError::MissingKey { .. }) => n_head,
             Err(e) => return Err(e.into()),
         };
-        if n_head == 0 || n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) || n_layers == 0 {
-            return Err(StackError::BadConfig(format!(
-                "{n_head} heads, {n_head_kv} KV heads, {n_layers} layers"
-            )));
+        let bad = |msg: String| Err(StackError::BadConfig(msg));
+        if n_layers == 0 {
+            return bad(format!("{} is 0", key("block_count")));
+        }
+        if n_head == 0 || n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
+            return bad(format!(
+                "{} = {n_head} and {} = {n_head_kv}: both must be non-zero, the second \
+                 dividing the first",
+                key("attention.head_count"),
+                key("attention.head_count_kv")
+            ));
         }
         let head_dim = opt_u32(m, &key("attention.key_length"))?
             .map(|v| v as usize)
@@ -110,17 +117,22 @@ impl ModelConfig {
             .map(|v| v as usize)
             .unwrap_or(head_dim);
         if head_dim == 0 || head_dim % 2 != 0 || value_dim == 0 {
-            return Err(StackError::BadConfig(format!(
-                "head width {head_dim} (value width {value_dim}) must be even and non-zero"
-            )));
+            return bad(format!(
+                "head width {head_dim} (value width {value_dim}) must be even and non-zero \
+                 (from {} or {} / {})",
+                key("attention.key_length"),
+                key("embedding_length"),
+                key("attention.head_count")
+            ));
         }
         let rope_dim = opt_u32(m, &key("rope.dimension_count"))?
             .map(|v| v as usize)
             .unwrap_or(head_dim);
         if rope_dim > head_dim || rope_dim % 2 != 0 {
-            return Err(StackError::BadConfig(format!(
-                "rope dimension {rope_dim} exceeds head width {head_dim} or is odd"
-            )));
+            return bad(format!(
+                "{} = {rope_dim} exceeds the head width {head_dim} or is odd",
+                key("rope.dimension_count")
+            ));
         }
         let n_ctx_train = opt_u32(m, &key("context_length"))?.unwrap_or(4096) as usize;
         let rms_eps = m.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
@@ -129,6 +141,18 @@ impl ModelConfig {
             Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => 1_000_000.0,
         };
         let rope_base = opt_f32(m, &key("rope.freq_base"))?.unwrap_or(default_base);
+        if !(rope_base.is_finite() && rope_base > 0.0) {
+            return bad(format!(
+                "{} = {rope_base} must be positive",
+                key("rope.freq_base")
+            ));
+        }
+        if !(rms_eps.is_finite() && rms_eps >= 0.0) {
+            return bad(format!(
+                "{} = {rms_eps} must be a finite non-negative number",
+                key("attention.layer_norm_rms_epsilon")
+            ));
+        }
         let rope_style = match arch {
             Arch::Llama => RopeStyle::Normal,
             Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => RopeStyle::Neox,

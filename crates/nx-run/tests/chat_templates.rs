@@ -278,6 +278,36 @@ fn bad_templates_are_errors_not_panics() {
 }
 
 #[test]
+fn hostile_templates_end_with_an_error() {
+    let render = |src: &str| {
+        ChatTemplate::new(src, "t", "", "")
+            .unwrap()
+            .render(&[ChatMessage::user("a")], true)
+    };
+    // Output past the cap: cut off with its own error, before the fuel runs out.
+    let big = format!("{{{{ 'x' * {} }}}}", nx_run::chat::MAX_RENDER_BYTES + 1);
+    assert!(matches!(render(&big), Err(ChatError::TooLong { .. })));
+    let halves = format!(
+        "{{% for i in range(3) %}}{{{{ 'x' * {} }}}}{{% endfor %}}",
+        nx_run::chat::MAX_RENDER_BYTES / 2
+    );
+    assert!(matches!(render(&halves), Err(ChatError::TooLong { .. })));
+    // Unbounded recursion stops at the recursion limit.
+    assert!(matches!(
+        render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"),
+        Err(ChatError::Render { .. })
+    ));
+    // A real conversation stays far inside both bounds.
+    let long: Vec<ChatMessage> = (0..1000)
+        .map(|i| ChatMessage::new(["user", "assistant"][i % 2], "hello there"))
+        .collect();
+    for b in BuiltinTemplate::ALL {
+        let t = ChatTemplate::new(b.source(), "t", "<s>", "</s>").unwrap();
+        assert!(t.render(&long, true).is_ok(), "{}", b.name());
+    }
+}
+
+#[test]
 fn template_choice_parses_names_and_files() {
     for t in BuiltinTemplate::ALL {
         assert_eq!(
