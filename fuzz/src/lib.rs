@@ -71,7 +71,12 @@ pub fn gguf_header(data: &[u8]) {
         assert_eq!(header.tensor(&t.name).map(|u| u.offset), Some(t.offset));
     }
     for (key, value) in header.metadata.iter() {
-        assert_eq!(header.metadata.get(key), Some(value));
+        // By identity: a NaN value is not equal to itself.
+        let found = header.metadata.get(key);
+        assert!(
+            found.is_some_and(|v| std::ptr::eq(v, value)),
+            "lookup of {key:?}"
+        );
         let _ = value.type_description();
     }
 }

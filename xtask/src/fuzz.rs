@@ -135,6 +135,7 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
             .arg(format!("-artifact_prefix={}/", artifacts.display()))
             .arg("-print_final_stats=1");
         eprintln!("== {}", display_command(&cmd));
+        let started = std::time::Instant::now();
         let output = cmd
             .stdout(Stdio::inherit())
             .stderr(Stdio::piped())
@@ -159,7 +160,7 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
         println!(
             "fuzz {target}: {} runs in {} s, cov {}, ft {}, corpus {}: {verdict} (log {})",
             show(s.runs),
-            args.seconds,
+            started.elapsed().as_secs(),
             show(s.cov),
             show(s.features),
             show(s.corpus),

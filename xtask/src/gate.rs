@@ -1,4 +1,5 @@
-//! `cargo xtask gate`: fmt, clippy, fetch, the workspace tests, then every named gate.
+//! `cargo xtask gate`: fmt, clippy, fetch, the workspace tests, every named gate, then
+//! the quick Miri subset.
 //!
 //! Every step runs even after an earlier one failed, so one run shows all problems. Each
 //! step prints a header, then PASS/FAIL with its duration; the run ends with a recap and
@@ -20,6 +21,8 @@ pub enum StepKind {
     Fetch,
     /// A named gate from [`GATES`].
     Named(Gate),
+    /// `cargo xtask miri --quick`, in process.
+    Miri,
 }
 
 /// One step of the gate.
@@ -60,6 +63,10 @@ pub fn all_steps() -> Vec<Step> {
         name: gate.name.to_string(),
         kind: StepKind::Named(*gate),
     }));
+    steps.push(Step {
+        name: "miri".to_string(),
+        kind: StepKind::Miri,
+    });
     steps
 }
 
@@ -94,7 +101,7 @@ pub fn step_command(step: &Step) -> Option<Command> {
             cmd.envs(gate.env.iter().copied());
             Some(cmd)
         }
-        StepKind::Fetch => None,
+        StepKind::Fetch | StepKind::Miri => None,
     }
 }
 
@@ -105,6 +112,7 @@ fn execute(step: &Step) -> Result<()> {
             crate::fetch::run(crate::fetch::FetchArgs::default())?;
             crate::synth::run(&crate::synth::SynthArgs::default())
         }
+        StepKind::Miri => crate::miri::run_all(crate::miri::QUICK),
         _ => {
             let mut cmd = step_command(step).expect("cargo steps have a command");
             let env_text: String = cmd
@@ -174,7 +182,13 @@ pub fn run(only: Option<&str>, list: bool) -> Result<i32> {
         for step in &steps {
             match step_command(step) {
                 Some(cmd) => println!("{:<20} {}", step.name, display_command(&cmd)),
-                None => println!("{:<20} (in process) cargo xtask fetch", step.name),
+                None => {
+                    let what = match step.kind {
+                        StepKind::Miri => "cargo xtask miri --quick",
+                        _ => "cargo xtask fetch && cargo xtask synth",
+                    };
+                    println!("{:<20} (in process) {what}", step.name)
+                }
             }
         }
         return Ok(0);
@@ -208,7 +222,8 @@ mod tests {
         let names: Vec<String> = all_steps().into_iter().map(|s| s.name).collect();
         assert_eq!(names[..4], ["fmt", "clippy", "fetch", "test"]);
         let gate_names: Vec<&str> = GATES.iter().map(|g| g.name).collect();
-        assert_eq!(names[4..], gate_names);
+        assert_eq!(names[4..names.len() - 1], gate_names);
+        assert_eq!(names.last().map(String::as_str), Some("miri"));
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod golden;
 pub mod http;
 pub mod llama_server;
 pub mod loadtest;
+pub mod miri;
 pub mod pins;
 pub mod reference;
 pub mod synth;

@@ -2,7 +2,7 @@
 //! (see `--help`).
 
 use clap::{Parser, Subcommand};
-use xtask::{bench, demo, fetch, fuzz, gate, golden, loadtest, reference, synth};
+use xtask::{bench, demo, fetch, fuzz, gate, golden, loadtest, miri, reference, synth};
 
 const AFTER_HELP: &str = "\
 Environment:
@@ -117,6 +117,16 @@ enum Command {
     /// prints runs, coverage and corpus size; a crash's input lands in
     /// target/fuzz/artifacts/TARGET. Needs cargo-fuzz (`cargo install cargo-fuzz`).
     Fuzz(fuzz::FuzzArgs),
+    /// Run the parser and unsafe-code tests under Miri (`cargo +nightly miri test`).
+    ///
+    /// Without --quick: every Miri-runnable test of nx-gguf, nx-bpe, nx-kv-cache,
+    /// nx-sampler, nx-syscalls, nx-f32 and nx-lazy-weight (scalar kernels). With --quick:
+    /// the gate's subset. Adds the miri component to the nightly toolchain if missing.
+    Miri {
+        /// Only the gate's subset.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Fetch the default model (once), build nx and stream a greedy completion.
     Demo {
         /// Prompt to complete (default: "The three most important inventions in history are").
@@ -173,6 +183,7 @@ fn main() {
         }),
         Command::Loadtest(args) => loadtest::run(&args),
         Command::Fuzz(args) => fuzz::run(&args),
+        Command::Miri { quick } => miri::run_all(if quick { miri::QUICK } else { miri::FULL }),
         Command::Demo { prompt } => demo::run(prompt.as_deref()),
     };
     if let Err(err) = result {

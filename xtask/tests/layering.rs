@@ -20,6 +20,7 @@ const ORDER: &[&str] = &[
     "nx-run",
     "nx-serve",
     "nx-cli",
+    "nx-fuzz",
     "xtask",
 ];
 

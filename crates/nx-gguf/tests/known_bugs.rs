@@ -42,10 +42,17 @@ fn pr_24759_padding_arithmetic_does_not_wrap() {
     bytes[at..at + 8].copy_from_slice(&(u64::MAX & !31).to_le_bytes());
     assert!(matches!(err(&bytes), GgufError::TensorOutOfBounds { .. }));
     // The largest alignment the format allows does not wrap the data start either.
+    // (Written with alignment 32, then patched: the writer would pad to 2 GiB.)
     let mut w = GgufWriter::new();
-    w.add_metadata("general.alignment", Value::U32(1 << 31));
-    let e = err(&w.to_bytes());
-    assert!(matches!(e, GgufError::BadAlignment { .. }), "{e}");
+    w.add_metadata("general.alignment", Value::U32(32));
+    let mut bytes = w.to_bytes();
+    let key = b"general.alignment";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4;
+    for a in [1u32 << 31, u32::MAX] {
+        bytes[at..at + 4].copy_from_slice(&a.to_le_bytes());
+        let e = err(&bytes);
+        assert!(matches!(e, GgufError::BadAlignment { .. }), "{e}");
+    }
 }
 
 #[test]

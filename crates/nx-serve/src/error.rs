@@ -121,9 +121,20 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
+/// Seconds a client told 429 (queue full) should wait before retrying: about one
+/// request's worth of decoding on a small model.
+pub const RETRY_AFTER_SECS: u32 = 1;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        json_response(self.status, &self.body())
+        let mut response = json_response(self.status, &self.body());
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(RETRY_AFTER_SECS),
+            );
+        }
+        response
     }
 }
 

@@ -601,6 +601,8 @@ struct ChoiceState {
     sent_role: bool,
     /// Bytes of text already streamed (completion log-probability offsets).
     streamed_bytes: usize,
+    /// Tokens received so far (the log line's count for a choice that never finished).
+    received_tokens: usize,
 }
 
 impl ChoiceState {
@@ -689,6 +691,7 @@ impl Generation {
                 ..
             } => {
                 c.text.push_str(&text);
+                c.received_tokens += 1;
                 let lp = want_logprobs.then_some(TokenLogprob { id, logprob, top });
                 if let Some(lp) = &lp {
                     c.tokens.push(lp.clone());
@@ -833,7 +836,7 @@ impl Drop for Generation {
         let generated: usize = self
             .choices
             .iter()
-            .map(|c| c.usage.map_or(0, |u| u.generated_tokens))
+            .map(|c| c.usage.map_or(c.received_tokens, |u| u.generated_tokens))
             .sum();
         let cached = usages
             .iter()

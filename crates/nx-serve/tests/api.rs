@@ -200,6 +200,7 @@ fn queue_full_is_429_and_cancels_the_rest() {
     );
     let v = assert_error(&r, 429, "queue");
     assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert_eq!(r.header("retry-after"), Some("1"), "{:?}", r.headers);
     s.wait_metric("nx_requests_running", 0.0, 10);
 }
 

@@ -1,0 +1,119 @@
+//! `cargo xtask miri`: the unsafe-code and parser tests under Miri (`cargo +nightly
+//! miri test`), which reports undefined behaviour: out-of-bounds or misaligned access,
+//! use after free, data races, invalid values.
+//!
+//! Miri runs code thousands of times slower than native, so the runs are chosen: the
+//! crates whose inputs come from strangers (nx-gguf, nx-bpe, nx-sampler) and the ones
+//! with unsafe code (nx-kv-cache's block pool, nx-syscalls' buffers and thread pool,
+//! nx-lazy-weight's and nx-f32's scalar kernels; the SIMD tiers are not Miri's to run,
+//! and under Miri tier detection finds none, so the dispatchers pick the scalar kernels
+//! as they would on a baseline x86-64 CPU). Proptests run 4 cases under Miri. What
+//! is skipped says why in its `#[cfg_attr(miri, ignore = "…")]`. The gate runs
+//! [`QUICK`]; `cargo xtask miri` runs [`FULL`].
+
+use std::process::Command;
+
+use anyhow::{bail, Result};
+
+use crate::util::{display_command, duration_text};
+
+/// One `cargo miri test` invocation.
+#[derive(Debug, Clone, Copy)]
+pub struct MiriRun {
+    /// Package.
+    pub package: &'static str,
+    /// Arguments after `-p PACKAGE` (test targets, then `--` and filters).
+    pub args: &'static [&'static str],
+}
+
+const fn run(package: &'static str, args: &'static [&'static str]) -> MiriRun {
+    MiriRun { package, args }
+}
+
+/// The gate's subset: the parsers' malformed-input tests and the block pool (~minutes).
+pub const QUICK: &[MiriRun] = &[
+    run("nx-gguf", &["--lib", "--test", "known_bugs"]),
+    run("nx-bpe", &["--test", "hostile_vocab"]),
+    run("nx-kv-cache", &["--test", "paged"]),
+    run("nx-syscalls", &["--lib", "--tests"]),
+];
+
+/// Everything Miri can run in reasonable time.
+pub const FULL: &[MiriRun] = &[
+    run("nx-gguf", &["--lib", "--tests"]),
+    run("nx-bpe", &["--lib", "--tests"]),
+    run("nx-kv-cache", &["--lib", "--tests"]),
+    run("nx-sampler", &["--lib", "--tests"]),
+    run("nx-syscalls", &["--lib", "--tests"]),
+    run("nx-f32", &["--lib", "--tests"]),
+    run("nx-lazy-weight", &["--lib", "--tests"]),
+];
+
+/// Whether `cargo +nightly miri` runs; if not, tries to add the component once.
+fn miri_available() -> Result<(), String> {
+    let works = || {
+        Command::new("cargo")
+            .args(["+nightly", "miri", "--version"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if works() {
+        return Ok(());
+    }
+    eprintln!(
+        "miri: not installed; trying `rustup component add --toolchain nightly miri rust-src`"
+    );
+    let added = Command::new("rustup")
+        .args([
+            "component",
+            "add",
+            "--toolchain",
+            "nightly",
+            "miri",
+            "rust-src",
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    if added && works() {
+        Ok(())
+    } else {
+        Err("no nightly toolchain with the miri component (and it could not be added)".into())
+    }
+}
+
+/// Runs `runs` under Miri; fails on any report or test failure. Without a Miri to run
+/// (no nightly toolchain, no way to add the component) it says so and skips.
+pub fn run_all(runs: &[MiriRun]) -> Result<()> {
+    if let Err(why) = miri_available() {
+        eprintln!("miri: SKIPPED: {why}");
+        return Ok(());
+    }
+    let mut failed = Vec::new();
+    for r in runs {
+        let mut cmd = Command::new("cargo");
+        cmd.args(["+nightly", "miri", "test", "-p", r.package])
+            .args(r.args)
+            // Tests read $NX_CACHE and write temporary files.
+            .env("MIRIFLAGS", "-Zmiri-disable-isolation");
+        eprintln!(
+            "$ MIRIFLAGS=-Zmiri-disable-isolation {}",
+            display_command(&cmd)
+        );
+        let start = std::time::Instant::now();
+        let ok = cmd.status().is_ok_and(|s| s.success());
+        eprintln!(
+            "miri {} {}: {} in {}",
+            r.package,
+            r.args.join(" "),
+            if ok { "ok" } else { "FAILED" },
+            duration_text(start.elapsed())
+        );
+        if !ok {
+            failed.push(r.package);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("Miri failed in {}", failed.join(", "));
+    }
+    Ok(())
+}
