@@ -63,12 +63,15 @@ pub struct Speculation {
     pub draft_max: usize,
 }
 
+/// Longest draft one pass verifies.
+pub const MAX_DRAFT: usize = 32;
+
 impl Speculation {
     /// Checks the draft length.
     pub fn validate(&self) -> Result<(), RunError> {
-        if !(1..=32).contains(&self.draft_max) {
+        if !(1..=MAX_DRAFT).contains(&self.draft_max) {
             return Err(RunError::InvalidConfig(format!(
-                "draft_max {} is not in 1..=32",
+                "draft_max {} is not in 1..={MAX_DRAFT}",
                 self.draft_max
             )));
         }

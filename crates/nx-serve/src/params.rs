@@ -8,8 +8,13 @@
 //! Sampling defaults are nx's ([`SamplerConfig::default`]: temperature 0.8, top-k 40,
 //! top-p 0.95, min-p 0.05, seed 0, penalties off), so a request that sets nothing
 //! samples like `nx run` without flags; `temperature: 0` is greedy.
+//!
+//! nx extras: `top_k`, `min_p`, `repeat_penalty`, `ignore_eos`, `parse_special`
+//! (completions), and `speculative` (`"ngram"`, `"draft"`, `"none"` or `false`) with
+//! `draft_max`: speculative decoding chosen per request over the server's `--spec`
+//! default ([`SpeculationChoice`]). It changes how fast an answer comes, never the answer.
 
-use nx_run::{ChatMessage, Request, SamplerConfig};
+use nx_run::{ChatMessage, DraftSource, Request, SamplerConfig, Speculation};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -82,6 +87,35 @@ pub struct GenParams {
     /// `parse_special` (nx extra, completions only): read special-token texts in the
     /// prompt as those tokens. Default `false`.
     pub parse_special: bool,
+    /// `speculative` and `draft_max` (nx extras): this request's speculative decoding.
+    pub speculation: SpeculationChoice,
+}
+
+/// Default draft length of a request that turns speculation on without `draft_max`
+/// (as `nx run --spec`).
+pub const DEFAULT_DRAFT_MAX: usize = 8;
+
+/// What a request asks of speculative decoding. It never changes the answer, only how
+/// fast it comes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpeculationChoice {
+    /// No `speculative` field: the server's setting (`nx serve --spec`).
+    ServerDefault,
+    /// `"speculative": false` or `"none"`: one token per pass.
+    Off,
+    /// `"speculative": "ngram"` (prompt lookup) or `"draft"` (the server's draft model).
+    On(Speculation),
+}
+
+impl SpeculationChoice {
+    /// The speculation a request runs with, given the server's setting.
+    pub fn resolve(self, server: Option<Speculation>) -> Option<Speculation> {
+        match self {
+            SpeculationChoice::ServerDefault => server,
+            SpeculationChoice::Off => None,
+            SpeculationChoice::On(spec) => Some(spec),
+        }
+    }
 }
 
 /// Parses a request body (bytes) for `endpoint`.
@@ -252,6 +286,7 @@ pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<GenParams, ApiEr
         Endpoint::Completion => f.bool("parse_special")?.unwrap_or(false),
         Endpoint::Chat => false,
     };
+    let speculation = parse_speculation(&f)?;
     Ok(GenParams {
         endpoint,
         model,
@@ -265,6 +300,51 @@ pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<GenParams, ApiEr
         n,
         ignore_eos,
         parse_special,
+        speculation,
+    })
+}
+
+/// `speculative`: absent (the server's setting), `false` or `"none"` (off), `"ngram"` or
+/// `"draft"`; `draft_max` (1-32) sets the draft length of an explicit choice.
+fn parse_speculation(f: &Fields<'_>) -> Result<SpeculationChoice, ApiError> {
+    let draft_max = f.count("draft_max", 1, Some(nx_run::spec::MAX_DRAFT))?;
+    let source =
+        match f.get("speculative") {
+            None => None,
+            Some(Value::Bool(false)) => Some(None),
+            Some(Value::String(s)) if s == "none" => Some(None),
+            Some(Value::String(s)) => match DraftSource::from_name(s) {
+                Some(src) => Some(Some(src)),
+                None => return Err(ApiError::invalid(
+                    "speculative",
+                    format!(
+                        "speculative must be \"ngram\", \"draft\", \"none\" or false, got {s:?}"
+                    ),
+                )),
+            },
+            Some(v) => {
+                return Err(ApiError::invalid(
+                    "speculative",
+                    format!(
+                        "speculative must be \"ngram\", \"draft\", \"none\" or false, got {}",
+                        type_name(v)
+                    ),
+                ))
+            }
+        };
+    Ok(match source {
+        None if draft_max.is_some() => {
+            return Err(ApiError::invalid(
+                "draft_max",
+                "draft_max needs speculative: \"ngram\" or \"draft\"",
+            ))
+        }
+        None => SpeculationChoice::ServerDefault,
+        Some(None) => SpeculationChoice::Off,
+        Some(Some(source)) => SpeculationChoice::On(Speculation {
+            source,
+            draft_max: draft_max.unwrap_or(DEFAULT_DRAFT_MAX),
+        }),
     })
 }
 

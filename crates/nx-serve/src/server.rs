@@ -548,7 +548,7 @@ async fn generate(state: AppState, endpoint: Endpoint, req: Request) -> Result<R
         state.0.tokenizer.n_vocab(),
     )?;
     for r in &mut requests {
-        r.speculation = state.config().speculation;
+        r.speculation = params.speculation.resolve(state.config().speculation);
     }
     let id = format!(
         "{}-{}",

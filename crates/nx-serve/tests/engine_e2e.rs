@@ -168,3 +168,36 @@ fn engine_speculation_keeps_the_answer() {
     let got = greedy_ids(&spec, "the cat sat on the mat and the cat sat on the", 24);
     assert_eq!(got, want);
 }
+
+#[test]
+fn per_request_speculation_keeps_the_answer() {
+    let s = TestServer::real(test_config());
+    // A repetitive prompt, so prompt lookup finds drafts.
+    let body = |spec: Value| {
+        let mut b = json!({"prompt": "the cat sat on the mat. the cat sat on the mat. the cat",
+                           "max_tokens": 16, "temperature": 0.8, "seed": 3, "ignore_eos": true,
+                           "logprobs": 2});
+        if !spec.is_null() {
+            b["speculative"] = spec;
+        }
+        b
+    };
+    let plain = s.post_json("/v1/completions", &body(Value::Null));
+    assert_eq!(plain.status, 200, "{}", plain.body);
+    let plain = plain.json();
+    for spec in [json!("ngram"), json!(false), json!("none")] {
+        let r = s.post_json("/v1/completions", &body(spec.clone()));
+        assert_eq!(r.status, 200, "{spec}: {}", r.body);
+        let v = r.json();
+        assert_eq!(v["choices"], plain["choices"], "{spec}");
+    }
+    let text = s.get("/metrics").body;
+    assert!(
+        common::metric(&text, "nx_drafted_tokens_total") > 0.0,
+        "{text}"
+    );
+    // A draft model the server does not have is the client's mistake.
+    let r = s.post_json("/v1/completions", &body(json!("draft")));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("draft model"), "{}", r.body);
+}

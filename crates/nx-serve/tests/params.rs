@@ -478,3 +478,56 @@ fn fields_nx_does_not_implement_are_refused_by_name() {
         "response_format": {"type": "text"}, "suffix": null});
     assert!(nx_serve::params::parse_value(nx_serve::params::Endpoint::Completion, &body).is_ok());
 }
+
+#[test]
+fn speculative_is_per_request() {
+    use nx_run::{DraftSource, Speculation};
+    use nx_serve::params::SpeculationChoice;
+    let server = Some(Speculation {
+        source: DraftSource::Model,
+        draft_max: 4,
+    });
+    let p = completion(json!({"prompt": "x"})).unwrap();
+    assert_eq!(p.speculation, SpeculationChoice::ServerDefault);
+    assert_eq!(p.speculation.resolve(server), server);
+    for off in [json!(false), json!("none")] {
+        let p = chat(json!({"messages": msgs(), "speculative": off})).unwrap();
+        assert_eq!(p.speculation.resolve(server), None);
+    }
+    let p = completion(json!({"prompt": "x", "speculative": "ngram", "draft_max": 3})).unwrap();
+    assert_eq!(
+        p.speculation.resolve(server),
+        Some(Speculation {
+            source: DraftSource::Ngram,
+            draft_max: 3
+        })
+    );
+    let p = completion(json!({"prompt": "x", "speculative": "draft"})).unwrap();
+    assert_eq!(
+        p.speculation.resolve(None),
+        Some(Speculation {
+            source: DraftSource::Model,
+            draft_max: nx_serve::params::DEFAULT_DRAFT_MAX
+        })
+    );
+    assert_field_error(
+        completion(json!({"prompt": "x", "speculative": "medusa"})),
+        "speculative",
+    );
+    assert_field_error(
+        completion(json!({"prompt": "x", "speculative": 1})),
+        "speculative",
+    );
+    assert_field_error(
+        completion(json!({"prompt": "x", "speculative": "ngram", "draft_max": 0})),
+        "draft_max",
+    );
+    assert_field_error(
+        completion(json!({"prompt": "x", "speculative": "ngram", "draft_max": 33})),
+        "draft_max",
+    );
+    assert_field_error(
+        completion(json!({"prompt": "x", "draft_max": 4})),
+        "draft_max",
+    );
+}
