@@ -12,7 +12,7 @@ pub enum TokenizerError {
     #[error("unsupported tokenizer model {0:?} (tokenizer.ggml.model); supported: \"gpt2\" (byte-level BPE), \"llama\" (SentencePiece)")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate does not implement.
-    #[error("unsupported pre-tokenizer {0:?} (tokenizer.ggml.pre); supported: {supported}", supported = crate::pretok::SUPPORTED_NAMES)]
+    #[error("unsupported pre-tokenizer {0:?} (tokenizer.ggml.pre); supported: {supported}", supported = crate::pretok::supported_names())]
     UnsupportedPreTokenizer(String),
     /// A metadata value is present but unusable (wrong length, out of range).
     #[error("tokenizer metadata {key}: {reason}")]

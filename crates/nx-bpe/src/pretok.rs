@@ -10,6 +10,8 @@
 //! - `gpt2`:   `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 //! - `llama3`: `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 //! - `qwen2`:  the `llama3` pattern with `\p{N}` (one digit per piece) instead of `\p{N}{1,3}`.
+//! - `starcoder` (also `smollm`, `refact`, `command-r`, …): `\p{N}` (one digit a piece),
+//!   then the `gpt2` pattern over each piece.
 //! - `default`: four patterns applied in sequence, each splitting the pieces of the one
 //!   before: `[\p{P}\$\+<=>\^~\|]+`, the `gpt2` pattern, `\p{N}+`, `[0-9][0-9][0-9]`.
 //!
@@ -18,11 +20,6 @@
 //! is its own piece), these splitters follow the reference, because token ids must match.
 
 use crate::unicode::{class_of, decode_at, DEFINED, LETTER, NUMBER, PUNCT, WHITESPACE};
-
-/// Names accepted in `tokenizer.ggml.pre`, for error messages.
-pub const SUPPORTED_NAMES: &str = "\"qwen2\", \"deepseek-r1-qwen\", \"megrez\", \"stablelm2\", \
-\"llama3\", \"llama-v3\", \"llama-bpe\", \"falcon3\", \"dbrx\", \"smaug-bpe\", \
-\"gpt-2\", \"phi-2\", \"mpt\", \"olmo\", \"default\"";
 
 /// Which splitting rules a byte-level BPE vocabulary uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +32,8 @@ pub enum PreTokenizer {
     Qwen2,
     /// The reference's fallback sequence of four patterns.
     Default,
+    /// Every digit its own piece, then GPT-2's pattern (StarCoder, SmolLM, Command-R, …).
+    DigitsThenGpt2,
 }
 
 /// What a `tokenizer.ggml.pre` name selects.
@@ -47,27 +46,75 @@ pub struct PreTokenizerConfig {
     pub add_bos_default: bool,
 }
 
+/// Every `tokenizer.ggml.pre` name nx reads, with what the reference's vocabulary loader
+/// (`src/llama-vocab.cpp`) selects for it: the splitter, `ignore_merges`, and whether BOS
+/// is added by default. Names the reference gives other split rules, or extra steps nx
+/// does not have (`add_sep`, whitespace escaping), are absent and stay a clear error.
+pub const NAMES: &[(&str, PreTokenizer, bool, bool)] = &[
+    ("qwen2", PreTokenizer::Qwen2, false, false),
+    ("deepseek-r1-qwen", PreTokenizer::Qwen2, false, false),
+    ("kormo", PreTokenizer::Qwen2, false, false),
+    ("f2llmv2", PreTokenizer::Qwen2, false, false),
+    ("megrez", PreTokenizer::Qwen2, false, false),
+    ("stablelm2", PreTokenizer::Qwen2, false, false),
+    ("llama3", PreTokenizer::Llama3, true, true),
+    ("llama-v3", PreTokenizer::Llama3, true, true),
+    ("llama-bpe", PreTokenizer::Llama3, true, true),
+    ("falcon3", PreTokenizer::Llama3, true, true),
+    ("falcon-h1", PreTokenizer::Llama3, true, true),
+    ("pixtral", PreTokenizer::Llama3, true, true),
+    ("midm-2.0", PreTokenizer::Llama3, true, true),
+    ("lfm2", PreTokenizer::Llama3, true, true),
+    ("jina-v5-nano", PreTokenizer::Llama3, true, true),
+    ("dbrx", PreTokenizer::Llama3, false, false),
+    ("smaug-bpe", PreTokenizer::Llama3, false, false),
+    ("gpt-2", PreTokenizer::Gpt2, false, false),
+    ("phi-2", PreTokenizer::Gpt2, false, false),
+    ("jina-es", PreTokenizer::Gpt2, false, false),
+    ("jina-de", PreTokenizer::Gpt2, false, false),
+    ("jina-v2-es", PreTokenizer::Gpt2, false, false),
+    ("jina-v2-de", PreTokenizer::Gpt2, false, false),
+    ("gigachat", PreTokenizer::Gpt2, false, false),
+    ("a.x-4.0", PreTokenizer::Gpt2, false, false),
+    ("mellum", PreTokenizer::Gpt2, false, false),
+    ("modern-bert", PreTokenizer::Gpt2, false, false),
+    ("exaone4", PreTokenizer::Gpt2, false, false),
+    ("mpt", PreTokenizer::Gpt2, false, false),
+    ("olmo", PreTokenizer::Gpt2, false, false),
+    ("starcoder", PreTokenizer::DigitsThenGpt2, false, false),
+    ("refact", PreTokenizer::DigitsThenGpt2, false, false),
+    ("command-r", PreTokenizer::DigitsThenGpt2, false, false),
+    ("smollm", PreTokenizer::DigitsThenGpt2, false, false),
+    ("codeshell", PreTokenizer::DigitsThenGpt2, false, false),
+    ("exaone", PreTokenizer::DigitsThenGpt2, false, false),
+    ("minerva-7b", PreTokenizer::DigitsThenGpt2, false, false),
+    ("mellum2", PreTokenizer::DigitsThenGpt2, false, false),
+    ("default", PreTokenizer::Default, false, false),
+];
+
+/// The names of [`NAMES`], quoted and comma-separated (for error messages).
+pub fn supported_names() -> String {
+    NAMES
+        .iter()
+        .map(|(n, ..)| format!("{n:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl PreTokenizer {
-    /// Maps a `tokenizer.ggml.pre` value (the names the reference accepts for these four
-    /// splitters) to its configuration; `None` for any other name.
+    /// Maps a `tokenizer.ggml.pre` value to its configuration ([`NAMES`]); `None` for
+    /// any other name.
     pub fn from_name(name: &str) -> Option<PreTokenizerConfig> {
-        let cfg = |pre, ignore_merges, add_bos_default| PreTokenizerConfig {
-            pre,
-            ignore_merges,
-            add_bos_default,
-        };
-        Some(match name {
-            "qwen2" | "deepseek-r1-qwen" | "megrez" | "stablelm2" => {
-                cfg(PreTokenizer::Qwen2, false, false)
-            }
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" => {
-                cfg(PreTokenizer::Llama3, true, true)
-            }
-            "dbrx" | "smaug-bpe" => cfg(PreTokenizer::Llama3, false, false),
-            "gpt-2" | "phi-2" | "mpt" | "olmo" => cfg(PreTokenizer::Gpt2, false, false),
-            "default" => cfg(PreTokenizer::Default, false, false),
-            _ => return None,
-        })
+        NAMES
+            .iter()
+            .find(|(n, ..)| *n == name)
+            .map(
+                |&(_, pre, ignore_merges, add_bos_default)| PreTokenizerConfig {
+                    pre,
+                    ignore_merges,
+                    add_bos_default,
+                },
+            )
     }
 
     /// A short name for messages.
@@ -77,6 +124,7 @@ impl PreTokenizer {
             PreTokenizer::Llama3 => "llama3",
             PreTokenizer::Qwen2 => "qwen2",
             PreTokenizer::Default => "default",
+            PreTokenizer::DigitsThenGpt2 => "starcoder",
         }
     }
 
@@ -97,6 +145,7 @@ impl PreTokenizer {
             PreTokenizer::Llama3 => split_llama3_like(s, 0, n, 3, &mut to_bytes),
             PreTokenizer::Qwen2 => split_llama3_like(s, 0, n, 1, &mut to_bytes),
             PreTokenizer::Default => split_default(s, 0, n, &mut to_bytes),
+            PreTokenizer::DigitsThenGpt2 => split_digits_then_gpt2(s, 0, n, &mut to_bytes),
         }
     }
 }
@@ -359,6 +408,29 @@ fn split_runs(
             pos += 1;
         }
         emit(start, pos);
+    }
+}
+
+/// `\p{N}` (each digit alone; the text between digits one piece), then GPT-2's pattern
+/// within each piece.
+fn split_digits_then_gpt2(
+    s: &SplitScratch,
+    lo: usize,
+    hi: usize,
+    emit: &mut impl FnMut(usize, usize),
+) {
+    let mut gap_start = lo;
+    for i in lo..hi {
+        if s.cls[i] & NUMBER != 0 {
+            if i > gap_start {
+                split_gpt2(s, gap_start, i, emit);
+            }
+            emit(i, i + 1);
+            gap_start = i + 1;
+        }
+    }
+    if hi > gap_start {
+        split_gpt2(s, gap_start, hi, emit);
     }
 }
 

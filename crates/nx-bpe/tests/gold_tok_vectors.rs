@@ -1,5 +1,7 @@
-//! Gate GOLD-TOK-VECTORS: llama.cpp's tokenizer test vectors for the qwen2, llama-bpe and
-//! llama-spm vocabularies (46 cases each) must encode to exactly the recorded ids.
+//! Gate GOLD-TOK-VECTORS: llama.cpp's tokenizer test vectors (46 cases each) must encode
+//! to exactly the recorded ids, for every vocabulary of the pinned tree nx reads: byte-level
+//! BPE with the qwen2, llama3 (`llama-bpe`), GPT-2 (`gpt-2`, `mpt`) and digits-then-GPT-2
+//! (`starcoder`, `refact`, `command-r`) splitters, and SentencePiece (`llama-spm`, `phi-3`).
 //!
 //! Rules of llama.cpp's test-tokenizer-0: `add_special = false` (no BOS),
 //! `parse_special = false`. For SentencePiece the tokenizer itself prefixes the space
@@ -7,18 +9,30 @@
 
 mod common;
 
+const VOCABS: [&str; 9] = [
+    "qwen2",
+    "llama-bpe",
+    "llama-spm",
+    "gpt-2",
+    "mpt",
+    "phi-3",
+    "starcoder",
+    "refact",
+    "command-r",
+];
+
 #[test]
 #[ignore = "gate: run by cargo xtask gate"]
 fn gold_tok_vectors() {
     let mut budget = 8;
     let mut passed = 0;
     let mut total = 0;
-    for name in ["qwen2", "llama-bpe", "llama-spm"] {
+    for name in VOCABS {
         let (p, t) = common::run_vocab(name, &mut budget);
         passed += p;
         total += t;
     }
     println!("GOLD-TOK-VECTORS: {passed}/{total}");
-    assert_eq!(total, 138, "expected 3 × 46 cases");
+    assert_eq!(total, 46 * VOCABS.len(), "expected 46 cases per vocabulary");
     assert_eq!(passed, total, "GOLD-TOK-VECTORS: {passed}/{total}");
 }

@@ -308,30 +308,31 @@ pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<GenParams, ApiEr
 /// `"draft"`; `draft_max` (1-32) sets the draft length of an explicit choice.
 fn parse_speculation(f: &Fields<'_>) -> Result<SpeculationChoice, ApiError> {
     let draft_max = f.count("draft_max", 1, Some(nx_run::spec::MAX_DRAFT))?;
-    let source =
-        match f.get("speculative") {
-            None => None,
-            Some(Value::Bool(false)) => Some(None),
-            Some(Value::String(s)) if s == "none" => Some(None),
-            Some(Value::String(s)) => match DraftSource::from_name(s) {
-                Some(src) => Some(Some(src)),
-                None => return Err(ApiError::invalid(
+    let source = match f.get("speculative") {
+        None => None,
+        Some(Value::Bool(false)) => Some(None),
+        Some(Value::String(s)) if s == "none" => Some(None),
+        Some(Value::String(s)) => match DraftSource::from_name(s) {
+            Some(src) => Some(Some(src)),
+            None => {
+                return Err(ApiError::invalid(
                     "speculative",
                     format!(
                         "speculative must be \"ngram\", \"draft\", \"none\" or false, got {s:?}"
                     ),
-                )),
-            },
-            Some(v) => {
-                return Err(ApiError::invalid(
-                    "speculative",
-                    format!(
-                        "speculative must be \"ngram\", \"draft\", \"none\" or false, got {}",
-                        type_name(v)
-                    ),
                 ))
             }
-        };
+        },
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "speculative",
+                format!(
+                    "speculative must be \"ngram\", \"draft\", \"none\" or false, got {}",
+                    type_name(v)
+                ),
+            ))
+        }
+    };
     Ok(match source {
         None if draft_max.is_some() => {
             return Err(ApiError::invalid(
