@@ -12,6 +12,7 @@
 //! - `qwen2`:  the `llama3` pattern with `\p{N}` (one digit per piece) instead of `\p{N}{1,3}`.
 //! - `starcoder` (also `smollm`, `refact`, `command-r`, …): `\p{N}` (one digit a piece),
 //!   then the `gpt2` pattern over each piece.
+//! - `falcon`: `[\p{P}\$\+<=>\^~\|`]+`, the `gpt2` pattern, `[0-9][0-9][0-9]`, in sequence.
 //! - `default`: four patterns applied in sequence, each splitting the pieces of the one
 //!   before: `[\p{P}\$\+<=>\^~\|]+`, the `gpt2` pattern, `\p{N}+`, `[0-9][0-9][0-9]`.
 //!
@@ -34,6 +35,9 @@ pub enum PreTokenizer {
     Default,
     /// Every digit its own piece, then GPT-2's pattern (StarCoder, SmolLM, Command-R, …).
     DigitsThenGpt2,
+    /// Falcon's sequence: punctuation runs (with the backtick), GPT-2's pattern, then
+    /// `[0-9][0-9][0-9]`.
+    Falcon,
 }
 
 /// What a `tokenizer.ggml.pre` name selects.
@@ -89,6 +93,10 @@ pub const NAMES: &[(&str, PreTokenizer, bool, bool)] = &[
     ("exaone", PreTokenizer::DigitsThenGpt2, false, false),
     ("minerva-7b", PreTokenizer::DigitsThenGpt2, false, false),
     ("mellum2", PreTokenizer::DigitsThenGpt2, false, false),
+    ("falcon", PreTokenizer::Falcon, false, false),
+    ("chatglm-bpe", PreTokenizer::Llama3, false, false),
+    ("glm4", PreTokenizer::Llama3, true, false),
+    ("glm5", PreTokenizer::Llama3, true, false),
     ("default", PreTokenizer::Default, false, false),
 ];
 
@@ -125,6 +133,7 @@ impl PreTokenizer {
             PreTokenizer::Qwen2 => "qwen2",
             PreTokenizer::Default => "default",
             PreTokenizer::DigitsThenGpt2 => "starcoder",
+            PreTokenizer::Falcon => "falcon",
         }
     }
 
@@ -144,7 +153,8 @@ impl PreTokenizer {
             PreTokenizer::Gpt2 => split_gpt2(s, 0, n, &mut to_bytes),
             PreTokenizer::Llama3 => split_llama3_like(s, 0, n, 3, &mut to_bytes),
             PreTokenizer::Qwen2 => split_llama3_like(s, 0, n, 1, &mut to_bytes),
-            PreTokenizer::Default => split_default(s, 0, n, &mut to_bytes),
+            PreTokenizer::Default => split_default(s, 0, n, false, &mut to_bytes),
+            PreTokenizer::Falcon => split_default(s, 0, n, true, &mut to_bytes),
             PreTokenizer::DigitsThenGpt2 => split_digits_then_gpt2(s, 0, n, &mut to_bytes),
         }
     }
@@ -434,41 +444,54 @@ fn split_digits_then_gpt2(
     }
 }
 
-/// The reference's `default` sequence of four splitting patterns.
-fn split_default(s: &SplitScratch, lo: usize, hi: usize, emit: &mut impl FnMut(usize, usize)) {
-    // Stage 1: [\p{P}\$\+<=>\^~\|]+
+/// The reference's `default` sequence of four splitting patterns, or with `falcon`
+/// Falcon's three (the backtick joins the first pattern's set; no `\p{N}+` stage).
+fn split_default(
+    s: &SplitScratch,
+    lo: usize,
+    hi: usize,
+    falcon: bool,
+    emit: &mut impl FnMut(usize, usize),
+) {
+    // Stage 1: [\p{P}\$\+<=>\^~\|]+ (falcon: and `)
     let is_stage1 = |i: usize| {
         let c = s.cps[i];
         s.cls[i] & PUNCT != 0
             || [b'$', b'+', b'<', b'=', b'>', b'^', b'~', b'|']
                 .iter()
                 .any(|&x| c == x as u32)
+            || (falcon && c == '`' as u32)
     };
     let is_digit = |i: usize| s.cls[i] & NUMBER != 0;
     let is_ascii_digit = |i: usize| (b'0' as u32..=b'9' as u32).contains(&s.cps[i]);
+    // Last stage: [0-9][0-9][0-9], leftmost non-overlapping matches.
+    let triples = |e: usize, f: usize, emit: &mut dyn FnMut(usize, usize)| {
+        let mut gap_start = e;
+        let mut i = e;
+        while i + 3 <= f {
+            if is_ascii_digit(i) && is_ascii_digit(i + 1) && is_ascii_digit(i + 2) {
+                if i > gap_start {
+                    emit(gap_start, i);
+                }
+                emit(i, i + 3);
+                i += 3;
+                gap_start = i;
+            } else {
+                i += 1;
+            }
+        }
+        if f > gap_start {
+            emit(gap_start, f);
+        }
+    };
     split_runs(lo, hi, is_stage1, &mut |a, b| {
         split_gpt2(s, a, b, &mut |c, d| {
-            // Stage 3: \p{N}+
-            split_runs(c, d, is_digit, &mut |e, f| {
-                // Stage 4: [0-9][0-9][0-9], leftmost non-overlapping matches.
-                let mut gap_start = e;
-                let mut i = e;
-                while i + 3 <= f {
-                    if is_ascii_digit(i) && is_ascii_digit(i + 1) && is_ascii_digit(i + 2) {
-                        if i > gap_start {
-                            emit(gap_start, i);
-                        }
-                        emit(i, i + 3);
-                        i += 3;
-                        gap_start = i;
-                    } else {
-                        i += 1;
-                    }
-                }
-                if f > gap_start {
-                    emit(gap_start, f);
-                }
-            })
+            if falcon {
+                triples(c, d, emit);
+            } else {
+                // Stage 3: \p{N}+
+                split_runs(c, d, is_digit, &mut |e, f| triples(e, f, emit));
+            }
         })
     });
 }

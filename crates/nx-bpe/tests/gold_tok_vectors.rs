@@ -1,7 +1,7 @@
 //! Gate GOLD-TOK-VECTORS: llama.cpp's tokenizer test vectors (46 cases each) must encode
 //! to exactly the recorded ids, for every vocabulary of the pinned tree nx reads: byte-level
 //! BPE with the qwen2, llama3 (`llama-bpe`), GPT-2 (`gpt-2`, `mpt`) and digits-then-GPT-2
-//! (`starcoder`, `refact`, `command-r`) splitters, and SentencePiece (`llama-spm`, `phi-3`).
+//! (`starcoder`, `refact`, `command-r`) and Falcon splitters, and SentencePiece (`llama-spm`, `phi-3`).
 //!
 //! Rules of llama.cpp's test-tokenizer-0: `add_special = false` (no BOS),
 //! `parse_special = false`. For SentencePiece the tokenizer itself prefixes the space
@@ -9,7 +9,7 @@
 
 mod common;
 
-const VOCABS: [&str; 9] = [
+const VOCABS: [&str; 10] = [
     "qwen2",
     "llama-bpe",
     "llama-spm",
@@ -19,6 +19,7 @@ const VOCABS: [&str; 9] = [
     "starcoder",
     "refact",
     "command-r",
+    "falcon",
 ];
 
 #[test]
