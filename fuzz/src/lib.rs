@@ -26,7 +26,7 @@ use std::sync::OnceLock;
 use nx_bpe::{EncodeOptions, Tokenizer};
 use nx_gguf::{Gguf, GgufHeader};
 use nx_llama_stack::{ForwardState, KvDtype, Model};
-use nx_run::chat::{ChatMessage, ChatTemplate, MAX_RENDER_BYTES};
+use nx_run::chat::{ChatMessage, ChatTemplate, MAX_RENDER_BYTES, RENDER_FUEL};
 use nx_sampler::{log_prob, log_softmax_top, Sampler, SamplerConfig};
 use nx_serve::params::{build_requests, parse_body, Endpoint, PromptInput};
 
@@ -229,6 +229,10 @@ pub fn chat_template(data: &[u8]) {
     let Ok(template) = ChatTemplate::new(source, "fuzz input", "<s>", "</s>") else {
         return;
     };
+    // A twentieth of the default bound: a runaway loop still ends (by the same mechanism,
+    // which tests/chat_templates.rs in nx-run checks at the default), in a time an
+    // instrumented build can afford per input.
+    let template = template.with_render_fuel(RENDER_FUEL / 20);
     for add_generation_prompt in [true, false] {
         if let Ok(prompt) = template.render(&messages, add_generation_prompt) {
             assert!(prompt.len() <= MAX_RENDER_BYTES);

@@ -47,7 +47,7 @@ pub const CHAT_TEMPLATE_KEY: &str = "tokenizer.chat_template";
 /// Render steps one template render may take. The built-in templates render a
 /// 1000-message conversation in about 2 ms, some 70 000 steps; this allows ~70 times
 /// that and stops a runaway loop after about 0.15 s.
-const RENDER_FUEL: u64 = 5_000_000;
+pub const RENDER_FUEL: u64 = 5_000_000;
 
 /// Longest prompt text a template may render (far longer than any context holds once
 /// encoded; a template that writes more is hostile or broken and gets an error).
@@ -364,6 +364,13 @@ impl ChatTemplate {
             bos_token,
             eos_token,
         })
+    }
+
+    /// The same template with another bound on render steps (default [`RENDER_FUEL`]):
+    /// a render that needs more ends with [`ChatError::Render`].
+    pub fn with_render_fuel(mut self, fuel: u64) -> ChatTemplate {
+        self.env.set_fuel(Some(fuel));
+        self
     }
 
     /// A built-in template with the special-token texts of `tokenizer`.
