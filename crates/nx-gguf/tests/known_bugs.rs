@@ -39,7 +39,7 @@ fn pr_24759_padding_arithmetic_does_not_wrap() {
     // The largest aligned offset: data start + offset wraps a 64-bit sum.
     let mut bytes = one_tensor(GgmlType::F32, vec![8], vec![0; 32]);
     let at = offset_field(&bytes, 1);
-    bytes[at..at + 8].copy_from_slice(&(u64::MAX & !31).to_le_bytes());
+    bytes[at..at + 8].copy_from_slice(&(!31u64).to_le_bytes());
     assert!(matches!(err(&bytes), GgufError::TensorOutOfBounds { .. }));
     // The largest alignment the format allows does not wrap the data start either.
     // (Written with alignment 32, then patched: the writer would pad to 2 GiB.)
