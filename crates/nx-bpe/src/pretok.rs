@@ -10,6 +10,8 @@
 //! - `gpt2`:   `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 //! - `llama3`: `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 //! - `qwen2`:  the `llama3` pattern with `\p{N}` (one digit per piece) instead of `\p{N}{1,3}`.
+//! - `qwen35`: the `qwen2` pattern with `[\p{L}\p{M}]+` for letter runs and `\p{M}` also
+//!   excluded from the punctuation run.
 //! - `starcoder` (also `smollm`, `refact`, `command-r`, …): `\p{N}` (one digit a piece),
 //!   then the `gpt2` pattern over each piece.
 //! - `falcon`: `[\p{P}\$\+<=>\^~\|`]+`, the `gpt2` pattern, `[0-9][0-9][0-9]`, in sequence.
@@ -20,7 +22,7 @@
 //! alternative takes all white space up to the last CR/LF of a run; a lone trailing space
 //! is its own piece), these splitters follow the reference, because token ids must match.
 
-use crate::unicode::{class_of, decode_at, DEFINED, LETTER, NUMBER, PUNCT, WHITESPACE};
+use crate::unicode::{class_of, decode_at, DEFINED, LETTER, MARK, NUMBER, PUNCT, WHITESPACE};
 
 /// Which splitting rules a byte-level BPE vocabulary uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +33,8 @@ pub enum PreTokenizer {
     Llama3,
     /// Qwen2's pattern (one digit per piece).
     Qwen2,
+    /// Qwen3.5's: Qwen2's with combining marks (`\p{M}`) counted as letters.
+    Qwen35,
     /// The reference's fallback sequence of four patterns.
     Default,
     /// Every digit its own piece, then GPT-2's pattern (StarCoder, SmolLM, Command-R, …).
@@ -56,6 +60,7 @@ pub struct PreTokenizerConfig {
 /// does not have (`add_sep`, whitespace escaping), are absent and stay a clear error.
 pub const NAMES: &[(&str, PreTokenizer, bool, bool)] = &[
     ("qwen2", PreTokenizer::Qwen2, false, false),
+    ("qwen35", PreTokenizer::Qwen35, false, false),
     ("deepseek-r1-qwen", PreTokenizer::Qwen2, false, false),
     ("kormo", PreTokenizer::Qwen2, false, false),
     ("f2llmv2", PreTokenizer::Qwen2, false, false),
@@ -131,6 +136,7 @@ impl PreTokenizer {
             PreTokenizer::Gpt2 => "gpt2",
             PreTokenizer::Llama3 => "llama3",
             PreTokenizer::Qwen2 => "qwen2",
+            PreTokenizer::Qwen35 => "qwen35",
             PreTokenizer::Default => "default",
             PreTokenizer::DigitsThenGpt2 => "starcoder",
             PreTokenizer::Falcon => "falcon",
@@ -151,8 +157,9 @@ impl PreTokenizer {
         let mut to_bytes = |a: usize, b: usize| emit(s.offs[a] as usize, s.offs[b] as usize);
         match self {
             PreTokenizer::Gpt2 => split_gpt2(s, 0, n, &mut to_bytes),
-            PreTokenizer::Llama3 => split_llama3_like(s, 0, n, 3, &mut to_bytes),
-            PreTokenizer::Qwen2 => split_llama3_like(s, 0, n, 1, &mut to_bytes),
+            PreTokenizer::Llama3 => split_llama3_like(s, 0, n, 3, LETTER, &mut to_bytes),
+            PreTokenizer::Qwen2 => split_llama3_like(s, 0, n, 1, LETTER, &mut to_bytes),
+            PreTokenizer::Qwen35 => split_llama3_like(s, 0, n, 1, LETTER | MARK, &mut to_bytes),
             PreTokenizer::Default => split_default(s, 0, n, false, &mut to_bytes),
             PreTokenizer::Falcon => split_default(s, 0, n, true, &mut to_bytes),
             PreTokenizer::DigitsThenGpt2 => split_digits_then_gpt2(s, 0, n, &mut to_bytes),
@@ -255,14 +262,17 @@ fn contraction_len(s: &SplitScratch, pos: usize, hi: usize, case_insensitive: bo
 
 const WS_L_N: u8 = WHITESPACE | LETTER | NUMBER;
 
-/// The Llama 3 / Qwen2 splitter over code points `lo..hi`; `max_digits` is 3 or 1.
+/// The Llama 3 / Qwen2 / Qwen3.5 splitter over code points `lo..hi`; `max_digits` is 3 or
+/// 1; `letters` the classes a letter run takes (`LETTER`, or `LETTER | MARK`).
 fn split_llama3_like(
     s: &SplitScratch,
     lo: usize,
     hi: usize,
     max_digits: usize,
+    letters: u8,
     emit: &mut impl FnMut(usize, usize),
 ) {
+    let ws_l_n = WHITESPACE | NUMBER | letters;
     let mut pos = lo;
     while pos < hi {
         let start = pos;
@@ -278,10 +288,11 @@ fn split_llama3_like(
 
         // [^\r\n\p{L}\p{N}]?\p{L}+
         let is_crlf = c == '\r' as u32 || c == '\n' as u32;
-        if !(is_crlf || f & NUMBER != 0) && (f & LETTER != 0 || s.class(pos + 1, hi) & LETTER != 0)
+        if !(is_crlf || f & NUMBER != 0)
+            && (f & letters != 0 || s.class(pos + 1, hi) & letters != 0)
         {
             pos += 1;
-            while s.class(pos, hi) & LETTER != 0 {
+            while s.class(pos, hi) & letters != 0 {
                 pos += 1;
             }
             emit(start, pos);
@@ -310,11 +321,11 @@ fn split_llama3_like(
         } else {
             f
         };
-        if f2 & WS_L_N == 0 && f != 0 {
+        if f2 & ws_l_n == 0 && f != 0 {
             if c == ' ' as u32 {
                 pos += 1;
             }
-            while s.class(pos, hi) & WS_L_N == 0 && s.class(pos, hi) != 0 {
+            while s.class(pos, hi) & ws_l_n == 0 && s.class(pos, hi) != 0 {
                 pos += 1;
             }
             while s.cp(pos, hi) == '\r' as u32 || s.cp(pos, hi) == '\n' as u32 {

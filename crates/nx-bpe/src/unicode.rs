@@ -1,8 +1,8 @@
 //! Code-point classes the pre-tokenizers split on, UTF-8 helpers, and the GPT-2 byte↔unicode table.
 //!
-//! The pre-tokenizer regexes of byte-level BPE vocabularies only ask four questions of a
-//! code point: is it a letter (`\p{L}`), a number (`\p{N}`), white space (`\s`), or
-//! punctuation (`\p{P}`, used by the `default` splitter). Each class is one bit; every
+//! The pre-tokenizer regexes of byte-level BPE vocabularies only ask five questions of a
+//! code point: is it a letter (`\p{L}`), a number (`\p{N}`), white space (`\s`),
+//! punctuation (`\p{P}`, used by the `default` splitter) or a mark (`\p{M}`, Qwen3.5). Each class is one bit; every
 //! code point of the input also carries [`DEFINED`], so a splitter can tell "a code point
 //! of some other class" (bits = `DEFINED`) from "past the end of the piece" (bits = 0).
 
@@ -16,6 +16,8 @@ pub const NUMBER: u8 = 2;
 pub const WHITESPACE: u8 = 4;
 /// `\p{P}`: any punctuation category.
 pub const PUNCT: u8 = 8;
+/// `\p{M}`: any mark category (Mn, Mc, Me; the combining accents of Qwen3.5's pattern).
+pub const MARK: u8 = 16;
 /// Set on every code point inside the text; absent only past the end.
 pub const DEFINED: u8 = 0x80;
 
@@ -112,6 +114,7 @@ pub fn class_of(cp: u32) -> u8 {
         | Gc::InitialPunctuation
         | Gc::FinalPunctuation
         | Gc::OtherPunctuation => PUNCT,
+        Gc::NonspacingMark | Gc::SpacingMark | Gc::EnclosingMark => MARK,
         _ => 0,
     }
 }

@@ -105,6 +105,7 @@ mod tests {
     use std::io::Write;
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri cannot map files (mmap of a file descriptor)")]
     fn maps_contents_and_empty_files() {
         let dir = std::env::temp_dir().join(format!("nx-syscalls-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
