@@ -206,7 +206,8 @@ mod tests {
         assert_eq!(class_of(0xA0), DEFINED | WHITESPACE);
         assert_eq!(class_of('…' as u32), DEFINED | PUNCT);
         assert_eq!(class_of('😀' as u32), DEFINED);
-        assert_eq!(class_of(0x0301), DEFINED); // combining acute: a mark, not a letter
+        assert_eq!(class_of(0x0301), DEFINED | MARK); // combining acute: a mark, not a letter
+        assert_eq!(class_of(0x0903), DEFINED | MARK); // Devanagari visarga (Mc)
     }
 
     #[test]
