@@ -51,7 +51,7 @@ pub const GATES: &[Gate] = &[
     Gate::new("FETCH-PINS", "xtask", "fetched_pins"),
     // The default model's header parses and matches reference.md (types, shapes, vocab).
     Gate::new("GGUF-DEFAULT-MODEL", "nx-gguf", "real_model"),
-    // llama.cpp's tokenizer test vectors of the eleven vocabularies nx reads (510 cases).
+    // llama.cpp's tokenizer test vectors of the thirteen vocabularies nx reads (602 cases).
     Gate::new("GOLD-TOK-VECTORS", "nx-bpe", "gold_tok_vectors"),
     // The default model's vocab against llama-server's /tokenize answers.
     Gate::new("GOLD-TOK-GEMMA", "nx-bpe", "gold_tok_gemma"),

@@ -15,6 +15,12 @@
 //! - `starcoder` (also `smollm`, `refact`, `command-r`, …): `\p{N}` (one digit a piece),
 //!   then the `gpt2` pattern over each piece.
 //! - `falcon`: `[\p{P}\$\+<=>\^~\|`]+`, the `gpt2` pattern, `[0-9][0-9][0-9]`, in sequence.
+//! - `deepseek-coder`: `[\r\n]`, `\s?\p{L}+`, `\s?\p{P}+`, `[一-龥ࠀ-一가-퟿]+`, `\p{N}`, in
+//!   sequence (the reference runs these through `std::regex`, with `\s` the ASCII white
+//!   space plus every other `White_Space` code point).
+//! - `deepseek-llm`: `[\r\n]`, `\s?[A-Za-zµÀ-Ö…]+` (the cased-letter ranges of
+//!   [`DEEPSEEK_LLM_LETTERS`]), `\s?[!-/:-~！-／：-～‘-‟　-。]+`, `\s+$`, the CJK runs,
+//!   `\p{N}+`, in sequence.
 //! - `default`: four patterns applied in sequence, each splitting the pieces of the one
 //!   before: `[\p{P}\$\+<=>\^~\|]+`, the `gpt2` pattern, `\p{N}+`, `[0-9][0-9][0-9]`.
 //!
@@ -42,6 +48,12 @@ pub enum PreTokenizer {
     /// Falcon's sequence: punctuation runs (with the backtick), GPT-2's pattern, then
     /// `[0-9][0-9][0-9]`.
     Falcon,
+    /// DeepSeek Coder's sequence of five patterns (line breaks, letter runs, punctuation
+    /// runs, CJK runs, single digits).
+    DeepseekCoder,
+    /// DeepSeek LLM's sequence of six patterns (line breaks, runs of cased letters, runs of
+    /// ASCII and full-width punctuation, trailing white space, CJK runs, digit runs).
+    DeepseekLlm,
 }
 
 /// What a `tokenizer.ggml.pre` name selects.
@@ -99,6 +111,8 @@ pub const NAMES: &[(&str, PreTokenizer, bool, bool)] = &[
     ("minerva-7b", PreTokenizer::DigitsThenGpt2, false, false),
     ("mellum2", PreTokenizer::DigitsThenGpt2, false, false),
     ("falcon", PreTokenizer::Falcon, false, false),
+    ("deepseek-coder", PreTokenizer::DeepseekCoder, false, false),
+    ("deepseek-llm", PreTokenizer::DeepseekLlm, false, false),
     ("chatglm-bpe", PreTokenizer::Llama3, false, false),
     ("glm4", PreTokenizer::Llama3, true, false),
     ("glm5", PreTokenizer::Llama3, true, false),
@@ -140,6 +154,8 @@ impl PreTokenizer {
             PreTokenizer::Default => "default",
             PreTokenizer::DigitsThenGpt2 => "starcoder",
             PreTokenizer::Falcon => "falcon",
+            PreTokenizer::DeepseekCoder => "deepseek-coder",
+            PreTokenizer::DeepseekLlm => "deepseek-llm",
         }
     }
 
@@ -162,6 +178,8 @@ impl PreTokenizer {
             PreTokenizer::Qwen35 => split_llama3_like(s, 0, n, 1, LETTER | MARK, &mut to_bytes),
             PreTokenizer::Default => split_default(s, 0, n, false, &mut to_bytes),
             PreTokenizer::Falcon => split_default(s, 0, n, true, &mut to_bytes),
+            PreTokenizer::DeepseekCoder => split_deepseek(s, 0, n, false, &mut to_bytes),
+            PreTokenizer::DeepseekLlm => split_deepseek(s, 0, n, true, &mut to_bytes),
             PreTokenizer::DigitsThenGpt2 => split_digits_then_gpt2(s, 0, n, &mut to_bytes),
         }
     }
@@ -452,6 +470,217 @@ fn split_digits_then_gpt2(
     }
     if hi > gap_start {
         split_gpt2(s, gap_start, hi, emit);
+    }
+}
+
+/// Splits each piece of `pieces` by the leftmost-longest matches of one pattern:
+/// `match_at(i, hi)` is the end of the match starting at `i` within a piece ending at `hi`
+/// (`None`: no match there). Matches and the gaps between them become the new pieces, as
+/// a regex iterator over each piece makes them.
+fn split_stage(
+    pieces: &[(usize, usize)],
+    match_at: impl Fn(usize, usize) -> Option<usize>,
+) -> Vec<(usize, usize)> {
+    let mut out = Vec::with_capacity(pieces.len());
+    for &(lo, hi) in pieces {
+        let (mut gap, mut i) = (lo, lo);
+        while i < hi {
+            match match_at(i, hi) {
+                Some(end) if end > i => {
+                    if i > gap {
+                        out.push((gap, i));
+                    }
+                    out.push((i, end));
+                    (gap, i) = (end, end);
+                }
+                _ => i += 1,
+            }
+        }
+        if hi > gap {
+            out.push((gap, hi));
+        }
+    }
+    out
+}
+
+/// The letter class of DeepSeek LLM's second pattern, as inclusive code-point ranges in
+/// ascending order (from the model's `tokenizer.json`).
+pub const DEEPSEEK_LLM_LETTERS: &[(u32, u32)] = &[
+    (0x0041, 0x005A),
+    (0x0061, 0x007A),
+    (0x00B5, 0x00B5),
+    (0x00C0, 0x00D6),
+    (0x00D8, 0x00F6),
+    (0x00F8, 0x01BA),
+    (0x01BC, 0x01BF),
+    (0x01C4, 0x0293),
+    (0x0295, 0x02AF),
+    (0x0370, 0x0373),
+    (0x0376, 0x0376),
+    (0x0377, 0x0377),
+    (0x037B, 0x037D),
+    (0x037F, 0x037F),
+    (0x0386, 0x0386),
+    (0x0388, 0x038A),
+    (0x038C, 0x038C),
+    (0x038E, 0x03A1),
+    (0x03A3, 0x03F5),
+    (0x03F7, 0x0481),
+    (0x048A, 0x052F),
+    (0x0531, 0x0556),
+    (0x10A0, 0x10C5),
+    (0x13A0, 0x13F5),
+    (0x13F8, 0x13FD),
+    (0x1C90, 0x1CBA),
+    (0x1CBD, 0x1CBF),
+    (0x1D00, 0x1D2B),
+    (0x1D6B, 0x1D77),
+    (0x1D79, 0x1D9A),
+    (0x1E00, 0x1F15),
+    (0x1F18, 0x1F1D),
+    (0x1F20, 0x1F45),
+    (0x1F48, 0x1F4D),
+    (0x1F50, 0x1F57),
+    (0x1F59, 0x1F59),
+    (0x1F5B, 0x1F5B),
+    (0x1F5D, 0x1F5D),
+    (0x1F5F, 0x1F7D),
+    (0x1F80, 0x1FB4),
+    (0x1FB6, 0x1FBC),
+    (0x1FBE, 0x1FBE),
+    (0x1FC2, 0x1FC4),
+    (0x1FC6, 0x1FCC),
+    (0x1FD0, 0x1FD3),
+    (0x1FD6, 0x1FDB),
+    (0x1FE0, 0x1FEC),
+    (0x1FF2, 0x1FF4),
+    (0x1FF6, 0x1FFC),
+    (0x2102, 0x2102),
+    (0x2107, 0x2107),
+    (0x210A, 0x2113),
+    (0x2115, 0x2115),
+    (0x2119, 0x211D),
+    (0x2124, 0x2124),
+    (0x2126, 0x2126),
+    (0x2128, 0x2128),
+    (0x212A, 0x212D),
+    (0x212F, 0x2134),
+    (0x2139, 0x2139),
+    (0x213C, 0x213F),
+    (0x2145, 0x2149),
+    (0x214E, 0x214E),
+    (0x2183, 0x2183),
+    (0x2184, 0x2184),
+    (0x2C00, 0x2C7B),
+    (0x2C7E, 0x2CE4),
+    (0x2CEB, 0x2CEE),
+    (0x2CF2, 0x2CF2),
+    (0x2CF3, 0x2CF3),
+    (0xA640, 0xA66D),
+    (0xA680, 0xA69B),
+    (0xA722, 0xA76F),
+    (0xA771, 0xA787),
+    (0xA78B, 0xA78E),
+    (0xAB70, 0xABBF),
+    (0xFB00, 0xFB06),
+    (0xFB13, 0xFB17),
+    (0xFF21, 0xFF3A),
+    (0xFF41, 0xFF5A),
+    (0x10400, 0x1044F),
+    (0x104B0, 0x104D3),
+    (0x104D8, 0x104FB),
+    (0x10C80, 0x10CB2),
+    (0x10CC0, 0x10CF2),
+    (0x118A0, 0x118DF),
+    (0x1E900, 0x1E943),
+];
+
+/// DeepSeek Coder's five patterns, or (with `llm`) DeepSeek LLM's six, in sequence.
+fn split_deepseek(
+    s: &SplitScratch,
+    lo: usize,
+    hi: usize,
+    llm: bool,
+    emit: &mut impl FnMut(usize, usize),
+) {
+    let is = |i: usize, hi: usize, class: u8| s.class(i, hi) & class != 0;
+    let in_set = |i: usize, hi: usize, set: &dyn Fn(u32) -> bool| i < hi && set(s.cps[i]);
+    let is_crlf = |i: usize| s.cps[i] == '\r' as u32 || s.cps[i] == '\n' as u32;
+    // `\s?X+`: an optional white-space code point, then a run of X.
+    let ws_then_run = |set: &dyn Fn(u32, u8) -> bool, i: usize, hi: usize| {
+        let x = |j: usize| j < hi && set(s.cps[j], s.cls[j]);
+        let start = if is(i, hi, WHITESPACE) && x(i + 1) {
+            i + 1
+        } else if x(i) {
+            i
+        } else {
+            return None;
+        };
+        let mut end = start;
+        while x(end) {
+            end += 1;
+        }
+        Some(end)
+    };
+    let cjk = |cp: u32| {
+        (0x4E00..=0x9FA5).contains(&cp)
+            || (0x0800..=0x4E00).contains(&cp)
+            || (0xAC00..=0xD7FF).contains(&cp)
+    };
+    let llm_letter = |cp: u32, _: u8| {
+        DEEPSEEK_LLM_LETTERS
+            .binary_search_by(|&(a, b)| {
+                if b < cp {
+                    std::cmp::Ordering::Less
+                } else if a > cp {
+                    std::cmp::Ordering::Greater
+                } else {
+                    std::cmp::Ordering::Equal
+                }
+            })
+            .is_ok()
+    };
+    let llm_punct = |cp: u32, _: u8| {
+        matches!(cp, 0x21..=0x2F | 0x3A..=0x7E | 0xFF01..=0xFF0F | 0xFF1A..=0xFF5E
+            | 0x2018..=0x201F | 0x3000..=0x3002)
+    };
+    let mut pieces = vec![(lo, hi)];
+    pieces = split_stage(&pieces, |i, _| is_crlf(i).then_some(i + 1));
+    if llm {
+        pieces = split_stage(&pieces, |i, hi| ws_then_run(&llm_letter, i, hi));
+        pieces = split_stage(&pieces, |i, hi| ws_then_run(&llm_punct, i, hi));
+        // `\s+$`: white space running to the end of the piece.
+        pieces = split_stage(&pieces, |i, hi| {
+            let mut end = i;
+            while is(end, hi, WHITESPACE) {
+                end += 1;
+            }
+            (end > i && end == hi).then_some(end)
+        });
+    } else {
+        pieces = split_stage(&pieces, |i, hi| ws_then_run(&|_, c| c & LETTER != 0, i, hi));
+        pieces = split_stage(&pieces, |i, hi| ws_then_run(&|_, c| c & PUNCT != 0, i, hi));
+    }
+    pieces = split_stage(&pieces, |i, hi| {
+        let mut end = i;
+        while in_set(end, hi, &cjk) {
+            end += 1;
+        }
+        (end > i).then_some(end)
+    });
+    pieces = split_stage(&pieces, |i, hi| {
+        if !is(i, hi, NUMBER) {
+            return None;
+        }
+        let mut end = i + 1;
+        // Coder: `\p{N}`, one digit a piece; LLM: `\p{N}+`.
+        while llm && is(end, hi, NUMBER) {
+            end += 1;
+        }
+        Some(end)
+    });
+    for (a, b) in pieces {
+        emit(a, b);
     }
 }
 

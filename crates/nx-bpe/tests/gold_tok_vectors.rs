@@ -10,7 +10,7 @@
 mod common;
 
 /// Each vocabulary with the number of cases its `.inp`/`.out` pair holds.
-const VOCABS: [(&str, usize); 11] = [
+const VOCABS: [(&str, usize); 13] = [
     ("qwen2", 46),
     ("llama-bpe", 46),
     ("llama-spm", 46),
@@ -22,6 +22,8 @@ const VOCABS: [(&str, usize); 11] = [
     ("command-r", 46),
     ("falcon", 46),
     ("qwen35", 50),
+    ("deepseek-coder", 46),
+    ("deepseek-llm", 46),
 ];
 
 #[test]
