@@ -33,7 +33,7 @@ use nx_gguf::{Gguf, Metadata};
 
 pub use decode::{DetachedDecoder, StreamDecoder};
 pub use error::TokenizerError;
-pub use pretok::{PreTokenizer, PreTokenizerConfig, SplitScratch};
+pub use pretok::{PreTokenizer, PreTokenizerConfig, SplitScratch, NAMES as PRE_TOKENIZER_NAMES};
 pub use vocab::TokenType;
 
 use bpe::{alphabet_to_bytes, BpeModel, BpeWork};

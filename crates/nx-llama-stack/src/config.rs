@@ -4,6 +4,11 @@ use nx_gguf::Metadata;
 
 use crate::StackError;
 
+/// The names of [`Arch::ALL`], comma-separated (for messages).
+pub fn arch_names() -> String {
+    Arch::ALL.map(Arch::name).join(", ")
+}
+
 /// The architectures nx runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
@@ -14,15 +19,15 @@ pub enum Arch {
 }
 
 impl Arch {
+    /// Every architecture nx runs (the README's list is checked against it).
+    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3];
+
     /// Parses `general.architecture`.
     pub fn from_name(name: &str) -> Result<Arch, StackError> {
-        Ok(match name {
-            "llama" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            "gemma3" => Arch::Gemma3,
-            other => return Err(StackError::UnsupportedArch(other.to_string())),
-        })
+        Arch::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| StackError::UnsupportedArch(name.to_string()))
     }
 
     /// The metadata key prefix (`qwen2.block_count`).

@@ -23,7 +23,7 @@ pub use nx_kv_cache::{BlockTable, KvCache, KvDtype, KvSegments, PagedBatch, Page
 pub enum StackError {
     #[error(transparent)]
     Gguf(#[from] nx_gguf::GgufError),
-    #[error("unsupported architecture {0:?} (nx runs llama, qwen2, qwen3, gemma3)")]
+    #[error("unsupported architecture {0:?} (nx runs {names})", names = crate::config::arch_names())]
     UnsupportedArch(String),
     #[error("missing tensor {0:?}")]
     MissingTensor(String),
