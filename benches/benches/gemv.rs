@@ -4,50 +4,16 @@
 //! Shapes are Gemma 3 270M's: n_embd 640, n_ff 2048, vocabulary 262144 (the tied LM
 //! head is Q8_0 [640, 262144], 178 MB). Weights come from the real quantizer; the LM
 //! head tiles 256 distinct rows, so its bytes still stream from memory. Run with
-//! `cargo bench -p nx-lazy-weight --bench gemv` (add a filter such as `Q4_K` to narrow).
+//! `cargo bench -p nx-benches --bench gemv` (add a filter such as `Q4_K` to narrow).
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use nx_benches::{values, weights};
 use nx_lazy_weight::{
     dot_kernel_for, quantize_row, row_bytes, supported_tiers, vec_dot_type, GgmlType,
 };
-
-/// SplitMix64 values mapped to roughly normal floats.
-fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut state = seed;
-    (0..n)
-        .map(|_| {
-            let mut sum = 0f32;
-            for _ in 0..4 {
-                state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let mut z = state;
-                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                z ^= z >> 31;
-                sum += (z >> 40) as f32 / (1u64 << 24) as f32;
-            }
-            (sum - 2.0) * scale
-        })
-        .collect()
-}
-
-/// `[n_rows, row_len]` weights of `ty`: up to 256 distinct quantized rows, tiled.
-fn weights(ty: GgmlType, row_len: usize, n_rows: usize) -> Vec<u8> {
-    let rb = row_bytes(ty, row_len).unwrap();
-    let distinct = n_rows.min(256);
-    let mut base = vec![0u8; rb * distinct];
-    for (r, row) in base.chunks_exact_mut(rb).enumerate() {
-        quantize_row(ty, &values(r as u64, row_len, 0.05), row).unwrap();
-    }
-    let mut out = Vec::with_capacity(rb * n_rows);
-    while out.len() < rb * n_rows {
-        let take = (rb * n_rows - out.len()).min(base.len());
-        out.extend_from_slice(&base[..take]);
-    }
-    out
-}
 
 fn bench_gemv(c: &mut Criterion) {
     // (weight type, K = row length, N = rows)

@@ -5,7 +5,7 @@
 //! `/usr/share/common-licenses` and the pinned llama.cpp source tree (its `docs/*.md` for
 //! prose, `src/*.cpp` for code) — and written to `$NX_CACHE/bench/tokenizer-corpus.txt`
 //! so the reference `llama-tokenize` can be timed on the very same bytes.
-//! Run: `cargo bench -p nx-bpe --bench encode`.
+//! Run: `cargo bench -p nx-benches --bench encode`.
 
 use std::path::{Path, PathBuf};
 
