@@ -60,8 +60,24 @@ pub const FULL: &[MiriRun] = &[
         ],
     ),
     run("nx-syscalls", &["--lib", "--tests"]),
-    run("nx-f32", &["--lib", "--tests"]),
-    run("nx-lazy-weight", &["--lib", "--tests"]),
+    run("nx-f32", &["--lib", "--test", "kernels"]),
+    // The quantize/dequantize and dot-product tests on small rows; the matmul and
+    // thread-invariance tests multiply model-sized matrices (hours under Miri) with the
+    // same kernels.
+    run(
+        "nx-lazy-weight",
+        &[
+            "--lib",
+            "--test",
+            "roundtrip",
+            "--test",
+            "gguf_views",
+            "--test",
+            "dequant_golden",
+            "--test",
+            "dot_proptest",
+        ],
+    ),
 ];
 
 /// Whether `cargo +nightly miri` runs; if not, tries to add the component once.

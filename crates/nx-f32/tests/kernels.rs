@@ -475,6 +475,9 @@ fn rope_linear_scaling_scales_the_angle() {
 }
 
 proptest! {
+    // Miri runs each case thousands of times slower; a few still check every access.
+    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 256 }))]
+
     #[test]
     fn rope_preserves_norm(seed in 0u64..10_000, pos in 0usize..100_000, neox in any::<bool>()) {
         let x = values(seed, 128);

@@ -122,7 +122,10 @@ fn check_case(ty: GgmlType, c: &Case) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(miri) { 4 } else { 64 },
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn quantized_dot_matches_dequantized(
