@@ -30,12 +30,16 @@ const fn run(package: &'static str, args: &'static [&'static str]) -> MiriRun {
     MiriRun { package, args }
 }
 
-/// The gate's subset: the parsers' malformed-input tests and the block pool (~minutes).
+/// The gate's subset (a few minutes): the GGUF reader's known-bug files, the byte-token
+/// file, the paged KV block pool, aligned buffers and the worker pool's hand-out.
 pub const QUICK: &[MiriRun] = &[
     run("nx-gguf", &["--lib", "--test", "known_bugs"]),
-    run("nx-bpe", &["--test", "hostile_vocab"]),
+    run("nx-bpe", &["--test", "hostile_vocab", "--", "byte_tokens"]),
     run("nx-kv-cache", &["--test", "paged"]),
-    run("nx-syscalls", &["--lib", "--tests"]),
+    run(
+        "nx-syscalls",
+        &["--lib", "--", "aligned", "every_item_runs_exactly_once"],
+    ),
 ];
 
 /// Everything Miri can run in reasonable time.
