@@ -1,6 +1,7 @@
 //! The gate's fuzz smoke (`FUZZ-SMOKE`): every target over its seeds, the committed
-//! regressions (`fuzz/regressions/TARGET/`, every crash a fuzzer found) and a fixed
-//! number of seeded mutations of each, on stable. The long coverage-guided runs are
+//! regressions (`fuzz/regressions/TARGET/`, every crash a fuzzer found), the committed
+//! edge-covering corpus of the long runs (`fuzz/corpus-min/TARGET/`) and a fixed number
+//! of seeded mutations of each, on stable. The long coverage-guided runs are
 //! `cargo xtask fuzz TARGET --seconds N`.
 
 use std::path::PathBuf;
@@ -10,10 +11,11 @@ use nx_fuzz::{run_target, seeds::seeds, TARGETS};
 /// Mutated inputs per target (a smoke, not a search: the fuzzer does the searching).
 const MUTATIONS: usize = 400;
 
-/// The committed regression inputs of `target`, sorted by name.
-fn regressions(target: &str) -> Vec<(String, Vec<u8>)> {
+/// The committed inputs of `target` under `fuzz/KIND/` (`regressions` or `corpus-min`),
+/// sorted by name.
+fn committed(kind: &str, target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("regressions")
+        .join(kind)
         .join(target);
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Vec::new();
@@ -108,9 +110,9 @@ fn smoke(target: &str) {
         .map(|(i, s)| (format!("seed {i}"), s))
         .collect();
     assert!(!inputs.is_empty(), "{target} has no seeds");
-    inputs.extend(regressions(target));
+    inputs.extend(committed("regressions", target));
+    inputs.extend(committed("corpus-min", target));
     for (name, input) in &inputs {
-        eprintln!("{target}: {name} ({} bytes)", input.len());
         assert!(run_target(target, input));
     }
     let mut rng = Rng(0x5eed ^ target.len() as u64);

@@ -1,7 +1,9 @@
 //! `cargo xtask fuzz`: coverage-guided runs of the `fuzz/` targets under libFuzzer
 //! (`cargo +nightly fuzz run`), with the seeds written first and a summary per target.
 //!
-//! The corpus lives in `target/fuzz/corpus/TARGET` (kept between runs, never committed);
+//! The corpus lives in `target/fuzz/corpus/TARGET` (kept between runs, never committed;
+//! its edge-covering subset, `-set_cover_merge=1 -use_counters=0`, is committed in
+//! `fuzz/corpus-min/TARGET` and read as a second corpus);
 //! a crash leaves its input in `target/fuzz/artifacts/TARGET/`, and the fix starts by
 //! copying it into `fuzz/regressions/TARGET/`, which the gate's FUZZ-SMOKE replays.
 
@@ -120,6 +122,7 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
     for target in targets {
         let corpus = corpus_root.join(target);
         let regressions = root.join("fuzz/regressions").join(target);
+        let corpus_min = root.join("fuzz/corpus-min").join(target);
         let artifacts = root.join("target/fuzz/artifacts").join(target);
         std::fs::create_dir_all(&artifacts)?;
         std::fs::create_dir_all(&regressions)?;
@@ -128,6 +131,7 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
             .args(["+nightly", "fuzz", "run", "--features", "libfuzzer", target])
             .arg(&corpus)
             .arg(&regressions)
+            .args(corpus_min.is_dir().then_some(&corpus_min))
             .arg("--")
             .arg(format!("-max_total_time={}", args.seconds))
             .arg(format!("-timeout={}", args.timeout))
