@@ -113,7 +113,9 @@ fn smoke(target: &str) {
     inputs.extend(committed("regressions", target));
     inputs.extend(committed("corpus-min", target));
     for (name, input) in &inputs {
-        assert!(run_target(target, input));
+        // Name the input that broke (the panic's own message follows on stderr).
+        let ran = std::panic::catch_unwind(|| run_target(target, input));
+        assert!(matches!(ran, Ok(true)), "{target}: {name} failed");
     }
     let mut rng = Rng(0x5eed ^ target.len() as u64);
     for _ in 0..MUTATIONS {
