@@ -13,6 +13,11 @@ Also writes `q8_0_quantize.json`: random f32 rows quantized by
 `gguf.quants.quantize(.., Q8_0)`, which mirrors ggml's `quantize_row_q8_0_ref`
 (the activation quantizer our Q4_0/Q5_0/Q8_0 dot products see).
 
+Also writes `q4_1_quantize.json` and `q5_1_quantize.json`: random rows quantized by
+`gguf.quants.quantize`, which mirrors ggml's `quantize_row_q4_1_ref` /
+`quantize_row_q5_1_ref` (what `llama-quantize` does for those types without an
+importance matrix); nx's weight quantizers must produce the same bytes.
+
 Usage: dequant_golden.py MODEL_PATH OUT_DIR
 """
 
@@ -39,11 +44,22 @@ LAYOUTS = {
     "Q4_K": (256, 144, [0, 2]),
     "Q5_K": (256, 176, [0, 2]),
     "Q6_K": (256, 210, [208]),
+    "Q4_1": (32, 20, [0, 2]),
+    "Q5_1": (32, 24, [0, 2]),
+    "Q2_K": (256, 84, [80, 82]),
+    "Q3_K": (256, 110, [108]),
+    "IQ4_NL": (32, 18, [0]),
+    "IQ4_XS": (256, 136, [0]),
 }
+# Types added after the first fixtures draw their random blocks from streams of their
+# own, so the files of the older types keep their bytes.
+LATER_TYPES = ("Q4_1", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
 SYNTHETIC_BLOCKS_PER_ROW = {
     "F32": 96, "F16": 160, "BF16": 160,
     "Q4_0": 8, "Q5_0": 8, "Q8_0": 8,
     "Q4_K": 2, "Q5_K": 2, "Q6_K": 2,
+    "Q4_1": 8, "Q5_1": 8, "IQ4_NL": 8,
+    "Q2_K": 2, "Q3_K": 2, "IQ4_XS": 2,
 }
 SYNTHETIC_ROWS = 3
 
@@ -156,6 +172,30 @@ def q8_0_quantize_fixture(rng: np.random.Generator) -> dict:
     }
 
 
+def weight_quantize_fixture(type_name: str) -> dict:
+    rng = np.random.default_rng([SEED, int(T[type_name]), 1])
+    rows = []
+    k = 256
+    for i in range(6):
+        x = rng.standard_normal(k).astype(np.float32) * np.float32(10.0 ** (i - 3))
+        if i == 0:
+            x[:32] = 0.0  # an all-equal block: d = 0
+            x[32:64] = 1.5  # all equal and non-zero
+        if i == 1:
+            x[32:64] = np.arange(32, dtype=np.float32) * np.float32(0.5)  # exact level halves
+        q = quantize(x.reshape(1, -1), T[type_name]).reshape(-1)
+        rows.append({
+            "input_f32_bits": f32_bits_hex(x),
+            "quantized_hex": q.astype(np.uint8).tobytes().hex(),
+        })
+    return {
+        "generator": "gguf %s gguf.quants.quantize(x, %s)" % (gguf_version(), type_name),
+        "type": type_name,
+        "row_len": k,
+        "rows": rows,
+    }
+
+
 def gguf_version() -> str:
     try:
         from importlib.metadata import version
@@ -201,8 +241,10 @@ def main() -> int:
             source = {"model": model_name, "tensor": from_model[type_name]["tensor"],
                       "ne": from_model[type_name]["ne"]}
         n_blocks = SYNTHETIC_BLOCKS_PER_ROW[type_name]
+        type_rng = (np.random.default_rng([SEED, int(T[type_name])])
+                    if type_name in LATER_TYPES else rng)
         for r in range(SYNTHETIC_ROWS):
-            raw = synthetic_raw(rng, type_name, n_blocks)
+            raw = synthetic_raw(type_rng, type_name, n_blocks)
             rows.append(row_record("synthetic:seed=%d" % SEED, r, type_name, raw))
         obj = {
             "type": type_name,
@@ -213,7 +255,10 @@ def main() -> int:
         }
         write_json(os.path.join(out_dir, type_name.lower() + ".json"), obj)
     write_json(os.path.join(out_dir, "q8_0_quantize.json"), q8_0_quantize_fixture(rng))
-    print("wrote %d files to %s" % (len(LAYOUTS) + 1, out_dir))
+    for type_name in ("Q4_1", "Q5_1"):
+        write_json(os.path.join(out_dir, type_name.lower() + "_quantize.json"),
+                   weight_quantize_fixture(type_name))
+    print("wrote %d files to %s" % (len(LAYOUTS) + 3, out_dir))
     return 0
 
 

@@ -12,7 +12,8 @@ fn expected_block() -> String {
         .map(|a| format!("`{}`", a.name()))
         .collect();
     let types: Vec<&str> = GgmlType::ALL
-        .into_iter()
+        .iter()
+        .copied()
         .filter(|&t| is_supported_weight(t))
         .map(GgmlType::name)
         .collect();

@@ -16,7 +16,8 @@ use crate::LazyWeightError;
 
 /// Dequantize one row: `bytes` holds `out.len()` elements of type `ggml_type`.
 ///
-/// Supported: F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K and Q8_K. Errors when
+/// Supported: F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K and every
+/// format of [`crate::formats::BLOCK_FORMATS`]. Errors when
 /// the type is unsupported, `out.len()` is not a whole number of blocks, or
 /// `bytes.len()` is not the row's byte size.
 pub fn dequantize_row(
@@ -69,7 +70,11 @@ pub(crate) fn dequantize_row_unchecked(ggml_type: GgmlType, bytes: &[u8], out: &
         GgmlType::Q5_K => zip_blocks(bytes, Q5_K_BYTES, out, QK_K, dequantize_block_q5_k),
         GgmlType::Q6_K => zip_blocks(bytes, Q6_K_BYTES, out, QK_K, dequantize_block_q6_k),
         GgmlType::Q8_K => zip_blocks(bytes, Q8_K_BYTES, out, QK_K, dequantize_block_q8_k),
-        _ => {}
+        _ => {
+            if let Some(f) = crate::formats::block_format(ggml_type) {
+                zip_blocks(bytes, f.block_bytes, out, f.block_len, f.dequantize_block);
+            }
+        }
     }
 }
 
@@ -252,7 +257,7 @@ mod tests {
             Err(LazyWeightError::NotBlockMultiple { .. })
         ));
         assert!(matches!(
-            dequantize_row(GgmlType::Q2_K, &[0u8; 84], &mut [0f32; 256]),
+            dequantize_row(GgmlType::IQ2_XXS, &[0u8; 66], &mut [0f32; 256]),
             Err(LazyWeightError::UnsupportedType { .. })
         ));
     }

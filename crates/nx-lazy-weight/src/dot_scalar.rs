@@ -29,9 +29,9 @@ use crate::formats::{
     scale_min_k4, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
     Q8_K_BYTES, QK_K,
 };
+use crate::reduce::{k_quad_lanes, quad_lanes, Lanes8};
 
-/// A dot kernel: weight row bytes, activation row bytes (same element count) → f32.
-pub type DotKernel = fn(&[u8], &[u8]) -> f32;
+pub use crate::formats::DotKernel;
 
 /// The scalar dot kernel for a weight type (activations in its
 /// [`vec_dot_type`](crate::formats::vec_dot_type)).
@@ -46,7 +46,11 @@ pub fn dot_kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::Q4_K => dot_q4_k_q8_k,
         GgmlType::Q5_K => dot_q5_k_q8_k,
         GgmlType::Q6_K => dot_q6_k_q8_k,
-        _ => return None,
+        _ => {
+            return crate::formats::block_format(weight_type)
+                .and_then(|f| f.dot)
+                .map(|(_, dot)| dot)
+        }
     };
     Some(kernel)
 }
@@ -80,44 +84,6 @@ pub fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
         sum += (wa * xb) as f64;
     }
     sum as f32
-}
-
-/// The reference engine's x86 float reduction for 32-element formats and the K formats:
-/// eight f32 lanes, each fed once per block by a fused multiply-add of the block scale
-/// with that lane's exact integer sum, then added pairwise as
-/// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`. Reproducing it (rather than any other order)
-/// makes our matmuls bit-identical to llama.cpp's on x86 for identical inputs; the order
-/// depends on K alone, so batch and thread invariance hold.
-#[derive(Default)]
-struct Lanes8 {
-    acc: [f32; 8],
-}
-
-impl Lanes8 {
-    #[inline(always)]
-    fn fma_block(&mut self, d: f32, ints: &[i32; 8]) {
-        for l in 0..8 {
-            self.acc[l] = d.mul_add(ints[l] as f32, self.acc[l]);
-        }
-    }
-
-    #[inline(always)]
-    fn sum(&self) -> f32 {
-        let a = &self.acc;
-        ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
-    }
-}
-
-/// Lane sums of a 32-quant block: lane `l` holds `Σ w[k]·x[k]` for `k` in `4l..4l+4`.
-#[inline(always)]
-fn quad_lanes(wq: &[i32; 32], xq: &[u8]) -> [i32; 8] {
-    let mut lanes = [0i32; 8];
-    for (l, lane) in lanes.iter_mut().enumerate() {
-        for k in 4 * l..4 * l + 4 {
-            *lane += wq[k] * xq[k] as i8 as i32;
-        }
-    }
-    lanes
 }
 
 /// Q4_0 × Q8_0.
@@ -253,27 +219,6 @@ impl KAccumulator {
         }
         sumf
     }
-}
-
-/// K-format lane sums: lane `l` collects, for every 32-quant group `g` of the
-/// super-block, `scale(g, l)·Σ w[32g+k]·x[32g+k]` over `k` in `4l..4l+4`, where
-/// `scale(g, l)` is the scale of the sub-block holding those quants (sub-blocks of
-/// `sub_len` = 32 or 16 quants).
-#[inline(always)]
-fn k_quad_lanes(wq: &[i8; QK_K], xq: &[u8], scales: &[i32], sub_len: usize) -> [i32; 8] {
-    let mut lanes = [0i32; 8];
-    for g in 0..QK_K / 32 {
-        for (l, lane) in lanes.iter_mut().enumerate() {
-            let first = 32 * g + 4 * l;
-            let scale = scales[first / sub_len];
-            let mut quad = 0i32;
-            for k in first..first + 4 {
-                quad += wq[k] as i32 * xq[k] as i8 as i32;
-            }
-            *lane += scale * quad;
-        }
-    }
-    lanes
 }
 
 /// Q4_K × Q8_K: lanes as [`k_quad_lanes`]; the min terms go to four more lanes

@@ -16,6 +16,18 @@ pub enum LazyWeightError {
         /// What was attempted ("dequantize", "matmul", "quantize", ...).
         op: &'static str,
     },
+    /// A named tensor's type is one nx cannot compute with.
+    #[error(
+        "tensor `{name}` has ggml type {}, which nx cannot compute with (it reads {})",
+        .ggml_type.name(),
+        crate::formats::supported_weight_names()
+    )]
+    UnsupportedTensorType {
+        /// Tensor name.
+        name: String,
+        /// The tensor's type.
+        ggml_type: GgmlType,
+    },
     /// A row length is not a whole number of the type's blocks.
     #[error("row length {row_len} is not a multiple of the {} block size {block_size}", .ggml_type.name())]
     NotBlockMultiple {

@@ -51,6 +51,12 @@ impl<'a> LazyWeight<'a> {
         data: &'a [u8],
     ) -> Result<Self, LazyWeightError> {
         if !is_supported_weight(ggml_type) {
+            if !name.is_empty() {
+                return Err(LazyWeightError::UnsupportedTensorType {
+                    name: name.to_string(),
+                    ggml_type,
+                });
+            }
             return Err(LazyWeightError::UnsupportedType {
                 ggml_type,
                 op: "weight",
@@ -221,6 +227,17 @@ mod tests {
     }
 
     #[test]
+    fn an_unsupported_type_names_the_tensor_and_what_nx_reads() {
+        let bytes = vec![0u8; 66];
+        let err = LazyWeight::new(&info(GgmlType::IQ2_XXS, vec![256, 1], 66), &bytes).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("blk.0.test.weight") && text.contains("IQ2_XXS") && text.contains("Q4_1"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn validates_byte_length_and_names_the_tensor() {
         let bytes = vec![0u8; 3 * 144];
         let ok = LazyWeight::new(&info(GgmlType::Q4_K, vec![256, 3], 432), &bytes).unwrap();
@@ -260,7 +277,7 @@ mod tests {
             Err(LazyWeightError::BadShape { .. })
         ));
         assert!(matches!(
-            LazyWeight::from_parts(GgmlType::Q2_K, &[256], &bytes[..84]),
+            LazyWeight::from_parts(GgmlType::IQ2_XXS, &[256], &bytes[..66]),
             Err(LazyWeightError::UnsupportedType { .. })
         ));
         let w = LazyWeight::from_parts(GgmlType::Q4_K, &[256, 1, 1, 1], &bytes).unwrap();

@@ -41,6 +41,7 @@ pub mod matmul;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub mod quant;
+mod reduce;
 #[cfg(target_arch = "x86_64")]
 mod tiled;
 

@@ -62,7 +62,7 @@ impl QuantizedActs {
     }
 
     /// Quantize `n` rows of `row_len` values from `x` (`[n, row_len]`, row-major) to
-    /// `act_type` (F32, F16, BF16, Q8_0 or Q8_K), replacing the previous contents.
+    /// `act_type` (F32, F16, BF16, Q8_0, Q8_1 or Q8_K), replacing the previous contents.
     pub fn quantize(
         &mut self,
         act_type: GgmlType,
@@ -96,7 +96,12 @@ impl QuantizedActs {
     ) -> Result<(), LazyWeightError> {
         if !matches!(
             act_type,
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q8_K
+            GgmlType::F32
+                | GgmlType::F16
+                | GgmlType::BF16
+                | GgmlType::Q8_0
+                | GgmlType::Q8_1
+                | GgmlType::Q8_K
         ) {
             return Err(LazyWeightError::UnsupportedType {
                 ggml_type: act_type,

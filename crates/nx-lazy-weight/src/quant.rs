@@ -22,15 +22,18 @@
 use nx_gguf::GgmlType;
 
 use crate::formats::{
-    f16_to_f32, f32_to_bf16, f32_to_f16, pack_scale_min_k4, q4_k, q5_0, q6_k, q8_k, row_bytes,
-    Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK32, QK_K,
+    f16_bits_at_least, f16_to_f32, f32_to_bf16, f32_to_f16, nearest_int, pack_scale_min_k4, q4_k,
+    q5_0, q6_k, q8_k, row_bytes, signed_abs_max, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES,
+    Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK32, QK_K,
 };
 use crate::LazyWeightError;
 
 /// Quantize one row of `x.len()` values to `ggml_type` into `out` (the row's bytes).
 ///
-/// Supported: F32, F16, BF16, Q8_0, Q8_K (activations: bit-exact with ggml) and
-/// Q4_0, Q5_0, Q4_K, Q5_K, Q6_K (weights: this crate's own quantizers).
+/// Supported: F32, F16, BF16, Q8_0, Q8_K, Q8_1 (activations: bit-exact with ggml) and
+/// Q4_0, Q5_0, Q4_K, Q5_K, Q6_K and the weight formats of
+/// [`crate::formats::BLOCK_FORMATS`] (weights: Q4_1 and Q5_1 as ggml's reference
+/// quantizers, the others this crate's own simple ones, for fixtures).
 pub fn quantize_row(ggml_type: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), LazyWeightError> {
     let f: fn(&[f32], &mut [u8]) = match ggml_type {
         GgmlType::F32 => quantize_f32,
@@ -44,10 +47,21 @@ pub fn quantize_row(ggml_type: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()
         GgmlType::Q5_K => quantize_q5_k_unchecked,
         GgmlType::Q6_K => quantize_q6_k_unchecked,
         _ => {
-            return Err(LazyWeightError::UnsupportedType {
-                ggml_type,
-                op: "quantize",
-            })
+            let format = crate::formats::block_format(ggml_type);
+            let Some((quantize_block, format)) =
+                format.and_then(|f| f.quantize_block.map(|q| (q, f)))
+            else {
+                return Err(LazyWeightError::UnsupportedType {
+                    ggml_type,
+                    op: "quantize",
+                });
+            };
+            check_lengths(ggml_type, x, out)?;
+            let blocks = x.chunks_exact(format.block_len);
+            for (xb, ob) in blocks.zip(out.chunks_exact_mut(format.block_bytes)) {
+                quantize_block(xb, ob);
+            }
+            return Ok(());
         }
     };
     check_lengths(ggml_type, x, out)?;
@@ -113,15 +127,6 @@ pub(crate) fn quantize_q8_0_unchecked(x: &[f32], out: &mut [u8]) {
     }
 }
 
-/// `x` rounded to the nearest integer, ties to even, the way ggml's `nearest_int` does
-/// it: add 1.5·2^23 and read the low mantissa bits. Exact for |x| < 2^22 (quantizers
-/// round values of at most about 127); a plain add, so no libm call on any tier.
-#[inline(always)]
-fn nearest_int(x: f32) -> i32 {
-    let shifted = x + 12_582_912.0;
-    (shifted.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
-}
-
 /// Q8_0 for activations, the way ggml's x86 build quantizes them before a Q4_0/Q5_0/Q8_0
 /// dot product: the multiplier is `127/amax` (not `1/(amax/127)`) and rounding is to
 /// nearest-even. It differs from the reference quantizer in the last bit of rare
@@ -179,30 +184,6 @@ pub fn quantize_q8_k_scalar(x: &[f32], out: &mut [u8]) {
             let at = q8_k::BSUMS + 2 * j;
             ob[at..at + 2].copy_from_slice(&(sum as i16).to_le_bytes());
         }
-    }
-}
-
-/// The element of largest magnitude, with its sign (first one on ties).
-fn signed_abs_max(xs: &[f32]) -> f32 {
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
-    for &v in xs {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    max
-}
-
-/// f16 bits of the smallest f16 ≥ `v` (for non-negative finite `v`), so a scale
-/// stored in f16 never shrinks the range it has to cover.
-fn f16_bits_at_least(v: f32) -> u16 {
-    let h = f32_to_f16(v);
-    if f16_to_f32(h) < v {
-        h + 1
-    } else {
-        h
     }
 }
 
@@ -425,7 +406,7 @@ mod tests {
     fn unsupported_and_bad_lengths() {
         let mut out = [0u8; 84];
         assert!(matches!(
-            quantize_row(GgmlType::Q2_K, &[0.0; 256], &mut out),
+            quantize_row(GgmlType::IQ2_XXS, &[0.0; 256], &mut out),
             Err(LazyWeightError::UnsupportedType { .. })
         ));
         assert!(matches!(

@@ -8,11 +8,13 @@
 //!
 //! `q8_0_quantize.json` holds random rows quantized by `gguf.quants.quantize(.., Q8_0)`,
 //! which mirrors ggml's `quantize_row_q8_0_ref`; our activation quantizer must produce
-//! the same bytes.
+//! the same bytes. `q4_1_quantize.json` and `q5_1_quantize.json` do the same for the
+//! Q4_1 and Q5_1 weight quantizers (ggml's `quantize_row_q4_1_ref` / `q5_1_ref`, what
+//! `llama-quantize` runs for those types without an importance matrix).
 
 use std::path::PathBuf;
 
-use nx_lazy_weight::{dequantize_row, quantize_row_q8_0, GgmlType};
+use nx_lazy_weight::{dequantize_row, quantize_row, quantize_row_q8_0, GgmlType};
 use serde_json::Value;
 
 fn fixture_dir() -> PathBuf {
@@ -36,7 +38,8 @@ fn hex_bytes(s: &str) -> Vec<u8> {
 
 fn type_by_name(name: &str) -> GgmlType {
     GgmlType::ALL
-        .into_iter()
+        .iter()
+        .copied()
         .find(|t| t.name() == name)
         .unwrap_or_else(|| panic!("unknown type {name}"))
 }
@@ -44,7 +47,8 @@ fn type_by_name(name: &str) -> GgmlType {
 #[test]
 fn dequantize_matches_gguf_python_bit_for_bit() {
     let types = [
-        "F32", "F16", "BF16", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+        "F32", "F16", "BF16", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_1", "Q5_1",
+        "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS",
     ];
     let mut summary = Vec::new();
     for name in types {
@@ -84,7 +88,7 @@ fn dequantize_matches_gguf_python_bit_for_bit() {
         }
         assert!(synthetic_rows > 0, "{name}: no synthetic rows");
         summary.push(format!(
-            "{name:>4}: {model_rows} model rows + {synthetic_rows} synthetic rows, {values} values"
+            "{name:>6}: {model_rows} model rows + {synthetic_rows} synthetic rows, {values} values"
         ));
     }
     // Types present in the default model must have come from it.
@@ -132,4 +136,41 @@ fn q8_0_activation_quantizer_matches_gguf_python() {
         "q8_0 quantize golden: {} rows of {row_len}, byte-exact",
         rows.len()
     );
+}
+
+#[test]
+fn q4_1_and_q5_1_weight_quantizers_match_gguf_python() {
+    for name in ["q4_1_quantize.json", "q5_1_quantize.json"] {
+        let doc = load(name);
+        let ty = type_by_name(doc["type"].as_str().unwrap());
+        let row_len = doc["row_len"].as_u64().unwrap() as usize;
+        let rows = doc["rows"].as_array().unwrap();
+        assert!(!rows.is_empty());
+        for (r, row) in rows.iter().enumerate() {
+            let x: Vec<f32> = row["input_f32_bits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| f32::from_bits(u32::from_str_radix(v.as_str().unwrap(), 16).unwrap()))
+                .collect();
+            assert_eq!(x.len(), row_len);
+            let expected = hex_bytes(row["quantized_hex"].as_str().unwrap());
+            let mut got = vec![0u8; expected.len()];
+            quantize_row(ty, &x, &mut got).unwrap();
+            if let Some(b) = (0..got.len()).find(|&b| got[b] != expected[b]) {
+                let block = ty.type_size();
+                panic!(
+                    "{ty} row {r}: byte {b} (block {}, offset {}): got {:02x}, gguf says {:02x}",
+                    b / block,
+                    b % block,
+                    got[b],
+                    expected[b]
+                );
+            }
+        }
+        println!(
+            "{ty} quantize golden: {} rows of {row_len}, byte-exact",
+            rows.len()
+        );
+    }
 }

@@ -6,6 +6,9 @@
 //!    the error is bounded by a few ulps of the sum of the magnitudes involved;
 //! 2. against the original f32 activations the error is bounded by the activation
 //!    quantization error (half a step per element, read from the stored scales).
+//!
+//! Q4_1 and Q5_1 multiply their offset `m` with the Q8_1 block's stored sum `s`, an f16
+//! of `d·Σq`: that rounding (computed exactly from the bytes) is added to both bounds.
 
 mod common;
 
@@ -19,6 +22,8 @@ struct Case {
     x: Vec<f32>,
     x_deq: Vec<f32>,
     x_step: Vec<f32>,
+    /// `Σ |m_w|·|s_x − d_x·Σq_x|` over the blocks of a Q8_1 pairing (else 0).
+    sum_rounding: f64,
     dot: f32,
 }
 
@@ -47,6 +52,13 @@ fn make_case(ty: GgmlType, n_blocks: usize, seed: u64, x_scale_exp: i32) -> Case
                 std::iter::repeat_n(d * (0.5 + 127.0 / 2048.0), 32)
             })
             .collect(),
+        GgmlType::Q8_1 => xq
+            .chunks_exact(36)
+            .flat_map(|b| {
+                let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]])).abs();
+                std::iter::repeat_n(d * (0.5 + 127.0 / 2048.0), 32)
+            })
+            .collect(),
         GgmlType::Q8_K => xq
             .chunks_exact(292)
             .flat_map(|b| {
@@ -58,12 +70,26 @@ fn make_case(ty: GgmlType, n_blocks: usize, seed: u64, x_scale_exp: i32) -> Case
         GgmlType::BF16 => x.iter().map(|v| v.abs() * 2f32.powi(-8)).collect(),
         _ => vec![0.0; row_len],
     };
+    let sum_rounding = if act == GgmlType::Q8_1 {
+        let f16_at = |b: &[u8], at: usize| f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]));
+        w.chunks_exact(ty.type_size())
+            .zip(xq.chunks_exact(36))
+            .map(|(wb, xb)| {
+                let sum_q: i32 = xb[4..].iter().map(|&q| q as i8 as i32).sum();
+                let exact = f16_at(xb, 0) as f64 * sum_q as f64;
+                f16_at(wb, 2).abs() as f64 * (f16_at(xb, 2) as f64 - exact).abs()
+            })
+            .sum()
+    } else {
+        0.0
+    };
     let dot = dot_row(ty, &w, &xq, row_len).unwrap();
     Case {
         w_deq,
         x,
         x_deq,
         x_step,
+        sum_rounding,
         dot,
     }
 }
@@ -92,7 +118,7 @@ fn check_case(ty: GgmlType, c: &Case) -> Result<(), TestCaseError> {
         .sum();
     let w_max = c.w_deq.iter().fold(0f64, |a, &v| a.max(v.abs() as f64));
     let x_abs: f64 = c.x_deq.iter().map(|&v| v.abs() as f64).sum();
-    let tol = rounding_tol(magnitude, w_max, x_abs);
+    let tol = rounding_tol(magnitude, w_max, x_abs) + c.sum_rounding;
     prop_assert!(
         (c.dot as f64 - exact_deq).abs() <= tol,
         "{ty}: dot {} vs dequantized {} (tol {tol})",

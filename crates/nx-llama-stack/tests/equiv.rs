@@ -42,7 +42,7 @@ fn first_difference(a: &[u32], b: &[u32], n_vocab: usize) -> Option<(usize, usiz
 #[test]
 #[ignore = "gate: run by cargo xtask gate"]
 fn equiv_chunk_sizes_and_threads() {
-    for fixture in ["qwen2-tiny", "llama-tiny", "qwen3-tiny"] {
+    for fixture in SYNTH_FIXTURES {
         let path = synth_model(fixture);
         let mut model = Model::open(&path)
             .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask synth`)", path.display()));

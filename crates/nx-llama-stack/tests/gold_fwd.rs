@@ -13,7 +13,7 @@ fn check_fixture(name: &str) -> Tally {
 #[ignore = "gate: run by cargo xtask gate"]
 fn gold_fwd_synthetic_fixtures() {
     let mut failed = Vec::new();
-    for name in ["qwen2-tiny", "llama-tiny", "qwen3-tiny"] {
+    for name in SYNTH_FIXTURES {
         let t = check_fixture(name);
         if !t.passed() {
             failed.push(name);

@@ -70,10 +70,13 @@ pub const GEMMA: &str = "gemma3-270m";
 /// its own cache cell (cell = position, as in nx's cache) instead of reusing cells, which
 /// changes nothing in the mathematics but keeps the reference's summation lanes (set by
 /// the cell index) the same as nx's.
-pub const SETS: [GoldenSet; 4] = [
+pub const SETS: [GoldenSet; 7] = [
     tiny("qwen2-tiny"),
     tiny("llama-tiny"),
     tiny("qwen3-tiny"),
+    tiny("llama-q4_1"),
+    tiny("llama-q3_k_m"),
+    tiny("llama-q2_k-iq4_xs"),
     GoldenSet {
         name: GEMMA,
         prompts: "fixtures/prompts/forward-gemma.json",
@@ -264,11 +267,35 @@ fn model_path(set: &GoldenSet) -> Result<PathBuf> {
     }
 }
 
+/// The sets to record: all of [`SETS`], or those named in `$NX_GOLDEN_SETS`
+/// (comma-separated), to re-record some without running the rest.
+fn selected_sets() -> Result<Vec<&'static GoldenSet>> {
+    let Some(names) = std::env::var("NX_GOLDEN_SETS")
+        .ok()
+        .filter(|v| !v.is_empty())
+    else {
+        return Ok(SETS.iter().collect());
+    };
+    names
+        .split(',')
+        .map(|name| {
+            SETS.iter().find(|s| s.name == name.trim()).ok_or_else(|| {
+                let known: Vec<&str> = SETS.iter().map(|s| s.name).collect();
+                anyhow!(
+                    "NX_GOLDEN_SETS: unknown set {name:?}; known: {}",
+                    known.join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
 /// Entry point (see the module docs).
 pub fn run(check: bool) -> Result<()> {
+    let sets = selected_sets()?;
     ensure_reference(DEFAULT_JOBS)?;
     let mut failures = Vec::new();
-    for set in &SETS {
+    for set in sets {
         let model = set.name;
         let prompts = load_prompts(set.prompts)?;
         let model_path = model_path(set)?;

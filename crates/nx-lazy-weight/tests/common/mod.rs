@@ -49,7 +49,7 @@ impl Rng {
 }
 
 /// The weight types nx computes with.
-pub const WEIGHT_TYPES: [GgmlType; 9] = [
+pub const WEIGHT_TYPES: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -59,14 +59,23 @@ pub const WEIGHT_TYPES: [GgmlType; 9] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 
 /// Offsets of the f16 scale fields inside a block of `ty`.
 fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
-        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
         GgmlType::Q6_K => &[208],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
         _ => &[],
     }
 }

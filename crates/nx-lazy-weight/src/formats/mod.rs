@@ -1,7 +1,18 @@
-//! Block layouts and byte sizes of the ggml types this crate computes with.
+//! Block layouts and byte sizes of the ggml types this crate computes with, and the one
+//! table that answers every per-type question.
 //!
 //! All blocks are packed little-endian byte records (no padding), exactly as
 //! ggml writes them, so a tensor inside the mapped file is used in place.
+//!
+//! A format is one module: its layout (with compile-time size checks against
+//! `nx_gguf::GgmlType`), dequantization, activation type, scalar dot product in the
+//! reference engine's x86 float order and a quantizer, gathered in its [`BlockFormat`]
+//! row of [`BLOCK_FORMATS`]. Adding a format is one module and one row; its SIMD kernels
+//! then go beside the others in the tier files, each tested against the scalar twin.
+//! The modules so far: [`q4_1`], [`q5_1`], [`q8_1`], [`q2_k`], [`q3_k`], [`iq4_nl`],
+//! [`iq4_xs`]. The older formats (below) still keep their code in `dequant.rs`,
+//! `dot_scalar.rs` and `quant.rs`, answered by `match` arms; they move into modules of
+//! their own next.
 //!
 //! | type | elements | bytes | fields (byte offsets) |
 //! |---|---|---|---|
@@ -13,10 +24,47 @@
 //! | Q5_K | 256 | 176 | `d` @0, `dmin` @2, `scales[12]` @4, `qh[32]` @16, `qs[128]` @48 |
 //! | Q6_K | 256 | 210 | `ql[128]` @0, `qh[64]` @128, `scales[16]` i8 @192, `d` f16 @208 |
 //! | Q8_K | 256 | 292 | `d` f32 @0, `qs[256]` i8 @4, `bsums[16]` i16 @260 |
+//! | Q4_1 | 32 | 20 | `d` f16 @0, `m` f16 @2, `qs[16]` @4 |
+//! | Q5_1 | 32 | 24 | `d` @0, `m` @2, `qh` u32 @4, `qs[16]` @8 |
+//! | Q8_1 | 32 | 36 | `d` f16 @0, `s` f16 @2, `qs[32]` i8 @4 |
+//! | Q2_K | 256 | 84 | `scales[16]` @0, `qs[64]` @16, `d` f16 @80, `dmin` f16 @82 |
+//! | Q3_K | 256 | 110 | `hmask[32]` @0, `qs[64]` @32, `scales[12]` @96, `d` f16 @108 |
+//! | IQ4_NL | 32 | 18 | `d` f16 @0, `qs[16]` @2 (indices into a 16-level table) |
+//! | IQ4_XS | 256 | 136 | `d` f16 @0, `scales_h` u16 @2, `scales_l[4]` @4, `qs[128]` @8 |
 
 use nx_gguf::GgmlType;
 
 use crate::LazyWeightError;
+
+mod block;
+pub mod iq4_nl;
+pub mod iq4_xs;
+pub mod q2_k;
+pub mod q3_k;
+pub mod q4_1;
+pub mod q5_1;
+pub mod q8_1;
+
+pub use block::{
+    best_index_int8, bf16_to_f32, f16_bits_at_least, f16_to_f32, f32_to_bf16, f32_to_f16,
+    nearest_int, read_f16, read_f32, read_i16, read_u32, signed_abs_max, BlockFormat, DotKernel,
+};
+
+/// The formats that are one module each.
+pub const BLOCK_FORMATS: &[BlockFormat] = &[
+    q4_1::FORMAT,
+    q5_1::FORMAT,
+    q8_1::FORMAT,
+    q2_k::FORMAT,
+    q3_k::FORMAT,
+    iq4_nl::FORMAT,
+    iq4_xs::FORMAT,
+];
+
+/// The table row of `ggml_type`, if it is one of [`BLOCK_FORMATS`].
+pub fn block_format(ggml_type: GgmlType) -> Option<&'static BlockFormat> {
+    BLOCK_FORMATS.iter().find(|f| f.ggml_type == ggml_type)
+}
 
 /// Elements per block of the 32-element formats (Q4_0, Q5_0, Q8_0).
 pub const QK32: usize = 32;
@@ -95,16 +143,30 @@ pub fn is_supported_weight(ggml_type: GgmlType) -> bool {
             | GgmlType::Q4_K
             | GgmlType::Q5_K
             | GgmlType::Q6_K
-    )
+    ) || block_format(ggml_type).is_some_and(|f| f.dot.is_some())
 }
 
-/// True for the types [`crate::dequantize_row`] accepts: the weight types plus Q8_K.
+/// The names of the weight types nx computes with, comma-separated, in ggml id order.
+pub fn supported_weight_names() -> String {
+    let names: Vec<&str> = GgmlType::ALL
+        .iter()
+        .filter(|&&t| is_supported_weight(t))
+        .map(|t| t.name())
+        .collect();
+    names.join(", ")
+}
+
+/// True for the types [`crate::dequantize_row`] accepts: the weight types plus the
+/// activation types Q8_K and Q8_1.
 pub fn can_dequantize(ggml_type: GgmlType) -> bool {
-    is_supported_weight(ggml_type) || ggml_type == GgmlType::Q8_K
+    is_supported_weight(ggml_type)
+        || ggml_type == GgmlType::Q8_K
+        || block_format(ggml_type).is_some()
 }
 
 /// The activation type a weight type's dot product consumes, as in ggml's CPU backend:
-/// Q8_0 for the 32-element formats, Q8_K for the K formats, and for the float types
+/// Q8_0 for the 32-element formats (Q8_1 for Q4_1 and Q5_1, whose offset term needs the
+/// activations' sum), Q8_K for the K formats, and for the float types
 /// the weight's own type (F32 activations stay F32; for F16 and BF16 weights the
 /// activations are rounded to F16 / BF16 first, then multiplied exactly in f32 and
 /// summed in f64 — what ggml's `vec_dot_f16` / `vec_dot_bf16` do without SIMD).
@@ -115,7 +177,9 @@ pub fn vec_dot_type(weight_type: GgmlType) -> Option<GgmlType> {
         GgmlType::BF16 => Some(GgmlType::BF16),
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => Some(GgmlType::Q8_0),
         GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Some(GgmlType::Q8_K),
-        _ => None,
+        _ => block_format(weight_type)
+            .and_then(|f| f.dot)
+            .map(|(act, _)| act),
     }
 }
 
@@ -137,70 +201,6 @@ pub fn row_bytes(ggml_type: GgmlType, row_len: usize) -> Result<usize, LazyWeigh
             ne: vec![row_len as u64],
             reason: "row byte size overflows usize",
         })
-}
-
-/// IEEE half bits to f32 (exact).
-#[inline(always)]
-pub fn f16_to_f32(bits: u16) -> f32 {
-    half::f16::from_bits(bits).to_f32()
-}
-
-/// f32 to IEEE half bits, round to nearest even (ggml's `GGML_FP32_TO_FP16`).
-#[inline(always)]
-pub fn f32_to_f16(value: f32) -> u16 {
-    half::f16::from_f32(value).to_bits()
-}
-
-/// bfloat16 bits to f32 (exact: the bits are the f32's upper half).
-#[inline(always)]
-pub fn bf16_to_f32(bits: u16) -> f32 {
-    f32::from_bits((bits as u32) << 16)
-}
-
-/// f32 to bfloat16 bits as ggml's `GGML_FP32_TO_BF16` does: NaN is forced quiet,
-/// everything else rounds to nearest even (large finite values may round to inf).
-#[inline(always)]
-pub fn f32_to_bf16(value: f32) -> u16 {
-    let u = value.to_bits();
-    if (u & 0x7fff_ffff) > 0x7f80_0000 {
-        return ((u >> 16) | 64) as u16;
-    }
-    // In u64 so the rounding increment cannot wrap.
-    ((u as u64 + 0x7fff + ((u as u64 >> 16) & 1)) >> 16) as u16
-}
-
-/// The f16 at `offset` of `bytes`, as f32. Caller guarantees `offset + 2 <= len`.
-#[inline(always)]
-pub(crate) fn read_f16(bytes: &[u8], offset: usize) -> f32 {
-    f16_to_f32(u16::from_le_bytes([bytes[offset], bytes[offset + 1]]))
-}
-
-/// The little-endian f32 at `offset` of `bytes`.
-#[inline(always)]
-pub(crate) fn read_f32(bytes: &[u8], offset: usize) -> f32 {
-    f32::from_le_bytes([
-        bytes[offset],
-        bytes[offset + 1],
-        bytes[offset + 2],
-        bytes[offset + 3],
-    ])
-}
-
-/// The little-endian u32 at `offset` of `bytes`.
-#[inline(always)]
-pub(crate) fn read_u32(bytes: &[u8], offset: usize) -> u32 {
-    u32::from_le_bytes([
-        bytes[offset],
-        bytes[offset + 1],
-        bytes[offset + 2],
-        bytes[offset + 3],
-    ])
-}
-
-/// The little-endian i16 at `offset` of `bytes`.
-#[inline(always)]
-pub(crate) fn read_i16(bytes: &[u8], offset: usize) -> i16 {
-    i16::from_le_bytes([bytes[offset], bytes[offset + 1]])
 }
 
 /// Scale and min (both 6-bit) of sub-block `j` (0..8) from a Q4_K/Q5_K `scales[12]`.

@@ -1,0 +1,80 @@
+//! Q5_1: 32 weights as unsigned 5-bit levels with a scale and an offset, `w = d·q + m`;
+//! multiplied with Q8_1 activations.
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..2 | `d` f16 |
+//! | 2..4 | `m` f16 |
+//! | 4..8 | `qh` u32: bit j is the fifth bit of weight j |
+//! | 8..24 | `qs[16]`: low nibbles are weights 0..16, high nibbles 16..32 |
+
+use nx_gguf::GgmlType;
+
+use super::block::{read_f16, read_u32, BlockFormat};
+use super::{q4_1, q8_1};
+use crate::reduce::{quad_lanes, Lanes8};
+
+/// Bytes of one block.
+pub const BYTES: usize = 24;
+/// `m` f16 (where Q4_1 has it).
+pub const M: usize = q4_1::M;
+/// `qh` u32.
+pub const QH: usize = 4;
+/// `qs[16]`.
+pub const QS: usize = 8;
+const _: () = assert!(QS + 16 == BYTES && GgmlType::Q5_1.type_size() == BYTES);
+
+/// The table row.
+pub const FORMAT: BlockFormat = BlockFormat {
+    ggml_type: GgmlType::Q5_1,
+    block_len: 32,
+    block_bytes: BYTES,
+    dequantize_block,
+    dot: Some((GgmlType::Q8_1, dot)),
+    quantize_block: Some(quantize_block),
+};
+
+/// The 32 levels of a block, in weight order.
+#[inline(always)]
+fn levels(b: &[u8]) -> [i32; 32] {
+    let qh = read_u32(b, QH);
+    let mut q = [0i32; 32];
+    for j in 0..16 {
+        q[j] = ((b[QS + j] & 0x0F) as u32 | (((qh >> j) & 1) << 4)) as i32;
+        q[j + 16] = ((b[QS + j] >> 4) as u32 | (((qh >> (j + 16)) & 1) << 4)) as i32;
+    }
+    q
+}
+
+/// `y = q·d + m`, each product rounded before the add (ggml's `dequantize_row_q5_1`).
+pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
+    let (d, m) = (read_f16(b, 0), read_f16(b, M));
+    for (v, q) in y.iter_mut().zip(levels(b)) {
+        *v = q as f32 * d + m;
+    }
+}
+
+/// Q5_1 × Q8_1 in the order of ggml's AVX2 kernel (as Q4_1's: lanes by
+/// `fma(lane, d_w·d_x)`, offsets `m_w·s_x` fused into one running sum added last).
+pub fn dot(w: &[u8], x: &[u8]) -> f32 {
+    let mut acc = Lanes8::default();
+    let mut summs = 0.0f32;
+    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(q8_1::BYTES)) {
+        summs = read_f16(wb, M).mul_add(read_f16(xb, q8_1::S), summs);
+        let lanes = quad_lanes(&levels(wb), &xb[q8_1::QS..]);
+        acc.fma_block(read_f16(wb, 0) * read_f16(xb, 0), &lanes);
+    }
+    acc.sum() + summs
+}
+
+/// Min/max quantization, as ggml's `quantize_row_q5_1_ref` (`d = (max − min)/31`).
+pub fn quantize_block(x: &[f32], b: &mut [u8]) {
+    let q = q4_1::quantize_min_max(x, 31, b);
+    let mut qh = 0u32;
+    for j in 0..16 {
+        b[QS + j] = (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4);
+        qh |= ((q[j] >> 4) as u32) << j;
+        qh |= ((q[j + 16] >> 4) as u32) << (j + 16);
+    }
+    b[QH..QH + 4].copy_from_slice(&qh.to_le_bytes());
+}
