@@ -6,6 +6,7 @@
 //! To add one: create `golden/NAME.rs`, add `pub mod NAME;` and one [`Golden`] line below.
 
 pub mod dequant;
+pub mod dot;
 pub mod forward;
 pub mod ppl;
 pub mod tokenizer;
@@ -29,6 +30,11 @@ pub const GOLDENS: &[Golden] = &[
         name: "dequant",
         about: "dequantized rows of the default model's tensors, one per type",
         run: dequant::run,
+    },
+    Golden {
+        name: "dot",
+        about: "llama.cpp's own activation quantizers and dot kernels on recorded rows, per type",
+        run: dot::run,
     },
     Golden {
         name: "tokenizer",

@@ -189,17 +189,17 @@ fn ensure_gguf(python: &OsString) -> Result<()> {
 }
 
 /// A directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
-    fn new(label: &str) -> Result<TempDir> {
+    pub(crate) fn new(label: &str) -> Result<TempDir> {
         let dir = std::env::temp_dir().join(format!("nx-{label}-{}", unique_suffix()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         Ok(TempDir(dir))
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }
