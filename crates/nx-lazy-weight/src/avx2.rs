@@ -11,6 +11,10 @@
 //! | Q8_0 | `Σ w·x` | both sides widened to i16, `madd`, `hadd` (exact even for −128) |
 //! | Q4_K / Q5_K | `Σ sc·Σ q·x`; mins `Σ m·bsum` in four lanes | `maddubs`, `madd` by the scale |
 //! | Q6_K | `Σ sc·Σ q·x − 32·Σ sc·bsum` | q unsigned 0..63, offset from the bsums |
+//! | Q4_1 / Q5_1 | `Σ q·x` (offset `m·s` apart, in f32) | `maddubs`, q unsigned 0..15 / 0..31 |
+//! | IQ4_NL / IQ4_XS | `Σ KVALUES[i]·x` (XS: `Σ ls·…`) | table by `pshufb`, i16 `madd`, `hadd` |
+//! | Q2_K | `Σ sc·Σ q·x`; mins `Σ m·bsum` in the same lanes | `maddubs`, `madd` by the scale |
+//! | Q3_K | `Σ sc·Σ (low − 4·!high)·x` | two `maddubs`, difference, `madd` by the scale |
 //!
 //! `maddubs` adds two u8×i8 products into an i16 with saturation; with the unsigned
 //! weight ranges above (at most 63·128·2 = 16128) it never saturates, whatever the
@@ -32,8 +36,9 @@ use nx_gguf::GgmlType;
 use crate::dispatch::DotKernel4;
 use crate::dot_scalar::DotKernel;
 use crate::formats::{
-    q4_k, q5_0, q6_k, q8_k, read_f32, read_u32, scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES,
-    Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES,
+    iq4_nl, iq4_xs, q2_k, q3_k, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f16, read_f32,
+    read_u32, scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES,
+    Q8_0_BYTES, Q8_K_BYTES,
 };
 
 /// True when this CPU can run the kernels of this module.
@@ -56,6 +61,12 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::Q4_K => dot_q4_k_q8_k,
         GgmlType::Q5_K => dot_q5_k_q8_k,
         GgmlType::Q6_K => dot_q6_k_q8_k,
+        GgmlType::Q4_1 => dot_q4_1_q8_1,
+        GgmlType::Q5_1 => dot_q5_1_q8_1,
+        GgmlType::IQ4_NL => dot_iq4_nl_q8_0,
+        GgmlType::IQ4_XS => dot_iq4_xs_q8_k,
+        GgmlType::Q2_K => dot_q2_k_q8_k,
+        GgmlType::Q3_K => dot_q3_k_q8_k,
         _ => return None,
     };
     Some(k)
@@ -80,6 +91,12 @@ checked_entry! {
     dot_q4_k_q8_k => q4_k_impl,
     dot_q5_k_q8_k => q5_k_impl,
     dot_q6_k_q8_k => q6_k_impl,
+    dot_q4_1_q8_1 => q4_1_impl,
+    dot_q5_1_q8_1 => q5_1_impl,
+    dot_iq4_nl_q8_0 => iq4_nl_impl,
+    dot_iq4_xs_q8_k => iq4_xs_impl,
+    dot_q2_k_q8_k => q2_k_impl,
+    dot_q3_k_q8_k => q3_k_impl,
 }
 
 /// The f16 at `bytes[offset..offset + 2]` as f32, in all eight lanes (F16C).
@@ -521,6 +538,256 @@ unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
             }
         }
         let sumi = _mm256_sub_epi32(sumi, offset);
+        (d, _mm256_cvtepi32_ps(sumi))
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// The formats of `crate::formats::BLOCK_FORMATS`: twins of the scalar kernels in their
+// modules (same lane integers, same float order, so the same bits).
+
+/// Q4_1 × Q8_1: unsigned levels 0..15 (`maddubs` never saturates), one
+/// `fma(d_w·d_x, lanes)` per block; the offset terms `m_w·s_x` fused into a scalar f32
+/// chain in block order, added after the lane sum.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_1_impl(w: &[u8], x: &[u8]) -> f32 {
+    let low4 = _mm_set1_epi8(0x0F);
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0.0f32;
+    let blocks = w.chunks_exact(q4_1::BYTES).zip(x.chunks_exact(q8_1::BYTES));
+    for (b, (wb, xb)) in blocks.enumerate() {
+        prefetch_ahead(w, b * q4_1::BYTES);
+        summs = read_f16(wb, q4_1::M).mul_add(read_f16(xb, q8_1::S), summs);
+        // SAFETY: qs is bytes 4..20 of a 20-byte block; x quants 4..36 of 36.
+        let (qs, xq) = unsafe { (load16(wb, q4_1::QS), load32(xb, q8_1::QS)) };
+        let lo = _mm_and_si128(qs, low4);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+        let q = _mm256_set_m128i(hi, lo);
+        let lanes = _mm256_cvtepi32_ps(pair_sums(_mm256_maddubs_epi16(q, xq)));
+        let d = _mm256_mul_ps(f16_splat(wb, 0), f16_splat(xb, 0));
+        acc = _mm256_fmadd_ps(d, lanes, acc);
+    }
+    hsum_ps(acc) + summs
+}
+
+/// Q5_1 × Q8_1: as Q4_1 with the fifth bit merged (levels 0..31).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_1_impl(w: &[u8], x: &[u8]) -> f32 {
+    let low4 = _mm_set1_epi8(0x0F);
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0.0f32;
+    let blocks = w.chunks_exact(q5_1::BYTES).zip(x.chunks_exact(q8_1::BYTES));
+    for (b, (wb, xb)) in blocks.enumerate() {
+        prefetch_ahead(w, b * q5_1::BYTES);
+        summs = read_f16(wb, q5_1::M).mul_add(read_f16(xb, q8_1::S), summs);
+        // SAFETY: qs is bytes 8..24 of a 24-byte block; x quants 4..36 of 36.
+        let (qs, xq) = unsafe { (load16(wb, q5_1::QS), load32(xb, q8_1::QS)) };
+        let lo = _mm_and_si128(qs, low4);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+        let q = _mm256_or_si256(
+            _mm256_set_m128i(hi, lo),
+            q5_0_high_bits(read_u32(wb, q5_1::QH)),
+        );
+        let lanes = _mm256_cvtepi32_ps(pair_sums(_mm256_maddubs_epi16(q, xq)));
+        let d = _mm256_mul_ps(f16_splat(wb, 0), f16_splat(xb, 0));
+        acc = _mm256_fmadd_ps(d, lanes, acc);
+    }
+    hsum_ps(acc) + summs
+}
+
+/// Lane integers of 32 table-coded weights (a 16-byte nibble field `qs`) with the 32
+/// activation bytes at `x[at..at + 32]`: lane `l` = `Σ KVALUES[i_k]·x_k` over `k` in
+/// `4l..4l+4`. The signed levels and bytes are widened to i16 and multiplied with
+/// `madd` (exact for every byte, −128 included), `hadd` joins the pairs into quads and
+/// a 64-bit permute restores their order, as in [`q8_0_impl`].
+///
+/// # Safety
+/// `at + 32 <= x.len()`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_quads(table: __m128i, qs: __m128i, x: &[u8], at: usize) -> __m256i {
+    let low4 = _mm_set1_epi8(0x0F);
+    let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, low4));
+    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(qs), low4));
+    // SAFETY: in bounds by the caller's contract.
+    let (x0, x1) = unsafe { (load16(x, at), load16(x, at + 16)) };
+    let pairs0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(lo), _mm256_cvtepi8_epi16(x0));
+    let pairs1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(hi), _mm256_cvtepi8_epi16(x1));
+    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_hadd_epi32(pairs0, pairs1))
+}
+
+/// IQ4_NL's 16 levels as a `pshufb` table.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq4_table() -> __m128i {
+    // SAFETY: KVALUES is 16 bytes; unaligned load.
+    unsafe { _mm_loadu_si128(iq4_nl::KVALUES.as_ptr() as *const __m128i) }
+}
+
+/// IQ4_NL × Q8_0 in the scalar twin's order: paired blocks alternate between two
+/// accumulators (added lane-wise, then summed), an odd last block is one fused
+/// multiply-add of its scale with its integer sum.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_nl_impl(w: &[u8], x: &[u8]) -> f32 {
+    let table = iq4_table();
+    let n_blocks = (w.len() / iq4_nl::BYTES).min(x.len() / Q8_0_BYTES);
+    let paired = n_blocks & !1;
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let block = |ib: usize| {
+        let wb = &w[ib * iq4_nl::BYTES..(ib + 1) * iq4_nl::BYTES];
+        let xb = &x[ib * Q8_0_BYTES..(ib + 1) * Q8_0_BYTES];
+        // SAFETY: qs is bytes 2..18 of an 18-byte block; x quants 2..34 of 34.
+        let lanes = unsafe { iq4_quads(table, load16(wb, iq4_nl::QS), xb, 2) };
+        (read_f16(xb, 0) * read_f16(wb, 0), lanes)
+    };
+    for ib in 0..paired {
+        prefetch_ahead(w, ib * iq4_nl::BYTES);
+        let (d, lanes) = block(ib);
+        acc[ib % 2] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[ib % 2]);
+    }
+    let sumf = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+    if paired == n_blocks {
+        return sumf;
+    }
+    let (d, lanes) = block(paired);
+    let mut ints = [0i32; 8];
+    // SAFETY: 8 i32 into an 8-element array; unaligned store.
+    unsafe { _mm256_storeu_si256(ints.as_mut_ptr() as *mut __m256i, lanes) };
+    d.mul_add(ints.iter().sum::<i32>() as f32, sumf)
+}
+
+/// IQ4_XS × Q8_K: per super-block the eight sub-blocks' quads times their scale
+/// (`mullo`, exact: |quad·ls| < 2^21), summed in i32, then one `fma(d_w·d_x, lanes)`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_xs_impl(w: &[u8], x: &[u8]) -> f32 {
+    let table = iq4_table();
+    lanes8_chain!(w, x, iq4_xs::BYTES, Q8_K_BYTES, |wb, xb| {
+        let sh = u16::from_le_bytes([wb[iq4_xs::SCALES_H], wb[iq4_xs::SCALES_H + 1]]) as i32;
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..8 {
+            let low = (wb[iq4_xs::SCALES_L + j / 2] >> (4 * (j % 2))) & 0x0F;
+            let ls = (low as i32 | (((sh >> (2 * j)) & 3) << 4)) - 32;
+            // SAFETY: sub-block j's qs are bytes 8+16j..24+16j of 136; its x quants
+            // 4+32j..36+32j of 292.
+            let quads = unsafe {
+                iq4_quads(
+                    table,
+                    load16(wb, iq4_xs::QS + 16 * j),
+                    xb,
+                    q8_k::QS + 32 * j,
+                )
+            };
+            sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(quads, _mm256_set1_epi32(ls)));
+        }
+        let d = _mm256_mul_ps(f16_splat(wb, 0), f32_splat(xb, 0));
+        (d, _mm256_cvtepi32_ps(sumi))
+    })
+}
+
+/// The scales of 16-weight sub-blocks `2g` (lanes 0..4) and `2g + 1` (lanes 4..8) as
+/// i16 words for `madd` after `maddubs`: the low 128 bits hold the pair sums of weights
+/// 0..16 of group `g`, the high 128 bits those of 16..32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_pair(scales: &[i16; 16], g: usize) -> __m256i {
+    _mm256_set_m128i(
+        _mm_set1_epi16(scales[2 * g + 1]),
+        _mm_set1_epi16(scales[2 * g]),
+    )
+}
+
+/// The 2-bit field `k` (bits `2k..2k+2`) of every byte of `bits`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn crumb(bits: __m256i, k: usize) -> __m256i {
+    let shifted = _mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k as i32));
+    _mm256_and_si256(shifted, _mm256_set1_epi8(3))
+}
+
+/// Q2_K × Q8_K: first the min lanes (`madd` of the 16 mins with the 16 bsums, lane `l` =
+/// `m[2l]·b[2l] + m[2l+1]·b[2l+1]`) fused with `−d_x·dmin_w`, then the scaled level
+/// sums (levels 0..3 with `maddubs`, `madd` by the sub-block scales) with `d_x·d_w`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k_impl(w: &[u8], x: &[u8]) -> f32 {
+    let low4 = _mm_set1_epi8(0x0F);
+    let mut acc = _mm256_setzero_ps();
+    let blocks = w.chunks_exact(q2_k::BYTES).zip(x.chunks_exact(Q8_K_BYTES));
+    for (b, (wb, xb)) in blocks.enumerate() {
+        prefetch_ahead(w, b * q2_k::BYTES);
+        let dx = read_f32(xb, 0);
+        // SAFETY: scales are bytes 0..16 of 84; bsums 260..292 of 292.
+        let (packed, bsums) = unsafe { (load16(wb, 0), load32(xb, q8_k::BSUMS)) };
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), low4));
+        let min_lanes = _mm256_madd_epi16(mins, bsums);
+        let dmin = _mm256_set1_ps(-dx * read_f16(wb, q2_k::DMIN));
+        acc = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(min_lanes), acc);
+        let scales: [i16; 16] = std::array::from_fn(|j| (wb[j] & 0x0F) as i16);
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            // SAFETY: qs half h is bytes 16+32h..48+32h of 84.
+            let bits = unsafe { load32(wb, q2_k::QS + 32 * h) };
+            for k in 0..4 {
+                let g = 4 * h + k;
+                // SAFETY: group g's x quants are 4+32g..36+32g of 292.
+                let xq = unsafe { load32(xb, q8_k::QS + 32 * g) };
+                let p16 = _mm256_maddubs_epi16(crumb(bits, k), xq);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, scale_pair(&scales, g)));
+            }
+        }
+        let d = _mm256_set1_ps(dx * read_f16(wb, q2_k::D));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// Q3_K × Q8_K: level = low two bits − 4 where the high bit is clear, taken as
+/// `maddubs(low, x) − maddubs(4·(1 − high), x)` (both unsigned ≤ 4: no saturation),
+/// `madd` by the signed sub-block scales, one `fma(d_x·d_w, lanes)` per super-block.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k_impl(w: &[u8], x: &[u8]) -> f32 {
+    let ones = _mm256_set1_epi8(1);
+    lanes8_chain!(w, x, q3_k::BYTES, Q8_K_BYTES, |wb, xb| {
+        let sc = q3_k::scales(&wb[q3_k::SCALES..q3_k::SCALES + 12]);
+        let scales: [i16; 16] = std::array::from_fn(|j| sc[j] as i16);
+        // SAFETY: hmask is bytes 0..32 of 110.
+        let hmask = unsafe { load32(wb, 0) };
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            // SAFETY: qs half h is bytes 32+32h..64+32h of 110.
+            let bits = unsafe { load32(wb, q3_k::QS + 32 * h) };
+            for k in 0..4 {
+                let g = 4 * h + k;
+                // SAFETY: group g's x quants are 4+32g..36+32g of 292.
+                let xq = unsafe { load32(xb, q8_k::QS + 32 * g) };
+                let high =
+                    _mm256_and_si256(_mm256_srl_epi16(hmask, _mm_cvtsi32_si128(g as i32)), ones);
+                let minus4 = _mm256_slli_epi16::<2>(_mm256_xor_si256(high, ones));
+                let p16 = _mm256_sub_epi16(
+                    _mm256_maddubs_epi16(crumb(bits, k), xq),
+                    _mm256_maddubs_epi16(minus4, xq),
+                );
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, scale_pair(&scales, g)));
+            }
+        }
+        let d = _mm256_mul_ps(f32_splat(xb, 0), f16_splat(wb, q3_k::D));
         (d, _mm256_cvtepi32_ps(sumi))
     })
 }

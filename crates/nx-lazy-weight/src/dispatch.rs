@@ -68,7 +68,11 @@ pub fn dot_kernel_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel>
         #[cfg(target_arch = "x86_64")]
         CpuTier::Avx2 => crate::avx2::kernel(weight_type),
         #[cfg(target_arch = "x86_64")]
-        CpuTier::Avx512Vnni => crate::avx512::kernel(weight_type),
+        // The formats without an AVX-512 kernel of their own run their AVX2 one (every
+        // AVX-512 VNNI CPU has AVX2, FMA and F16C; both give the scalar twin's bits).
+        CpuTier::Avx512Vnni => {
+            crate::avx512::kernel(weight_type).or_else(|| crate::avx2::kernel(weight_type))
+        }
         #[cfg(target_arch = "aarch64")]
         CpuTier::Neon => crate::neon::kernel(weight_type),
         #[allow(unreachable_patterns)] // tiers of other architectures are unsupported above
