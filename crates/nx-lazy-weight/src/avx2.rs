@@ -22,12 +22,11 @@
 //! sums of the quants (as [`crate::quant`] writes them); the scalar twins do too.
 //!
 //! Float part, the scalar twins' `Lanes8` order: per block one FMA `acc = d·lanes + acc`
-//! (`d = d_w·d_x`, see [`lanes8_chain`]); Q4_K/Q5_K add the min lanes with `−d_x·dmin_w`
-//! into four more lanes; at the end the lanes are summed `((0+4)+(2+6))+((1+5)+(3+7))`
-//! and `(m0+m2)+(m1+m3)`. So Q4_0, Q5_0, Q8_0, Q4_K and Q6_K give the scalar twin's
-//! bits exactly; Q5_K's scalar twin keeps ggml's generic mod-8 lanes, so it agrees to
-//! rounding only. Either way the order depends on the row length alone, never on which
-//! rows or tokens are computed together (batch invariance).
+//! (`d = d_w·d_x`, see [`lanes8_chain`]); Q4_K adds the min lanes with `−d_x·dmin_w`
+//! into four more lanes (Q5_K: one running f32, as ggml's AVX2 kernel); at the end the
+//! lanes are summed `((0+4)+(2+6))+((1+5)+(3+7))` and `(m0+m2)+(m1+m3)`. So every kernel
+//! gives its scalar twin's bits exactly. The order depends on the row length alone,
+//! never on which rows or tokens are computed together (batch invariance).
 
 use std::arch::x86_64::*;
 
@@ -356,6 +355,14 @@ pub(crate) unsafe fn k4_min_lanes(xb: &[u8], mins: u64) -> __m128i {
     )
 }
 
+/// The sum of four i32 lanes (exact for the min terms: |Σ| < 2^31).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn hsum_epi32(v: __m128i) -> i32 {
+    let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
+}
+
 /// `(v0 + v2) + (v1 + v3)`: the scalar twins' sum of the four min lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -423,7 +430,7 @@ unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
     let low4 = _mm256_set1_epi8(0x0F);
     let bit4 = _mm256_set1_epi8(0x10);
     let mut acc = _mm256_setzero_ps();
-    let mut acc_min = _mm_setzero_ps();
+    let mut summs = 0.0f32;
     for (b, (wb, xb)) in w
         .chunks_exact(Q5_K_BYTES)
         .zip(x.chunks_exact(Q8_K_BYTES))
@@ -440,7 +447,9 @@ unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
         let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
         // SAFETY: xb is a whole Q8_K block.
         let min_lanes = unsafe { k4_min_lanes(xb, mn) };
-        acc_min = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(min_lanes), acc_min);
+        // One running f32 for the min terms, as the scalar twin (and ggml's AVX2 kernel).
+        let sumi_min = hsum_epi32(min_lanes);
+        summs = _mm_cvtss_f32(neg_dmin).mul_add(sumi_min as f32, summs);
         let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
         let scales = _mm256_set_m128i(sc16, sc16);
         // SAFETY: qh is bytes 16..48 of 176.
@@ -469,7 +478,7 @@ unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
         }
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
-    hsum_ps(acc) + hsum4_ps(acc_min)
+    hsum_ps(acc) + summs
 }
 
 /// Q6_K × Q8_K: unsigned quants 0..63 into `maddubs`, scaled per 16 weights, minus

@@ -20,8 +20,8 @@ use std::arch::x86_64::*;
 use nx_gguf::GgmlType;
 
 use crate::avx2::{
-    block_of_each, common_blocks, f16_splat, f32_splat, hsum4_ps, hsum_ps, k4_min_lanes,
-    lanes8_chain, lanes8_chain4, load16, load32, prefetch_ahead,
+    block_of_each, common_blocks, f16_splat, f32_splat, hsum4_ps, hsum_epi32, hsum_ps,
+    k4_min_lanes, lanes8_chain, lanes8_chain4, load16, load32, prefetch_ahead,
 };
 use crate::dispatch::{DotKernel4, DotKernelRows4};
 use crate::dot_scalar::DotKernel;
@@ -257,7 +257,7 @@ unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
     let sixteens = _mm512_set1_epi8(16);
     let nibble_shift = halves_epi16(0, 4);
     let mut acc = _mm256_setzero_ps();
-    let mut acc_min = _mm_setzero_ps();
+    let mut summs = 0.0f32;
     for (b, (wb, xb)) in w
         .chunks_exact(Q5_K_BYTES)
         .zip(x.chunks_exact(Q8_K_BYTES))
@@ -274,7 +274,9 @@ unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
         let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
         // SAFETY: xb is a whole Q8_K block.
         let min_lanes = unsafe { k4_min_lanes(xb, mn) };
-        acc_min = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(min_lanes), acc_min);
+        // One running f32 for the min terms, as the scalar twin (and ggml's AVX2 kernel).
+        let sumi_min = hsum_epi32(min_lanes);
+        summs = _mm_cvtss_f32(neg_dmin).mul_add(sumi_min as f32, summs);
         let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
         // SAFETY: qh is bytes 16..48 of 176.
         let qh = _mm512_broadcast_i64x4(unsafe { load32(wb, q4_k::Q5_QH) });
@@ -304,7 +306,7 @@ unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
         }
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold_halves(sumi)), acc);
     }
-    hsum_ps(acc) + hsum4_ps(acc_min)
+    hsum_ps(acc) + summs
 }
 
 /// Q6_K × Q8_K: per half super-block, 64 `ql` bytes in one register give two sets of

@@ -2,11 +2,10 @@
 //!
 //! Every dot product in the process goes through [`active_dot_kernel`], so one process
 //! never mixes tiers: a matmul output and a single [`dot_row`] of the same inputs are
-//! the same call of the same kernel, and batch/thread invariance holds per tier. For
-//! Q4_0, Q5_0, Q8_0, Q4_K and Q6_K every tier gives the scalar reference's bits exactly;
-//! Q5_K's SIMD kernels differ from its scalar one in f32 rounding only (same integer
-//! sums); the float types use the scalar kernels on every tier (see
-//! `tests/simd_twins.rs`).
+//! the same call of the same kernel, and batch/thread invariance holds per tier. For every
+//! quantized type every tier gives the scalar reference's bits exactly, which are the
+//! reference engine's (`tests/simd_twins.rs`, `tests/simd_twins_formats.rs`,
+//! `tests/dot_reference.rs`); the float types use the scalar kernels on every tier.
 
 use std::sync::OnceLock;
 

@@ -1,15 +1,15 @@
 //! Scalar reference dot products of one weight row with one quantized activation row.
 //!
-//! Q4_0/Q5_0/Q8_0 and Q4_K/Q6_K reproduce the float order of the reference engine's x86
-//! kernels (see `Lanes8`); Q5_K and the float types mirror ggml's generic kernels: integer sums
-//! inside each block, then one float accumulation whose order depends on the row
-//! length K alone. For the K formats that order is ggml's: eight f32 lane sums
-//! (`lane l` collects positions ≡ l mod 8 of each super-block, scaled by `d_w·d_x`),
-//! a separate running f32 sum of the min terms (`−dmin_w·d_x·Σ bsum·m`), and at the
-//! end the eight lanes added to it in lane order. The SIMD kernels (`avx2`, `avx512`)
-//! compute the same lane integers and, for the `Lanes8` types, the same float order, so
-//! they are bit-identical to these (Q5_K: same integers, f32 rounding may differ);
-//! `tests/simd_twins.rs` checks both. Which kernel runs is chosen in [`crate::dispatch`].
+//! Every quantized kernel reproduces the float order of the reference engine's x86
+//! kernel (see `crate::reduce::Lanes8`): exact integer lanes per block, one fused
+//! multiply-add of the block scale into each of eight f32 lanes, the lanes summed at the
+//! end as ggml's `hsum_float_8`; Q4_K adds its min terms through four more lanes, Q5_K
+//! (like Q4_1/Q5_1 in their modules) through one running f32 added last. The order depends
+//! on the row length K alone. The float types mirror ggml's generic kernels (f64 sums).
+//! The SIMD kernels (`avx2`, `avx512`) compute the same lane integers in the same float
+//! order, so they are bit-identical to these (`tests/simd_twins.rs`), and both equal the
+//! reference engine's own kernels bit for bit (`tests/dot_reference.rs`). Which kernel
+//! runs is chosen in [`crate::dispatch`].
 //!
 //! | weight | activations | per block | accumulation |
 //! |---|---|---|---|
@@ -19,7 +19,7 @@
 //! | Q4_0 | Q8_0 | `sumi` i32 | `sumf += (sumi·d_w)·d_x` |
 //! | Q5_0 | Q8_0 | `sumi` i32 | `sumf += (d_w·d_x)·sumi` |
 //! | Q8_0 | Q8_0 | `sumi` i32 | `sumf += sumi·(d_w·d_x)` |
-//! | Q4_K, Q5_K, Q6_K | Q8_K | eight i32 lanes | lanes as above |
+//! | Q4_K, Q5_K, Q6_K | Q8_K | eight i32 lanes | lanes as above (mins apart) |
 
 use nx_gguf::GgmlType;
 
@@ -140,28 +140,6 @@ pub fn dot_q8_0_q8_0(w: &[u8], x: &[u8]) -> f32 {
     acc.sum()
 }
 
-/// Lane sums of one K super-block: `lanes[l] += scale(position)·w[p]·x[p]` over the
-/// positions `p ≡ l (mod 8)`, where `scale` changes every `sub_len` weights.
-#[inline(always)]
-fn k_block_lanes(wq: &[i8; QK_K], xq: &[u8], scales: &[i32], sub_len: usize) -> [i32; 8] {
-    let mut lanes = [0i32; 8];
-    for (s, (wsub, xsub)) in wq
-        .chunks_exact(sub_len)
-        .zip(xq.chunks_exact(sub_len))
-        .enumerate()
-    {
-        let scale = scales[s];
-        for (wg, xg) in wsub.chunks_exact(8).zip(xsub.chunks_exact(8)) {
-            for l in 0..8 {
-                // The product fits i16 (|w| ≤ 63, |x| ≤ 128), as ggml's aux16.
-                let prod = (wg[l] as i16) * (xg[l] as i8 as i16);
-                lanes[l] += scale * prod as i32;
-            }
-        }
-    }
-    lanes
-}
-
 /// `Σ_j bsums[j]·m[j/2]`: the min term's integer part for Q4_K/Q5_K.
 #[inline(always)]
 fn bsum_min_term(xb: &[u8], mins: &[i32; 8]) -> i32 {
@@ -183,42 +161,6 @@ fn k4_scales_mins(scales: &[u8]) -> ([i32; 8], [i32; 8]) {
         mn[j] = m as i32;
     }
     (sc, mn)
-}
-
-/// The fixed K-format float reduction: lanes scaled per block, min terms subtracted
-/// per block, lanes added last.
-struct KAccumulator {
-    lanes: [f32; 8],
-    sumf: f32,
-}
-
-impl KAccumulator {
-    fn new() -> Self {
-        KAccumulator {
-            lanes: [0.0; 8],
-            sumf: 0.0,
-        }
-    }
-
-    #[inline(always)]
-    fn add_block(&mut self, d: f32, ints: &[i32; 8]) {
-        for l in 0..8 {
-            self.lanes[l] += d * ints[l] as f32;
-        }
-    }
-
-    #[inline(always)]
-    fn sub_min(&mut self, dmin: f32, sumi: i32) {
-        self.sumf -= dmin * sumi as f32;
-    }
-
-    fn finish(self) -> f32 {
-        let mut sumf = self.sumf;
-        for l in 0..8 {
-            sumf += self.lanes[l];
-        }
-        sumf
-    }
 }
 
 /// Q4_K × Q8_K: lanes as [`k_quad_lanes`]; the min terms go to four more lanes
@@ -255,9 +197,13 @@ pub fn dot_q4_k_q8_k(w: &[u8], x: &[u8]) -> f32 {
     acc.sum() + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
 }
 
-/// Q5_K × Q8_K.
+/// Q5_K × Q8_K in the order of ggml's AVX2 kernel: lanes as Q4_K's (levels 0..31), one
+/// `fma(d_x·d_w, lane)` per super-block; the min term's integer `Σ m_j·(b_2j + b_2j+1)`
+/// fused with `−d_x·dmin_w` into one running f32 (GCC contracts `summs += dmin*sumi`),
+/// added after the lane sum.
 pub fn dot_q5_k_q8_k(w: &[u8], x: &[u8]) -> f32 {
-    let mut acc = KAccumulator::new();
+    let mut acc = Lanes8::default();
+    let mut summs = 0.0f32;
     for (wb, xb) in w.chunks_exact(Q5_K_BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
         let qh = &wb[q4_k::Q5_QH..q4_k::Q5_QH + 32];
         let mut wq = [0i8; QK_K];
@@ -271,13 +217,15 @@ pub fn dot_q5_k_q8_k(w: &[u8], x: &[u8]) -> f32 {
             }
         }
         let (sc, mn) = k4_scales_mins(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
-        let sumi_min = bsum_min_term(xb, &mn);
-        let ints = k_block_lanes(&wq, &xb[q8_k::QS..q8_k::QS + QK_K], &sc, 32);
         let dx = read_f32(xb, 0);
-        acc.add_block(read_f16(wb, 0) * dx, &ints);
-        acc.sub_min(read_f16(wb, q4_k::DMIN) * dx, sumi_min);
+        let dmin = -dx * read_f16(wb, q4_k::DMIN);
+        summs = dmin.mul_add(bsum_min_term(xb, &mn) as f32, summs);
+        acc.fma_block(
+            dx * read_f16(wb, 0),
+            &k_quad_lanes(&wq, &xb[q8_k::QS..q8_k::QS + QK_K], &sc, 32),
+        );
     }
-    acc.finish()
+    acc.sum() + summs
 }
 
 /// Q6_K × Q8_K: the unsigned 0..63 quants in [`k_quad_lanes`], minus, per lane `l`,

@@ -2,14 +2,16 @@
 //!
 //! Layout of the crate, one concern per module:
 //! - [`formats`]: block layouts and byte sizes of the supported ggml types, the
-//!   activation type each weight type is multiplied with (`vec_dot_type`).
+//!   activation type each weight type is multiplied with (`vec_dot_type`), and the
+//!   formats that are one module each (Q4_1, Q5_1, Q8_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS:
+//!   layout, dequantization, scalar dot, quantizer) in one table.
 //! - [`dequant`]: `dequantize_row` per type, bit-exact with ggml's dequantizers.
 //! - [`quant`]: activation quantizers (Q8_0, Q8_K, F16, BF16), bit-exact with ggml's
 //!   reference quantizers, and weight quantizers used to build fixtures.
-//! - [`dot_scalar`]: scalar reference dot products, mirroring ggml's generic path.
+//! - [`dot_scalar`]: scalar reference dot products in the float order of the reference
+//!   engine's x86 kernels (`reduce`: the shared lane and reduction helpers).
 //! - `avx2`, `avx512` (x86-64), `neon` (AArch64, a scalar fallback for now): SIMD
-//!   twins of the quantized dot products, bit-identical to the scalar ones except Q5_K
-//!   (same integer sums, f32 rounding may differ).
+//!   twins of the quantized dot products, bit-identical to the scalar ones.
 //! - [`dispatch`]: the kernel of a weight type for a [`CpuTier`], the process tier
 //!   ([`active_tier`], from `nx_syscalls::cpu_tier`), and [`dot_row`].
 //! - [`matmul`]: quantize activations once, then `y[t][r] = dot(w row r, xq[t])`.

@@ -7,9 +7,7 @@
 //! reference Q8_K one) and the f32 its `vec_dot` returns. Here:
 //! 1. nx's matmul activation quantizer must give the same bytes;
 //! 2. every tier's kernel on the reference's quantized activations must give the same
-//!    f32 bits. Q5_K is the exception nx documents (its kernels keep ggml's integer sums
-//!    but not the x86 float order): it must agree to 1e-5 relative, and the test says
-//!    how many cases are exact.
+//!    f32 bits.
 
 use std::path::PathBuf;
 
@@ -30,9 +28,6 @@ fn type_by_name(name: &str) -> GgmlType {
         .find(|t| t.name() == name)
         .unwrap_or_else(|| panic!("unknown type {name}"))
 }
-
-/// Types whose kernels are not meant to reproduce the reference's float order.
-const NOT_IN_REFERENCE_ORDER: [GgmlType; 1] = [GgmlType::Q5_K];
 
 #[test]
 fn quantizers_and_kernels_match_the_reference_engine() {
@@ -81,14 +76,12 @@ fn quantizers_and_kernels_match_the_reference_engine() {
                     let rel = ((got - reference_dot) as f64).abs()
                         / (reference_dot.abs() as f64).max(1e-30);
                     worst_rel = worst_rel.max(rel);
-                    if !NOT_IN_REFERENCE_ORDER.contains(&ty) || rel > 1e-5 {
-                        failures.push(format!(
-                            "{ty} case {i} ({}, K={row_len}) on {tier}: {got:e} ({:08x}), llama.cpp {reference_dot:e} ({:08x})",
-                            case["weights"].as_str().unwrap(),
-                            got.to_bits(),
-                            reference_dot.to_bits()
-                        ));
-                    }
+                    failures.push(format!(
+                        "{ty} case {i} ({}, K={row_len}) on {tier}: {got:e} ({:08x}), llama.cpp {reference_dot:e} ({:08x})",
+                        case["weights"].as_str().unwrap(),
+                        got.to_bits(),
+                        reference_dot.to_bits()
+                    ));
                 }
             }
             if all_exact {

@@ -12,9 +12,10 @@
 //!    Both kernels sum the same exact per-block integers in f32, each with at most
 //!    `n_blocks + 16` roundings in any chain, so this is a worst-case bound, not a fit.
 //!    The bound is checked to be tight enough to notice one flipped sub-block scale bit.
-//! 3. Bits identical. Where the scalar twin uses the x86 float order (`Lanes8`: Q4_0,
-//!    Q5_0, Q8_0, Q4_K, Q6_K) the SIMD result must equal it bit for bit on realistic and
-//!    raw random rows, so the tier never changes a model's output for those types.
+//! 3. Bits identical. Every scalar twin uses the x86 float order (`Lanes8`), so the SIMD
+//!    result must equal it bit for bit on realistic and raw random rows: the tier never
+//!    changes a model's output. (The formats of `formats::BLOCK_FORMATS` have their own
+//!    twin test, `tests/simd_twins_formats.rs`.)
 
 mod common;
 
@@ -292,16 +293,9 @@ fn floats_agree_within_the_rounding_bound() {
     }
 }
 
-/// The weight types whose scalar twin uses the x86 float order (`Lanes8`): for these
-/// the SIMD kernels are bit-identical to scalar, so the tier never changes an output.
-/// (Q5_K's scalar twin keeps ggml's generic mod-8 lanes; it is only within the bound.)
-const BIT_IDENTICAL_TYPES: [GgmlType; 5] = [
-    GgmlType::Q4_0,
-    GgmlType::Q5_0,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q6_K,
-];
+/// The weight types whose scalar twin uses the x86 float order (`Lanes8`): all of them,
+/// so the SIMD kernels are bit-identical to scalar and the tier never changes an output.
+const BIT_IDENTICAL_TYPES: [GgmlType; 6] = QUANT_TYPES;
 
 /// An activation row with random scales and random quant bytes (−128 included); Q8_K
 /// bsums consistent with the quants.
