@@ -80,6 +80,8 @@ pub const FULL: &[MiriRun] = &[
             "dequant_golden",
             "--test",
             "dot_proptest",
+            "--test",
+            "dot_reference",
         ],
     ),
 ];
