@@ -36,7 +36,13 @@ pub const TINY_SHAPES: [&str; 6] = [
 ];
 
 /// Benchmark-sized shapes, generated only when named with `--shape`.
-pub const BENCH_SHAPES: [&str; 2] = ["qwen2.5-0.5b", "qwen2.5-1.5b"];
+pub const BENCH_SHAPES: [&str; 5] = [
+    "qwen2.5-0.5b",
+    "qwen2.5-1.5b",
+    "qwen2.5-0.5b-q4_1",
+    "qwen2.5-0.5b-q3_k_m",
+    "qwen2.5-0.5b-q2_k-iq4_xs",
+];
 
 /// Bumped whenever the generator's output is meant to change; part of every seed.
 const GENERATOR_VERSION: &str = "nx-synth-v1";
@@ -216,8 +222,33 @@ const fn mix_shape(name: &'static str, token_embd_type: GgmlType, mix: TypeMix) 
     }
 }
 
+/// The Qwen2.5-0.5B dimensions (tied embeddings, as that model), Q4_K_M mix.
+const QWEN25_05B: Shape = Shape {
+    name: "qwen2.5-0.5b",
+    arch: Arch::Qwen2,
+    vocab: "qwen2",
+    n_embd: 896,
+    n_ff: 4864,
+    n_layer: 24,
+    n_head: 14,
+    n_head_kv: 2,
+    head_dim: 64,
+    context_length: 32768,
+    rope_freq_base: 1.0e6,
+    rms_eps: 1.0e-6,
+    tied_embeddings: true,
+    token_embd_type: GgmlType::Q6_K,
+    logit_std: 6.0,
+    mix: TypeMix::Q4KM,
+};
+
+/// `base` under another name in another type mix.
+const fn with_mix(base: Shape, name: &'static str, mix: TypeMix) -> Shape {
+    Shape { name, mix, ..base }
+}
+
 /// All known shapes.
-pub const SHAPES: [Shape; 8] = [
+pub const SHAPES: [Shape; 11] = [
     // n_embd 128 is not a multiple of 256: the K-quant matrices fall back to Q5_0/Q8_0,
     // as in real models whose width is not a multiple of 256 (Qwen2.5-0.5B); only
     // ffn_down (K = 512) stays Q4_K/Q6_K.
@@ -286,24 +317,13 @@ pub const SHAPES: [Shape; 8] = [
     mix_shape("llama-q3_k_m", GgmlType::Q3_K, TypeMix::Q3KM),
     mix_shape("llama-q2_k-iq4_xs", GgmlType::Q2_K, TypeMix::LowBit),
     // Benchmark shapes: the real Qwen2.5 dimensions, tied embeddings as in those models.
-    Shape {
-        name: "qwen2.5-0.5b",
-        arch: Arch::Qwen2,
-        vocab: "qwen2",
-        n_embd: 896,
-        n_ff: 4864,
-        n_layer: 24,
-        n_head: 14,
-        n_head_kv: 2,
-        head_dim: 64,
-        context_length: 32768,
-        rope_freq_base: 1.0e6,
-        rms_eps: 1.0e-6,
-        tied_embeddings: true,
-        token_embd_type: GgmlType::Q6_K,
-        logit_std: 6.0,
-        mix: TypeMix::Q4KM,
-    },
+    QWEN25_05B,
+    // The same in the other mixes: n_embd 896 is not a multiple of 256, so as in real
+    // Qwen2.5-0.5B files most K-format matrices fall back (Q2_K/Q3_K to Q4_0, IQ4_XS to
+    // IQ4_NL, Q5_K to Q5_1) and only ffn_down (K = 4864) keeps them.
+    with_mix(QWEN25_05B, "qwen2.5-0.5b-q4_1", TypeMix::Legacy32),
+    with_mix(QWEN25_05B, "qwen2.5-0.5b-q3_k_m", TypeMix::Q3KM),
+    with_mix(QWEN25_05B, "qwen2.5-0.5b-q2_k-iq4_xs", TypeMix::LowBit),
     Shape {
         name: "qwen2.5-1.5b",
         arch: Arch::Qwen2,
