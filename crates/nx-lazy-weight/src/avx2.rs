@@ -35,9 +35,9 @@ use nx_gguf::GgmlType;
 use crate::dispatch::DotKernel4;
 use crate::dot_scalar::DotKernel;
 use crate::formats::{
-    iq4_nl, iq4_xs, q2_k, q3_k, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f16, read_f32,
-    read_u32, scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES,
-    Q8_0_BYTES, Q8_K_BYTES,
+    iq4_nl, iq4_xs, q2_k, q3_k, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32, read_u32,
+    scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+    Q8_K_BYTES,
 };
 
 /// True when this CPU can run the kernels of this module.
@@ -108,6 +108,15 @@ checked_entry! {
 pub(crate) fn f16_splat(bytes: &[u8], offset: usize) -> __m256 {
     let bits = u16::from_le_bytes([bytes[offset], bytes[offset + 1]]);
     _mm256_cvtph_ps(_mm_set1_epi16(bits as i16))
+}
+
+/// The f16 at `bytes[offset..offset + 2]` as an f32 scalar, converted by F16C (the same
+/// value as [`crate::formats::read_f16`], without its software path).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn f16_scalar(bytes: &[u8], offset: usize) -> f32 {
+    let bits = u16::from_le_bytes([bytes[offset], bytes[offset + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 /// The little-endian f32 at `bytes[offset..offset + 4]`, in all eight lanes.
@@ -553,156 +562,378 @@ unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
 
 // ---------------------------------------------------------------------------------------
 // The formats of `crate::formats::BLOCK_FORMATS`: twins of the scalar kernels in their
-// modules (same lane integers, same float order, so the same bits).
+// modules (same lane integers, same float order, so the same bits). Each is split into a
+// weight-block decoder and a per-token step shared by the one-token kernel and its
+// four-token variant, so the two compute the same arithmetic.
 
-/// Q4_1 × Q8_1: unsigned levels 0..15 (`maddubs` never saturates), one
-/// `fma(d_w·d_x, lanes)` per block; the offset terms `m_w·s_x` fused into a scalar f32
-/// chain in block order, added after the lane sum.
+/// The 32 nibble levels of a Q4_1 block (weights 0..16 low, 16..32 high).
+///
+/// # Safety
+/// `wb` is a whole Q4_1 block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_1_levels(wb: &[u8]) -> __m256i {
+    let low4 = _mm_set1_epi8(0x0F);
+    // SAFETY: qs is bytes 4..20 of a 20-byte block.
+    let qs = unsafe { load16(wb, q4_1::QS) };
+    let lo = _mm_and_si128(qs, low4);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// The 32 five-bit levels of a Q5_1 block.
+///
+/// # Safety
+/// `wb` is a whole Q5_1 block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_1_levels(wb: &[u8]) -> __m256i {
+    let low4 = _mm_set1_epi8(0x0F);
+    // SAFETY: qs is bytes 8..24 of a 24-byte block.
+    let qs = unsafe { load16(wb, q5_1::QS) };
+    let lo = _mm_and_si128(qs, low4);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+    _mm256_or_si256(
+        _mm256_set_m128i(hi, lo),
+        q5_0_high_bits(read_u32(wb, q5_1::QH)),
+    )
+}
+
+/// One Q4_1/Q5_1 block against one Q8_1 block: `acc = fma(d_w·d_x, lanes, acc)` and
+/// `summs = fma(m_w, s_x, summs)` (levels unsigned ≤ 31: `maddubs` never saturates).
+///
+/// # Safety
+/// `xb` is a whole Q8_1 block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_1_step(
+    q: __m256i,
+    d_w: __m256,
+    m_w: f32,
+    xb: &[u8],
+    acc: &mut __m256,
+    summs: &mut f32,
+) {
+    *summs = m_w.mul_add(f16_scalar(xb, q8_1::S), *summs);
+    // SAFETY: x quants are bytes 4..36 of 36.
+    let xq = unsafe { load32(xb, q8_1::QS) };
+    let lanes = _mm256_cvtepi32_ps(pair_sums(_mm256_maddubs_epi16(q, xq)));
+    *acc = _mm256_fmadd_ps(_mm256_mul_ps(d_w, f16_splat(xb, 0)), lanes, *acc);
+}
+
+/// Q4_1 / Q5_1 × Q8_1, one token: levels from `levels`, one `fma(d_w·d_x, lanes)` per
+/// block; the offset terms `m_w·s_x` fused into a scalar f32 chain in block order, added
+/// after the lane sum.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn offset32_dot(
+    w: &[u8],
+    x: &[u8],
+    w_bytes: usize,
+    levels: unsafe fn(&[u8]) -> __m256i,
+) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0.0f32;
+    for (b, (wb, xb)) in w
+        .chunks_exact(w_bytes)
+        .zip(x.chunks_exact(q8_1::BYTES))
+        .enumerate()
+    {
+        prefetch_ahead(w, b * w_bytes);
+        // SAFETY: whole blocks of both rows (chunks_exact).
+        unsafe {
+            let q = levels(wb);
+            q8_1_step(
+                q,
+                f16_splat(wb, 0),
+                f16_scalar(wb, q4_1::M),
+                xb,
+                &mut acc,
+                &mut summs,
+            );
+        }
+    }
+    hsum_ps(acc) + summs
+}
+
+/// [`offset32_dot`] for four tokens, each weight block decoded once.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn offset32_dot4(
+    w: &[u8],
+    x: [&[u8]; 4],
+    w_bytes: usize,
+    levels: unsafe fn(&[u8]) -> __m256i,
+) -> [f32; 4] {
+    let n_blocks = common_blocks(w, &x, w_bytes, q8_1::BYTES);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut summs = [0.0f32; 4];
+    for b in 0..n_blocks {
+        let wb = &w[b * w_bytes..(b + 1) * w_bytes];
+        let xb = block_of_each(&x, b, q8_1::BYTES);
+        // SAFETY: whole blocks of every row.
+        unsafe {
+            let q = levels(wb);
+            let (d_w, m_w) = (f16_splat(wb, 0), f16_scalar(wb, q4_1::M));
+            for t in 0..4 {
+                q8_1_step(q, d_w, m_w, xb[t], &mut acc[t], &mut summs[t]);
+            }
+        }
+    }
+    std::array::from_fn(|t| hsum_ps(acc[t]) + summs[t])
+}
+
+/// Q4_1 × Q8_1.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_1_impl(w: &[u8], x: &[u8]) -> f32 {
-    let low4 = _mm_set1_epi8(0x0F);
-    let mut acc = _mm256_setzero_ps();
-    let mut summs = 0.0f32;
-    let blocks = w.chunks_exact(q4_1::BYTES).zip(x.chunks_exact(q8_1::BYTES));
-    for (b, (wb, xb)) in blocks.enumerate() {
-        prefetch_ahead(w, b * q4_1::BYTES);
-        summs = read_f16(wb, q4_1::M).mul_add(read_f16(xb, q8_1::S), summs);
-        // SAFETY: qs is bytes 4..20 of a 20-byte block; x quants 4..36 of 36.
-        let (qs, xq) = unsafe { (load16(wb, q4_1::QS), load32(xb, q8_1::QS)) };
-        let lo = _mm_and_si128(qs, low4);
-        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
-        let q = _mm256_set_m128i(hi, lo);
-        let lanes = _mm256_cvtepi32_ps(pair_sums(_mm256_maddubs_epi16(q, xq)));
-        let d = _mm256_mul_ps(f16_splat(wb, 0), f16_splat(xb, 0));
-        acc = _mm256_fmadd_ps(d, lanes, acc);
-    }
-    hsum_ps(acc) + summs
+    // SAFETY: same features.
+    unsafe { offset32_dot(w, x, q4_1::BYTES, q4_1_levels) }
 }
 
-/// Q5_1 × Q8_1: as Q4_1 with the fifth bit merged (levels 0..31).
+/// Q5_1 × Q8_1.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q5_1_impl(w: &[u8], x: &[u8]) -> f32 {
-    let low4 = _mm_set1_epi8(0x0F);
-    let mut acc = _mm256_setzero_ps();
-    let mut summs = 0.0f32;
-    let blocks = w.chunks_exact(q5_1::BYTES).zip(x.chunks_exact(q8_1::BYTES));
-    for (b, (wb, xb)) in blocks.enumerate() {
-        prefetch_ahead(w, b * q5_1::BYTES);
-        summs = read_f16(wb, q5_1::M).mul_add(read_f16(xb, q8_1::S), summs);
-        // SAFETY: qs is bytes 8..24 of a 24-byte block; x quants 4..36 of 36.
-        let (qs, xq) = unsafe { (load16(wb, q5_1::QS), load32(xb, q8_1::QS)) };
-        let lo = _mm_and_si128(qs, low4);
-        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
-        let q = _mm256_or_si256(
-            _mm256_set_m128i(hi, lo),
-            q5_0_high_bits(read_u32(wb, q5_1::QH)),
-        );
-        let lanes = _mm256_cvtepi32_ps(pair_sums(_mm256_maddubs_epi16(q, xq)));
-        let d = _mm256_mul_ps(f16_splat(wb, 0), f16_splat(xb, 0));
-        acc = _mm256_fmadd_ps(d, lanes, acc);
-    }
-    hsum_ps(acc) + summs
+    // SAFETY: same features.
+    unsafe { offset32_dot(w, x, q5_1::BYTES, q5_1_levels) }
 }
 
-/// Lane integers of 32 table-coded weights (a 16-byte nibble field `qs`) with the 32
-/// activation bytes at `x[at..at + 32]`: lane `l` = `Σ KVALUES[i_k]·x_k` over `k` in
-/// `4l..4l+4`. The signed levels and bytes are widened to i16 and multiplied with
-/// `madd` (exact for every byte, −128 included), `hadd` joins the pairs into quads and
-/// a 64-bit permute restores their order, as in [`q8_0_impl`].
+/// Q4_1 × Q8_1 for four tokens.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_1_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    // SAFETY: same features.
+    unsafe { offset32_dot4(w, x, q4_1::BYTES, q4_1_levels) }
+}
+
+/// Q5_1 × Q8_1 for four tokens.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_1_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    // SAFETY: same features.
+    unsafe { offset32_dot4(w, x, q5_1::BYTES, q5_1_levels) }
+}
+
+/// 32 table-coded weights (a 16-byte nibble field) as two vectors of i16 levels:
+/// weights 0..16 and 16..32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq4_levels16(qs: __m128i) -> [__m256i; 2] {
+    let low4 = _mm_set1_epi8(0x0F);
+    // SAFETY: KVALUES is 16 bytes; unaligned load.
+    let table = unsafe { _mm_loadu_si128(iq4_nl::KVALUES.as_ptr() as *const __m128i) };
+    let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, low4));
+    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(qs), low4));
+    [_mm256_cvtepi8_epi16(lo), _mm256_cvtepi8_epi16(hi)]
+}
+
+/// Lane integers of 32 i16 levels with the activation bytes `x[at..at + 32]`: lane `l` =
+/// `Σ w_k·x_k` over `k` in `4l..4l+4`. Both sides in i16 with `madd` (exact for every
+/// byte, −128 included), `hadd` joins the pairs into quads and a 64-bit permute restores
+/// their order, as in [`q8_0_impl`].
 ///
 /// # Safety
 /// `at + 32 <= x.len()`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq4_quads(table: __m128i, qs: __m128i, x: &[u8], at: usize) -> __m256i {
-    let low4 = _mm_set1_epi8(0x0F);
-    let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, low4));
-    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(qs), low4));
+unsafe fn quads16(w: &[__m256i; 2], x: &[u8], at: usize) -> __m256i {
     // SAFETY: in bounds by the caller's contract.
     let (x0, x1) = unsafe { (load16(x, at), load16(x, at + 16)) };
-    let pairs0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(lo), _mm256_cvtepi8_epi16(x0));
-    let pairs1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(hi), _mm256_cvtepi8_epi16(x1));
+    let pairs0 = _mm256_madd_epi16(w[0], _mm256_cvtepi8_epi16(x0));
+    let pairs1 = _mm256_madd_epi16(w[1], _mm256_cvtepi8_epi16(x1));
     _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_hadd_epi32(pairs0, pairs1))
 }
 
-/// IQ4_NL's 16 levels as a `pshufb` table.
+/// The sum of eight i32 lanes (exact for block sums).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn iq4_table() -> __m128i {
-    // SAFETY: KVALUES is 16 bytes; unaligned load.
-    unsafe { _mm_loadu_si128(iq4_nl::KVALUES.as_ptr() as *const __m128i) }
+fn hsum_epi32_8(v: __m256i) -> i32 {
+    hsum_epi32(_mm_add_epi32(
+        _mm256_castsi256_si128(v),
+        _mm256_extracti128_si256::<1>(v),
+    ))
 }
 
-/// IQ4_NL × Q8_0 in the scalar twin's order: paired blocks alternate between two
-/// accumulators (added lane-wise, then summed), an odd last block is one fused
-/// multiply-add of its scale with its integer sum.
+/// IQ4_NL's float order for one token: paired blocks alternate between two accumulators
+/// (added lane-wise, then summed), an odd last block is one fused multiply-add of its
+/// scale with its integer sum.
+struct Iq4nlAcc {
+    acc: [__m256; 2],
+    tail: Option<(f32, i32)>,
+}
+
+impl Iq4nlAcc {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn new() -> Iq4nlAcc {
+        Iq4nlAcc {
+            acc: [_mm256_setzero_ps(); 2],
+            tail: None,
+        }
+    }
+
+    /// Block `ib` of `paired` paired blocks (or the unpaired last one).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn add(&mut self, ib: usize, paired: usize, d: f32, lanes: __m256i) {
+        if ib < paired {
+            let slot = &mut self.acc[ib % 2];
+            *slot = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), *slot);
+        } else {
+            self.tail = Some((d, hsum_epi32_8(lanes)));
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn finish(&self) -> f32 {
+        let sumf = hsum_ps(_mm256_add_ps(self.acc[0], self.acc[1]));
+        match self.tail {
+            Some((d, sumi)) => d.mul_add(sumi as f32, sumf),
+            None => sumf,
+        }
+    }
+}
+
+/// IQ4_NL × Q8_0.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn iq4_nl_impl(w: &[u8], x: &[u8]) -> f32 {
-    let table = iq4_table();
     let n_blocks = (w.len() / iq4_nl::BYTES).min(x.len() / Q8_0_BYTES);
     let paired = n_blocks & !1;
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let block = |ib: usize| {
+    let mut acc = Iq4nlAcc::new();
+    for ib in 0..n_blocks {
+        prefetch_ahead(w, ib * iq4_nl::BYTES);
         let wb = &w[ib * iq4_nl::BYTES..(ib + 1) * iq4_nl::BYTES];
         let xb = &x[ib * Q8_0_BYTES..(ib + 1) * Q8_0_BYTES];
         // SAFETY: qs is bytes 2..18 of an 18-byte block; x quants 2..34 of 34.
-        let lanes = unsafe { iq4_quads(table, load16(wb, iq4_nl::QS), xb, 2) };
-        (read_f16(xb, 0) * read_f16(wb, 0), lanes)
-    };
-    for ib in 0..paired {
-        prefetch_ahead(w, ib * iq4_nl::BYTES);
-        let (d, lanes) = block(ib);
-        acc[ib % 2] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[ib % 2]);
+        let lanes = unsafe { quads16(&iq4_levels16(load16(wb, iq4_nl::QS)), xb, 2) };
+        acc.add(ib, paired, f16_scalar(xb, 0) * f16_scalar(wb, 0), lanes);
     }
-    let sumf = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
-    if paired == n_blocks {
-        return sumf;
-    }
-    let (d, lanes) = block(paired);
-    let mut ints = [0i32; 8];
-    // SAFETY: 8 i32 into an 8-element array; unaligned store.
-    unsafe { _mm256_storeu_si256(ints.as_mut_ptr() as *mut __m256i, lanes) };
-    d.mul_add(ints.iter().sum::<i32>() as f32, sumf)
+    acc.finish()
 }
 
-/// IQ4_XS × Q8_K: per super-block the eight sub-blocks' quads times their scale
-/// (`mullo`, exact: |quad·ls| < 2^21), summed in i32, then one `fma(d_w·d_x, lanes)`.
+/// IQ4_NL × Q8_0 for four tokens, each weight block decoded once.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_nl_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let n_blocks = common_blocks(w, &x, iq4_nl::BYTES, Q8_0_BYTES);
+    let paired = n_blocks & !1;
+    let mut acc = [
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+    ];
+    for ib in 0..n_blocks {
+        let wb = &w[ib * iq4_nl::BYTES..(ib + 1) * iq4_nl::BYTES];
+        // SAFETY: qs is bytes 2..18 of an 18-byte block.
+        let levels = iq4_levels16(unsafe { load16(wb, iq4_nl::QS) });
+        let d_w = f16_scalar(wb, 0);
+        for (t, xb) in block_of_each(&x, ib, Q8_0_BYTES).into_iter().enumerate() {
+            // SAFETY: x quants 2..34 of 34.
+            let lanes = unsafe { quads16(&levels, xb, 2) };
+            acc[t].add(ib, paired, f16_scalar(xb, 0) * d_w, lanes);
+        }
+    }
+    std::array::from_fn(|t| acc[t].finish())
+}
+
+/// An IQ4_XS super-block decoded: the eight sub-blocks' i16 levels and scales `ls − 32`.
+struct Iq4xsBlock {
+    levels: [[__m256i; 2]; 8],
+    scales: [__m256i; 8],
+    d: __m256,
+}
+
+/// # Safety
+/// `wb` is a whole IQ4_XS super-block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_xs_decode(wb: &[u8]) -> Iq4xsBlock {
+    let sh = u16::from_le_bytes([wb[iq4_xs::SCALES_H], wb[iq4_xs::SCALES_H + 1]]) as i32;
+    let scales = std::array::from_fn(|j| {
+        let low = (wb[iq4_xs::SCALES_L + j / 2] >> (4 * (j % 2))) & 0x0F;
+        _mm256_set1_epi32((low as i32 | (((sh >> (2 * j)) & 3) << 4)) - 32)
+    });
+    // SAFETY: sub-block j's qs are bytes 8+16j..24+16j of 136.
+    let levels = std::array::from_fn(|j| iq4_levels16(unsafe { load16(wb, iq4_xs::QS + 16 * j) }));
+    Iq4xsBlock {
+        levels,
+        scales,
+        d: f16_splat(wb, 0),
+    }
+}
+
+/// One decoded IQ4_XS super-block against one Q8_K block: `(d_w·d_x, lanes)`, lane `l` =
+/// `Σ_j ls_j·quad_j,l` (`mullo`, exact: |quad·ls| < 2^21).
+///
+/// # Safety
+/// `xb` is a whole Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_xs_token(block: &Iq4xsBlock, xb: &[u8]) -> (__m256, __m256) {
+    let mut sumi = _mm256_setzero_si256();
+    for j in 0..8 {
+        // SAFETY: sub-block j's x quants are 4+32j..36+32j of 292.
+        let quads = unsafe { quads16(&block.levels[j], xb, q8_k::QS + 32 * j) };
+        sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(quads, block.scales[j]));
+    }
+    (
+        _mm256_mul_ps(block.d, f32_splat(xb, 0)),
+        _mm256_cvtepi32_ps(sumi),
+    )
+}
+
+/// IQ4_XS × Q8_K: one `fma(d_w·d_x, lanes)` per super-block.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn iq4_xs_impl(w: &[u8], x: &[u8]) -> f32 {
-    let table = iq4_table();
     lanes8_chain!(w, x, iq4_xs::BYTES, Q8_K_BYTES, |wb, xb| {
-        let sh = u16::from_le_bytes([wb[iq4_xs::SCALES_H], wb[iq4_xs::SCALES_H + 1]]) as i32;
-        let mut sumi = _mm256_setzero_si256();
-        for j in 0..8 {
-            let low = (wb[iq4_xs::SCALES_L + j / 2] >> (4 * (j % 2))) & 0x0F;
-            let ls = (low as i32 | (((sh >> (2 * j)) & 3) << 4)) - 32;
-            // SAFETY: sub-block j's qs are bytes 8+16j..24+16j of 136; its x quants
-            // 4+32j..36+32j of 292.
-            let quads = unsafe {
-                iq4_quads(
-                    table,
-                    load16(wb, iq4_xs::QS + 16 * j),
-                    xb,
-                    q8_k::QS + 32 * j,
-                )
-            };
-            sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(quads, _mm256_set1_epi32(ls)));
-        }
-        let d = _mm256_mul_ps(f16_splat(wb, 0), f32_splat(xb, 0));
-        (d, _mm256_cvtepi32_ps(sumi))
+        // SAFETY: whole blocks (chunks_exact).
+        unsafe { iq4_xs_token(&iq4_xs_decode(wb), xb) }
     })
+}
+
+/// IQ4_XS × Q8_K for four tokens.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_xs_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let n_blocks = common_blocks(w, &x, iq4_xs::BYTES, Q8_K_BYTES);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for b in 0..n_blocks {
+        // SAFETY: a whole super-block.
+        let block = unsafe { iq4_xs_decode(&w[b * iq4_xs::BYTES..(b + 1) * iq4_xs::BYTES]) };
+        for (t, xb) in block_of_each(&x, b, Q8_K_BYTES).into_iter().enumerate() {
+            // SAFETY: a whole Q8_K block.
+            let (d, lanes) = unsafe { iq4_xs_token(&block, xb) };
+            acc[t] = _mm256_fmadd_ps(d, lanes, acc[t]);
+        }
+    }
+    std::array::from_fn(|t| hsum_ps(acc[t]))
 }
 
 /// The scales of 16-weight sub-blocks `2g` (lanes 0..4) and `2g + 1` (lanes 4..8) as
@@ -725,80 +956,191 @@ fn crumb(bits: __m256i, k: usize) -> __m256i {
     _mm256_and_si256(shifted, _mm256_set1_epi8(3))
 }
 
-/// Q2_K × Q8_K: first the min lanes (`madd` of the 16 mins with the 16 bsums, lane `l` =
-/// `m[2l]·b[2l] + m[2l+1]·b[2l+1]`) fused with `−d_x·dmin_w`, then the scaled level
-/// sums (levels 0..3 with `maddubs`, `madd` by the sub-block scales) with `d_x·d_w`.
+/// A Q2_K super-block decoded: the eight groups' levels (0..3), their scale pairs, the
+/// 16 mins as i16 and `d_w`, `dmin_w`.
+struct Q2kBlock {
+    levels: [__m256i; 8],
+    scales: [__m256i; 8],
+    mins: __m256i,
+    d: f32,
+    dmin: f32,
+}
+
+/// # Safety
+/// `wb` is a whole Q2_K super-block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k_decode(wb: &[u8]) -> Q2kBlock {
+    let low4 = _mm_set1_epi8(0x0F);
+    // SAFETY: scales are bytes 0..16 of 84; qs halves 16..48 and 48..80.
+    let (packed, bits) = unsafe {
+        (
+            load16(wb, 0),
+            [load32(wb, q2_k::QS), load32(wb, q2_k::QS + 32)],
+        )
+    };
+    let sc: [i16; 16] = std::array::from_fn(|j| (wb[j] & 0x0F) as i16);
+    Q2kBlock {
+        levels: std::array::from_fn(|g| crumb(bits[g / 4], g % 4)),
+        scales: std::array::from_fn(|g| scale_pair(&sc, g)),
+        mins: _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), low4)),
+        d: f16_scalar(wb, q2_k::D),
+        dmin: f16_scalar(wb, q2_k::DMIN),
+    }
+}
+
+/// One decoded Q2_K super-block against one Q8_K block: first the min lanes (`madd` of
+/// the 16 mins with the 16 bsums, lane `l` = `m[2l]·b[2l] + m[2l+1]·b[2l+1]`) fused with
+/// `−d_x·dmin_w`, then the scaled level sums (`maddubs`, `madd` by the sub-block scales)
+/// with `d_x·d_w`, both into `acc`.
+///
+/// # Safety
+/// `xb` is a whole Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k_token(block: &Q2kBlock, xb: &[u8], acc: &mut __m256) {
+    let dx = read_f32(xb, 0);
+    // SAFETY: bsums are bytes 260..292 of 292.
+    let min_lanes = _mm256_madd_epi16(block.mins, unsafe { load32(xb, q8_k::BSUMS) });
+    *acc = _mm256_fmadd_ps(
+        _mm256_set1_ps(-dx * block.dmin),
+        _mm256_cvtepi32_ps(min_lanes),
+        *acc,
+    );
+    let mut sumi = _mm256_setzero_si256();
+    for g in 0..8 {
+        // SAFETY: group g's x quants are 4+32g..36+32g of 292.
+        let xq = unsafe { load32(xb, q8_k::QS + 32 * g) };
+        let p16 = _mm256_maddubs_epi16(block.levels[g], xq);
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, block.scales[g]));
+    }
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(dx * block.d), _mm256_cvtepi32_ps(sumi), *acc);
+}
+
+/// Q2_K × Q8_K.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q2_k_impl(w: &[u8], x: &[u8]) -> f32 {
-    let low4 = _mm_set1_epi8(0x0F);
     let mut acc = _mm256_setzero_ps();
     let blocks = w.chunks_exact(q2_k::BYTES).zip(x.chunks_exact(Q8_K_BYTES));
     for (b, (wb, xb)) in blocks.enumerate() {
         prefetch_ahead(w, b * q2_k::BYTES);
-        let dx = read_f32(xb, 0);
-        // SAFETY: scales are bytes 0..16 of 84; bsums 260..292 of 292.
-        let (packed, bsums) = unsafe { (load16(wb, 0), load32(xb, q8_k::BSUMS)) };
-        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), low4));
-        let min_lanes = _mm256_madd_epi16(mins, bsums);
-        let dmin = _mm256_set1_ps(-dx * read_f16(wb, q2_k::DMIN));
-        acc = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(min_lanes), acc);
-        let scales: [i16; 16] = std::array::from_fn(|j| (wb[j] & 0x0F) as i16);
-        let mut sumi = _mm256_setzero_si256();
-        for h in 0..2 {
-            // SAFETY: qs half h is bytes 16+32h..48+32h of 84.
-            let bits = unsafe { load32(wb, q2_k::QS + 32 * h) };
-            for k in 0..4 {
-                let g = 4 * h + k;
-                // SAFETY: group g's x quants are 4+32g..36+32g of 292.
-                let xq = unsafe { load32(xb, q8_k::QS + 32 * g) };
-                let p16 = _mm256_maddubs_epi16(crumb(bits, k), xq);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, scale_pair(&scales, g)));
-            }
-        }
-        let d = _mm256_set1_ps(dx * read_f16(wb, q2_k::D));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        // SAFETY: whole blocks (chunks_exact).
+        unsafe { q2_k_token(&q2_k_decode(wb), xb, &mut acc) };
     }
     hsum_ps(acc)
 }
 
-/// Q3_K × Q8_K: level = low two bits − 4 where the high bit is clear, taken as
-/// `maddubs(low, x) − maddubs(4·(1 − high), x)` (both unsigned ≤ 4: no saturation),
-/// `madd` by the signed sub-block scales, one `fma(d_x·d_w, lanes)` per super-block.
+/// Q2_K × Q8_K for four tokens, each super-block decoded once.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let n_blocks = common_blocks(w, &x, q2_k::BYTES, Q8_K_BYTES);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for b in 0..n_blocks {
+        // SAFETY: whole blocks of every row.
+        let block = unsafe { q2_k_decode(&w[b * q2_k::BYTES..(b + 1) * q2_k::BYTES]) };
+        for (t, xb) in block_of_each(&x, b, Q8_K_BYTES).into_iter().enumerate() {
+            // SAFETY: a whole Q8_K block.
+            unsafe { q2_k_token(&block, xb, &mut acc[t]) };
+        }
+    }
+    std::array::from_fn(|t| hsum_ps(acc[t]))
+}
+
+/// A Q3_K super-block decoded: per group the low two bits and `4·(1 − high bit)` (both
+/// unsigned ≤ 4, so `maddubs` never saturates), the scale pairs and `d_w`.
+struct Q3kBlock {
+    low: [__m256i; 8],
+    minus4: [__m256i; 8],
+    scales: [__m256i; 8],
+    d: __m256,
+}
+
+/// # Safety
+/// `wb` is a whole Q3_K super-block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k_decode(wb: &[u8]) -> Q3kBlock {
+    let ones = _mm256_set1_epi8(1);
+    let sc = q3_k::scales(&wb[q3_k::SCALES..q3_k::SCALES + 12]);
+    let sc16: [i16; 16] = std::array::from_fn(|j| sc[j] as i16);
+    // SAFETY: hmask is bytes 0..32 of 110; qs halves 32..64 and 64..96.
+    let (hmask, bits) = unsafe {
+        (
+            load32(wb, 0),
+            [load32(wb, q3_k::QS), load32(wb, q3_k::QS + 32)],
+        )
+    };
+    Q3kBlock {
+        low: std::array::from_fn(|g| crumb(bits[g / 4], g % 4)),
+        minus4: std::array::from_fn(|g| {
+            let high = _mm256_and_si256(_mm256_srl_epi16(hmask, _mm_cvtsi32_si128(g as i32)), ones);
+            _mm256_slli_epi16::<2>(_mm256_xor_si256(high, ones))
+        }),
+        scales: std::array::from_fn(|g| scale_pair(&sc16, g)),
+        d: f16_splat(wb, q3_k::D),
+    }
+}
+
+/// One decoded Q3_K super-block against one Q8_K block: `(d_x·d_w, lanes)` with lane
+/// integers `Σ sc·(maddubs(low, x) − maddubs(4·!high, x))`.
+///
+/// # Safety
+/// `xb` is a whole Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k_token(block: &Q3kBlock, xb: &[u8]) -> (__m256, __m256) {
+    let mut sumi = _mm256_setzero_si256();
+    for g in 0..8 {
+        // SAFETY: group g's x quants are 4+32g..36+32g of 292.
+        let xq = unsafe { load32(xb, q8_k::QS + 32 * g) };
+        let p16 = _mm256_sub_epi16(
+            _mm256_maddubs_epi16(block.low[g], xq),
+            _mm256_maddubs_epi16(block.minus4[g], xq),
+        );
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, block.scales[g]));
+    }
+    (
+        _mm256_mul_ps(f32_splat(xb, 0), block.d),
+        _mm256_cvtepi32_ps(sumi),
+    )
+}
+
+/// Q3_K × Q8_K: one `fma(d_x·d_w, lanes)` per super-block.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q3_k_impl(w: &[u8], x: &[u8]) -> f32 {
-    let ones = _mm256_set1_epi8(1);
     lanes8_chain!(w, x, q3_k::BYTES, Q8_K_BYTES, |wb, xb| {
-        let sc = q3_k::scales(&wb[q3_k::SCALES..q3_k::SCALES + 12]);
-        let scales: [i16; 16] = std::array::from_fn(|j| sc[j] as i16);
-        // SAFETY: hmask is bytes 0..32 of 110.
-        let hmask = unsafe { load32(wb, 0) };
-        let mut sumi = _mm256_setzero_si256();
-        for h in 0..2 {
-            // SAFETY: qs half h is bytes 32+32h..64+32h of 110.
-            let bits = unsafe { load32(wb, q3_k::QS + 32 * h) };
-            for k in 0..4 {
-                let g = 4 * h + k;
-                // SAFETY: group g's x quants are 4+32g..36+32g of 292.
-                let xq = unsafe { load32(xb, q8_k::QS + 32 * g) };
-                let high =
-                    _mm256_and_si256(_mm256_srl_epi16(hmask, _mm_cvtsi32_si128(g as i32)), ones);
-                let minus4 = _mm256_slli_epi16::<2>(_mm256_xor_si256(high, ones));
-                let p16 = _mm256_sub_epi16(
-                    _mm256_maddubs_epi16(crumb(bits, k), xq),
-                    _mm256_maddubs_epi16(minus4, xq),
-                );
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, scale_pair(&scales, g)));
-            }
-        }
-        let d = _mm256_mul_ps(f32_splat(xb, 0), f16_splat(wb, q3_k::D));
-        (d, _mm256_cvtepi32_ps(sumi))
+        // SAFETY: whole blocks (chunks_exact).
+        unsafe { q3_k_token(&q3_k_decode(wb), xb) }
     })
+}
+
+/// Q3_K × Q8_K for four tokens.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let n_blocks = common_blocks(w, &x, q3_k::BYTES, Q8_K_BYTES);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for b in 0..n_blocks {
+        // SAFETY: a whole super-block.
+        let block = unsafe { q3_k_decode(&w[b * q3_k::BYTES..(b + 1) * q3_k::BYTES]) };
+        for (t, xb) in block_of_each(&x, b, Q8_K_BYTES).into_iter().enumerate() {
+            // SAFETY: a whole Q8_K block.
+            let (d, lanes) = unsafe { q3_k_token(&block, xb) };
+            acc[t] = _mm256_fmadd_ps(d, lanes, acc[t]);
+        }
+    }
+    std::array::from_fn(|t| hsum_ps(acc[t]))
 }
 
 /// The AVX2 four-token kernel of a weight type (see [`crate::dispatch::DotKernel4`]);
@@ -813,6 +1155,12 @@ pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
         GgmlType::Q8_0 => dot4_q8_0_q8_0,
         GgmlType::Q4_K => dot4_q4_k_q8_k,
         GgmlType::Q6_K => dot4_q6_k_q8_k,
+        GgmlType::Q4_1 => dot4_q4_1_q8_1,
+        GgmlType::Q5_1 => dot4_q5_1_q8_1,
+        GgmlType::IQ4_NL => dot4_iq4_nl_q8_0,
+        GgmlType::IQ4_XS => dot4_iq4_xs_q8_k,
+        GgmlType::Q2_K => dot4_q2_k_q8_k,
+        GgmlType::Q3_K => dot4_q3_k_q8_k,
         _ => return None,
     };
     Some(k)
@@ -831,6 +1179,12 @@ macro_rules! checked_entry4 {
 }
 
 checked_entry4! {
+    dot4_q4_1_q8_1 => q4_1_x4_impl,
+    dot4_q5_1_q8_1 => q5_1_x4_impl,
+    dot4_iq4_nl_q8_0 => iq4_nl_x4_impl,
+    dot4_iq4_xs_q8_k => iq4_xs_x4_impl,
+    dot4_q2_k_q8_k => q2_k_x4_impl,
+    dot4_q3_k_q8_k => q3_k_x4_impl,
     dot4_q4_0_q8_0 => q4_0_x4_impl,
     dot4_q5_0_q8_0 => q5_0_x4_impl,
     dot4_q8_0_q8_0 => q8_0_x4_impl,

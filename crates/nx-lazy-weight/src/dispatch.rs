@@ -97,7 +97,9 @@ pub fn dot_kernel4_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel
         #[cfg(target_arch = "x86_64")]
         CpuTier::Avx2 => crate::avx2::kernel4(weight_type),
         #[cfg(target_arch = "x86_64")]
-        CpuTier::Avx512Vnni => crate::avx512::kernel4(weight_type),
+        CpuTier::Avx512Vnni => {
+            crate::avx512::kernel4(weight_type).or_else(|| crate::avx2::kernel4(weight_type))
+        }
         _ => None,
     }
 }

@@ -17,7 +17,22 @@ use nx_lazy_weight::{
 };
 
 /// The types with four-token kernels on some tier.
-const MULTI_TYPES: [GgmlType; 5] = [
+const MULTI_TYPES: [GgmlType; 11] = [
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+];
+
+/// The types with 16-token tiles on the AVX-512 VNNI tier (the first of [`MULTI_TYPES`]).
+const TILED_TYPES: [GgmlType; 5] = [
     GgmlType::Q4_K,
     GgmlType::Q6_K,
     GgmlType::Q5_0,
@@ -149,9 +164,13 @@ fn four_row_kernel_equals_single_token_kernel_bit_for_bit() {
 fn avx512_tier_tiles_every_multi_type() {
     // Keeps the token counts ≥ 16 below from passing without exercising the tiles.
     if active_tier().unwrap() == CpuTier::Avx512Vnni {
-        for ty in MULTI_TYPES {
+        for ty in TILED_TYPES {
             assert!(uses_tiled_kernels(ty), "{ty}");
         }
+    }
+    // The formats of `formats::BLOCK_FORMATS` have no tiles yet (four-token kernels only).
+    for ty in &MULTI_TYPES[TILED_TYPES.len()..] {
+        assert!(!uses_tiled_kernels(*ty), "{ty}");
     }
     assert!(!uses_tiled_kernels(GgmlType::Q5_K));
     assert!(!uses_tiled_kernels(GgmlType::F32));
