@@ -572,7 +572,7 @@ unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
 /// `wb` is a whole Q4_1 block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_levels(wb: &[u8]) -> __m256i {
+pub(crate) unsafe fn q4_1_levels(wb: &[u8]) -> __m256i {
     let low4 = _mm_set1_epi8(0x0F);
     // SAFETY: qs is bytes 4..20 of a 20-byte block.
     let qs = unsafe { load16(wb, q4_1::QS) };
@@ -587,7 +587,7 @@ unsafe fn q4_1_levels(wb: &[u8]) -> __m256i {
 /// `wb` is a whole Q5_1 block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_1_levels(wb: &[u8]) -> __m256i {
+pub(crate) unsafe fn q5_1_levels(wb: &[u8]) -> __m256i {
     let low4 = _mm_set1_epi8(0x0F);
     // SAFETY: qs is bytes 8..24 of a 24-byte block.
     let qs = unsafe { load16(wb, q5_1::QS) };
@@ -772,7 +772,7 @@ fn hsum_epi32_8(v: __m256i) -> i32 {
 /// IQ4_NL's float order for one token: paired blocks alternate between two accumulators
 /// (added lane-wise, then summed), an odd last block is one fused multiply-add of its
 /// scale with its integer sum.
-struct Iq4nlAcc {
+pub(crate) struct Iq4nlAcc {
     acc: [__m256; 2],
     tail: Option<(f32, i32)>,
 }
@@ -780,7 +780,7 @@ struct Iq4nlAcc {
 impl Iq4nlAcc {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn new() -> Iq4nlAcc {
+    pub(crate) fn new() -> Iq4nlAcc {
         Iq4nlAcc {
             acc: [_mm256_setzero_ps(); 2],
             tail: None,
@@ -790,7 +790,7 @@ impl Iq4nlAcc {
     /// Block `ib` of `paired` paired blocks (or the unpaired last one).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn add(&mut self, ib: usize, paired: usize, d: f32, lanes: __m256i) {
+    pub(crate) fn add(&mut self, ib: usize, paired: usize, d: f32, lanes: __m256i) {
         if ib < paired {
             let slot = &mut self.acc[ib % 2];
             *slot = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), *slot);
@@ -801,7 +801,7 @@ impl Iq4nlAcc {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn finish(&self) -> f32 {
+    pub(crate) fn finish(&self) -> f32 {
         let sumf = hsum_ps(_mm256_add_ps(self.acc[0], self.acc[1]));
         match self.tail {
             Some((d, sumi)) => d.mul_add(sumi as f32, sumf),

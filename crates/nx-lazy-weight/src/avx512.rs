@@ -9,6 +9,8 @@
 //! | Q8_0 | `Σ (w+128)·x − 128·Σ x` | bias the weights to u8, two `dpbusd` (exact for every byte) |
 //! | Q4_K / Q5_K | `Σ sc·Σ q·x` | 64 quants per 512-bit `maddubs`, then `dpwssd` by the scales |
 //! | Q6_K | `Σ sc·Σ q·x − 32·Σ sc·bsum` | as Q4_K, offset from the bsums |
+//! | Q4_1 / Q5_1 | `Σ q·x` (offset `m·s` apart) | one `dpbusd` |
+//! | IQ4_NL / IQ4_XS | `Σ (v+128)·x − 128·Σ x` (XS: `Σ ls·…`) | table biased to u8 by `pshufb`, two `dpbusd` |
 //!
 //! The 32-element formats use 256-bit registers (one block each); the K formats use
 //! 512-bit ones (two 32-quant groups per instruction, folded to eight lanes once per
@@ -20,14 +22,16 @@ use std::arch::x86_64::*;
 use nx_gguf::GgmlType;
 
 use crate::avx2::{
-    block_of_each, common_blocks, f16_splat, f32_splat, hsum4_ps, hsum_epi32, hsum_ps,
-    k4_min_lanes, lanes8_chain, lanes8_chain4, load16, load32, prefetch_ahead,
+    block_of_each, common_blocks, f16_scalar, f16_splat, f32_splat, hsum4_ps, hsum_epi32, hsum_ps,
+    k4_min_lanes, lanes8_chain, lanes8_chain4, load16, load32, prefetch_ahead, q4_1_levels,
+    q5_1_levels, Iq4nlAcc,
 };
 use crate::dispatch::{DotKernel4, DotKernelRows4};
 use crate::dot_scalar::DotKernel;
 use crate::formats::{
-    q4_k, q5_0, q6_k, q8_k, read_f32, read_u32, scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES,
-    Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES,
+    iq4_nl, iq4_xs, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32, read_u32,
+    scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+    Q8_K_BYTES,
 };
 
 /// True when this CPU can run the kernels of this module.
@@ -52,6 +56,10 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::Q4_K => dot_q4_k_q8_k,
         GgmlType::Q5_K => dot_q5_k_q8_k,
         GgmlType::Q6_K => dot_q6_k_q8_k,
+        GgmlType::Q4_1 => dot_q4_1_q8_1,
+        GgmlType::Q5_1 => dot_q5_1_q8_1,
+        GgmlType::IQ4_NL => dot_iq4_nl_q8_0,
+        GgmlType::IQ4_XS => dot_iq4_xs_q8_k,
         _ => return None,
     };
     Some(k)
@@ -77,6 +85,10 @@ checked_entry! {
     dot_q4_k_q8_k => q4_k_impl,
     dot_q5_k_q8_k => q5_k_impl,
     dot_q6_k_q8_k => q6_k_impl,
+    dot_q4_1_q8_1 => q4_1_impl,
+    dot_q5_1_q8_1 => q5_1_impl,
+    dot_iq4_nl_q8_0 => iq4_nl_impl,
+    dot_iq4_xs_q8_k => iq4_xs_impl,
 }
 
 /// 64 bytes at `bytes[offset..offset + 64]`.
@@ -382,6 +394,10 @@ pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
         GgmlType::Q8_0 => dot4_q8_0_q8_0,
         GgmlType::Q4_K => dot4_q4_k_q8_k,
         GgmlType::Q6_K => dot4_q6_k_q8_k,
+        GgmlType::Q4_1 => dot4_q4_1_q8_1,
+        GgmlType::Q5_1 => dot4_q5_1_q8_1,
+        GgmlType::IQ4_NL => dot4_iq4_nl_q8_0,
+        GgmlType::IQ4_XS => dot4_iq4_xs_q8_k,
         _ => return None,
     };
     Some(k)
@@ -400,6 +416,10 @@ macro_rules! checked_entry4 {
 }
 
 checked_entry4! {
+    dot4_q4_1_q8_1 => q4_1_x4_impl,
+    dot4_q5_1_q8_1 => q5_1_x4_impl,
+    dot4_iq4_nl_q8_0 => iq4_nl_x4_impl,
+    dot4_iq4_xs_q8_k => iq4_xs_x4_impl,
     dot4_q4_0_q8_0 => q4_0_x4_impl,
     dot4_q5_0_q8_0 => q5_0_x4_impl,
     dot4_q8_0_q8_0 => q8_0_x4_impl,
@@ -865,4 +885,246 @@ mod tests {
             assert_eq!(a, b);
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The formats of `crate::formats::BLOCK_FORMATS` (Q2_K and Q3_K run their AVX2 kernels).
+// Same lane integers and float order as the scalar twins and the AVX2 tier.
+
+/// One Q4_1/Q5_1 block against one Q8_1 block, as `avx2::q8_1_step` with `dpbusd`.
+///
+/// # Safety
+/// `xb` is a whole Q8_1 block; the CPU has the features of this module.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_1_step(
+    q: __m256i,
+    d_w: __m256,
+    m_w: f32,
+    xb: &[u8],
+    acc: &mut __m256,
+    summs: &mut f32,
+) {
+    *summs = m_w.mul_add(f16_scalar(xb, q8_1::S), *summs);
+    // SAFETY: x quants are bytes 4..36 of 36.
+    let xq = unsafe { load32(xb, q8_1::QS) };
+    let lanes = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xq));
+    *acc = _mm256_fmadd_ps(_mm256_mul_ps(d_w, f16_splat(xb, 0)), lanes, *acc);
+}
+
+/// The one- and four-token kernels of an offset format (Q4_1, Q5_1) from its level
+/// decoder: per block `fma(d_w·d_x, lanes)`, offsets `m_w·s_x` in one running f32.
+macro_rules! offset32_kernels {
+    ($single:ident, $four:ident, $bytes:expr, $levels:ident) => {
+        /// # Safety
+        /// The CPU has the features of this module.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $single(w: &[u8], x: &[u8]) -> f32 {
+            let mut acc = _mm256_setzero_ps();
+            let mut summs = 0.0f32;
+            let blocks = w.chunks_exact($bytes).zip(x.chunks_exact(q8_1::BYTES));
+            for (b, (wb, xb)) in blocks.enumerate() {
+                prefetch_ahead(w, b * $bytes);
+                // SAFETY: whole blocks of both rows (chunks_exact).
+                unsafe {
+                    let q = $levels(wb);
+                    let m_w = f16_scalar(wb, q4_1::M);
+                    q8_1_step(q, f16_splat(wb, 0), m_w, xb, &mut acc, &mut summs);
+                }
+            }
+            hsum_ps(acc) + summs
+        }
+
+        /// # Safety
+        /// The CPU has the features of this module.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $four(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+            let n_blocks = common_blocks(w, &x, $bytes, q8_1::BYTES);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut summs = [0.0f32; 4];
+            for b in 0..n_blocks {
+                let wb = &w[b * $bytes..(b + 1) * $bytes];
+                let xb = block_of_each(&x, b, q8_1::BYTES);
+                // SAFETY: whole blocks of every row.
+                unsafe {
+                    let q = $levels(wb);
+                    let (d_w, m_w) = (f16_splat(wb, 0), f16_scalar(wb, q4_1::M));
+                    for t in 0..4 {
+                        q8_1_step(q, d_w, m_w, xb[t], &mut acc[t], &mut summs[t]);
+                    }
+                }
+            }
+            std::array::from_fn(|t| hsum_ps(acc[t]) + summs[t])
+        }
+    };
+}
+
+offset32_kernels!(q4_1_impl, q4_1_x4_impl, q4_1::BYTES, q4_1_levels);
+offset32_kernels!(q5_1_impl, q5_1_x4_impl, q5_1::BYTES, q5_1_levels);
+
+/// IQ4_NL's levels plus 128 (1..241): unsigned, so `dpbusd` can take them.
+const KVALUES_BIASED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (iq4_nl::KVALUES[i] as i16 + 128) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// 32 table-coded weights (a 16-byte nibble field) as biased levels `v + 128`, weights
+/// 0..16 in the low 128 bits.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn iq4_biased(qs: __m128i) -> __m256i {
+    let low4 = _mm_set1_epi8(0x0F);
+    // SAFETY: the table is 16 bytes; unaligned load.
+    let table = unsafe { _mm_loadu_si128(KVALUES_BIASED.as_ptr() as *const __m128i) };
+    let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, low4));
+    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(qs), low4));
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Lane integers of biased table levels with the activation bytes `x[at..at + 32]`:
+/// `Σ (v+128)·x − 128·Σ x` per quad (two `dpbusd`, exact for every byte).
+///
+/// # Safety
+/// `at + 32 <= x.len()`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4_quads(biased: __m256i, x: &[u8], at: usize) -> __m256i {
+    // SAFETY: in bounds by the caller's contract.
+    let xq = unsafe { load32(x, at) };
+    let zero = _mm256_setzero_si256();
+    _mm256_sub_epi32(
+        _mm256_dpbusd_epi32(zero, biased, xq),
+        _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), xq),
+    )
+}
+
+/// IQ4_NL × Q8_0 (the float order of `avx2::Iq4nlAcc`).
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4_nl_impl(w: &[u8], x: &[u8]) -> f32 {
+    let n_blocks = (w.len() / iq4_nl::BYTES).min(x.len() / Q8_0_BYTES);
+    let paired = n_blocks & !1;
+    let mut acc = Iq4nlAcc::new();
+    for ib in 0..n_blocks {
+        prefetch_ahead(w, ib * iq4_nl::BYTES);
+        let wb = &w[ib * iq4_nl::BYTES..(ib + 1) * iq4_nl::BYTES];
+        let xb = &x[ib * Q8_0_BYTES..(ib + 1) * Q8_0_BYTES];
+        // SAFETY: qs is bytes 2..18 of an 18-byte block; x quants 2..34 of 34.
+        let lanes = unsafe { iq4_quads(iq4_biased(load16(wb, iq4_nl::QS)), xb, 2) };
+        acc.add(ib, paired, f16_scalar(xb, 0) * f16_scalar(wb, 0), lanes);
+    }
+    acc.finish()
+}
+
+/// IQ4_NL × Q8_0 for four tokens.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4_nl_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let n_blocks = common_blocks(w, &x, iq4_nl::BYTES, Q8_0_BYTES);
+    let paired = n_blocks & !1;
+    let mut acc = [
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+    ];
+    for ib in 0..n_blocks {
+        let wb = &w[ib * iq4_nl::BYTES..(ib + 1) * iq4_nl::BYTES];
+        // SAFETY: qs is bytes 2..18 of an 18-byte block.
+        let biased = iq4_biased(unsafe { load16(wb, iq4_nl::QS) });
+        let d_w = f16_scalar(wb, 0);
+        for (t, xb) in block_of_each(&x, ib, Q8_0_BYTES).into_iter().enumerate() {
+            // SAFETY: x quants 2..34 of 34.
+            let lanes = unsafe { iq4_quads(biased, xb, 2) };
+            acc[t].add(ib, paired, f16_scalar(xb, 0) * d_w, lanes);
+        }
+    }
+    std::array::from_fn(|t| acc[t].finish())
+}
+
+/// An IQ4_XS super-block decoded: biased levels and scales `ls − 32` of its eight
+/// sub-blocks.
+struct Iq4xsBlock {
+    biased: [__m256i; 8],
+    scales: [__m256i; 8],
+    d: __m256,
+}
+
+/// # Safety
+/// `wb` is a whole IQ4_XS super-block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4_xs_decode(wb: &[u8]) -> Iq4xsBlock {
+    let sh = u16::from_le_bytes([wb[iq4_xs::SCALES_H], wb[iq4_xs::SCALES_H + 1]]) as i32;
+    let scales = std::array::from_fn(|j| {
+        let low = (wb[iq4_xs::SCALES_L + j / 2] >> (4 * (j % 2))) & 0x0F;
+        _mm256_set1_epi32((low as i32 | (((sh >> (2 * j)) & 3) << 4)) - 32)
+    });
+    // SAFETY: sub-block j's qs are bytes 8+16j..24+16j of 136.
+    let biased = std::array::from_fn(|j| iq4_biased(unsafe { load16(wb, iq4_xs::QS + 16 * j) }));
+    Iq4xsBlock {
+        biased,
+        scales,
+        d: f16_splat(wb, 0),
+    }
+}
+
+/// One decoded IQ4_XS super-block against one Q8_K block: `(d_w·d_x, lanes)`.
+///
+/// # Safety
+/// `xb` is a whole Q8_K block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4_xs_token(block: &Iq4xsBlock, xb: &[u8]) -> (__m256, __m256) {
+    let mut sumi = _mm256_setzero_si256();
+    for j in 0..8 {
+        // SAFETY: sub-block j's x quants are 4+32j..36+32j of 292.
+        let quads = unsafe { iq4_quads(block.biased[j], xb, q8_k::QS + 32 * j) };
+        sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(quads, block.scales[j]));
+    }
+    (
+        _mm256_mul_ps(block.d, f32_splat(xb, 0)),
+        _mm256_cvtepi32_ps(sumi),
+    )
+}
+
+/// IQ4_XS × Q8_K.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4_xs_impl(w: &[u8], x: &[u8]) -> f32 {
+    lanes8_chain!(w, x, iq4_xs::BYTES, Q8_K_BYTES, |wb, xb| {
+        // SAFETY: whole blocks (chunks_exact).
+        unsafe { iq4_xs_token(&iq4_xs_decode(wb), xb) }
+    })
+}
+
+/// IQ4_XS × Q8_K for four tokens.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4_xs_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let n_blocks = common_blocks(w, &x, iq4_xs::BYTES, Q8_K_BYTES);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for b in 0..n_blocks {
+        // SAFETY: a whole super-block.
+        let block = unsafe { iq4_xs_decode(&w[b * iq4_xs::BYTES..(b + 1) * iq4_xs::BYTES]) };
+        for (t, xb) in block_of_each(&x, b, Q8_K_BYTES).into_iter().enumerate() {
+            // SAFETY: a whole Q8_K block.
+            let (d, lanes) = unsafe { iq4_xs_token(&block, xb) };
+            acc[t] = _mm256_fmadd_ps(d, lanes, acc[t]);
+        }
+    }
+    std::array::from_fn(|t| hsum_ps(acc[t]))
 }
