@@ -436,6 +436,9 @@ pub(crate) fn kernel_rows4(weight_type: GgmlType) -> Option<DotKernelRows4> {
     let k: DotKernelRows4 = match weight_type {
         GgmlType::Q5_0 => dot_rows4_q5_0_q8_0,
         GgmlType::Q8_0 => dot_rows4_q8_0_q8_0,
+        GgmlType::Q4_1 => dot_rows4_q4_1_q8_1,
+        GgmlType::Q5_1 => dot_rows4_q5_1_q8_1,
+        GgmlType::IQ4_NL => dot_rows4_iq4_nl_q8_0,
         _ => return None,
     };
     Some(k)
@@ -456,6 +459,9 @@ macro_rules! checked_entry_rows4 {
 checked_entry_rows4! {
     dot_rows4_q5_0_q8_0 => q5_0_rows4_impl,
     dot_rows4_q8_0_q8_0 => q8_0_rows4_impl,
+    dot_rows4_q4_1_q8_1 => q4_1_rows4_impl,
+    dot_rows4_q5_1_q8_1 => q5_1_rows4_impl,
+    dot_rows4_iq4_nl_q8_0 => iq4_nl_rows4_impl,
 }
 
 /// Runs a per-block expression over the whole blocks of four weight rows `$w` and one
@@ -962,6 +968,47 @@ macro_rules! offset32_kernels {
 offset32_kernels!(q4_1_impl, q4_1_x4_impl, q4_1::BYTES, q4_1_levels);
 offset32_kernels!(q5_1_impl, q5_1_x4_impl, q5_1::BYTES, q5_1_levels);
 
+/// Whole blocks every one of four rows and the activation row have.
+#[inline]
+fn rows4_blocks(w: &[&[u8]; 4], x: &[u8], w_bytes: usize, x_bytes: usize) -> usize {
+    w.iter()
+        .map(|wr| wr.len() / w_bytes)
+        .fold(x.len() / x_bytes, usize::min)
+}
+
+/// The four-row kernel of an offset format (decoding: one activation row, four weight
+/// rows, four independent chains that hide the FMA latency one row waits on); output `r`
+/// has the one-token kernel's bits on `(w[r], x)`.
+macro_rules! offset32_rows4 {
+    ($name:ident, $bytes:expr, $levels:ident) => {
+        /// # Safety
+        /// The CPU has the features of this module.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $name(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+            let n_blocks = rows4_blocks(&w, x, $bytes, q8_1::BYTES);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut summs = [0.0f32; 4];
+            for b in 0..n_blocks {
+                let xb = &x[b * q8_1::BYTES..(b + 1) * q8_1::BYTES];
+                for r in 0..4 {
+                    prefetch_ahead(w[r], b * $bytes);
+                    let wb = &w[r][b * $bytes..(b + 1) * $bytes];
+                    // SAFETY: whole blocks of every row.
+                    unsafe {
+                        let q = $levels(wb);
+                        let m_w = f16_scalar(wb, q4_1::M);
+                        q8_1_step(q, f16_splat(wb, 0), m_w, xb, &mut acc[r], &mut summs[r]);
+                    }
+                }
+            }
+            std::array::from_fn(|r| hsum_ps(acc[r]) + summs[r])
+        }
+    };
+}
+
+offset32_rows4!(q4_1_rows4_impl, q4_1::BYTES, q4_1_levels);
+offset32_rows4!(q5_1_rows4_impl, q5_1::BYTES, q5_1_levels);
+
 /// IQ4_NL's levels plus 128 (1..241): unsigned, so `dpbusd` can take them.
 const KVALUES_BIASED: [u8; 16] = {
     let mut t = [0u8; 16];
@@ -1049,6 +1096,34 @@ unsafe fn iq4_nl_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
         }
     }
     std::array::from_fn(|t| acc[t].finish())
+}
+
+/// IQ4_NL × Q8_0 for four weight rows and one token.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4_nl_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+    let n_blocks = rows4_blocks(&w, x, iq4_nl::BYTES, Q8_0_BYTES);
+    let paired = n_blocks & !1;
+    let mut acc = [
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+    ];
+    for ib in 0..n_blocks {
+        let xb = &x[ib * Q8_0_BYTES..(ib + 1) * Q8_0_BYTES];
+        let d_x = f16_scalar(xb, 0);
+        for r in 0..4 {
+            prefetch_ahead(w[r], ib * iq4_nl::BYTES);
+            let wb = &w[r][ib * iq4_nl::BYTES..(ib + 1) * iq4_nl::BYTES];
+            // SAFETY: qs is bytes 2..18 of an 18-byte block; x quants 2..34 of 34.
+            let lanes = unsafe { iq4_quads(iq4_biased(load16(wb, iq4_nl::QS)), xb, 2) };
+            acc[r].add(ib, paired, d_x * f16_scalar(wb, 0), lanes);
+        }
+    }
+    std::array::from_fn(|r| acc[r].finish())
 }
 
 /// An IQ4_XS super-block decoded: biased levels and scales `ls − 32` of its eight

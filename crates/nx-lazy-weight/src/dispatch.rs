@@ -87,7 +87,8 @@ pub fn dot_kernel_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel>
 pub type DotKernel4 = fn(w: &[u8], x: [&[u8]; 4]) -> [f32; 4];
 
 /// The four-token kernel of `weight_type` at `tier`, when the tier has one (Q4_0,
-/// Q5_0, Q8_0, Q4_K and Q6_K on AVX2 and AVX-512 VNNI). `None` otherwise: callers then use
+/// Q5_0, Q8_0, Q4_K, Q6_K and the formats of `formats::BLOCK_FORMATS` on AVX2 and AVX-512
+/// VNNI). `None` otherwise: callers then use
 /// [`dot_kernel_for`] per token, which gives the same bits.
 pub fn dot_kernel4_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel4> {
     if !tier_supported(tier) {
@@ -109,9 +110,9 @@ pub fn dot_kernel4_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel
 /// tier's single-token [`DotKernel`] on `(w[r], x)` (see `tests/multi_token.rs`).
 pub type DotKernelRows4 = fn(w: [&[u8]; 4], x: &[u8]) -> [f32; 4];
 
-/// The four-row kernel of `weight_type` at `tier`, when the tier has one (Q5_0 and Q8_0
-/// on AVX-512 VNNI). `None` otherwise: callers then use [`dot_kernel_for`] per row,
-/// which gives the same bits.
+/// The four-row kernel of `weight_type` at `tier`, when the tier has one (Q5_0, Q8_0,
+/// Q4_1, Q5_1 and IQ4_NL on AVX-512 VNNI). `None` otherwise: callers then use
+/// [`dot_kernel_for`] per row, which gives the same bits.
 pub fn dot_kernel_rows4_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernelRows4> {
     if !tier_supported(tier) {
         return None;

@@ -124,7 +124,13 @@ fn four_row_kernel_equals_single_token_kernel_bit_for_bit() {
     let mut checked = 0;
     for tier in supported_tiers() {
         if tier == CpuTier::Avx512Vnni {
-            for ty in [GgmlType::Q5_0, GgmlType::Q8_0] {
+            for ty in [
+                GgmlType::Q5_0,
+                GgmlType::Q8_0,
+                GgmlType::Q4_1,
+                GgmlType::Q5_1,
+                GgmlType::IQ4_NL,
+            ] {
                 assert!(dot_kernel_rows4_for(tier, ty).is_some(), "{tier} {ty}");
             }
         }
