@@ -139,3 +139,26 @@ fn config_that_disagrees_with_the_tensors() {
         assert_one_line_error(name, nx_run(name, &bytes, &[]), needle);
     }
 }
+
+#[test]
+fn a_tensor_type_nx_cannot_compute_with() {
+    // blk.0.attn_q.weight's tensor info: name, n_dims (u32 = 2), two u64 dims, type id.
+    // MXFP4 (id 39) blocks are smaller than Q8_0's, so the data still fits its extent.
+    let mut bytes = tiny();
+    let name = b"blk.0.attn_q.weight";
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("attn_q in the tiny model")
+        + name.len()
+        + 4
+        + 16;
+    assert_eq!(&bytes[at..at + 4], &8u32.to_le_bytes(), "Q8_0 type id");
+    bytes[at..at + 4].copy_from_slice(&39u32.to_le_bytes());
+    let out = nx_run("mxfp4", &bytes, &[]);
+    assert_one_line_error(
+        "MXFP4 tensor",
+        out,
+        "tensor `blk.0.attn_q.weight` has ggml type MXFP4",
+    );
+}
