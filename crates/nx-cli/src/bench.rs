@@ -113,7 +113,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.n_prompt == 0 && args.n_gen == 0 {
         bail!("nothing to measure: -p and -n are both 0");
     }
-    let path = resolve_model(args.model.as_deref())?;
+    let path = resolve_model(args.model.as_deref(), crate::run::ModelUse::Text)?;
     let model = open_model(&path)?;
     if let Some(list) = &args.parallel {
         return run_batched(args, &path, &model, &crate::batched::parse_levels(list)?);

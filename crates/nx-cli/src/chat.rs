@@ -36,7 +36,8 @@ use crate::run::{apply_threads, open_model, resolve_model};
 /// Arguments of `nx chat`.
 #[derive(clap::Args, Debug)]
 pub struct ChatArgs {
-    /// GGUF model file (default: $NX_CACHE/models/gemma-3-270m-q4_k_m.gguf, when fetched).
+    /// GGUF model file (default: $NX_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf, the
+    /// default chat model, else $NX_CACHE/models/gemma-3-270m-q4_k_m.gguf, when fetched).
     #[arg(long, short = 'm', value_name = "FILE")]
     pub model: Option<PathBuf>,
     /// System message at the start of the conversation.
@@ -185,7 +186,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         .map(TemplateChoice::parse)
         .transpose()?;
 
-    let path = resolve_model(args.model.as_deref())?;
+    let path = resolve_model(args.model.as_deref(), crate::run::ModelUse::Chat)?;
     let model = open_model(&path)?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(model.gguf())

@@ -75,7 +75,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
     // Read the text before loading the model, so a bad file fails fast.
     let text = read_text(&args.file)?;
 
-    let path = resolve_model(args.model.as_deref())?;
+    let path = resolve_model(args.model.as_deref(), crate::run::ModelUse::Text)?;
     let mut model = Model::open(&path).with_context(|| format!("{}", path.display()))?;
     if let Some(n) = args.threads {
         model.set_threads(n);

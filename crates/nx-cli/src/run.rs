@@ -26,10 +26,26 @@ use serde_json::json;
 /// File name of the default model under `$NX_CACHE/models`.
 pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
 
+/// File name of the default chat model under `$NX_CACHE/models` (an instruction-tuned
+/// model with a chat template; the default model is a base model that never ends a turn).
+pub const CHAT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// What the model is for when none is given: plain text continues with the default
+/// model, conversations take the default chat model (falling back to the default model
+/// when only that one is fetched).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelUse {
+    /// Completion, benchmarks, perplexity.
+    Text,
+    /// `nx chat`, `nx run --chat`, `nx serve`.
+    Chat,
+}
+
 /// Arguments of `nx run`.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// GGUF model file (default: $NX_CACHE/models/gemma-3-270m-q4_k_m.gguf, when fetched).
+    /// GGUF model file (default: $NX_CACHE/models/gemma-3-270m-q4_k_m.gguf, when fetched;
+    /// with --chat $NX_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf first).
     #[arg(long, short = 'm', value_name = "FILE")]
     pub model: Option<PathBuf>,
     /// The prompt text.
@@ -103,16 +119,26 @@ pub fn cache_dir() -> PathBuf {
     }
 }
 
-/// The model to open: the one given, or the default model when it has been fetched.
-pub fn resolve_model(given: Option<&Path>) -> Result<PathBuf> {
+/// The model to open: the one given, or the default (chat) model for `purpose` when it
+/// has been fetched.
+pub fn resolve_model(given: Option<&Path>, purpose: ModelUse) -> Result<PathBuf> {
     if let Some(p) = given {
         return Ok(p.to_path_buf());
     }
-    let default = cache_dir().join("models").join(DEFAULT_MODEL_FILE);
-    if default.is_file() {
-        Ok(default)
-    } else {
-        bail!("no --model given and the default model is not fetched; run `cargo xtask fetch`")
+    let models = cache_dir().join("models");
+    let candidates: &[&str] = match purpose {
+        ModelUse::Text => &[DEFAULT_MODEL_FILE],
+        ModelUse::Chat => &[CHAT_MODEL_FILE, DEFAULT_MODEL_FILE],
+    };
+    match candidates
+        .iter()
+        .map(|f| models.join(f))
+        .find(|p| p.is_file())
+    {
+        Some(path) => Ok(path),
+        None => {
+            bail!("no --model given and the default model is not fetched; run `cargo xtask fetch`")
+        }
     }
 }
 
@@ -188,7 +214,12 @@ pub fn run(args: &RunArgs) -> Result<()> {
         (None, None, None) => bail!("no prompt: give --prompt TEXT, -f FILE or --prompt-ids IDS"),
     };
 
-    let path = resolve_model(args.model.as_deref())?;
+    let purpose = if args.chat {
+        ModelUse::Chat
+    } else {
+        ModelUse::Text
+    };
+    let path = resolve_model(args.model.as_deref(), purpose)?;
     let model = open_model(&path)?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(model.gguf())

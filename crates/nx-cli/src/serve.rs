@@ -22,7 +22,8 @@ use crate::run::{apply_threads, open_model, resolve_model};
 /// Arguments of `nx serve`.
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
-    /// GGUF model file (default: $NX_CACHE/models/gemma-3-270m-q4_k_m.gguf, when fetched).
+    /// GGUF model file (default: $NX_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf, the
+    /// default chat model, else $NX_CACHE/models/gemma-3-270m-q4_k_m.gguf, when fetched).
     #[arg(long, short = 'm', value_name = "FILE")]
     pub model: Option<PathBuf>,
     /// Address to listen on.
@@ -138,7 +139,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         .map(TemplateChoice::parse)
         .transpose()?;
 
-    let path = resolve_model(args.model.as_deref())?;
+    let path = resolve_model(args.model.as_deref(), crate::run::ModelUse::Chat)?;
     let model = open_model(&path)?;
     let draft = match &args.spec.draft_model {
         Some(p) => Some(open_model(p)?),

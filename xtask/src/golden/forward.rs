@@ -70,7 +70,7 @@ pub const GEMMA: &str = "gemma3-270m";
 /// its own cache cell (cell = position, as in nx's cache) instead of reusing cells, which
 /// changes nothing in the mathematics but keeps the reference's summation lanes (set by
 /// the cell index) the same as nx's.
-pub const SETS: [GoldenSet; 7] = [
+pub const SETS: [GoldenSet; 8] = [
     tiny("qwen2-tiny"),
     tiny("llama-tiny"),
     tiny("qwen3-tiny"),
@@ -84,7 +84,18 @@ pub const SETS: [GoldenSet; 7] = [
         extra_args: &["--swa-full"],
         min_long_prompt: 700,
     },
+    // The default chat model, a real Q4_1 file (SmolLM2-135M-Instruct).
+    GoldenSet {
+        name: CHAT,
+        prompts: "fixtures/prompts/forward.json",
+        n_predict: N_PREDICT,
+        extra_args: &[],
+        min_long_prompt: 100,
+    },
 ];
+
+/// Name of the default chat model's golden set.
+pub const CHAT: &str = "smollm2-135m-q4_1";
 
 /// Flags of the server whose answers are the goldens: the prompt is evaluated one
 /// token at a time (see the module docs).
@@ -262,6 +273,8 @@ pub fn load_golden(model: &str) -> Result<ForwardGolden> {
 fn model_path(set: &GoldenSet) -> Result<PathBuf> {
     if set.name == GEMMA {
         crate::fetch::ensure_model()
+    } else if set.name == CHAT {
+        crate::fetch::ensure_chat_model()
     } else {
         synth::ensure(set.name)
     }
@@ -519,7 +532,9 @@ fn recover_step(
 ) -> Result<Step> {
     let context: Vec<u32> = prompt_ids.iter().chain(generated).copied().collect();
     let mut banned = vec![greedy];
-    for _ in 0..8 {
+    // Byte-level vocabularies have many byte-fallback tokens a CJK context may sample in
+    // turn; each attempt bans one more.
+    for _ in 0..64 {
         let mut request = greedy_request(serde_json::json!(context), 1);
         let bias: Vec<serde_json::Value> = banned
             .iter()
