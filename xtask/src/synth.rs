@@ -377,10 +377,10 @@ pub fn hashes_path() -> PathBuf {
 // Deterministic random numbers
 
 /// SplitMix64: a tiny, well-mixed generator; one stream per tensor row.
-struct SplitMix64(u64);
+pub(crate) struct SplitMix64(pub(crate) u64);
 
 impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -391,13 +391,20 @@ impl SplitMix64 {
     /// An approximately standard normal number: the centred sum of four 24-bit
     /// uniforms (Irwin–Hall), scaled to unit variance. Bounded by ±2√3, which keeps
     /// quantization blocks free of extreme outliers.
-    fn normal(&mut self) -> f32 {
+    pub(crate) fn normal(&mut self) -> f32 {
         const TO_UNIT: f32 = 1.0 / (1u32 << 24) as f32;
         let a = self.next_u64();
         let b = self.next_u64();
         let u = |bits: u64| (bits & 0xFF_FFFF) as f32 * TO_UNIT;
         let sum = u(a) + u(a >> 24) + u(b) + u(b >> 24);
         (sum - 2.0) * 1.732_050_8
+    }
+}
+
+impl SplitMix64 {
+    /// Uniform in [0, 1) with 24 bits.
+    pub(crate) fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
     }
 }
 

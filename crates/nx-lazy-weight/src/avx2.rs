@@ -243,6 +243,26 @@ macro_rules! lanes8_chain4 {
 }
 pub(crate) use lanes8_chain4;
 
+/// The four-token loop of a K format whose super-block is decoded once (`$decode(wb)`)
+/// and then taken per token (`$token(&block, xb) -> (d, lanes)`), each token's lanes
+/// fused into its own accumulator as [`lanes8_chain`] does for one.
+macro_rules! decoded_chain4 {
+    ($w:expr, $x:expr, $wbytes:expr, $decode:ident, $token:ident) => {{
+        let n_blocks = common_blocks($w, &$x, $wbytes, Q8_K_BYTES);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for b in 0..n_blocks {
+            // SAFETY: a whole super-block.
+            let block = unsafe { $decode(&$w[b * $wbytes..(b + 1) * $wbytes]) };
+            for (t, xb) in block_of_each(&$x, b, Q8_K_BYTES).into_iter().enumerate() {
+                // SAFETY: a whole Q8_K block.
+                let (d, lanes) = unsafe { $token(&block, xb) };
+                acc[t] = _mm256_fmadd_ps(d, lanes, acc[t]);
+            }
+        }
+        std::array::from_fn(|t| hsum_ps(acc[t]))
+    }};
+}
+
 /// Q4_0 × Q8_0. Per block `Σ (q−8)·x = Σ q·x − 8·Σ x`, both in i16 pair sums
 /// (|15·128·2| and |8·128·2| are far from saturation).
 ///
@@ -922,18 +942,8 @@ unsafe fn iq4_xs_impl(w: &[u8], x: &[u8]) -> f32 {
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn iq4_xs_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-    let n_blocks = common_blocks(w, &x, iq4_xs::BYTES, Q8_K_BYTES);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for b in 0..n_blocks {
-        // SAFETY: a whole super-block.
-        let block = unsafe { iq4_xs_decode(&w[b * iq4_xs::BYTES..(b + 1) * iq4_xs::BYTES]) };
-        for (t, xb) in block_of_each(&x, b, Q8_K_BYTES).into_iter().enumerate() {
-            // SAFETY: a whole Q8_K block.
-            let (d, lanes) = unsafe { iq4_xs_token(&block, xb) };
-            acc[t] = _mm256_fmadd_ps(d, lanes, acc[t]);
-        }
-    }
-    std::array::from_fn(|t| hsum_ps(acc[t]))
+    // SAFETY: same features; the decoder and the step read whole blocks only.
+    decoded_chain4!(w, x, iq4_xs::BYTES, iq4_xs_decode, iq4_xs_token)
 }
 
 /// The scales of 16-weight sub-blocks `2g` (lanes 0..4) and `2g + 1` (lanes 4..8) as
@@ -1129,18 +1139,8 @@ unsafe fn q3_k_impl(w: &[u8], x: &[u8]) -> f32 {
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q3_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-    let n_blocks = common_blocks(w, &x, q3_k::BYTES, Q8_K_BYTES);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for b in 0..n_blocks {
-        // SAFETY: a whole super-block.
-        let block = unsafe { q3_k_decode(&w[b * q3_k::BYTES..(b + 1) * q3_k::BYTES]) };
-        for (t, xb) in block_of_each(&x, b, Q8_K_BYTES).into_iter().enumerate() {
-            // SAFETY: a whole Q8_K block.
-            let (d, lanes) = unsafe { q3_k_token(&block, xb) };
-            acc[t] = _mm256_fmadd_ps(d, lanes, acc[t]);
-        }
-    }
-    std::array::from_fn(|t| hsum_ps(acc[t]))
+    // SAFETY: same features; the decoder and the step read whole blocks only.
+    decoded_chain4!(w, x, q3_k::BYTES, q3_k_decode, q3_k_token)
 }
 
 /// The AVX2 four-token kernel of a weight type (see [`crate::dispatch::DotKernel4`]);

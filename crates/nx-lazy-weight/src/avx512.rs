@@ -10,7 +10,7 @@
 //! | Q4_K / Q5_K | `Σ sc·Σ q·x` | 64 quants per 512-bit `maddubs`, then `dpwssd` by the scales |
 //! | Q6_K | `Σ sc·Σ q·x − 32·Σ sc·bsum` | as Q4_K, offset from the bsums |
 //! | Q4_1 / Q5_1 | `Σ q·x` (offset `m·s` apart) | one `dpbusd` |
-//! | IQ4_NL / IQ4_XS | `Σ (v+128)·x − 128·Σ x` (XS: `Σ ls·…`) | table biased to u8 by `pshufb`, two `dpbusd` |
+//! | IQ4_NL | `Σ (v+128)·x − 128·Σ x` | table biased to u8 by `pshufb`, two `dpbusd` |
 //!
 //! The 32-element formats use 256-bit registers (one block each); the K formats use
 //! 512-bit ones (two 32-quant groups per instruction, folded to eight lanes once per
@@ -29,9 +29,8 @@ use crate::avx2::{
 use crate::dispatch::{DotKernel4, DotKernelRows4};
 use crate::dot_scalar::DotKernel;
 use crate::formats::{
-    iq4_nl, iq4_xs, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32, read_u32,
-    scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
-    Q8_K_BYTES,
+    iq4_nl, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32, read_u32, scales_mins_k4_packed,
+    Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES,
 };
 
 /// True when this CPU can run the kernels of this module.
@@ -59,7 +58,6 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::Q4_1 => dot_q4_1_q8_1,
         GgmlType::Q5_1 => dot_q5_1_q8_1,
         GgmlType::IQ4_NL => dot_iq4_nl_q8_0,
-        GgmlType::IQ4_XS => dot_iq4_xs_q8_k,
         _ => return None,
     };
     Some(k)
@@ -88,7 +86,6 @@ checked_entry! {
     dot_q4_1_q8_1 => q4_1_impl,
     dot_q5_1_q8_1 => q5_1_impl,
     dot_iq4_nl_q8_0 => iq4_nl_impl,
-    dot_iq4_xs_q8_k => iq4_xs_impl,
 }
 
 /// 64 bytes at `bytes[offset..offset + 64]`.
@@ -397,7 +394,6 @@ pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
         GgmlType::Q4_1 => dot4_q4_1_q8_1,
         GgmlType::Q5_1 => dot4_q5_1_q8_1,
         GgmlType::IQ4_NL => dot4_iq4_nl_q8_0,
-        GgmlType::IQ4_XS => dot4_iq4_xs_q8_k,
         _ => return None,
     };
     Some(k)
@@ -419,7 +415,6 @@ checked_entry4! {
     dot4_q4_1_q8_1 => q4_1_x4_impl,
     dot4_q5_1_q8_1 => q5_1_x4_impl,
     dot4_iq4_nl_q8_0 => iq4_nl_x4_impl,
-    dot4_iq4_xs_q8_k => iq4_xs_x4_impl,
     dot4_q4_0_q8_0 => q4_0_x4_impl,
     dot4_q5_0_q8_0 => q5_0_x4_impl,
     dot4_q8_0_q8_0 => q8_0_x4_impl,
@@ -894,7 +889,8 @@ mod tests {
 }
 
 // ---------------------------------------------------------------------------------------
-// The formats of `crate::formats::BLOCK_FORMATS` (Q2_K and Q3_K run their AVX2 kernels).
+// The formats of `crate::formats::BLOCK_FORMATS` (Q2_K, Q3_K and IQ4_XS run their AVX2
+// kernels).
 // Same lane integers and float order as the scalar twins and the AVX2 tier.
 
 /// One Q4_1/Q5_1 block against one Q8_1 block, as `avx2::q8_1_step` with `dpbusd`.
@@ -1124,82 +1120,4 @@ unsafe fn iq4_nl_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
         }
     }
     std::array::from_fn(|r| acc[r].finish())
-}
-
-/// An IQ4_XS super-block decoded: biased levels and scales `ls − 32` of its eight
-/// sub-blocks.
-struct Iq4xsBlock {
-    biased: [__m256i; 8],
-    scales: [__m256i; 8],
-    d: __m256,
-}
-
-/// # Safety
-/// `wb` is a whole IQ4_XS super-block.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn iq4_xs_decode(wb: &[u8]) -> Iq4xsBlock {
-    let sh = u16::from_le_bytes([wb[iq4_xs::SCALES_H], wb[iq4_xs::SCALES_H + 1]]) as i32;
-    let scales = std::array::from_fn(|j| {
-        let low = (wb[iq4_xs::SCALES_L + j / 2] >> (4 * (j % 2))) & 0x0F;
-        _mm256_set1_epi32((low as i32 | (((sh >> (2 * j)) & 3) << 4)) - 32)
-    });
-    // SAFETY: sub-block j's qs are bytes 8+16j..24+16j of 136.
-    let biased = std::array::from_fn(|j| iq4_biased(unsafe { load16(wb, iq4_xs::QS + 16 * j) }));
-    Iq4xsBlock {
-        biased,
-        scales,
-        d: f16_splat(wb, 0),
-    }
-}
-
-/// One decoded IQ4_XS super-block against one Q8_K block: `(d_w·d_x, lanes)`.
-///
-/// # Safety
-/// `xb` is a whole Q8_K block.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn iq4_xs_token(block: &Iq4xsBlock, xb: &[u8]) -> (__m256, __m256) {
-    let mut sumi = _mm256_setzero_si256();
-    for j in 0..8 {
-        // SAFETY: sub-block j's x quants are 4+32j..36+32j of 292.
-        let quads = unsafe { iq4_quads(block.biased[j], xb, q8_k::QS + 32 * j) };
-        sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(quads, block.scales[j]));
-    }
-    (
-        _mm256_mul_ps(block.d, f32_splat(xb, 0)),
-        _mm256_cvtepi32_ps(sumi),
-    )
-}
-
-/// IQ4_XS × Q8_K.
-///
-/// # Safety
-/// The CPU has the features of this module.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn iq4_xs_impl(w: &[u8], x: &[u8]) -> f32 {
-    lanes8_chain!(w, x, iq4_xs::BYTES, Q8_K_BYTES, |wb, xb| {
-        // SAFETY: whole blocks (chunks_exact).
-        unsafe { iq4_xs_token(&iq4_xs_decode(wb), xb) }
-    })
-}
-
-/// IQ4_XS × Q8_K for four tokens.
-///
-/// # Safety
-/// The CPU has the features of this module.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn iq4_xs_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-    let n_blocks = common_blocks(w, &x, iq4_xs::BYTES, Q8_K_BYTES);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for b in 0..n_blocks {
-        // SAFETY: a whole super-block.
-        let block = unsafe { iq4_xs_decode(&w[b * iq4_xs::BYTES..(b + 1) * iq4_xs::BYTES]) };
-        for (t, xb) in block_of_each(&x, b, Q8_K_BYTES).into_iter().enumerate() {
-            // SAFETY: a whole Q8_K block.
-            let (d, lanes) = unsafe { iq4_xs_token(&block, xb) };
-            acc[t] = _mm256_fmadd_ps(d, lanes, acc[t]);
-        }
-    }
-    std::array::from_fn(|t| hsum_ps(acc[t]))
 }

@@ -12,9 +12,12 @@
 //! Q4_1 and Q5_1 weight quantizers (ggml's `quantize_row_q4_1_ref` / `q5_1_ref`, what
 //! `llama-quantize` runs for those types without an importance matrix).
 
+mod common;
+
 use std::path::PathBuf;
 
-use nx_lazy_weight::{dequantize_row, quantize_row, quantize_row_q8_0, GgmlType};
+use common::{hex_bytes, type_by_name};
+use nx_lazy_weight::{dequantize_row, quantize_row, GgmlType};
 use serde_json::Value;
 
 fn fixture_dir() -> PathBuf {
@@ -26,22 +29,6 @@ fn load(name: &str) -> Value {
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask golden dequant`)", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn hex_bytes(s: &str) -> Vec<u8> {
-    assert!(s.len().is_multiple_of(2), "odd hex length");
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
-}
-
-fn type_by_name(name: &str) -> GgmlType {
-    GgmlType::ALL
-        .iter()
-        .copied()
-        .find(|t| t.name() == name)
-        .unwrap_or_else(|| panic!("unknown type {name}"))
 }
 
 #[test]
@@ -105,9 +92,10 @@ fn dequantize_matches_gguf_python_bit_for_bit() {
     }
 }
 
-#[test]
-fn q8_0_activation_quantizer_matches_gguf_python() {
-    let doc = load("q8_0_quantize.json");
+/// Quantizes every row of fixture `name` to `ty` and requires the bytes under
+/// `key`, naming the first differing byte.
+fn check_quantize_fixture(name: &str, key: &str, ty: GgmlType) {
+    let doc = load(name);
     let row_len = doc["row_len"].as_u64().unwrap() as usize;
     let rows = doc["rows"].as_array().unwrap();
     assert!(!rows.is_empty());
@@ -119,58 +107,33 @@ fn q8_0_activation_quantizer_matches_gguf_python() {
             .map(|v| f32::from_bits(u32::from_str_radix(v.as_str().unwrap(), 16).unwrap()))
             .collect();
         assert_eq!(x.len(), row_len);
-        let expected = hex_bytes(row["q8_0_hex"].as_str().unwrap());
+        let expected = hex_bytes(row[key].as_str().unwrap());
         let mut got = vec![0u8; expected.len()];
-        quantize_row_q8_0(&x, &mut got).unwrap();
+        quantize_row(ty, &x, &mut got).unwrap();
         if let Some(b) = (0..got.len()).find(|&b| got[b] != expected[b]) {
+            let block = ty.type_size();
             panic!(
-                "row {r}: byte {b} (block {}, offset {}): got {:02x}, gguf says {:02x}",
-                b / 34,
-                b % 34,
+                "{ty} row {r}: byte {b} (block {}, offset {}): got {:02x}, gguf says {:02x}",
+                b / block,
+                b % block,
                 got[b],
                 expected[b]
             );
         }
     }
     println!(
-        "q8_0 quantize golden: {} rows of {row_len}, byte-exact",
+        "{ty} quantize golden: {} rows of {row_len}, byte-exact",
         rows.len()
     );
 }
 
 #[test]
+fn q8_0_activation_quantizer_matches_gguf_python() {
+    check_quantize_fixture("q8_0_quantize.json", "q8_0_hex", GgmlType::Q8_0);
+}
+
+#[test]
 fn q4_1_and_q5_1_weight_quantizers_match_gguf_python() {
-    for name in ["q4_1_quantize.json", "q5_1_quantize.json"] {
-        let doc = load(name);
-        let ty = type_by_name(doc["type"].as_str().unwrap());
-        let row_len = doc["row_len"].as_u64().unwrap() as usize;
-        let rows = doc["rows"].as_array().unwrap();
-        assert!(!rows.is_empty());
-        for (r, row) in rows.iter().enumerate() {
-            let x: Vec<f32> = row["input_f32_bits"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| f32::from_bits(u32::from_str_radix(v.as_str().unwrap(), 16).unwrap()))
-                .collect();
-            assert_eq!(x.len(), row_len);
-            let expected = hex_bytes(row["quantized_hex"].as_str().unwrap());
-            let mut got = vec![0u8; expected.len()];
-            quantize_row(ty, &x, &mut got).unwrap();
-            if let Some(b) = (0..got.len()).find(|&b| got[b] != expected[b]) {
-                let block = ty.type_size();
-                panic!(
-                    "{ty} row {r}: byte {b} (block {}, offset {}): got {:02x}, gguf says {:02x}",
-                    b / block,
-                    b % block,
-                    got[b],
-                    expected[b]
-                );
-            }
-        }
-        println!(
-            "{ty} quantize golden: {} rows of {row_len}, byte-exact",
-            rows.len()
-        );
-    }
+    check_quantize_fixture("q4_1_quantize.json", "quantized_hex", GgmlType::Q4_1);
+    check_quantize_fixture("q5_1_quantize.json", "quantized_hex", GgmlType::Q5_1);
 }

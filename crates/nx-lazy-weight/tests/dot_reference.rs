@@ -9,25 +9,13 @@
 //! 2. every tier's kernel on the reference's quantized activations must give the same
 //!    f32 bits.
 
+mod common;
+
 use std::path::PathBuf;
 
-use nx_lazy_weight::{dot_kernel_for, supported_tiers, GgmlType, QuantizedActs};
+use common::{hex_bytes, type_by_name};
+use nx_lazy_weight::{dot_kernel_for, supported_tiers, QuantizedActs};
 use serde_json::Value;
-
-fn hex_bytes(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
-}
-
-fn type_by_name(name: &str) -> GgmlType {
-    GgmlType::ALL
-        .iter()
-        .copied()
-        .find(|t| t.name() == name)
-        .unwrap_or_else(|| panic!("unknown type {name}"))
-}
 
 #[test]
 fn quantizers_and_kernels_match_the_reference_engine() {

@@ -25,6 +25,7 @@ use serde_json::json;
 use super::dequant::TempDir;
 use crate::fetch::llama_src_dir;
 use crate::reference::{build_dir, ensure_reference, DEFAULT_JOBS};
+use crate::synth::SplitMix64;
 use crate::util::{hex, run_checked, workspace_root};
 
 /// Where the fixtures live, relative to the workspace root.
@@ -122,27 +123,6 @@ struct Output {
     dot: f32,
 }
 
-/// SplitMix64 with sums of uniforms for normals (IEEE-exact, platform-independent).
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn uniform(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-
-    fn normal(&mut self) -> f32 {
-        (0..12).map(|_| self.uniform()).sum::<f32>() - 6.0
-    }
-}
-
 /// Offsets of the f16 scale fields inside a block of `ty` (random bytes elsewhere).
 fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
@@ -157,7 +137,7 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
 }
 
 fn inputs_for(ty: GgmlType, lengths: [usize; 2]) -> Vec<Input> {
-    let mut rng = Rng(0x00D0_7000 + ty.id() as u64);
+    let mut rng = SplitMix64(0x00D0_7000 + ty.id() as u64);
     let mut inputs = Vec::new();
     for row_len in lengths {
         for case in 0..CASES_PER_LENGTH {
@@ -190,7 +170,7 @@ fn inputs_for(ty: GgmlType, lengths: [usize; 2]) -> Vec<Input> {
     inputs
 }
 
-fn random_blocks(rng: &mut Rng, ty: GgmlType, row_len: usize) -> Vec<u8> {
+fn random_blocks(rng: &mut SplitMix64, ty: GgmlType, row_len: usize) -> Vec<u8> {
     let mut out = Vec::new();
     for _ in 0..row_len / ty.block_size() {
         let mut block: Vec<u8> = (0..ty.type_size())

@@ -2,6 +2,15 @@
 
 use nx_gguf::GgmlType;
 
+/// Bytes of a Q8_0 activation block (`d` f16, `qs[32]` i8).
+pub const Q8_0_BLOCK_BYTES: usize = 34;
+/// Bytes of a Q8_K activation block (`d` f32 @0, `qs[256]` i8 @4, `bsums[16]` i16 @260).
+pub const Q8_K_BLOCK_BYTES: usize = 292;
+/// Offset of a Q8_K block's quants.
+pub const Q8_K_QS: usize = 4;
+/// Offset of a Q8_K block's `bsums`.
+pub const Q8_K_BSUMS: usize = 260;
+
 /// A dot kernel: weight row bytes, activation row bytes (same element count) → f32.
 pub type DotKernel = fn(&[u8], &[u8]) -> f32;
 

@@ -10,6 +10,7 @@ use nx_gguf::GgmlType;
 
 use super::block::{
     best_index_int8, f16_to_f32, f32_to_f16, read_f16, signed_abs_max, BlockFormat,
+    Q8_0_BLOCK_BYTES,
 };
 use crate::reduce::{quad_lanes, Lanes8};
 
@@ -18,9 +19,6 @@ pub const BYTES: usize = 18;
 /// `qs[16]`.
 pub const QS: usize = 2;
 const _: () = assert!(QS + 16 == BYTES && GgmlType::IQ4_NL.type_size() == BYTES);
-
-/// Bytes of a Q8_0 activation block.
-const Q8_0_BYTES: usize = 34;
 
 /// The 16 levels (ggml's `kvalues_iq4nl`), shared with IQ4_XS.
 pub const KVALUES: [i8; 16] = [
@@ -64,7 +62,7 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     let mut acc = [Lanes8::default(); 2];
     let n_blocks = w.len() / BYTES;
     let paired = n_blocks & !1;
-    let blocks = w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_0_BYTES));
+    let blocks = w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_0_BLOCK_BYTES));
     let mut tail = None;
     for (ib, (wb, xb)) in blocks.enumerate() {
         let d = read_f16(xb, 0) * read_f16(wb, 0);

@@ -13,6 +13,7 @@ use nx_gguf::GgmlType;
 
 use super::block::{
     f16_to_f32, f32_to_f16, nearest_int, read_f16, read_f32, signed_abs_max, BlockFormat,
+    Q8_K_BLOCK_BYTES, Q8_K_QS,
 };
 use super::iq4_nl::{self, nibble_indices};
 use crate::reduce::{k_quad_lanes, Lanes8};
@@ -26,9 +27,6 @@ pub const SCALES_L: usize = 4;
 /// `qs[128]`.
 pub const QS: usize = 8;
 const _: () = assert!(QS + 128 == BYTES && GgmlType::IQ4_XS.type_size() == BYTES);
-
-/// Q8_K: `d` f32 @0, `qs[256]` @4; 292 bytes.
-const Q8_K_BYTES: usize = 292;
 
 /// The table row.
 pub const FORMAT: BlockFormat = BlockFormat {
@@ -69,7 +67,7 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// `fma(d_w·d_x, lane)` each, then the eight lanes summed.
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     let mut acc = Lanes8::default();
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
+    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BLOCK_BYTES)) {
         let mut wq = [0i8; 256];
         for j in 0..8 {
             let q = iq4_nl::levels(&wb[QS + 16 * j..QS + 16 * j + 16]);
@@ -77,7 +75,7 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
                 *o = q as i8;
             }
         }
-        let lanes = k_quad_lanes(&wq, &xb[4..4 + 256], &scales(wb), 32);
+        let lanes = k_quad_lanes(&wq, &xb[Q8_K_QS..Q8_K_QS + 256], &scales(wb), 32);
         acc.fma_block(read_f16(wb, 0) * read_f32(xb, 0), &lanes);
     }
     acc.sum()

@@ -10,7 +10,10 @@
 
 use nx_gguf::GgmlType;
 
-use super::block::{f16_bits_at_least, f16_to_f32, read_f16, read_f32, read_i16, BlockFormat};
+use super::block::{
+    f16_bits_at_least, f16_to_f32, read_f16, read_f32, read_i16, BlockFormat, Q8_K_BLOCK_BYTES,
+    Q8_K_BSUMS, Q8_K_QS,
+};
 use crate::reduce::{k_quad_lanes, Lanes8};
 
 /// Bytes of one super-block.
@@ -22,10 +25,6 @@ pub const D: usize = 80;
 /// `dmin` f16.
 pub const DMIN: usize = 82;
 const _: () = assert!(DMIN + 2 == BYTES && GgmlType::Q2_K.type_size() == BYTES);
-
-/// Q8_K: `d` f32 @0, `qs[256]` @4, `bsums[16]` i16 @260; 292 bytes.
-const Q8_K_BYTES: usize = 292;
-const Q8_K_BSUMS: usize = 260;
 
 /// The table row.
 pub const FORMAT: BlockFormat = BlockFormat {
@@ -69,7 +68,7 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// then the scaled level sums (one `fma(d_x·d_w, lane)`), into the same eight lanes.
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     let mut acc = Lanes8::default();
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
+    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BLOCK_BYTES)) {
         let dx = read_f32(xb, 0);
         let d = dx * read_f16(wb, D);
         let dmin = -dx * read_f16(wb, DMIN);
@@ -81,7 +80,10 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
             mins[j / 2] += (wb[j] >> 4) as i32 * bsum;
         }
         acc.fma_block(dmin, &mins);
-        acc.fma_block(d, &k_quad_lanes(&levels(wb), &xb[4..4 + 256], &sc, 16));
+        acc.fma_block(
+            d,
+            &k_quad_lanes(&levels(wb), &xb[Q8_K_QS..Q8_K_QS + 256], &sc, 16),
+        );
     }
     acc.sum()
 }

@@ -12,6 +12,7 @@ use nx_gguf::GgmlType;
 
 use super::block::{
     f16_to_f32, f32_to_f16, nearest_int, read_f16, read_f32, signed_abs_max, BlockFormat,
+    Q8_K_BLOCK_BYTES, Q8_K_QS,
 };
 use crate::reduce::{k_quad_lanes, Lanes8};
 
@@ -24,9 +25,6 @@ pub const SCALES: usize = 96;
 /// `d` f16.
 pub const D: usize = 108;
 const _: () = assert!(D + 2 == BYTES && GgmlType::Q3_K.type_size() == BYTES);
-
-/// Q8_K: `d` f32 @0, `qs[256]` @4; 292 bytes.
-const Q8_K_BYTES: usize = 292;
 
 /// The table row.
 pub const FORMAT: BlockFormat = BlockFormat {
@@ -89,9 +87,9 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// of scaled level sums, one `fma(d_x·d_w, lane)` each, then the eight lanes summed.
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     let mut acc = Lanes8::default();
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BYTES)) {
+    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BLOCK_BYTES)) {
         let sc = scales(&wb[SCALES..SCALES + 12]);
-        let lanes = k_quad_lanes(&levels(wb), &xb[4..4 + 256], &sc, 16);
+        let lanes = k_quad_lanes(&levels(wb), &xb[Q8_K_QS..Q8_K_QS + 256], &sc, 16);
         acc.fma_block(read_f32(xb, 0) * read_f16(wb, D), &lanes);
     }
     acc.sum()

@@ -44,19 +44,35 @@ fn levels(b: &[u8]) -> [i32; 32] {
 
 /// `y = q·d + m`, each product rounded before the add (ggml's `dequantize_row_q4_1`).
 pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
+    offset_dequantize(b, y, levels);
+}
+
+/// Q4_1 × Q8_1 in the order of ggml's AVX2 kernel (see [`offset_dot`]).
+pub fn dot(w: &[u8], x: &[u8]) -> f32 {
+    offset_dot(w, x, BYTES, levels)
+}
+
+/// Dequantization of an offset block (Q4_1, Q5_1: `d` and `m` at the same offsets):
+/// `y = q·d + m`, each product rounded before the add.
+pub(crate) fn offset_dequantize(b: &[u8], y: &mut [f32], levels: fn(&[u8]) -> [i32; 32]) {
     let (d, m) = (read_f16(b, 0), read_f16(b, M));
     for (v, q) in y.iter_mut().zip(levels(b)) {
         *v = q as f32 * d + m;
     }
 }
 
-/// Q4_1 × Q8_1 in the order of ggml's AVX2 kernel: eight lanes fed per block by
-/// `fma(d_w·d_x, lane)`, the offset terms `m_w·s_x` in one running f32 (a fused
-/// multiply-add each: GCC contracts `summs += m*s`), added after the lane sum.
-pub fn dot(w: &[u8], x: &[u8]) -> f32 {
+/// An offset format (Q4_1, Q5_1) × Q8_1 in the order of ggml's AVX2 kernels: eight lanes
+/// fed per block by `fma(d_w·d_x, lane)`, the offset terms `m_w·s_x` in one running f32
+/// (a fused multiply-add each: GCC contracts `summs += m*s`), added after the lane sum.
+pub(crate) fn offset_dot(
+    w: &[u8],
+    x: &[u8],
+    block_bytes: usize,
+    levels: fn(&[u8]) -> [i32; 32],
+) -> f32 {
     let mut acc = Lanes8::default();
     let mut summs = 0.0f32;
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(q8_1::BYTES)) {
+    for (wb, xb) in w.chunks_exact(block_bytes).zip(x.chunks_exact(q8_1::BYTES)) {
         summs = read_f16(wb, M).mul_add(read_f16(xb, q8_1::S), summs);
         let lanes = quad_lanes(&levels(wb), &xb[q8_1::QS..]);
         acc.fma_block(read_f16(wb, 0) * read_f16(xb, 0), &lanes);

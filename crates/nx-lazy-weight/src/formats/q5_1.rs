@@ -10,9 +10,8 @@
 
 use nx_gguf::GgmlType;
 
-use super::block::{read_f16, read_u32, BlockFormat};
-use super::{q4_1, q8_1};
-use crate::reduce::{quad_lanes, Lanes8};
+use super::block::{read_u32, BlockFormat};
+use super::q4_1;
 
 /// Bytes of one block.
 pub const BYTES: usize = 24;
@@ -48,23 +47,12 @@ fn levels(b: &[u8]) -> [i32; 32] {
 
 /// `y = q·d + m`, each product rounded before the add (ggml's `dequantize_row_q5_1`).
 pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
-    let (d, m) = (read_f16(b, 0), read_f16(b, M));
-    for (v, q) in y.iter_mut().zip(levels(b)) {
-        *v = q as f32 * d + m;
-    }
+    q4_1::offset_dequantize(b, y, levels);
 }
 
-/// Q5_1 × Q8_1 in the order of ggml's AVX2 kernel (as Q4_1's: lanes by
-/// `fma(lane, d_w·d_x)`, offsets `m_w·s_x` fused into one running sum added last).
+/// Q5_1 × Q8_1 in the order of ggml's AVX2 kernel (as Q4_1's).
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    let mut acc = Lanes8::default();
-    let mut summs = 0.0f32;
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(q8_1::BYTES)) {
-        summs = read_f16(wb, M).mul_add(read_f16(xb, q8_1::S), summs);
-        let lanes = quad_lanes(&levels(wb), &xb[q8_1::QS..]);
-        acc.fma_block(read_f16(wb, 0) * read_f16(xb, 0), &lanes);
-    }
-    acc.sum() + summs
+    q4_1::offset_dot(w, x, BYTES, levels)
 }
 
 /// Min/max quantization, as ggml's `quantize_row_q5_1_ref` (`d = (max − min)/31`).

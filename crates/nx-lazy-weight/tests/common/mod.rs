@@ -171,3 +171,21 @@ pub fn check_matmul_against_dot_row(ty: GgmlType, ns: &[usize]) {
         assert_bits_eq(&y, &want, &format!("{ty} matmul n={n}"));
     }
 }
+
+/// Bytes of a hex string (fixture files).
+pub fn hex_bytes(s: &str) -> Vec<u8> {
+    assert!(s.len().is_multiple_of(2), "odd hex length");
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// The ggml type called `name` (fixture files).
+pub fn type_by_name(name: &str) -> GgmlType {
+    GgmlType::ALL
+        .iter()
+        .copied()
+        .find(|t| t.name() == name)
+        .unwrap_or_else(|| panic!("unknown type {name}"))
+}
