@@ -182,6 +182,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn targets_are_the_fuzz_crates_binaries_and_its_own_list() {
+        // The names live in three places (this list, fuzz/Cargo.toml's [[bin]]s and
+        // nx_fuzz::TARGETS); this keeps them one list.
+        let root = crate::util::workspace_root();
+        let manifest = std::fs::read_to_string(root.join("fuzz/Cargo.toml")).unwrap();
+        let mut bins = Vec::new();
+        let mut in_bin = false;
+        for line in manifest.lines().map(str::trim) {
+            if line.starts_with('[') {
+                in_bin = line == "[[bin]]";
+            } else if in_bin {
+                if let Some(name) = line.strip_prefix("name = ") {
+                    bins.push(name.trim_matches('"').to_string());
+                }
+            }
+        }
+        assert_eq!(bins, TARGETS, "fuzz/Cargo.toml [[bin]] names");
+        let lib = std::fs::read_to_string(root.join("fuzz/src/lib.rs")).unwrap();
+        for t in TARGETS {
+            assert!(
+                lib.contains(&format!("\"{t}\"")),
+                "{t} missing from nx_fuzz::TARGETS"
+            );
+        }
+    }
+
+    #[test]
     fn summary_reads_the_last_status_line() {
         let log = "#2\tINITED cov: 10 ft: 11 corp: 3/40b exec/s: 0 rss: 30Mb\n\
                    #1024\tpulse  cov: 120 ft: 300 corp: 50/2Kb lim: 80 exec/s: 512 rss: 40Mb\n\
