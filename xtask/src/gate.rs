@@ -112,7 +112,7 @@ fn execute(step: &Step) -> Result<()> {
             crate::fetch::run(crate::fetch::FetchArgs::default())?;
             crate::synth::run(&crate::synth::SynthArgs::default())
         }
-        StepKind::Miri => crate::miri::run_all(crate::miri::QUICK),
+        StepKind::Miri => crate::miri::run_all(crate::miri::QUICK, crate::miri::QUICK_FLAGS),
         _ => {
             let mut cmd = step_command(step).expect("cargo steps have a command");
             let env_text: String = cmd

@@ -189,7 +189,13 @@ fn main() {
         }),
         Command::Loadtest(args) => loadtest::run(&args),
         Command::Fuzz(args) => fuzz::run(&args),
-        Command::Miri { quick } => miri::run_all(if quick { miri::QUICK } else { miri::FULL }),
+        Command::Miri { quick } => {
+            if quick {
+                miri::run_all(miri::QUICK, miri::QUICK_FLAGS)
+            } else {
+                miri::run_all(miri::FULL, miri::FULL_FLAGS)
+            }
+        }
         Command::Demo { prompt } => demo::run(prompt.as_deref()),
     };
     if let Err(err) = result {
