@@ -64,6 +64,7 @@ fn default_model() -> Option<PathBuf> {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "Miri does not support file-backed memory mappings")]
 fn every_tensor_of_the_default_model_is_a_valid_view() {
     let Some(path) = default_model() else {
         eprintln!("default model not in the cache; skipped (cargo xtask fetch --model)");
