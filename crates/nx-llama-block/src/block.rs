@@ -31,7 +31,11 @@ pub struct LayerConfig {
     pub head_dim: usize,
     pub value_dim: usize,
     pub rms_eps: f32,
+    /// Whether the layer rotates Q and K at all (SmolLM3 leaves some layers without).
+    pub use_rope: bool,
     pub rope_base: f32,
+    /// Linear position interpolation: every angle times this (1.0 = none).
+    pub rope_freq_scale: f32,
     pub rope_dim: usize,
     pub rope_style: RopeStyle,
     /// Look-back of a local layer, the query's own row included.
@@ -40,30 +44,35 @@ pub struct LayerConfig {
     pub q_scale: f32,
     /// Multiplier applied to the scores `q·k`.
     pub kq_scale: f32,
+    /// Multiplier of the attention and FFN outputs before their residual adds (Granite).
+    pub residual_scale: Option<f32>,
     pub ffn_activation: FfnActivation,
 }
 
 /// The tensors of one layer. Norms and biases arrive as f32 vectors; matrices stay
 /// quantized views into the mapping.
 pub struct LayerWeights<'a> {
-    pub attn_norm: &'a [f32],
+    /// RMSNorm weights before attention (OLMo 2 has none).
+    pub attn_norm: Option<&'a [f32]>,
     pub wq: LazyWeight<'a>,
     pub wk: LazyWeight<'a>,
     pub wv: LazyWeight<'a>,
     pub bq: Option<&'a [f32]>,
     pub bk: Option<&'a [f32]>,
     pub bv: Option<&'a [f32]>,
-    /// Per-head RMSNorm weights of Q and K (`head_dim` each).
+    /// RMSNorm weights of Q and K: `head_dim` values normalise each head on its own
+    /// (Qwen3, Gemma 3); a whole row's worth normalises the projection at once (OLMo 2).
     pub q_norm: Option<&'a [f32]>,
     pub k_norm: Option<&'a [f32]>,
     pub wo: LazyWeight<'a>,
-    /// Gemma's norm of the attention output before the residual add.
+    /// Norm of the attention output before the residual add (Gemma, OLMo 2).
     pub post_attn_norm: Option<&'a [f32]>,
-    pub ffn_norm: &'a [f32],
+    /// RMSNorm weights before the FFN (OLMo 2 has none).
+    pub ffn_norm: Option<&'a [f32]>,
     pub w_gate: LazyWeight<'a>,
     pub w_up: LazyWeight<'a>,
     pub w_down: LazyWeight<'a>,
-    /// Gemma's norm of the FFN output before the residual add.
+    /// Norm of the FFN output before the residual add (Gemma, OLMo 2).
     pub post_ffn_norm: Option<&'a [f32]>,
     /// Llama 3.1 `rope_freqs.weight`.
     pub rope_freq_factors: Option<&'a [f32]>,
@@ -105,8 +114,11 @@ pub struct BlockScratch {
     widened_k: Vec<f32>,
     widened_v: Vec<f32>,
     projector: Projector,
-    rope: Option<(usize, u32, RopeTable)>, // (rope_dim, base bits, table)
+    rope: Option<(RopeKey, RopeTable)>,
 }
+
+/// What a cached RoPE table was built for: rotated width, base and frequency-scale bits.
+type RopeKey = (usize, u32, u32);
 
 fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     if buf.len() < len {
@@ -192,20 +204,20 @@ pub fn forward_batch(
     let v_dim = cfg.n_head_kv * cfg.value_dim;
     let attn_dim = cfg.n_head * cfg.value_dim;
     check(layer, "activations", x, n * n_embd)?;
-    check(layer, "attn_norm", w.attn_norm, n_embd)?;
-    check(layer, "ffn_norm", w.ffn_norm, n_embd)?;
     if n == 0 {
         return Ok(());
     }
 
     // ---- attention ----
     let normed = sized(&mut s.normed, n * n_embd); // [n, n_embd]
-    rmsnorm_rows_pool(pool, normed, x, w.attn_norm, n_embd, cfg.rms_eps);
+    pre_norm(cfg, layer, "attn_norm", w.attn_norm, normed, x, pool)?;
     project_qkv(cfg, w, layer, n, s, pool)?;
     let q = &mut s.q[..n * q_dim]; // [n, q_dim]
     let k = &mut s.k[..n * k_dim]; // [n, k_dim]
     let v = &s.v[..n * v_dim]; // [n, v_dim]
-    apply_rope(cfg, w, &mut s.rope, q, k, segs)?;
+    if cfg.use_rope {
+        apply_rope(cfg, w, &mut s.rope, q, k, segs)?;
+    }
     if cfg.q_scale != 1.0 {
         nx_f32::scale(q, cfg.q_scale);
     }
@@ -218,15 +230,19 @@ pub fn forward_batch(
     let proj = sized(&mut s.proj, n * n_embd); // [n, n_embd]
     s.projector.reset();
     s.projector.project(&w.wo, attn, n, proj, pool)?;
-    if let Some(pn) = w.post_attn_norm {
-        check(layer, "post_attention_norm", pn, n_embd)?;
-        rmsnorm_in_place_pool(pool, proj, pn, n_embd, cfg.rms_eps);
-    }
-    nx_f32::add_in_place(x, proj);
+    residual_add(
+        cfg,
+        layer,
+        "post_attention_norm",
+        w.post_attn_norm,
+        x,
+        proj,
+        pool,
+    )?;
 
     // ---- feed-forward ----
     let normed = sized(&mut s.normed, n * n_embd);
-    rmsnorm_rows_pool(pool, normed, x, w.ffn_norm, n_embd, cfg.rms_eps);
+    pre_norm(cfg, layer, "ffn_norm", w.ffn_norm, normed, x, pool)?;
     s.projector.reset();
     let gate = sized(&mut s.gate, n * cfg.n_ff); // [n, n_ff]
     s.projector.project(&w.w_gate, normed, n, gate, pool)?;
@@ -235,11 +251,50 @@ pub fn forward_batch(
     gated_activation(cfg, gate, up, pool); // hidden = act(gate)·up, over gate
     s.projector.reset();
     s.projector.project(&w.w_down, gate, n, proj, pool)?;
-    if let Some(pn) = w.post_ffn_norm {
-        check(layer, "post_ffw_norm", pn, n_embd)?;
-        rmsnorm_in_place_pool(pool, proj, pn, n_embd, cfg.rms_eps);
+    residual_add(cfg, layer, "post_ffw_norm", w.post_ffn_norm, x, proj, pool)?;
+    Ok(())
+}
+
+/// The sublayer input `normed` (`[n, n_embd]`): `x` through the layer's RMSNorm, or `x`
+/// itself where the architecture has no pre-norm (OLMo 2).
+fn pre_norm(
+    cfg: &LayerConfig,
+    layer: usize,
+    what: &'static str,
+    norm: Option<&[f32]>,
+    normed: &mut [f32],
+    x: &[f32],
+    pool: &ThreadPool,
+) -> Result<(), BlockError> {
+    match norm {
+        Some(weight) => {
+            check(layer, what, weight, cfg.n_embd)?;
+            rmsnorm_rows_pool(pool, normed, x, weight, cfg.n_embd, cfg.rms_eps);
+        }
+        None => normed.copy_from_slice(x),
     }
-    nx_f32::add_in_place(x, proj);
+    Ok(())
+}
+
+/// `x += out`, after the sublayer output `out` goes through its post-norm (Gemma,
+/// OLMo 2) and residual multiplier (Granite) where the layer has them.
+fn residual_add(
+    cfg: &LayerConfig,
+    layer: usize,
+    what: &'static str,
+    post_norm: Option<&[f32]>,
+    x: &mut [f32],
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), BlockError> {
+    if let Some(weight) = post_norm {
+        check(layer, what, weight, cfg.n_embd)?;
+        rmsnorm_in_place_pool(pool, out, weight, cfg.n_embd, cfg.rms_eps);
+    }
+    if let Some(r) = cfg.residual_scale {
+        nx_f32::scale(out, r);
+    }
+    nx_f32::add_in_place(x, out);
     Ok(())
 }
 
@@ -269,13 +324,29 @@ fn project_qkv(
     add_bias_rows(k, w.bk);
     add_bias_rows(v, w.bv);
     if let Some(qn) = w.q_norm {
-        check(layer, "attn_q_norm", qn, cfg.head_dim)?;
-        rmsnorm_in_place_pool(pool, q, qn, cfg.head_dim, cfg.rms_eps);
+        qk_norm(cfg, layer, "attn_q_norm", qn, q, q_dim, pool)?;
     }
     if let Some(kn) = w.k_norm {
-        check(layer, "attn_k_norm", kn, cfg.head_dim)?;
-        rmsnorm_in_place_pool(pool, k, kn, cfg.head_dim, cfg.rms_eps);
+        qk_norm(cfg, layer, "attn_k_norm", kn, k, k_dim, pool)?;
     }
+    Ok(())
+}
+
+/// RMSNorm of Q or K rows (`[n, row_dim]`) in spans of the weight's length: one head
+/// (`head_dim` weights) or the whole projection row (`row_dim` weights).
+fn qk_norm(
+    cfg: &LayerConfig,
+    layer: usize,
+    what: &'static str,
+    weight: &[f32],
+    rows: &mut [f32],
+    row_dim: usize,
+    pool: &ThreadPool,
+) -> Result<(), BlockError> {
+    if weight.len() != cfg.head_dim && weight.len() != row_dim {
+        check(layer, what, weight, cfg.head_dim)?;
+    }
+    rmsnorm_in_place_pool(pool, rows, weight, weight.len(), cfg.rms_eps);
     Ok(())
 }
 
@@ -423,20 +494,24 @@ enum SegmentRows<'a> {
 fn apply_rope(
     cfg: &LayerConfig,
     w: &LayerWeights<'_>,
-    slot: &mut Option<(usize, u32, RopeTable)>,
+    slot: &mut Option<(RopeKey, RopeTable)>,
     q: &mut [f32],
     k: &mut [f32],
     segs: &[Segment],
 ) -> Result<(), BlockError> {
-    let base_bits = cfg.rope_base.to_bits();
-    let rebuild = !matches!(&slot, Some((d, b, _)) if *d == cfg.rope_dim && *b == base_bits)
-        || w.rope_freq_factors.is_some();
+    let key = (
+        cfg.rope_dim,
+        cfg.rope_base.to_bits(),
+        cfg.rope_freq_scale.to_bits(),
+    );
+    let rebuild = !matches!(&slot, Some((k, _)) if *k == key) || w.rope_freq_factors.is_some();
     if rebuild {
         let table = RopeTable::new(cfg.rope_dim, cfg.rope_base, w.rope_freq_factors)
+            .and_then(|t| t.with_freq_scale(cfg.rope_freq_scale))
             .map_err(|e| BlockError::Rope(e.to_string()))?;
-        *slot = Some((cfg.rope_dim, base_bits, table));
+        *slot = Some((key, table));
     }
-    let rope = &mut slot.as_mut().expect("set above").2;
+    let rope = &mut slot.as_mut().expect("set above").1;
     let (q_dim, k_dim) = (cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim);
     let positions = segs.iter().flat_map(|g| g.pos..g.pos + g.n);
     for (t, p) in positions.enumerate() {

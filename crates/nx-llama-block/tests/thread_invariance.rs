@@ -83,7 +83,7 @@ fn layer_weights(t: &Tensors) -> LayerWeights<'_> {
         LazyWeight::from_parts(ty, &[k as u64, n as u64], bytes).unwrap()
     };
     LayerWeights {
-        attn_norm: &t.norms[2],
+        attn_norm: Some(&t.norms[2]),
         wq: m(0),
         wk: m(1),
         wv: m(2),
@@ -94,7 +94,7 @@ fn layer_weights(t: &Tensors) -> LayerWeights<'_> {
         k_norm: Some(&t.norms[1]),
         wo: m(3),
         post_attn_norm: Some(&t.norms[3]),
-        ffn_norm: &t.norms[4],
+        ffn_norm: Some(&t.norms[4]),
         w_gate: m(4),
         w_up: m(5),
         w_down: m(6),
@@ -112,12 +112,15 @@ fn config(window: Option<usize>) -> LayerConfig {
         head_dim: HEAD_DIM,
         value_dim: HEAD_DIM,
         rms_eps: 1e-6,
+        use_rope: true,
         rope_base: 10_000.0,
+        rope_freq_scale: 1.0,
         rope_dim: HEAD_DIM,
         rope_style: RopeStyle::Neox,
         window,
         q_scale: 1.0 / (HEAD_DIM as f32).sqrt(),
         kq_scale: 1.0,
+        residual_scale: None,
         ffn_activation: FfnActivation::GeluTanh,
     }
 }

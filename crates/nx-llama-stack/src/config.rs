@@ -1,4 +1,10 @@
 //! `ModelConfig`: hyperparameters per architecture, read from GGUF metadata.
+//!
+//! What differs between architectures is data: one [`ArchSpec`] row per architecture
+//! says which optional steps its layers have (pre- and post-norms, Q/K norms and their
+//! span, sliding-window pattern, layers without RoPE, Granite's multipliers), and
+//! [`ModelConfig::from_metadata`] reads the keys those steps need. No architecture has a
+//! code path of its own in the block.
 
 use nx_gguf::Metadata;
 
@@ -16,11 +22,130 @@ pub enum Arch {
     Qwen2,
     Qwen3,
     Gemma3,
+    Granite,
+    Olmo2,
+    Smollm3,
 }
+
+/// Over how many values a Q/K RMSNorm runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNormSpan {
+    /// Each head on its own (`head_dim` weights): Qwen3, Gemma 3.
+    Head,
+    /// The whole projection row (`n_head · head_dim` weights for Q): OLMo 2.
+    Projection,
+}
+
+/// Where a local layer's RoPE base comes from when `rope.freq_base_swa` is absent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum LocalRopeBase {
+    /// This value (Gemma 3: 10 000).
+    Fixed(f32),
+    /// The global layers' base.
+    Global,
+}
+
+/// What one architecture's layers compute: the table [`ModelConfig::from_metadata`]
+/// reads (the facts come from the pinned llama.cpp's `src/models/*.cpp`).
+#[derive(Debug, Clone, Copy)]
+struct ArchSpec {
+    arch: Arch,
+    /// `general.architecture` and the metadata key prefix.
+    name: &'static str,
+    rope_style: RopeStyle,
+    /// `rope.freq_base` when the key is absent.
+    default_rope_base: f32,
+    ffn_activation: FfnActivation,
+    /// RMSNorm before attention and before the FFN (`attn_norm`, `ffn_norm`).
+    pre_norms: bool,
+    /// RMSNorm of the attention and FFN outputs before the residual adds.
+    post_norms: bool,
+    qk_norm: Option<QkNormSpan>,
+    /// Embeddings times √n_embd (Gemma).
+    embed_sqrt_n_embd: bool,
+    /// Q is scaled after RoPE and attention runs unscaled (Gemma), instead of scaling
+    /// the scores.
+    scale_q: bool,
+    /// With `attention.sliding_window` set: layer `i` is local when
+    /// `i % pattern < pattern - 1` (`attention.sliding_window_pattern` overrides it).
+    swa_pattern: Option<usize>,
+    local_rope_base: LocalRopeBase,
+    /// Every this-many-th layer (1-based) has no RoPE (SmolLM3: 4; the reference fixes
+    /// it, no key gives it).
+    no_rope_every: Option<usize>,
+    /// Granite's `embedding_scale`, `residual_scale`, `attention.scale` and the required
+    /// `logit_scale`.
+    multipliers: bool,
+}
+
+impl ArchSpec {
+    /// A llama-like row: pre-norms, SiLU FFN, nothing optional.
+    const fn plain(arch: Arch, name: &'static str, rope_style: RopeStyle, base: f32) -> Self {
+        ArchSpec {
+            arch,
+            name,
+            rope_style,
+            default_rope_base: base,
+            ffn_activation: FfnActivation::Silu,
+            pre_norms: true,
+            post_norms: false,
+            qk_norm: None,
+            embed_sqrt_n_embd: false,
+            scale_q: false,
+            swa_pattern: None,
+            local_rope_base: LocalRopeBase::Global,
+            no_rope_every: None,
+            multipliers: false,
+        }
+    }
+}
+
+/// One row per architecture, in [`Arch::ALL`] order.
+const ARCH_SPECS: [ArchSpec; 7] = [
+    ArchSpec::plain(Arch::Llama, "llama", RopeStyle::Normal, 10_000.0),
+    ArchSpec::plain(Arch::Qwen2, "qwen2", RopeStyle::Neox, 1_000_000.0),
+    ArchSpec {
+        qk_norm: Some(QkNormSpan::Head),
+        ..ArchSpec::plain(Arch::Qwen3, "qwen3", RopeStyle::Neox, 1_000_000.0)
+    },
+    ArchSpec {
+        ffn_activation: FfnActivation::GeluTanh,
+        post_norms: true,
+        qk_norm: Some(QkNormSpan::Head),
+        embed_sqrt_n_embd: true,
+        scale_q: true,
+        swa_pattern: Some(6),
+        local_rope_base: LocalRopeBase::Fixed(10_000.0),
+        ..ArchSpec::plain(Arch::Gemma3, "gemma3", RopeStyle::Neox, 1_000_000.0)
+    },
+    ArchSpec {
+        multipliers: true,
+        ..ArchSpec::plain(Arch::Granite, "granite", RopeStyle::Normal, 10_000.0)
+    },
+    ArchSpec {
+        pre_norms: false,
+        post_norms: true,
+        qk_norm: Some(QkNormSpan::Projection),
+        swa_pattern: Some(4),
+        ..ArchSpec::plain(Arch::Olmo2, "olmo2", RopeStyle::Neox, 10_000.0)
+    },
+    ArchSpec {
+        no_rope_every: Some(4),
+        ..ArchSpec::plain(Arch::Smollm3, "smollm3", RopeStyle::Normal, 10_000.0)
+    },
+];
 
 impl Arch {
     /// Every architecture nx runs (the README's list is checked against it).
-    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3];
+    pub const ALL: [Arch; 7] = [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Gemma3,
+        Arch::Granite,
+        Arch::Olmo2,
+        Arch::Smollm3,
+    ];
 
     /// Parses `general.architecture`.
     pub fn from_name(name: &str) -> Result<Arch, StackError> {
@@ -32,12 +157,14 @@ impl Arch {
 
     /// The metadata key prefix (`qwen2.block_count`).
     pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Gemma3 => "gemma3",
-        }
+        self.spec().name
+    }
+
+    fn spec(self) -> &'static ArchSpec {
+        ARCH_SPECS
+            .iter()
+            .find(|s| s.arch == self)
+            .expect("every Arch has a row in ARCH_SPECS")
     }
 }
 
@@ -66,25 +193,233 @@ pub struct ModelConfig {
     pub rope_base: f32,
     /// RoPE base of sliding-window layers (Gemma 3: 10 000).
     pub rope_base_local: f32,
+    /// Linear position interpolation: every RoPE angle times this (`1 / rope.scaling.factor`;
+    /// 1.0 without scaling).
+    pub rope_freq_scale: f32,
     /// Dimensions of a head that RoPE rotates.
     pub rope_dim: usize,
     pub rope_style: RopeStyle,
+    /// Per layer: whether it applies RoPE (SmolLM3 leaves every fourth layer without).
+    pub layer_has_rope: Vec<bool>,
     /// Sliding window (tokens a query may look back, itself included) for local layers.
     pub sliding_window: Option<usize>,
     /// Per layer: true when the layer uses the sliding window.
     pub layer_is_local: Vec<bool>,
-    /// Embeddings are multiplied by this (Gemma: √n_embd).
+    /// Embeddings are multiplied by this (Gemma: √n_embd; Granite: `embedding_scale`).
     pub embed_scale: Option<f32>,
-    /// Multiplier applied to Q before attention; attention then uses no further scale.
+    /// Multiplier of the attention scores (or of Q, when [`ModelConfig::scale_q`]).
     pub attn_scale: f32,
+    /// Gemma scales Q after RoPE by `attn_scale` and runs attention unscaled.
+    pub scale_q: bool,
     pub ffn_activation: FfnActivation,
-    /// Gemma's extra norms after attention and after the FFN.
+    /// RMSNorm before attention and before the FFN (all but OLMo 2).
+    pub pre_norms: bool,
+    /// Extra norms after attention and after the FFN (Gemma, OLMo 2).
     pub post_norms: bool,
-    /// Qwen3 / Gemma 3 per-head RMSNorm of Q and K.
-    pub qk_norm: bool,
-    /// `tokenizer.ggml.bos_token_id` etc. are the tokenizer's business; the stack only
-    /// needs to know whether the LM head is tied to the embeddings, decided by the tensors.
+    /// RMSNorm of Q and K, per head (Qwen3, Gemma 3) or over the projection (OLMo 2).
+    pub qk_norm: Option<QkNormSpan>,
+    /// Granite's multiplier of each block output before its residual add.
+    pub residual_scale: Option<f32>,
+    /// Granite's `logit_scale`: logits are multiplied by its inverse.
+    pub logit_scale: Option<f32>,
     pub final_logit_softcap: Option<f32>,
+}
+
+/// Reads `{arch}.KEY` values, naming the full key in every error.
+struct Keys<'m> {
+    m: &'m Metadata,
+    prefix: &'static str,
+}
+
+impl Keys<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.prefix)
+    }
+
+    fn u32(&self, k: &str) -> Result<usize, StackError> {
+        Ok(self.m.get_u32(&self.key(k))? as usize)
+    }
+
+    fn opt_u32(&self, k: &str) -> Result<Option<usize>, StackError> {
+        Ok(opt_u32(self.m, &self.key(k))?.map(|v| v as usize))
+    }
+
+    fn opt_f32(&self, k: &str) -> Result<Option<f32>, StackError> {
+        opt_f32(self.m, &self.key(k))
+    }
+
+    /// An optional multiplier: absent or 0 (the reference's "unset") is `None`; it must
+    /// be finite and positive otherwise.
+    fn multiplier(&self, k: &str) -> Result<Option<f32>, StackError> {
+        match self.opt_f32(k)? {
+            None => Ok(None),
+            Some(0.0) => Ok(None),
+            Some(v) if v.is_finite() && v > 0.0 => Ok(Some(v)),
+            Some(v) => Err(StackError::BadConfig(format!(
+                "{} = {v} must be finite and positive",
+                self.key(k)
+            ))),
+        }
+    }
+}
+
+fn bad<T>(msg: String) -> Result<T, StackError> {
+    Err(StackError::BadConfig(msg))
+}
+
+/// Head counts and widths: `(n_head, n_head_kv, head_dim, value_dim)`.
+fn read_heads(k: &Keys<'_>, n_embd: usize) -> Result<(usize, usize, usize, usize), StackError> {
+    let n_head = k.u32("attention.head_count")?;
+    let n_head_kv = k.opt_u32("attention.head_count_kv")?.unwrap_or(n_head);
+    if n_head == 0 || n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
+        return bad(format!(
+            "{} = {n_head} and {} = {n_head_kv}: both must be non-zero, the second \
+             dividing the first",
+            k.key("attention.head_count"),
+            k.key("attention.head_count_kv")
+        ));
+    }
+    let head_dim = k
+        .opt_u32("attention.key_length")?
+        .unwrap_or(n_embd / n_head);
+    let value_dim = k.opt_u32("attention.value_length")?.unwrap_or(head_dim);
+    if head_dim == 0 || head_dim % 2 != 0 || value_dim == 0 {
+        return bad(format!(
+            "head width {head_dim} (value width {value_dim}) must be even and non-zero \
+             (from {} or {} / {})",
+            k.key("attention.key_length"),
+            k.key("embedding_length"),
+            k.key("attention.head_count")
+        ));
+    }
+    Ok((n_head, n_head_kv, head_dim, value_dim))
+}
+
+/// RoPE base, linear frequency scale and rotated width.
+fn read_rope(
+    k: &Keys<'_>,
+    spec: &ArchSpec,
+    head_dim: usize,
+) -> Result<(f32, f32, usize), StackError> {
+    let rope_dim = k.opt_u32("rope.dimension_count")?.unwrap_or(head_dim);
+    if rope_dim > head_dim || rope_dim % 2 != 0 {
+        return bad(format!(
+            "{} = {rope_dim} exceeds the head width {head_dim} or is odd",
+            k.key("rope.dimension_count")
+        ));
+    }
+    let base = k
+        .opt_f32("rope.freq_base")?
+        .unwrap_or(spec.default_rope_base);
+    if !(base.is_finite() && base > 0.0) {
+        return bad(format!(
+            "{} = {base} must be positive",
+            k.key("rope.freq_base")
+        ));
+    }
+    // As the reference: the type defaults to linear, the factor to none, and the
+    // scale is the factor's f32 inverse.
+    let kind = match k.m.get_str(&k.key("rope.scaling.type")) {
+        Ok(s) => s.to_string(),
+        Err(nx_gguf::GgufError::MissingKey { .. }) => "linear".to_string(),
+        Err(e) => return Err(e.into()),
+    };
+    let factor = match k.multiplier("rope.scaling.factor")? {
+        Some(f) => Some(f),
+        None => k.multiplier("rope.scale_linear")?,
+    };
+    let freq_scale = match kind.as_str() {
+        "none" => 1.0,
+        "linear" => factor.map_or(1.0, |f| 1.0f32 / f),
+        other => {
+            return bad(format!(
+                "{} = {other:?}: nx applies RoPE scaling \"none\" and \"linear\" (and \
+                 Llama 3's rope_freqs.weight), not YaRN or LongRoPE yet",
+                k.key("rope.scaling.type")
+            ))
+        }
+    };
+    if let Some(a) = k.opt_f32("rope.scaling.attn_factor")? {
+        if a != 1.0 {
+            return bad(format!(
+                "{} = {a}: nx does not apply a RoPE attention factor",
+                k.key("rope.scaling.attn_factor")
+            ));
+        }
+    }
+    Ok((base, freq_scale, rope_dim))
+}
+
+/// The sliding window, which layers use it, and their RoPE base.
+fn read_windows(
+    k: &Keys<'_>,
+    spec: &ArchSpec,
+    n_layers: usize,
+    rope_base: f32,
+) -> Result<(Option<usize>, Vec<bool>, f32), StackError> {
+    let global = (None, vec![false; n_layers], rope_base);
+    let Some(default_pattern) = spec.swa_pattern else {
+        return Ok(global);
+    };
+    let window = match k.opt_u32("attention.sliding_window")? {
+        Some(w) if w > 0 => w,
+        _ => return Ok(global),
+    };
+    let key = k.key("attention.sliding_window_pattern");
+    let local: Vec<bool> = match k.m.get(&key) {
+        None => pattern_layers(default_pattern, n_layers),
+        Some(v) => match (v.as_u64(), v.as_array()) {
+            (Some(p), _) if p > 0 => pattern_layers(p as usize, n_layers),
+            (_, Some(a)) if a.values.len() == n_layers => a
+                .values
+                .iter()
+                .map(|x| x.as_bool())
+                .collect::<Option<_>>()
+                .ok_or_else(|| StackError::BadConfig(format!("{key} must hold booleans")))?,
+            _ => {
+                return bad(format!(
+                    "{key} must be a positive integer or one boolean per layer ({n_layers})"
+                ))
+            }
+        },
+    };
+    let base = match k.opt_f32("rope.freq_base_swa")? {
+        Some(b) => b,
+        None => match spec.local_rope_base {
+            LocalRopeBase::Fixed(b) => b,
+            LocalRopeBase::Global => rope_base,
+        },
+    };
+    if !(base.is_finite() && base > 0.0) {
+        return bad(format!(
+            "{} = {base} must be positive",
+            k.key("rope.freq_base_swa")
+        ));
+    }
+    Ok((Some(window), local, base))
+}
+
+/// Layer `i` is local when `i % pattern < pattern - 1` (the last of each group is global).
+fn pattern_layers(pattern: usize, n_layers: usize) -> Vec<bool> {
+    (0..n_layers).map(|i| i % pattern < pattern - 1).collect()
+}
+
+/// Which layers apply RoPE.
+fn read_rope_layers(
+    k: &Keys<'_>,
+    spec: &ArchSpec,
+    n_layers: usize,
+) -> Result<Vec<bool>, StackError> {
+    // Granite uses `rope.scaling.finetuned` as a switch for RoPE in every layer.
+    if spec.multipliers {
+        if let Ok(false) = k.m.get_bool(&k.key("rope.scaling.finetuned")) {
+            return Ok(vec![false; n_layers]);
+        }
+    }
+    Ok(match spec.no_rope_every {
+        Some(every) => (0..n_layers).map(|i| (i + 1) % every != 0).collect(),
+        None => vec![true; n_layers],
+    })
 }
 
 impl ModelConfig {
@@ -92,113 +427,46 @@ impl ModelConfig {
     /// token embedding's shape, which the caller knows.
     pub fn from_metadata(m: &Metadata, n_vocab: usize) -> Result<ModelConfig, StackError> {
         let arch = Arch::from_name(m.get_str("general.architecture")?)?;
-        let a = arch.name();
-        let key = |k: &str| format!("{a}.{k}");
-        let n_layers = m.get_u32(&key("block_count"))? as usize;
-        let n_embd = m.get_u32(&key("embedding_length"))? as usize;
-        let n_ff = m.get_u32(&key("feed_forward_length"))? as usize;
-        let n_head = m.get_u32(&key("attention.head_count"))? as usize;
-        let n_head_kv = match m.get_u32(&key("attention.head_count_kv")) {
-            Ok(v) => v as usize,
-            Err(nx_gguf::GgufError::MissingKey { .. }) => n_head,
-            Err(e) => return Err(e.into()),
+        let spec = arch.spec();
+        let k = Keys {
+            m,
+            prefix: spec.name,
         };
-        let bad = |msg: String| Err(StackError::BadConfig(msg));
+        let n_layers = k.u32("block_count")?;
+        let n_embd = k.u32("embedding_length")?;
+        let n_ff = k.u32("feed_forward_length")?;
         if n_layers == 0 {
-            return bad(format!("{} is 0", key("block_count")));
+            return bad(format!("{} is 0", k.key("block_count")));
         }
-        if n_head == 0 || n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
-            return bad(format!(
-                "{} = {n_head} and {} = {n_head_kv}: both must be non-zero, the second \
-                 dividing the first",
-                key("attention.head_count"),
-                key("attention.head_count_kv")
-            ));
-        }
-        let head_dim = opt_u32(m, &key("attention.key_length"))?
-            .map(|v| v as usize)
-            .unwrap_or(n_embd / n_head);
-        let value_dim = opt_u32(m, &key("attention.value_length"))?
-            .map(|v| v as usize)
-            .unwrap_or(head_dim);
-        if head_dim == 0 || head_dim % 2 != 0 || value_dim == 0 {
-            return bad(format!(
-                "head width {head_dim} (value width {value_dim}) must be even and non-zero \
-                 (from {} or {} / {})",
-                key("attention.key_length"),
-                key("embedding_length"),
-                key("attention.head_count")
-            ));
-        }
-        let rope_dim = opt_u32(m, &key("rope.dimension_count"))?
-            .map(|v| v as usize)
-            .unwrap_or(head_dim);
-        if rope_dim > head_dim || rope_dim % 2 != 0 {
-            return bad(format!(
-                "{} = {rope_dim} exceeds the head width {head_dim} or is odd",
-                key("rope.dimension_count")
-            ));
-        }
-        let n_ctx_train = opt_u32(m, &key("context_length"))?.unwrap_or(4096) as usize;
-        let rms_eps = m.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
-        let default_base = match arch {
-            Arch::Llama => 10_000.0,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => 1_000_000.0,
-        };
-        let rope_base = opt_f32(m, &key("rope.freq_base"))?.unwrap_or(default_base);
-        if !(rope_base.is_finite() && rope_base > 0.0) {
-            return bad(format!(
-                "{} = {rope_base} must be positive",
-                key("rope.freq_base")
-            ));
-        }
+        let (n_head, n_head_kv, head_dim, value_dim) = read_heads(&k, n_embd)?;
+        let (rope_base, rope_freq_scale, rope_dim) = read_rope(&k, spec, head_dim)?;
+        let n_ctx_train = k.opt_u32("context_length")?.unwrap_or(4096);
+        let rms_eps = m.get_f32(&k.key("attention.layer_norm_rms_epsilon"))?;
         if !(rms_eps.is_finite() && rms_eps >= 0.0) {
             return bad(format!(
                 "{} = {rms_eps} must be a finite non-negative number",
-                key("attention.layer_norm_rms_epsilon")
+                k.key("attention.layer_norm_rms_epsilon")
             ));
         }
-        let rope_style = match arch {
-            Arch::Llama => RopeStyle::Normal,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => RopeStyle::Neox,
+        let (sliding_window, layer_is_local, rope_base_local) =
+            read_windows(&k, spec, n_layers, rope_base)?;
+        let default_attn_scale = 1.0 / (head_dim as f32).sqrt();
+        let (embed_scale, attn_scale, residual_scale, logit_scale) = if spec.multipliers {
+            let logit_scale = k.multiplier("logit_scale")?.ok_or_else(|| {
+                StackError::BadConfig(format!("{} is missing or 0", k.key("logit_scale")))
+            })?;
+            (
+                k.multiplier("embedding_scale")?,
+                k.multiplier("attention.scale")?
+                    .unwrap_or(default_attn_scale),
+                k.multiplier("residual_scale")?,
+                Some(logit_scale),
+            )
+        } else {
+            let embed = spec.embed_sqrt_n_embd.then(|| (n_embd as f32).sqrt());
+            (embed, default_attn_scale, None, None)
         };
-        let (sliding_window, layer_is_local, rope_base_local) = match arch {
-            Arch::Gemma3 => match opt_u32(m, &key("attention.sliding_window"))? {
-                Some(w) if w > 0 => {
-                    // Five local layers to every global one: layer i is local unless
-                    // i % 6 == 5.
-                    let local = (0..n_layers).map(|i| i % 6 < 5).collect();
-                    let base = opt_f32(m, &key("rope.freq_base_swa"))?.unwrap_or(10_000.0);
-                    (Some(w as usize), local, base)
-                }
-                _ => (None, vec![false; n_layers], rope_base),
-            },
-            _ => (None, vec![false; n_layers], rope_base),
-        };
-        let (embed_scale, attn_scale, ffn_activation, post_norms, qk_norm) = match arch {
-            Arch::Gemma3 => (
-                Some((n_embd as f32).sqrt()),
-                1.0 / (head_dim as f32).sqrt(),
-                FfnActivation::GeluTanh,
-                true,
-                true,
-            ),
-            Arch::Qwen3 => (
-                None,
-                1.0 / (head_dim as f32).sqrt(),
-                FfnActivation::Silu,
-                false,
-                true,
-            ),
-            Arch::Llama | Arch::Qwen2 => (
-                None,
-                1.0 / (head_dim as f32).sqrt(),
-                FfnActivation::Silu,
-                false,
-                false,
-            ),
-        };
-        let final_logit_softcap = opt_f32(m, &key("final_logit_softcapping"))?.filter(|&c| c > 0.0);
+        let final_logit_softcap = k.opt_f32("final_logit_softcapping")?.filter(|&c| c > 0.0);
         Ok(ModelConfig {
             arch,
             n_layers,
@@ -213,15 +481,21 @@ impl ModelConfig {
             rms_eps,
             rope_base,
             rope_base_local,
+            rope_freq_scale,
             rope_dim,
-            rope_style,
+            rope_style: spec.rope_style,
+            layer_has_rope: read_rope_layers(&k, spec, n_layers)?,
             sliding_window,
             layer_is_local,
             embed_scale,
             attn_scale,
-            ffn_activation,
-            post_norms,
-            qk_norm,
+            scale_q: spec.scale_q,
+            ffn_activation: spec.ffn_activation,
+            pre_norms: spec.pre_norms,
+            post_norms: spec.post_norms,
+            qk_norm: spec.qk_norm,
+            residual_scale,
+            logit_scale,
             final_logit_softcap,
         })
     }
@@ -273,5 +547,144 @@ fn opt_f32(m: &Metadata, key: &str) -> Result<Option<f32>, StackError> {
         Ok(v) => Ok(Some(v)),
         Err(nx_gguf::GgufError::MissingKey { .. }) => Ok(None),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nx_gguf::{Gguf, GgufWriter, Value};
+
+    /// The metadata of a small model of `arch` plus `extra` pairs (keys without the
+    /// architecture prefix).
+    fn config(arch: &str, extra: &[(&str, Value)]) -> Result<ModelConfig, StackError> {
+        let mut w = GgufWriter::new();
+        w.add_metadata("general.architecture", Value::String(arch.into()));
+        let base = [
+            ("block_count", Value::U32(8)),
+            ("embedding_length", Value::U32(256)),
+            ("feed_forward_length", Value::U32(512)),
+            ("attention.head_count", Value::U32(4)),
+            ("attention.head_count_kv", Value::U32(2)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+        ];
+        for (k, v) in base.into_iter().chain(extra.iter().cloned()) {
+            w.add_metadata(format!("{arch}.{k}"), v);
+        }
+        let gguf = Gguf::from_bytes(w.to_bytes()).expect("parses");
+        ModelConfig::from_metadata(gguf.metadata(), 100)
+    }
+
+    #[test]
+    fn every_arch_has_one_spec_row_in_order() {
+        assert_eq!(ARCH_SPECS.len(), Arch::ALL.len());
+        for (spec, arch) in ARCH_SPECS.iter().zip(Arch::ALL) {
+            assert_eq!(spec.arch, arch);
+            assert_eq!(Arch::from_name(spec.name).unwrap(), arch);
+        }
+    }
+
+    #[test]
+    fn granite_reads_its_multipliers_and_needs_the_logit_scale() {
+        let c = config(
+            "granite",
+            &[
+                ("logit_scale", Value::F32(8.0)),
+                ("residual_scale", Value::F32(0.22)),
+                ("embedding_scale", Value::F32(12.0)),
+                ("attention.scale", Value::F32(0.015625)),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.logit_scale, Some(8.0));
+        assert_eq!(c.residual_scale, Some(0.22));
+        assert_eq!(c.embed_scale, Some(12.0));
+        assert_eq!(c.attn_scale, 0.015625);
+        let err = config("granite", &[]).unwrap_err().to_string();
+        assert!(err.contains("granite.logit_scale"), "{err}");
+        let err = config("granite", &[("logit_scale", Value::F32(f32::NAN))])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("granite.logit_scale = NaN"), "{err}");
+        // Unset multipliers (absent or 0, as the reference treats them) stay off.
+        let c = config(
+            "granite",
+            &[
+                ("logit_scale", Value::F32(1.0)),
+                ("residual_scale", Value::F32(0.0)),
+            ],
+        )
+        .unwrap();
+        assert_eq!((c.residual_scale, c.embed_scale), (None, None));
+        assert_eq!(c.attn_scale, 1.0 / 64f32.sqrt());
+    }
+
+    #[test]
+    fn smollm3_leaves_every_fourth_layer_without_rope() {
+        let c = config("smollm3", &[]).unwrap();
+        let expected = [true, true, true, false, true, true, true, false];
+        assert_eq!(c.layer_has_rope, expected);
+        assert!(config("llama", &[])
+            .unwrap()
+            .layer_has_rope
+            .iter()
+            .all(|&r| r));
+    }
+
+    #[test]
+    fn olmo2_has_post_norms_and_projection_wide_qk_norms() {
+        let c = config("olmo2", &[]).unwrap();
+        assert!(!c.pre_norms && c.post_norms);
+        assert_eq!(c.qk_norm, Some(QkNormSpan::Projection));
+        assert_eq!(c.rope_style, RopeStyle::Neox);
+        // With a window, every fourth layer is global unless the file says otherwise.
+        let c = config("olmo2", &[("attention.sliding_window", Value::U32(64))]).unwrap();
+        assert_eq!(c.sliding_window, Some(64));
+        let expected = [true, true, true, false, true, true, true, false];
+        assert_eq!(c.layer_is_local, expected);
+        assert_eq!(c.rope_base_local, c.rope_base);
+        let c = config(
+            "olmo2",
+            &[
+                ("attention.sliding_window", Value::U32(64)),
+                ("attention.sliding_window_pattern", Value::U32(2)),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.layer_is_local, [true, false].repeat(4));
+    }
+
+    #[test]
+    fn linear_rope_scaling_is_read_and_other_kinds_are_refused() {
+        let c = config("llama", &[("rope.scaling.factor", Value::F32(4.0))]).unwrap();
+        assert_eq!(c.rope_freq_scale, 0.25);
+        let c = config("llama", &[("rope.scale_linear", Value::F32(2.0))]).unwrap();
+        assert_eq!(c.rope_freq_scale, 0.5);
+        let c = config(
+            "llama",
+            &[
+                ("rope.scaling.type", Value::String("none".into())),
+                ("rope.scaling.factor", Value::F32(4.0)),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.rope_freq_scale, 1.0);
+        assert_eq!(config("llama", &[]).unwrap().rope_freq_scale, 1.0);
+        for kind in ["yarn", "longrope", "dynamic"] {
+            let err = config(
+                "llama",
+                &[("rope.scaling.type", Value::String(kind.into()))],
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains("llama.rope.scaling.type") && err.contains(kind),
+                "{err}"
+            );
+        }
+        let err = config("llama", &[("rope.scaling.factor", Value::F32(-1.0))])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("llama.rope.scaling.factor = -1"), "{err}");
     }
 }

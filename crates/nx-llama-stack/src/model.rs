@@ -9,7 +9,7 @@ use nx_lazy_weight::{LazyWeight, QuantizedActs};
 use nx_llama_block::{BlockScratch, LayerConfig, LayerWeights, Segment};
 use nx_syscalls::ThreadPool;
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::{Arch, ModelConfig, QkNormSpan};
 use crate::StackError;
 
 /// A 1-D f32 tensor (norm weight, bias), dequantized on first use and kept: a few
@@ -20,7 +20,7 @@ struct Vector {
 }
 
 struct LayerTensors {
-    attn_norm: usize,
+    attn_norm: Option<usize>,
     wq: TensorInfo,
     wk: TensorInfo,
     wv: TensorInfo,
@@ -31,7 +31,7 @@ struct LayerTensors {
     k_norm: Option<usize>,
     wo: TensorInfo,
     post_attn_norm: Option<usize>,
-    ffn_norm: usize,
+    ffn_norm: Option<usize>,
     w_gate: TensorInfo,
     w_up: TensorInfo,
     w_down: TensorInfo,
@@ -205,10 +205,11 @@ impl Model {
     /// The per-layer view the block needs.
     pub fn layer_config(&self, layer: usize) -> LayerConfig {
         let c = &self.config;
-        let (q_scale, kq_scale) = match c.arch {
-            // Gemma scales Q and runs attention unscaled.
-            Arch::Gemma3 => (c.attn_scale, 1.0),
-            _ => (1.0, c.attn_scale),
+        // Gemma scales Q and runs attention unscaled.
+        let (q_scale, kq_scale) = if c.scale_q {
+            (c.attn_scale, 1.0)
+        } else {
+            (1.0, c.attn_scale)
         };
         LayerConfig {
             n_embd: c.n_embd,
@@ -218,12 +219,15 @@ impl Model {
             head_dim: c.head_dim,
             value_dim: c.value_dim,
             rms_eps: c.rms_eps,
+            use_rope: c.layer_has_rope.get(layer).copied().unwrap_or(true),
             rope_base: c.rope_base_of(layer),
+            rope_freq_scale: c.rope_freq_scale,
             rope_dim: c.rope_dim,
             rope_style: c.rope_style,
             window: c.window_of(layer),
             q_scale,
             kq_scale,
+            residual_scale: c.residual_scale,
             ffn_activation: c.ffn_activation,
         }
     }
@@ -231,7 +235,7 @@ impl Model {
     fn layer_weights(&self, layer: usize) -> Result<LayerWeights<'_>, StackError> {
         let l = &self.layers[layer];
         Ok(LayerWeights {
-            attn_norm: self.vector(l.attn_norm)?,
+            attn_norm: self.opt_vector(l.attn_norm)?,
             wq: self.weight(&l.wq)?,
             wk: self.weight(&l.wk)?,
             wv: self.weight(&l.wv)?,
@@ -242,7 +246,7 @@ impl Model {
             k_norm: self.opt_vector(l.k_norm)?,
             wo: self.weight(&l.wo)?,
             post_attn_norm: self.opt_vector(l.post_attn_norm)?,
-            ffn_norm: self.vector(l.ffn_norm)?,
+            ffn_norm: self.opt_vector(l.ffn_norm)?,
             w_gate: self.weight(&l.w_gate)?,
             w_up: self.weight(&l.w_up)?,
             w_down: self.weight(&l.w_down)?,
@@ -418,6 +422,10 @@ impl Model {
             &mut state.head_acts,
             &self.pool,
         )?;
+        if let Some(scale) = c.logit_scale {
+            // As the reference: times the f32 inverse, not a division.
+            nx_f32::scale(logits, 1.0f32 / scale);
+        }
         if let Some(cap) = c.final_logit_softcap {
             for l in logits.iter_mut() {
                 *l = (*l / cap).tanh() * cap;
@@ -517,10 +525,23 @@ impl TensorTable<'_> {
         } else {
             (None, None, None)
         };
-        let (q_norm, k_norm) = if c.qk_norm {
+        let (q_norm, k_norm) = match c.qk_norm {
+            Some(span) => {
+                let (q_len, k_len) = match span {
+                    QkNormSpan::Head => (c.head_dim, c.head_dim),
+                    QkNormSpan::Projection => (q_dim, c.k_dim()),
+                };
+                (
+                    Some(self.vector(&name("attn_q_norm.weight"), q_len)?),
+                    Some(self.vector(&name("attn_k_norm.weight"), k_len)?),
+                )
+            }
+            None => (None, None),
+        };
+        let (attn_norm, ffn_norm) = if c.pre_norms {
             (
-                Some(self.vector(&name("attn_q_norm.weight"), c.head_dim)?),
-                Some(self.vector(&name("attn_k_norm.weight"), c.head_dim)?),
+                Some(self.vector(&name("attn_norm.weight"), c.n_embd)?),
+                Some(self.vector(&name("ffn_norm.weight"), c.n_embd)?),
             )
         } else {
             (None, None)
@@ -534,7 +555,7 @@ impl TensorTable<'_> {
             (None, None)
         };
         Ok(LayerTensors {
-            attn_norm: self.vector(&name("attn_norm.weight"), c.n_embd)?,
+            attn_norm,
             wq: self.matrix(&name("attn_q.weight"), c.n_embd, q_dim)?,
             wk: self.matrix(&name("attn_k.weight"), c.n_embd, c.k_dim())?,
             wv: self.matrix(&name("attn_v.weight"), c.n_embd, c.v_dim())?,
@@ -549,7 +570,7 @@ impl TensorTable<'_> {
                 c.n_embd,
             )?,
             post_attn_norm,
-            ffn_norm: self.vector(&name("ffn_norm.weight"), c.n_embd)?,
+            ffn_norm,
             w_gate: self.matrix(&name("ffn_gate.weight"), c.n_embd, c.n_ff)?,
             w_up: self.matrix(&name("ffn_up.weight"), c.n_embd, c.n_ff)?,
             w_down: self.matrix(&name("ffn_down.weight"), c.n_ff, c.n_embd)?,
@@ -559,7 +580,8 @@ impl TensorTable<'_> {
 }
 
 /// Checks the layer count against the tensors the file holds before anything is sized
-/// by it: every layer has at least nine tensors, and the last layer's norm must exist.
+/// by it: every layer has at least nine tensors, and the last layer's output projection
+/// must exist.
 fn check_layer_count(gguf: &Gguf, arch: &str) -> Result<(), StackError> {
     let key = format!("{arch}.block_count");
     let Ok(n_layers) = gguf.metadata().get_u32(&key) else {
@@ -573,7 +595,7 @@ fn check_layer_count(gguf: &Gguf, arch: &str) -> Result<(), StackError> {
         )));
     }
     if n_layers > 0 {
-        let last = format!("blk.{}.attn_norm.weight", n_layers - 1);
+        let last = format!("blk.{}.attn_output.weight", n_layers - 1);
         if gguf.tensor(&last).is_none() {
             return Err(StackError::BadConfig(format!(
                 "{key} = {n_layers}, but the file has no tensor {last:?}"

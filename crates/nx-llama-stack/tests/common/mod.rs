@@ -25,14 +25,18 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// The synthetic fixtures of `cargo xtask synth` (its tiny shapes): three architectures
-/// in a Q4_K_M mix, then the tier-1 file types (Q4_1/Q5_1/IQ4_NL, Q3_K_M, Q2_K/IQ4_XS).
-pub const SYNTH_FIXTURES: [&str; 6] = [
+/// in a Q4_K_M mix, the tier-1 file types (Q4_1/Q5_1/IQ4_NL, Q3_K_M, Q2_K/IQ4_XS), then
+/// Granite, OLMo 2 and SmolLM3.
+pub const SYNTH_FIXTURES: [&str; 9] = [
     "qwen2-tiny",
     "llama-tiny",
     "qwen3-tiny",
     "llama-q4_1",
     "llama-q3_k_m",
     "llama-q2_k-iq4_xs",
+    "granite-tiny",
+    "olmo2-tiny",
+    "smollm3-tiny",
 ];
 
 pub fn synth_model(name: &str) -> PathBuf {
