@@ -166,6 +166,50 @@ pub const MAX_HEAD_DIM: usize = 512;
 /// the reference engine's four 16-wide registers.
 const VALUE_LANES: usize = 64;
 
+/// How the raw scores `q·k` become the softmax's inputs: times `scale`, after a soft
+/// cap `tanh(s/cap)·cap` where the model asks for one (Gemma 2's attention). An `f32`
+/// converts to a plain scale.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scoring {
+    /// Multiplier of the (capped) score.
+    pub scale: f32,
+    /// Soft cap of the raw score, if any.
+    pub softcap: Option<f32>,
+}
+
+impl From<f32> for Scoring {
+    fn from(scale: f32) -> Scoring {
+        Scoring {
+            scale,
+            softcap: None,
+        }
+    }
+}
+
+impl Scoring {
+    /// The multiplier the score loops apply: `scale`, or 1 when the cap comes first.
+    #[inline(always)]
+    fn dot_scale(self) -> f32 {
+        if self.softcap.is_some() {
+            1.0
+        } else {
+            self.scale
+        }
+    }
+
+    /// Caps the raw scores and scales them, in the reference's order: times the f32
+    /// inverse of the cap, `tanh`, times the cap, then the softmax's scale.
+    #[inline(always)]
+    fn cap(self, scores: &mut [f32]) {
+        if let Some(cap) = self.softcap {
+            let inverse = 1.0f32 / cap;
+            for s in scores {
+                *s = self.scale * ((*s * inverse).tanh() * cap);
+            }
+        }
+    }
+}
+
 /// Scratch values [`attend_head`] needs for `n_rows` rows and value heads of
 /// `value_dim`: the probabilities, then the 64 running sums of every value column.
 pub fn attend_scratch_len(n_rows: usize, value_dim: usize) -> usize {
@@ -202,7 +246,7 @@ pub fn attend_head<T: KvElem>(
     keys: HeadRows<'_, T>,
     values: HeadRows<'_, T>,
     rows: Range<usize>,
-    scale: f32,
+    scoring: impl Into<Scoring>,
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
@@ -212,7 +256,7 @@ pub fn attend_head<T: KvElem>(
         first_row: 0,
         precision: T::PRECISION,
     };
-    attend(q, view, rows, scale, out, scratch)
+    attend(q, view, rows, scoring.into(), out, scratch)
 }
 
 /// The K and V rows of one KV head as [`attend`] reads them: view row `i` holds cache
@@ -233,21 +277,21 @@ pub fn attend<T: KvElem>(
     q: &[f32],
     view: CacheView<'_, T>,
     rows: Range<usize>,
-    scale: f32,
+    scoring: impl Into<Scoring>,
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if crate::use_avx512() {
         // SAFETY: `use_avx512` verified AVX-512 F, AVX2, FMA and F16C on this CPU.
-        return unsafe { attend_avx512(q, view, rows, scale, out, scratch) };
+        return unsafe { attend_avx512(q, view, rows, scoring.into(), out, scratch) };
     }
     #[cfg(target_arch = "x86_64")]
     if crate::use_avx2_fma() {
         // SAFETY: `use_avx2_fma` verified AVX2 and FMA on this CPU.
-        return unsafe { attend_avx2(q, view, rows, scale, out, scratch) };
+        return unsafe { attend_avx2(q, view, rows, scoring.into(), out, scratch) };
     }
-    attend_portable(q, view, rows, scale, out, scratch)
+    attend_portable(q, view, rows, scoring.into(), out, scratch)
 }
 
 /// [`attend`] with its score and value lanes in 512-bit registers ([`crate::avx512`]);
@@ -261,11 +305,11 @@ pub unsafe fn attend_avx512<T: KvElem>(
     q: &[f32],
     view: CacheView<'_, T>,
     rows: Range<usize>,
-    scale: f32,
+    scoring: impl Into<Scoring>,
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
-    attend_body::<T, true>(q, view, rows, scale, out, scratch)
+    attend_body::<T, true>(q, view, rows, scoring.into(), out, scratch)
 }
 
 /// [`attend`] compiled for AVX2 + FMA: the same code, so fused multiply-adds become
@@ -280,11 +324,11 @@ pub unsafe fn attend_avx2<T: KvElem>(
     q: &[f32],
     view: CacheView<'_, T>,
     rows: Range<usize>,
-    scale: f32,
+    scoring: impl Into<Scoring>,
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
-    attend_body::<T, false>(q, view, rows, scale, out, scratch)
+    attend_body::<T, false>(q, view, rows, scoring.into(), out, scratch)
 }
 
 /// [`attend`] without any CPU-specific code generation: the scalar twin.
@@ -292,11 +336,11 @@ pub fn attend_portable<T: KvElem>(
     q: &[f32],
     view: CacheView<'_, T>,
     rows: Range<usize>,
-    scale: f32,
+    scoring: impl Into<Scoring>,
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
-    attend_body::<T, false>(q, view, rows, scale, out, scratch)
+    attend_body::<T, false>(q, view, rows, scoring.into(), out, scratch)
 }
 
 /// `WIDE`: the inner loops of [`crate::avx512`] (only inside an AVX-512 build).
@@ -305,7 +349,7 @@ fn attend_body<T: KvElem, const WIDE: bool>(
     q: &[f32],
     view: CacheView<'_, T>,
     rows: Range<usize>,
-    scale: f32,
+    scoring: Scoring,
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
@@ -315,6 +359,8 @@ fn attend_body<T: KvElem, const WIDE: bool>(
         first_row,
         precision,
     } = view;
+    // With a soft cap the raw dot products are capped first and scaled after.
+    let scale = scoring.dot_scale();
     let head_dim = keys.head_dim();
     let value_dim = values.head_dim();
     assert_eq!(q.len(), head_dim, "attend_head: q length != key head_dim");
@@ -387,6 +433,7 @@ fn attend_body<T: KvElem, const WIDE: bool>(
             *s = scale * score_dot::<WIDE>(q_rounded, k, tail_f64);
         }
     }
+    scoring.cap(probs);
     softmax::<WIDE>(probs, rows.start);
 
     weighted_values::<T, WIDE>(
@@ -475,21 +522,21 @@ pub fn attend_group<T: KvElem>(
     qs: &[f32],
     view: CacheView<'_, T>,
     rows: Range<usize>,
-    scale: f32,
+    scoring: impl Into<Scoring>,
     outs: &mut [f32],
     scratch: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if crate::use_avx512() {
         // SAFETY: `use_avx512` verified AVX-512 F, AVX2, FMA and F16C on this CPU.
-        return unsafe { attend_group_avx512(qs, view, rows, scale, outs, scratch) };
+        return unsafe { attend_group_avx512(qs, view, rows, scoring.into(), outs, scratch) };
     }
     #[cfg(target_arch = "x86_64")]
     if crate::use_avx2_fma() {
         // SAFETY: `use_avx2_fma` verified AVX2 and FMA on this CPU.
-        return unsafe { attend_group_avx2(qs, view, rows, scale, outs, scratch) };
+        return unsafe { attend_group_avx2(qs, view, rows, scoring.into(), outs, scratch) };
     }
-    attend_group_portable(qs, view, rows, scale, outs, scratch)
+    attend_group_portable(qs, view, rows, scoring.into(), outs, scratch)
 }
 
 /// [`attend_group`] without any CPU-specific code generation: the scalar twin.
@@ -497,11 +544,11 @@ pub fn attend_group_portable<T: KvElem>(
     qs: &[f32],
     view: CacheView<'_, T>,
     rows: Range<usize>,
-    scale: f32,
+    scoring: impl Into<Scoring>,
     outs: &mut [f32],
     scratch: &mut [f32],
 ) {
-    attend_group_body::<T, false>(qs, view, rows, scale, outs, scratch)
+    attend_group_body::<T, false>(qs, view, rows, scoring.into(), outs, scratch)
 }
 
 /// [`attend_group`] with the lanes in 512-bit registers (as [`attend_avx512`]).
@@ -514,11 +561,11 @@ pub unsafe fn attend_group_avx512<T: KvElem>(
     qs: &[f32],
     view: CacheView<'_, T>,
     rows: Range<usize>,
-    scale: f32,
+    scoring: impl Into<Scoring>,
     outs: &mut [f32],
     scratch: &mut [f32],
 ) {
-    attend_group_body::<T, true>(qs, view, rows, scale, outs, scratch)
+    attend_group_body::<T, true>(qs, view, rows, scoring.into(), outs, scratch)
 }
 
 /// [`attend_group`] compiled for AVX2 + FMA (bit-identical, as [`attend_avx2`]).
@@ -531,11 +578,11 @@ pub unsafe fn attend_group_avx2<T: KvElem>(
     qs: &[f32],
     view: CacheView<'_, T>,
     rows: Range<usize>,
-    scale: f32,
+    scoring: impl Into<Scoring>,
     outs: &mut [f32],
     scratch: &mut [f32],
 ) {
-    attend_group_body::<T, false>(qs, view, rows, scale, outs, scratch)
+    attend_group_body::<T, false>(qs, view, rows, scoring.into(), outs, scratch)
 }
 
 #[inline(always)]
@@ -543,7 +590,7 @@ fn attend_group_body<T: KvElem, const WIDE: bool>(
     qs: &[f32],
     view: CacheView<'_, T>,
     rows: Range<usize>,
-    scale: f32,
+    scoring: Scoring,
     outs: &mut [f32],
     scratch: &mut [f32],
 ) {
@@ -553,6 +600,8 @@ fn attend_group_body<T: KvElem, const WIDE: bool>(
         first_row,
         precision,
     } = view;
+    // With a soft cap the raw dot products are capped first and scaled after.
+    let scale = scoring.dot_scale();
     let head_dim = keys.head_dim();
     let value_dim = values.head_dim();
     assert!(head_dim > 0 && value_dim > 0, "attend_group: empty heads");
@@ -625,6 +674,7 @@ fn attend_group_body<T: KvElem, const WIDE: bool>(
             }
         }
     });
+    scoring.cap(probs);
     let mut buf = [0f32; MAX_HEAD_DIM];
     for g in 0..group {
         let p = &mut probs[g * n..(g + 1) * n];

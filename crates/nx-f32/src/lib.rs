@@ -30,7 +30,8 @@ pub mod scalar;
 
 pub use attention::{
     attend, attend_group, attend_group_portable, attend_group_scratch_len, attend_head,
-    attend_portable, attend_scratch_len, CacheView, HeadRows, KvElem, KvPrecision, MAX_HEAD_DIM,
+    attend_portable, attend_scratch_len, CacheView, HeadRows, KvElem, KvPrecision, Scoring,
+    MAX_HEAD_DIM,
 };
 #[cfg(target_arch = "x86_64")]
 pub use attention::{attend_avx2, attend_avx512, attend_group_avx2, attend_group_avx512};

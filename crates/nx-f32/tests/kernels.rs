@@ -1038,3 +1038,105 @@ fn check_avx512_twin<T: KvElem>(
     all.extend(bits(&ga));
     all
 }
+
+/// Gemma 2's soft cap: scores `tanh(s/cap)·cap` before the scale. Close to an f64
+/// reference, different from the uncapped result, and the same bits on every tier and
+/// for a KV group scored together.
+#[test]
+fn attend_soft_cap_matches_reference_and_every_tier() {
+    let (n_rows, head_dim, group) = (90, 64, 2);
+    let k = kv_rows(170, n_rows, 1, head_dim);
+    let v = kv_rows(171, n_rows, 1, head_dim);
+    let qs: Vec<f32> = values(172, group * head_dim)
+        .iter()
+        .map(|x| x * 3.0)
+        .collect();
+    let (cap, scale) = (5.0f32, 0.5f32);
+    let scoring = Scoring {
+        scale,
+        softcap: Some(cap),
+    };
+    let view = CacheView {
+        keys: HeadRows::head(&k, 1, head_dim, 0).unwrap(),
+        values: HeadRows::head(&v, 1, head_dim, 0).unwrap(),
+        first_row: 0,
+        precision: KvPrecision::F32,
+    };
+    let range = 7..n_rows;
+    let mut scratch = vec![0.0; attend_scratch_len(range.len(), head_dim)];
+    let q = &qs[..head_dim];
+    let mut capped = vec![0.0; head_dim];
+    attend_portable(q, view, range.clone(), scoring, &mut capped, &mut scratch);
+    // The reference: capped f64 scores, then the softmax and weighted sum.
+    let keys = head_of(&k, 1, head_dim, 0, range.clone());
+    let vals = head_of(&v, 1, head_dim, 0, range.clone());
+    let scores: Vec<f64> = keys
+        .iter()
+        .map(|row| {
+            let s: f64 = row
+                .iter()
+                .zip(q)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            f64::from(scale) * (s / f64::from(cap)).tanh() * f64::from(cap)
+        })
+        .collect();
+    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let z: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+    for i in 0..head_dim {
+        let want: f64 = scores
+            .iter()
+            .zip(&vals)
+            .map(|(s, row)| (s - max).exp() / z * f64::from(row[i]))
+            .sum();
+        assert_close(capped[i], want, 1e-5, &format!("capped i={i}"));
+    }
+    let mut plain = vec![0.0; head_dim];
+    attend_portable(q, view, range.clone(), scale, &mut plain, &mut scratch);
+    assert_ne!(plain, capped, "the cap must change these scores");
+    // Every tier, and the grouped scoring, give the portable bits.
+    let mut tiers = vec![capped.clone()];
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut b = vec![0.0; head_dim];
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: AVX2 and FMA were detected.
+            unsafe { attend_avx2(q, view, range.clone(), scoring, &mut b, &mut scratch) };
+            tiers.push(b.clone());
+        }
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("f16c")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: AVX-512 F/DQ, AVX2 (implied), FMA and F16C were detected.
+            unsafe { attend_avx512(q, view, range.clone(), scoring, &mut b, &mut scratch) };
+            tiers.push(b);
+        }
+    }
+    for t in &tiers {
+        assert_eq!(t, &capped);
+    }
+    let mut outs = vec![0.0; group * head_dim];
+    let mut group_scratch = vec![0.0; attend_group_scratch_len(group, range.len(), head_dim)];
+    attend_group(
+        &qs,
+        view,
+        range.clone(),
+        scoring,
+        &mut outs,
+        &mut group_scratch,
+    );
+    assert_eq!(&outs[..head_dim], &capped[..]);
+    let mut second = vec![0.0; head_dim];
+    attend(
+        &qs[head_dim..],
+        view,
+        range,
+        scoring,
+        &mut second,
+        &mut scratch,
+    );
+    assert_eq!(&outs[head_dim..], &second[..]);
+}

@@ -4,7 +4,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use half::f16;
 use nx_f32::{
-    attend, attend_group, CacheView, GeluTable, HeadRows, KvElem, KvPrecision, RopeStyle, RopeTable,
+    attend, attend_group, CacheView, GeluTable, HeadRows, KvElem, KvPrecision, RopeStyle,
+    RopeTable, Scoring,
 };
 use nx_kv_cache::{KvCache, KvDtype, KvError, KvRows, KvSegments};
 use nx_lazy_weight::{LazyWeight, LazyWeightError};
@@ -44,6 +45,8 @@ pub struct LayerConfig {
     pub q_scale: f32,
     /// Multiplier applied to the scores `q·k`.
     pub kq_scale: f32,
+    /// Soft cap of the raw scores, `tanh(s/cap)·cap` (Gemma 2), applied before `kq_scale`.
+    pub attn_softcap: Option<f32>,
     /// Multiplier of the attention and FFN outputs before their residual adds (Granite).
     pub residual_scale: Option<f32>,
     pub ffn_activation: FfnActivation,
@@ -722,10 +725,14 @@ fn attend_item<T: KvElem>(
     let Some((view, seen)) = rows.view(cfg, kv_head, at) else {
         return false;
     };
+    let scoring = Scoring {
+        scale: cfg.kq_scale,
+        softcap: cfg.attn_softcap,
+    };
     if grouped {
-        attend_group(qs, view, seen, cfg.kq_scale, out, scratch);
+        attend_group(qs, view, seen, scoring, out, scratch);
     } else {
-        attend(qs, view, seen, cfg.kq_scale, out, scratch);
+        attend(qs, view, seen, scoring, out, scratch);
     }
     true
 }

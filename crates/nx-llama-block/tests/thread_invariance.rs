@@ -120,6 +120,7 @@ fn config(window: Option<usize>) -> LayerConfig {
         window,
         q_scale: 1.0 / (HEAD_DIM as f32).sqrt(),
         kq_scale: 1.0,
+        attn_softcap: None,
         residual_scale: None,
         ffn_activation: FfnActivation::GeluTanh,
     }

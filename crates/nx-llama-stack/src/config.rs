@@ -21,6 +21,7 @@ pub enum Arch {
     Llama,
     Qwen2,
     Qwen3,
+    Gemma2,
     Gemma3,
     Granite,
     Olmo2,
@@ -69,6 +70,8 @@ struct ArchSpec {
     /// With `attention.sliding_window` set: layer `i` is local when
     /// `i % pattern < pattern - 1` (`attention.sliding_window_pattern` overrides it).
     swa_pattern: Option<usize>,
+    /// The window when `attention.sliding_window` is absent (Gemma 2: 4096).
+    default_window: Option<usize>,
     local_rope_base: LocalRopeBase,
     /// Every this-many-th layer (1-based) has no RoPE (SmolLM3: 4; the reference fixes
     /// it, no key gives it).
@@ -76,6 +79,9 @@ struct ArchSpec {
     /// Granite's `embedding_scale`, `residual_scale`, `attention.scale` and the required
     /// `logit_scale`.
     multipliers: bool,
+    /// Gemma 2's soft caps of the attention scores and of the logits, the defaults of
+    /// `attn_logit_softcapping` and `final_logit_softcapping`.
+    softcaps: Option<(f32, f32)>,
 }
 
 impl ArchSpec {
@@ -93,20 +99,32 @@ impl ArchSpec {
             embed_sqrt_n_embd: false,
             scale_q: false,
             swa_pattern: None,
+            default_window: None,
             local_rope_base: LocalRopeBase::Global,
             no_rope_every: None,
             multipliers: false,
+            softcaps: None,
         }
     }
 }
 
 /// One row per architecture, in [`Arch::ALL`] order.
-const ARCH_SPECS: [ArchSpec; 7] = [
+const ARCH_SPECS: [ArchSpec; 8] = [
     ArchSpec::plain(Arch::Llama, "llama", RopeStyle::Normal, 10_000.0),
     ArchSpec::plain(Arch::Qwen2, "qwen2", RopeStyle::Neox, 1_000_000.0),
     ArchSpec {
         qk_norm: Some(QkNormSpan::Head),
         ..ArchSpec::plain(Arch::Qwen3, "qwen3", RopeStyle::Neox, 1_000_000.0)
+    },
+    ArchSpec {
+        ffn_activation: FfnActivation::GeluTanh,
+        post_norms: true,
+        embed_sqrt_n_embd: true,
+        scale_q: true,
+        swa_pattern: Some(2),
+        default_window: Some(4096),
+        softcaps: Some((50.0, 30.0)),
+        ..ArchSpec::plain(Arch::Gemma2, "gemma2", RopeStyle::Neox, 10_000.0)
     },
     ArchSpec {
         ffn_activation: FfnActivation::GeluTanh,
@@ -137,10 +155,11 @@ const ARCH_SPECS: [ArchSpec; 7] = [
 
 impl Arch {
     /// Every architecture nx runs (the README's list is checked against it).
-    pub const ALL: [Arch; 7] = [
+    pub const ALL: [Arch; 8] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
+        Arch::Gemma2,
         Arch::Gemma3,
         Arch::Granite,
         Arch::Olmo2,
@@ -222,6 +241,8 @@ pub struct ModelConfig {
     pub residual_scale: Option<f32>,
     /// Granite's `logit_scale`: logits are multiplied by its inverse.
     pub logit_scale: Option<f32>,
+    /// Soft cap of the attention scores (Gemma 2).
+    pub attn_softcap: Option<f32>,
     pub final_logit_softcap: Option<f32>,
 }
 
@@ -361,7 +382,10 @@ fn read_windows(
     let Some(default_pattern) = spec.swa_pattern else {
         return Ok(global);
     };
-    let window = match k.opt_u32("attention.sliding_window")? {
+    let window = match k
+        .opt_u32("attention.sliding_window")?
+        .or(spec.default_window)
+    {
         Some(w) if w > 0 => w,
         _ => return Ok(global),
     };
@@ -397,6 +421,33 @@ fn read_windows(
         ));
     }
     Ok((Some(window), local, base))
+}
+
+/// The attention and final-logit soft caps (a cap of 0 or less is none).
+fn read_softcaps(k: &Keys<'_>, spec: &ArchSpec) -> Result<(Option<f32>, Option<f32>), StackError> {
+    let (attn_default, final_default) = match spec.softcaps {
+        Some((a, f)) => (Some(a), Some(f)),
+        None => (None, None),
+    };
+    let attn = match spec.softcaps {
+        Some(_) => k.opt_f32("attn_logit_softcapping")?.or(attn_default),
+        None => None,
+    };
+    let last = k.opt_f32("final_logit_softcapping")?.or(final_default);
+    for (name, cap) in [
+        ("attn_logit_softcapping", attn),
+        ("final_logit_softcapping", last),
+    ] {
+        if cap.is_some_and(|c| !c.is_finite()) {
+            return bad(format!(
+                "{} = {} must be finite",
+                k.key(name),
+                cap.unwrap_or(0.0)
+            ));
+        }
+    }
+    let positive = |c: Option<f32>| c.filter(|&c| c > 0.0);
+    Ok((positive(attn), positive(last)))
 }
 
 /// Layer `i` is local when `i % pattern < pattern - 1` (the last of each group is global).
@@ -450,7 +501,13 @@ impl ModelConfig {
         }
         let (sliding_window, layer_is_local, rope_base_local) =
             read_windows(&k, spec, n_layers, rope_base)?;
-        let default_attn_scale = 1.0 / (head_dim as f32).sqrt();
+        // Gemma 2 27B (46 layers) scales by n_embd / n_head, as the reference decides.
+        let gemma2_27b = arch == Arch::Gemma2 && n_layers == 46;
+        let default_attn_scale = if gemma2_27b {
+            1.0 / ((n_embd / n_head) as f32).sqrt()
+        } else {
+            1.0 / (head_dim as f32).sqrt()
+        };
         let (embed_scale, attn_scale, residual_scale, logit_scale) = if spec.multipliers {
             let logit_scale = k.multiplier("logit_scale")?.ok_or_else(|| {
                 StackError::BadConfig(format!("{} is missing or 0", k.key("logit_scale")))
@@ -466,7 +523,7 @@ impl ModelConfig {
             let embed = spec.embed_sqrt_n_embd.then(|| (n_embd as f32).sqrt());
             (embed, default_attn_scale, None, None)
         };
-        let final_logit_softcap = k.opt_f32("final_logit_softcapping")?.filter(|&c| c > 0.0);
+        let (attn_softcap, final_logit_softcap) = read_softcaps(&k, spec)?;
         Ok(ModelConfig {
             arch,
             n_layers,
@@ -496,6 +553,7 @@ impl ModelConfig {
             qk_norm: spec.qk_norm,
             residual_scale,
             logit_scale,
+            attn_softcap,
             final_logit_softcap,
         })
     }
@@ -652,6 +710,40 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.layer_is_local, [true, false].repeat(4));
+    }
+
+    #[test]
+    fn gemma2_defaults_to_the_reference_window_and_soft_caps() {
+        let c = config("gemma2", &[]).unwrap();
+        assert_eq!(c.sliding_window, Some(4096));
+        assert_eq!(c.layer_is_local, [true, false].repeat(4));
+        assert_eq!(
+            (c.attn_softcap, c.final_logit_softcap),
+            (Some(50.0), Some(30.0))
+        );
+        assert_eq!(c.embed_scale, Some(16.0));
+        assert!(c.scale_q && c.pre_norms && c.post_norms && c.qk_norm.is_none());
+        let c = config(
+            "gemma2",
+            &[
+                ("attn_logit_softcapping", Value::F32(5.0)),
+                ("final_logit_softcapping", Value::F32(0.0)),
+                ("attention.sliding_window", Value::U32(32)),
+            ],
+        )
+        .unwrap();
+        assert_eq!((c.attn_softcap, c.final_logit_softcap), (Some(5.0), None));
+        assert_eq!(c.sliding_window, Some(32));
+        // Other architectures have no attention cap whatever the file says.
+        let c = config("llama", &[("attn_logit_softcapping", Value::F32(5.0))]).unwrap();
+        assert_eq!(c.attn_softcap, None);
+        let err = config(
+            "gemma2",
+            &[("attn_logit_softcapping", Value::F32(f32::INFINITY))],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("gemma2.attn_logit_softcapping"), "{err}");
     }
 
     #[test]

@@ -227,6 +227,7 @@ impl Model {
             window: c.window_of(layer),
             q_scale,
             kq_scale,
+            attn_softcap: c.attn_softcap,
             residual_scale: c.residual_scale,
             ffn_activation: c.ffn_activation,
         }

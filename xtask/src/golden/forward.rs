@@ -70,7 +70,7 @@ pub const GEMMA: &str = "gemma3-270m";
 /// its own cache cell (cell = position, as in nx's cache) instead of reusing cells, which
 /// changes nothing in the mathematics but keeps the reference's summation lanes (set by
 /// the cell index) the same as nx's.
-pub const SETS: [GoldenSet; 11] = [
+pub const SETS: [GoldenSet; 12] = [
     tiny("qwen2-tiny"),
     tiny("llama-tiny"),
     tiny("qwen3-tiny"),
@@ -80,6 +80,11 @@ pub const SETS: [GoldenSet; 11] = [
     tiny("granite-tiny"),
     tiny("olmo2-tiny"),
     tiny("smollm3-tiny"),
+    // Gemma 2's local layers keep one cache cell per position (as Gemma 3 below).
+    GoldenSet {
+        extra_args: &["--swa-full"],
+        ..tiny("gemma2-tiny")
+    },
     GoldenSet {
         name: GEMMA,
         prompts: "fixtures/prompts/forward-gemma.json",

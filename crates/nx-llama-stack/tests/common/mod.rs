@@ -26,8 +26,8 @@ pub fn repo_root() -> PathBuf {
 
 /// The synthetic fixtures of `cargo xtask synth` (its tiny shapes): three architectures
 /// in a Q4_K_M mix, the tier-1 file types (Q4_1/Q5_1/IQ4_NL, Q3_K_M, Q2_K/IQ4_XS), then
-/// Granite, OLMo 2 and SmolLM3.
-pub const SYNTH_FIXTURES: [&str; 9] = [
+/// Granite, OLMo 2, SmolLM3 and Gemma 2.
+pub const SYNTH_FIXTURES: [&str; 10] = [
     "qwen2-tiny",
     "llama-tiny",
     "qwen3-tiny",
@@ -37,6 +37,7 @@ pub const SYNTH_FIXTURES: [&str; 9] = [
     "granite-tiny",
     "olmo2-tiny",
     "smollm3-tiny",
+    "gemma2-tiny",
 ];
 
 pub fn synth_model(name: &str) -> PathBuf {
