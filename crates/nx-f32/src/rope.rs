@@ -132,6 +132,7 @@ pub struct RopeTable {
     rope_dim: usize,
     theta_scale: f32,
     freq_scale: f32,
+    attn_factor: f32,
     freq_factors: Option<Vec<f32>>,
     cos: Vec<f32>,
     sin: Vec<f32>,
@@ -165,6 +166,7 @@ impl RopeTable {
             rope_dim,
             theta_scale: theta_scale(freq_base, rope_dim),
             freq_scale: 1.0,
+            attn_factor: 1.0,
             freq_factors: freq_factors.map(|ff| ff[..n_pairs].to_vec()),
             cos: vec![0.0; n_pairs],
             sin: vec![0.0; n_pairs],
@@ -179,6 +181,17 @@ impl RopeTable {
             return Err(RopeError::BadFreqScale(freq_scale));
         }
         self.freq_scale = freq_scale;
+        self.pos = None;
+        Ok(self)
+    }
+
+    /// Scales every cosine and sine by `attn_factor` (`rope.scaling.attn_factor`,
+    /// Phi-3's LongRoPE; 1.0 = off), as the reference's `cosf(θ)·mscale`.
+    pub fn with_attn_factor(mut self, attn_factor: f32) -> Result<RopeTable, RopeError> {
+        if !(attn_factor.is_finite() && attn_factor > 0.0) {
+            return Err(RopeError::BadFreqScale(attn_factor));
+        }
+        self.attn_factor = attn_factor;
         self.pos = None;
         Ok(self)
     }
@@ -199,6 +212,7 @@ impl RopeTable {
             return;
         }
         let (cos, sin) = (&mut self.cos, &mut self.sin);
+        let m = self.attn_factor;
         for_each_angle(
             pos,
             self.theta_scale,
@@ -206,8 +220,8 @@ impl RopeTable {
             self.freq_factors.as_deref(),
             self.freq_scale,
             |i, c, s| {
-                cos[i] = c;
-                sin[i] = s;
+                cos[i] = c * m;
+                sin[i] = s * m;
             },
         );
         self.pos = Some(pos);

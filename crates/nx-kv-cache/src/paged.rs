@@ -684,6 +684,10 @@ impl PagedBatch<'_> {
 }
 
 impl KvSegments for PagedBatch<'_> {
+    fn n_ctx(&self) -> usize {
+        self.pool.n_ctx
+    }
+
     fn dtype(&self) -> KvDtype {
         self.pool.dtype
     }

@@ -18,6 +18,9 @@ pub trait KvSegments {
     fn dtype(&self) -> KvDtype;
     /// Number of segments.
     fn n_segments(&self) -> usize;
+    /// Most positions one sequence may hold: the context the model runs at (LongRoPE
+    /// models choose their frequency factors by it, as the reference does).
+    fn n_ctx(&self) -> usize;
     /// Committed positions of segment `seg`.
     fn len(&self, seg: usize) -> Result<usize, KvError>;
     /// Checks that `n_new` rows can be written after the committed ones.
@@ -83,6 +86,10 @@ pub(crate) fn rows_to_f32(src: KvRows<'_>, rows: Range<usize>, dst: &mut [f32]) 
 }
 
 impl KvSegments for KvCache {
+    fn n_ctx(&self) -> usize {
+        KvCache::n_ctx(self)
+    }
+
     fn dtype(&self) -> KvDtype {
         KvCache::dtype(self)
     }

@@ -139,6 +139,22 @@ impl<'a> LazyWeight<'a> {
         self.data
     }
 
+    /// Rows `rows` of this weight as a weight of their own: a view of the same bytes,
+    /// nothing copied (Phi-3 stores Q, K and V one after another in `attn_qkv`, gate
+    /// and up in `ffn_up`). Each output of a matmul over the view is the one the whole
+    /// weight computes for that row. The range must be non-empty and inside the rows.
+    pub fn row_range(&self, rows: std::ops::Range<usize>) -> Result<Self, LazyWeightError> {
+        if rows.is_empty() || rows.end > self.n_rows || self.n_dims > 2 {
+            return Err(LazyWeightError::BadShape {
+                ne: self.ne().to_vec(),
+                reason:
+                    "row range empty, past the rows or of a tensor with more than two dimensions",
+            });
+        }
+        let data = &self.data[rows.start * self.row_bytes..rows.end * self.row_bytes];
+        Self::from_parts(self.ggml_type, &[self.ne[0], rows.len() as u64], data)
+    }
+
     /// The bytes of row `i`.
     ///
     /// # Panics
@@ -255,6 +271,30 @@ mod tests {
             }
         ));
         assert!(err.to_string().contains("blk.0.test.weight"), "{err}");
+    }
+
+    #[test]
+    fn a_row_range_views_the_same_bytes_and_refuses_bad_ranges() {
+        let bytes: Vec<u8> = (0..5 * 34).map(|i| (i * 7 % 251) as u8).collect();
+        let w = LazyWeight::from_parts(GgmlType::Q8_0, &[32, 5], &bytes).unwrap();
+        let v = w.row_range(1..4).unwrap();
+        assert_eq!((v.n_rows(), v.row_len(), v.ne()), (3, 32, &[32u64, 3][..]));
+        for r in 0..3 {
+            assert_eq!(v.row(r), w.row(r + 1));
+            assert_eq!(
+                v.row(r).as_ptr(),
+                w.row(r + 1).as_ptr(),
+                "a view, not a copy"
+            );
+        }
+        for bad in [2..2, 4..6, 0..9] {
+            assert!(matches!(
+                w.row_range(bad),
+                Err(LazyWeightError::BadShape { .. })
+            ));
+        }
+        let w3 = LazyWeight::from_parts(GgmlType::Q8_0, &[32, 5, 1], &bytes).unwrap();
+        assert!(w3.row_range(0..1).is_err());
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub struct LayerConfig {
     pub rope_base: f32,
     /// Linear position interpolation: every angle times this (1.0 = none).
     pub rope_freq_scale: f32,
+    /// Every cosine and sine times this (LongRoPE's `attn_factor`; 1.0 = none).
+    pub rope_attn_factor: f32,
     pub rope_dim: usize,
     pub rope_style: RopeStyle,
     /// Look-back of a local layer, the query's own row included.
@@ -120,8 +122,9 @@ pub struct BlockScratch {
     rope: Option<(RopeKey, RopeTable)>,
 }
 
-/// What a cached RoPE table was built for: rotated width, base and frequency-scale bits.
-type RopeKey = (usize, u32, u32);
+/// What a cached RoPE table was built for: rotated width, then the bits of the base,
+/// frequency scale and attention factor.
+type RopeKey = (usize, u32, u32, u32);
 
 fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     if buf.len() < len {
@@ -506,11 +509,13 @@ fn apply_rope(
         cfg.rope_dim,
         cfg.rope_base.to_bits(),
         cfg.rope_freq_scale.to_bits(),
+        cfg.rope_attn_factor.to_bits(),
     );
     let rebuild = !matches!(&slot, Some((k, _)) if *k == key) || w.rope_freq_factors.is_some();
     if rebuild {
         let table = RopeTable::new(cfg.rope_dim, cfg.rope_base, w.rope_freq_factors)
             .and_then(|t| t.with_freq_scale(cfg.rope_freq_scale))
+            .and_then(|t| t.with_attn_factor(cfg.rope_attn_factor))
             .map_err(|e| BlockError::Rope(e.to_string()))?;
         *slot = Some((key, table));
     }

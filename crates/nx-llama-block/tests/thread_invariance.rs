@@ -115,6 +115,7 @@ fn config(window: Option<usize>) -> LayerConfig {
         use_rope: true,
         rope_base: 10_000.0,
         rope_freq_scale: 1.0,
+        rope_attn_factor: 1.0,
         rope_dim: HEAD_DIM,
         rope_style: RopeStyle::Neox,
         window,

@@ -25,6 +25,7 @@ pub enum Arch {
     Gemma3,
     Granite,
     Olmo2,
+    Phi3,
     Smollm3,
 }
 
@@ -109,7 +110,7 @@ impl ArchSpec {
 }
 
 /// One row per architecture, in [`Arch::ALL`] order.
-const ARCH_SPECS: [ArchSpec; 8] = [
+const ARCH_SPECS: [ArchSpec; 9] = [
     ArchSpec::plain(Arch::Llama, "llama", RopeStyle::Normal, 10_000.0),
     ArchSpec::plain(Arch::Qwen2, "qwen2", RopeStyle::Neox, 1_000_000.0),
     ArchSpec {
@@ -147,6 +148,12 @@ const ARCH_SPECS: [ArchSpec; 8] = [
         swa_pattern: Some(4),
         ..ArchSpec::plain(Arch::Olmo2, "olmo2", RopeStyle::Neox, 10_000.0)
     },
+    // Phi-3's fused attn_qkv and gate/up are found by the tensor table (any row may
+    // have them); its sliding window the reference ignores, and so do we.
+    ArchSpec {
+        scale_q: true,
+        ..ArchSpec::plain(Arch::Phi3, "phi3", RopeStyle::Neox, 10_000.0)
+    },
     ArchSpec {
         no_rope_every: Some(4),
         ..ArchSpec::plain(Arch::Smollm3, "smollm3", RopeStyle::Normal, 10_000.0)
@@ -155,7 +162,7 @@ const ARCH_SPECS: [ArchSpec; 8] = [
 
 impl Arch {
     /// Every architecture nx runs (the README's list is checked against it).
-    pub const ALL: [Arch; 8] = [
+    pub const ALL: [Arch; 9] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -163,6 +170,7 @@ impl Arch {
         Arch::Gemma3,
         Arch::Granite,
         Arch::Olmo2,
+        Arch::Phi3,
         Arch::Smollm3,
     ];
 
@@ -215,6 +223,12 @@ pub struct ModelConfig {
     /// Linear position interpolation: every RoPE angle times this (`1 / rope.scaling.factor`;
     /// 1.0 without scaling).
     pub rope_freq_scale: f32,
+    /// Every RoPE cosine and sine times this (`rope.scaling.attn_factor`; 1.0 without).
+    pub rope_attn_factor: f32,
+    /// The context the RoPE factors were trained for
+    /// (`rope.scaling.original_context_length`, else the training context): a LongRoPE
+    /// model runs longer contexts with its long factors, as the reference.
+    pub rope_orig_ctx: usize,
     /// Dimensions of a head that RoPE rotates.
     pub rope_dim: usize,
     pub rope_style: RopeStyle,
@@ -316,12 +330,12 @@ fn read_heads(k: &Keys<'_>, n_embd: usize) -> Result<(usize, usize, usize, usize
     Ok((n_head, n_head_kv, head_dim, value_dim))
 }
 
-/// RoPE base, linear frequency scale and rotated width.
+/// RoPE base, linear frequency scale, attention factor and rotated width.
 fn read_rope(
     k: &Keys<'_>,
     spec: &ArchSpec,
     head_dim: usize,
-) -> Result<(f32, f32, usize), StackError> {
+) -> Result<(f32, f32, f32, usize), StackError> {
     let rope_dim = k.opt_u32("rope.dimension_count")?.unwrap_or(head_dim);
     if rope_dim > head_dim || rope_dim % 2 != 0 {
         return bad(format!(
@@ -349,26 +363,21 @@ fn read_rope(
         Some(f) => Some(f),
         None => k.multiplier("rope.scale_linear")?,
     };
+    // "llama3" files carry their factors in rope_freqs.weight (the reference itself
+    // knows no such type); "longrope" ones in rope_factors_long/short.weight.
     let freq_scale = match kind.as_str() {
         "none" => 1.0,
-        "linear" => factor.map_or(1.0, |f| 1.0f32 / f),
+        "linear" | "longrope" | "llama3" => factor.map_or(1.0, |f| 1.0f32 / f),
         other => {
             return bad(format!(
-                "{} = {other:?}: nx applies RoPE scaling \"none\" and \"linear\" (and \
-                 Llama 3's rope_freqs.weight), not YaRN or LongRoPE yet",
+                "{} = {other:?}: nx applies RoPE scaling \"none\", \"linear\", \"llama3\" \
+                 and \"longrope\", not YaRN yet",
                 k.key("rope.scaling.type")
             ))
         }
     };
-    if let Some(a) = k.opt_f32("rope.scaling.attn_factor")? {
-        if a != 1.0 {
-            return bad(format!(
-                "{} = {a}: nx does not apply a RoPE attention factor",
-                k.key("rope.scaling.attn_factor")
-            ));
-        }
-    }
-    Ok((base, freq_scale, rope_dim))
+    let attn_factor = k.multiplier("rope.scaling.attn_factor")?.unwrap_or(1.0);
+    Ok((base, freq_scale, attn_factor, rope_dim))
 }
 
 /// The sliding window, which layers use it, and their RoPE base.
@@ -490,8 +499,12 @@ impl ModelConfig {
             return bad(format!("{} is 0", k.key("block_count")));
         }
         let (n_head, n_head_kv, head_dim, value_dim) = read_heads(&k, n_embd)?;
-        let (rope_base, rope_freq_scale, rope_dim) = read_rope(&k, spec, head_dim)?;
+        let (rope_base, rope_freq_scale, rope_attn_factor, rope_dim) =
+            read_rope(&k, spec, head_dim)?;
         let n_ctx_train = k.opt_u32("context_length")?.unwrap_or(4096);
+        let rope_orig_ctx = k
+            .opt_u32("rope.scaling.original_context_length")?
+            .unwrap_or(n_ctx_train);
         let rms_eps = m.get_f32(&k.key("attention.layer_norm_rms_epsilon"))?;
         if !(rms_eps.is_finite() && rms_eps >= 0.0) {
             return bad(format!(
@@ -539,6 +552,8 @@ impl ModelConfig {
             rope_base,
             rope_base_local,
             rope_freq_scale,
+            rope_attn_factor,
+            rope_orig_ctx,
             rope_dim,
             rope_style: spec.rope_style,
             layer_has_rope: read_rope_layers(&k, spec, n_layers)?,
@@ -747,6 +762,29 @@ mod tests {
     }
 
     #[test]
+    fn phi3_reads_its_long_rope_setup() {
+        let c = config(
+            "phi3",
+            &[
+                ("context_length", Value::U32(131072)),
+                ("rope.scaling.original_context_length", Value::U32(4096)),
+                ("rope.scaling.attn_factor", Value::F32(1.19)),
+            ],
+        )
+        .unwrap();
+        assert_eq!((c.n_ctx_train, c.rope_orig_ctx), (131072, 4096));
+        assert_eq!(c.rope_attn_factor, 1.19);
+        assert!(c.scale_q && c.sliding_window.is_none());
+        // Without the key the factors were trained for the whole context.
+        let c = config("phi3", &[("context_length", Value::U32(4096))]).unwrap();
+        assert_eq!((c.rope_orig_ctx, c.rope_attn_factor), (4096, 1.0));
+        let err = config("phi3", &[("rope.scaling.attn_factor", Value::F32(-2.0))])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("phi3.rope.scaling.attn_factor"), "{err}");
+    }
+
+    #[test]
     fn linear_rope_scaling_is_read_and_other_kinds_are_refused() {
         let c = config("llama", &[("rope.scaling.factor", Value::F32(4.0))]).unwrap();
         assert_eq!(c.rope_freq_scale, 0.25);
@@ -762,7 +800,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.rope_freq_scale, 1.0);
         assert_eq!(config("llama", &[]).unwrap().rope_freq_scale, 1.0);
-        for kind in ["yarn", "longrope", "dynamic"] {
+        for kind in ["yarn", "dynamic"] {
             let err = config(
                 "llama",
                 &[("rope.scaling.type", Value::String(kind.into()))],

@@ -19,11 +19,35 @@ struct Vector {
     values: OnceLock<Vec<f32>>,
 }
 
+/// A matrix of the forward pass: a whole tensor, or rows of one (Phi-3's fused
+/// `attn_qkv` and gate/up), viewed without a copy.
+struct Matrix {
+    info: TensorInfo,
+    rows: Option<std::ops::Range<usize>>,
+}
+
+impl Matrix {
+    fn whole(info: TensorInfo) -> Matrix {
+        Matrix { info, rows: None }
+    }
+
+    /// Bytes a pass over the matrix reads.
+    fn n_bytes(&self) -> u64 {
+        match &self.rows {
+            None => self.info.n_bytes,
+            Some(r) => {
+                let n_rows = self.info.ne.get(1).copied().unwrap_or(1).max(1);
+                self.info.n_bytes / n_rows * r.len() as u64
+            }
+        }
+    }
+}
+
 struct LayerTensors {
     attn_norm: Option<usize>,
-    wq: TensorInfo,
-    wk: TensorInfo,
-    wv: TensorInfo,
+    wq: Matrix,
+    wk: Matrix,
+    wv: Matrix,
     bq: Option<usize>,
     bk: Option<usize>,
     bv: Option<usize>,
@@ -32,8 +56,8 @@ struct LayerTensors {
     wo: TensorInfo,
     post_attn_norm: Option<usize>,
     ffn_norm: Option<usize>,
-    w_gate: TensorInfo,
-    w_up: TensorInfo,
+    w_gate: Matrix,
+    w_up: Matrix,
     w_down: TensorInfo,
     post_ffn_norm: Option<usize>,
 }
@@ -47,6 +71,9 @@ pub struct Model {
     /// `output.weight`, or the token embedding when the head is tied.
     lm_head: TensorInfo,
     rope_freqs: Option<usize>,
+    /// LongRoPE's factors for contexts up to `rope_orig_ctx`, and beyond it.
+    rope_short: Option<usize>,
+    rope_long: Option<usize>,
     layers: Vec<LayerTensors>,
     vectors: Vec<Vector>,
     /// Threads of the forward pass; the process-wide pool unless set.
@@ -107,10 +134,9 @@ impl Model {
             None => token_embd.clone(),
         };
         expect_shape(&lm_head, &[c.n_embd, n_vocab])?;
-        let rope_freqs = match gguf.tensor("rope_freqs.weight") {
-            Some(_) => Some(t.vector("rope_freqs.weight", c.rope_dim / 2)?),
-            None => None,
-        };
+        let rope_freqs = t.opt_vector("rope_freqs.weight", c.rope_dim / 2)?;
+        let rope_short = t.opt_vector("rope_factors_short.weight", c.rope_dim / 2)?;
+        let rope_long = t.opt_vector("rope_factors_long.weight", c.rope_dim / 2)?;
         // The count was checked against the tensors present (`check_layer_count`).
         let layers = (0..c.n_layers)
             .map(|i| t.layer(c, i))
@@ -123,15 +149,19 @@ impl Model {
             output_norm,
             lm_head,
             rope_freqs,
+            rope_short,
+            rope_long,
             layers,
             vectors,
             pool: ThreadPool::global(),
         };
         // Validate every matrix view now (sizes only; no data is read).
         for l in &model.layers {
-            for t in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
-                model.weight(t)?;
+            for m in [&l.wq, &l.wk, &l.wv, &l.w_gate, &l.w_up] {
+                model.matrix(m)?;
             }
+            model.weight(&l.wo)?;
+            model.weight(&l.w_down)?;
         }
         model.weight(&model.token_embd)?;
         model.weight(&model.lm_head)?;
@@ -185,6 +215,26 @@ impl Model {
         Ok(LazyWeight::new(info, self.gguf.tensor_bytes(info))?)
     }
 
+    fn matrix(&self, m: &Matrix) -> Result<LazyWeight<'_>, StackError> {
+        let whole = self.weight(&m.info)?;
+        Ok(match &m.rows {
+            None => whole,
+            Some(r) => whole.row_range(r.clone())?,
+        })
+    }
+
+    /// The RoPE frequency factors of a pass whose cache holds up to `n_ctx` positions:
+    /// Llama 3's `rope_freqs`, else LongRoPE's long factors past the original context
+    /// and its short ones within it.
+    fn rope_factors(&self, n_ctx: usize) -> Option<usize> {
+        let long = n_ctx > self.config.rope_orig_ctx;
+        self.rope_freqs.or(if long {
+            self.rope_long
+        } else {
+            self.rope_short
+        })
+    }
+
     fn vector(&self, idx: usize) -> Result<&[f32], StackError> {
         let v = &self.vectors[idx];
         if let Some(values) = v.values.get() {
@@ -222,6 +272,7 @@ impl Model {
             use_rope: c.layer_has_rope.get(layer).copied().unwrap_or(true),
             rope_base: c.rope_base_of(layer),
             rope_freq_scale: c.rope_freq_scale,
+            rope_attn_factor: c.rope_attn_factor,
             rope_dim: c.rope_dim,
             rope_style: c.rope_style,
             window: c.window_of(layer),
@@ -233,13 +284,17 @@ impl Model {
         }
     }
 
-    fn layer_weights(&self, layer: usize) -> Result<LayerWeights<'_>, StackError> {
+    fn layer_weights(
+        &self,
+        layer: usize,
+        rope_factors: Option<usize>,
+    ) -> Result<LayerWeights<'_>, StackError> {
         let l = &self.layers[layer];
         Ok(LayerWeights {
             attn_norm: self.opt_vector(l.attn_norm)?,
-            wq: self.weight(&l.wq)?,
-            wk: self.weight(&l.wk)?,
-            wv: self.weight(&l.wv)?,
+            wq: self.matrix(&l.wq)?,
+            wk: self.matrix(&l.wk)?,
+            wv: self.matrix(&l.wv)?,
             bq: self.opt_vector(l.bq)?,
             bk: self.opt_vector(l.bk)?,
             bv: self.opt_vector(l.bv)?,
@@ -248,11 +303,11 @@ impl Model {
             wo: self.weight(&l.wo)?,
             post_attn_norm: self.opt_vector(l.post_attn_norm)?,
             ffn_norm: self.opt_vector(l.ffn_norm)?,
-            w_gate: self.weight(&l.w_gate)?,
-            w_up: self.weight(&l.w_up)?,
+            w_gate: self.matrix(&l.w_gate)?,
+            w_up: self.matrix(&l.w_up)?,
             w_down: self.weight(&l.w_down)?,
             post_ffn_norm: self.opt_vector(l.post_ffn_norm)?,
-            rope_freq_factors: self.opt_vector(self.rope_freqs)?,
+            rope_freq_factors: self.opt_vector(rope_factors)?,
         })
     }
 
@@ -307,9 +362,10 @@ impl Model {
         }
         let tokens = items.iter().flat_map(|it| it.tokens.iter().copied());
         self.embed(tokens, n, &mut state.x)?; // [n, n_embd]
+        let rope_factors = self.rope_factors(kv.n_ctx());
         for layer in 0..c.n_layers {
             let cfg = self.layer_config(layer);
-            let w = self.layer_weights(layer)?;
+            let w = self.layer_weights(layer, rope_factors)?;
             let result = nx_llama_block::forward_batch(
                 &cfg,
                 &w,
@@ -474,9 +530,10 @@ impl Model {
     pub fn weight_bytes_per_token(&self) -> u64 {
         let mut total = 0;
         for l in &self.layers {
-            for t in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
-                total += t.n_bytes;
+            for m in [&l.wq, &l.wk, &l.wv, &l.w_gate, &l.w_up] {
+                total += m.n_bytes();
             }
+            total += l.wo.n_bytes + l.w_down.n_bytes;
         }
         total + self.lm_head.n_bytes
     }
@@ -506,11 +563,48 @@ impl TensorTable<'_> {
         Ok(self.vectors.len() - 1)
     }
 
+    /// An optional 1-D tensor of `len` values.
+    fn opt_vector(&mut self, name: &str, len: usize) -> Result<Option<usize>, StackError> {
+        match self.gguf.tensor(name) {
+            Some(_) => self.vector(name, len).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// A `[k, n]` matrix.
     fn matrix(&self, name: &str, k: usize, n: usize) -> Result<TensorInfo, StackError> {
         let t = find(self.gguf, name)?;
         expect_shape(&t, &[k, n])?;
         Ok(t)
+    }
+
+    /// Consecutive `[k, n_i]` matrices: the tensor `fused` (`[k, Σ n_i]`) split by rows
+    /// when it is named and the file has it, else the tensors `names`.
+    fn matrices<const N: usize>(
+        &self,
+        fused: Option<&str>,
+        names: [&str; N],
+        k: usize,
+        widths: [usize; N],
+    ) -> Result<[Matrix; N], StackError> {
+        let Some(info) = fused.and_then(|f| self.gguf.tensor(f)) else {
+            let mut out = Vec::with_capacity(N);
+            for (name, n) in names.iter().zip(widths) {
+                out.push(Matrix::whole(self.matrix(name, k, n)?));
+            }
+            return Ok(out
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("N matrices")));
+        };
+        expect_shape(info, &[k, widths.iter().sum()])?;
+        let mut first = 0;
+        Ok(widths.map(|n| {
+            first += n;
+            Matrix {
+                info: info.clone(),
+                rows: Some(first - n..first),
+            }
+        }))
     }
 
     /// The tensors of layer `i` (`blk.{i}.…`), the optional ones as the config asks.
@@ -555,11 +649,34 @@ impl TensorTable<'_> {
         } else {
             (None, None)
         };
+        let [wq, wk, wv] = self.matrices(
+            Some(&name("attn_qkv.weight")),
+            [
+                &name("attn_q.weight"),
+                &name("attn_k.weight"),
+                &name("attn_v.weight"),
+            ],
+            c.n_embd,
+            [q_dim, c.k_dim(), c.v_dim()],
+        )?;
+        // Without ffn_gate, ffn_up holds gate and up one after the other (Phi-3).
+        let up = name("ffn_up.weight");
+        let fused_up = self
+            .gguf
+            .tensor(&name("ffn_gate.weight"))
+            .is_none()
+            .then_some(up.as_str());
+        let [w_gate, w_up] = self.matrices(
+            fused_up,
+            [&name("ffn_gate.weight"), &up],
+            c.n_embd,
+            [c.n_ff, c.n_ff],
+        )?;
         Ok(LayerTensors {
             attn_norm,
-            wq: self.matrix(&name("attn_q.weight"), c.n_embd, q_dim)?,
-            wk: self.matrix(&name("attn_k.weight"), c.n_embd, c.k_dim())?,
-            wv: self.matrix(&name("attn_v.weight"), c.n_embd, c.v_dim())?,
+            wq,
+            wk,
+            wv,
             bq,
             bk,
             bv,
@@ -572,8 +689,8 @@ impl TensorTable<'_> {
             )?,
             post_attn_norm,
             ffn_norm,
-            w_gate: self.matrix(&name("ffn_gate.weight"), c.n_embd, c.n_ff)?,
-            w_up: self.matrix(&name("ffn_up.weight"), c.n_embd, c.n_ff)?,
+            w_gate,
+            w_up,
             w_down: self.matrix(&name("ffn_down.weight"), c.n_ff, c.n_embd)?,
             post_ffn_norm,
         })
@@ -581,14 +698,14 @@ impl TensorTable<'_> {
 }
 
 /// Checks the layer count against the tensors the file holds before anything is sized
-/// by it: every layer has at least nine tensors, and the last layer's output projection
-/// must exist.
+/// by it: every layer has at least six tensors (Phi-3's fused layers have six), and the
+/// last layer's output projection must exist.
 fn check_layer_count(gguf: &Gguf, arch: &str) -> Result<(), StackError> {
     let key = format!("{arch}.block_count");
     let Ok(n_layers) = gguf.metadata().get_u32(&key) else {
         return Ok(()); // a missing or mistyped key is reported by the config
     };
-    let most = gguf.tensors().len() / 9;
+    let most = gguf.tensors().len() / 6;
     if n_layers as usize > most {
         return Err(StackError::BadConfig(format!(
             "{key} = {n_layers}, but the file's {} tensors hold at most {most} layers",

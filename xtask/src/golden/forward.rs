@@ -70,7 +70,7 @@ pub const GEMMA: &str = "gemma3-270m";
 /// its own cache cell (cell = position, as in nx's cache) instead of reusing cells, which
 /// changes nothing in the mathematics but keeps the reference's summation lanes (set by
 /// the cell index) the same as nx's.
-pub const SETS: [GoldenSet; 12] = [
+pub const SETS: [GoldenSet; 13] = [
     tiny("qwen2-tiny"),
     tiny("llama-tiny"),
     tiny("qwen3-tiny"),
@@ -85,6 +85,7 @@ pub const SETS: [GoldenSet; 12] = [
         extra_args: &["--swa-full"],
         ..tiny("gemma2-tiny")
     },
+    tiny("phi3-tiny"),
     GoldenSet {
         name: GEMMA,
         prompts: "fixtures/prompts/forward-gemma.json",
@@ -703,8 +704,16 @@ pub fn align(tokens: &[u32], entries: Vec<Step>) -> Result<Vec<Option<Step>>> {
             *slot = None;
         }
     }
-    for (i, step) in aligned.iter().enumerate() {
+    for (i, step) in aligned.iter_mut().enumerate() {
         if let Some(step) = step {
+            // An exact tie (the generated token's log-prob equals the first listed) is
+            // greedy too: list the generated token first. Its margin is 0, so the
+            // gates never count it as a firm step.
+            if let Some(at) = step.top.iter().position(|t| t.id == step.id) {
+                if at > 0 && step.top[at].logprob == step.top[0].logprob {
+                    step.top.swap(0, at);
+                }
+            }
             if step.top[0].id != step.id {
                 bail!(
                     "step {i}: generated {} but the most likely token is {} (not greedy?)",
@@ -978,6 +987,26 @@ mod tests {
                 logprob: -1.5
             }
         );
+    }
+
+    #[test]
+    fn an_exact_tie_is_greedy_with_the_generated_token_first() {
+        let mut r = sample_response();
+        let entry = &mut r["completion_probabilities"][2];
+        let generated = entry["id"].clone();
+        let logprob = entry["top_logprobs"][0]["logprob"].clone();
+        entry["top_logprobs"][1]["id"] = generated.clone();
+        entry["top_logprobs"][1]["logprob"] = logprob.clone();
+        entry["top_logprobs"][0]["id"] = serde_json::json!(9);
+        let c = parse_completion(&r).unwrap();
+        let steps = align(&c.tokens, c.entries).unwrap();
+        let step = steps[2].as_ref().unwrap();
+        assert_eq!(serde_json::json!(step.top[0].id), generated);
+        assert_eq!(step.top[1].id, 9);
+        // Not a tie: still refused.
+        r["completion_probabilities"][2]["top_logprobs"][1]["logprob"] = serde_json::json!(-9.0);
+        let c = parse_completion(&r).unwrap();
+        assert!(align(&c.tokens, c.entries).is_err());
     }
 
     #[test]

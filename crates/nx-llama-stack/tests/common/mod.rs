@@ -26,8 +26,8 @@ pub fn repo_root() -> PathBuf {
 
 /// The synthetic fixtures of `cargo xtask synth` (its tiny shapes): three architectures
 /// in a Q4_K_M mix, the tier-1 file types (Q4_1/Q5_1/IQ4_NL, Q3_K_M, Q2_K/IQ4_XS), then
-/// Granite, OLMo 2, SmolLM3 and Gemma 2.
-pub const SYNTH_FIXTURES: [&str; 10] = [
+/// Granite, OLMo 2, SmolLM3, Gemma 2 and Phi-3.
+pub const SYNTH_FIXTURES: [&str; 11] = [
     "qwen2-tiny",
     "llama-tiny",
     "qwen3-tiny",
@@ -38,6 +38,7 @@ pub const SYNTH_FIXTURES: [&str; 10] = [
     "olmo2-tiny",
     "smollm3-tiny",
     "gemma2-tiny",
+    "phi3-tiny",
 ];
 
 pub fn synth_model(name: &str) -> PathBuf {
