@@ -26,8 +26,8 @@ pub fn repo_root() -> PathBuf {
 
 /// The synthetic fixtures of `cargo xtask synth` (its tiny shapes): three architectures
 /// in a Q4_K_M mix, the tier-1 file types (Q4_1/Q5_1/IQ4_NL, Q3_K_M, Q2_K/IQ4_XS), then
-/// Granite, OLMo 2, SmolLM3, Gemma 2 and Phi-3.
-pub const SYNTH_FIXTURES: [&str; 11] = [
+/// Granite, OLMo 2, SmolLM3, Gemma 2, Phi-3 and a Llama with both kinds of RoPE scaling.
+pub const SYNTH_FIXTURES: [&str; 12] = [
     "qwen2-tiny",
     "llama-tiny",
     "qwen3-tiny",
@@ -39,6 +39,7 @@ pub const SYNTH_FIXTURES: [&str; 11] = [
     "smollm3-tiny",
     "gemma2-tiny",
     "phi3-tiny",
+    "llama-rope-scaled",
 ];
 
 pub fn synth_model(name: &str) -> PathBuf {
