@@ -13,7 +13,7 @@
 //!
 //! | weight | activations | per block | accumulation |
 //! |---|---|---|---|
-//! | F32 | F32 | `w·x` in f32 | f64 sum, rounded to f32 at the end |
+//! | F32 | F32 | fused `w·x` | 64 f32 lanes (ggml's AVX-512 `vec_dot_f32`), f32 tail |
 //! | F16 | F16 | `w·x` in f32 (exact) | f64 sum, rounded to f32 |
 //! | BF16 | BF16 | `w·x` in f32 (exact) | f64 sum, rounded to f32 |
 //! | Q4_0 | Q8_0 | `sumi` i32 | `sumf += (sumi·d_w)·d_x` |
@@ -55,13 +55,32 @@ pub fn dot_kernel(weight_type: GgmlType) -> Option<DotKernel> {
     Some(kernel)
 }
 
-/// F32 × F32.
+/// F32 × F32 in the order of ggml's AVX-512 `vec_dot_f32` (what the reference runs for
+/// an F32 weight such as a MoE router): 64 running fused multiply-adds, lane `l` taking
+/// elements `l, l+64, …`, reduced as four 16-lane registers, then the elements past the
+/// last whole 64 added one by one in f32.
 pub fn dot_f32(w: &[u8], x: &[u8]) -> f32 {
-    let mut sum = 0.0f64;
-    for (a, b) in w.chunks_exact(4).zip(x.chunks_exact(4)) {
-        sum += (read_f32(a, 0) * read_f32(b, 0)) as f64;
+    const LANES: usize = 64;
+    let n = (w.len() / 4).min(x.len() / 4);
+    let whole = n / LANES * LANES;
+    let mut lanes = [0f32; LANES];
+    for (cw, cx) in w[..whole * 4]
+        .chunks_exact(LANES * 4)
+        .zip(x[..whole * 4].chunks_exact(LANES * 4))
+    {
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            *lane = read_f32(cw, 4 * l).mul_add(read_f32(cx, 4 * l), *lane);
+        }
     }
-    sum as f32
+    let mut sum = if whole > 0 {
+        nx_f32::scalar::reduce_lanes_64(&lanes)
+    } else {
+        0.0
+    };
+    for i in whole..n {
+        sum += read_f32(w, 4 * i) * read_f32(x, 4 * i);
+    }
+    sum
 }
 
 /// F16 × F16.

@@ -142,13 +142,14 @@ impl<'a> LazyWeight<'a> {
     /// Rows `rows` of this weight as a weight of their own: a view of the same bytes,
     /// nothing copied (Phi-3 stores Q, K and V one after another in `attn_qkv`, gate
     /// and up in `ffn_up`). Each output of a matmul over the view is the one the whole
-    /// weight computes for that row. The range must be non-empty and inside the rows.
+    /// weight computes for that row. The rows of a 3-D tensor count through its last
+    /// dimension (expert `e` of `[k, n, n_expert]` is rows `e·n..(e+1)·n`). The range must
+    /// be non-empty and inside the rows.
     pub fn row_range(&self, rows: std::ops::Range<usize>) -> Result<Self, LazyWeightError> {
-        if rows.is_empty() || rows.end > self.n_rows || self.n_dims > 2 {
+        if rows.is_empty() || rows.end > self.n_rows {
             return Err(LazyWeightError::BadShape {
                 ne: self.ne().to_vec(),
-                reason:
-                    "row range empty, past the rows or of a tensor with more than two dimensions",
+                reason: "row range empty or past the rows",
             });
         }
         let data = &self.data[rows.start * self.row_bytes..rows.end * self.row_bytes];
@@ -293,8 +294,9 @@ mod tests {
                 Err(LazyWeightError::BadShape { .. })
             ));
         }
-        let w3 = LazyWeight::from_parts(GgmlType::Q8_0, &[32, 5, 1], &bytes).unwrap();
-        assert!(w3.row_range(0..1).is_err());
+        // A 3-D tensor's rows run through its last dimension.
+        let w3 = LazyWeight::from_parts(GgmlType::Q8_0, &[32, 1, 5], &bytes).unwrap();
+        assert_eq!(w3.row_range(4..5).unwrap().row(0), w.row(4));
     }
 
     #[test]

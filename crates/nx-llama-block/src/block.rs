@@ -11,6 +11,7 @@ use nx_kv_cache::{KvCache, KvDtype, KvError, KvRows, KvSegments};
 use nx_lazy_weight::{LazyWeight, LazyWeightError};
 use nx_syscalls::ThreadPool;
 
+use crate::moe::{moe_ffn, MoeScratch, MoeWeights};
 use crate::Projector;
 
 /// The gated FFN's activation.
@@ -74,13 +75,23 @@ pub struct LayerWeights<'a> {
     pub post_attn_norm: Option<&'a [f32]>,
     /// RMSNorm weights before the FFN (OLMo 2 has none).
     pub ffn_norm: Option<&'a [f32]>,
-    pub w_gate: LazyWeight<'a>,
-    pub w_up: LazyWeight<'a>,
-    pub w_down: LazyWeight<'a>,
+    pub ffn: FfnWeights<'a>,
     /// Norm of the FFN output before the residual add (Gemma, OLMo 2).
     pub post_ffn_norm: Option<&'a [f32]>,
     /// Llama 3.1 `rope_freqs.weight`.
     pub rope_freq_factors: Option<&'a [f32]>,
+}
+
+/// The FFN's matrices: one gated FFN, or experts behind a router.
+pub enum FfnWeights<'a> {
+    /// `down(act(gate·x)·(up·x))`.
+    Dense {
+        gate: LazyWeight<'a>,
+        up: LazyWeight<'a>,
+        down: LazyWeight<'a>,
+    },
+    /// A mixture of experts ([`MoeWeights`]).
+    Experts(MoeWeights<'a>),
 }
 
 /// Why a block could not run.
@@ -119,6 +130,7 @@ pub struct BlockScratch {
     widened_k: Vec<f32>,
     widened_v: Vec<f32>,
     projector: Projector,
+    moe: MoeScratch,
     rope: Option<(RopeKey, RopeTable)>,
 }
 
@@ -126,7 +138,7 @@ pub struct BlockScratch {
 /// frequency scale and attention factor.
 type RopeKey = (usize, u32, u32, u32);
 
-fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+pub(crate) fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     if buf.len() < len {
         buf.resize(len, 0.0);
     }
@@ -249,14 +261,19 @@ pub fn forward_batch(
     // ---- feed-forward ----
     let normed = sized(&mut s.normed, n * n_embd);
     pre_norm(cfg, layer, "ffn_norm", w.ffn_norm, normed, x, pool)?;
-    s.projector.reset();
-    let gate = sized(&mut s.gate, n * cfg.n_ff); // [n, n_ff]
-    s.projector.project(&w.w_gate, normed, n, gate, pool)?;
-    let up = sized(&mut s.up, n * cfg.n_ff); // [n, n_ff]
-    s.projector.project(&w.w_up, normed, n, up, pool)?;
-    gated_activation(cfg, gate, up, pool); // hidden = act(gate)·up, over gate
-    s.projector.reset();
-    s.projector.project(&w.w_down, gate, n, proj, pool)?;
+    match &w.ffn {
+        FfnWeights::Dense { gate, up, down } => {
+            s.projector.reset();
+            let g = sized(&mut s.gate, n * cfg.n_ff); // [n, n_ff]
+            s.projector.project(gate, normed, n, g, pool)?;
+            let u = sized(&mut s.up, n * cfg.n_ff); // [n, n_ff]
+            s.projector.project(up, normed, n, u, pool)?;
+            gated_activation(cfg, g, u, pool); // hidden = act(gate)·up, over gate
+            s.projector.reset();
+            s.projector.project(down, g, n, proj, pool)?;
+        }
+        FfnWeights::Experts(m) => moe_ffn(m, layer, n_embd, normed, n, proj, &mut s.moe, pool)?,
+    }
     residual_add(cfg, layer, "post_ffw_norm", w.post_ffn_norm, x, proj, pool)?;
     Ok(())
 }

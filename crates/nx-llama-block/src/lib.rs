@@ -10,10 +10,12 @@
 //! which optional steps apply, and [`LayerWeights`] borrows the tensors.
 
 mod block;
+mod moe;
 mod project;
 
 pub use block::{
-    forward, forward_batch, BlockError, BlockScratch, FfnActivation, LayerConfig, LayerWeights,
-    Segment,
+    forward, forward_batch, BlockError, BlockScratch, FfnActivation, FfnWeights, LayerConfig,
+    LayerWeights, Segment,
 };
+pub use moe::MoeWeights;
 pub use project::Projector;

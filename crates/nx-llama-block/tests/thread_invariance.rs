@@ -5,7 +5,7 @@
 use nx_f32::RopeStyle;
 use nx_kv_cache::{KvCache, KvDtype};
 use nx_lazy_weight::{quantize_row, row_bytes, GgmlType, LazyWeight};
-use nx_llama_block::{forward, BlockScratch, FfnActivation, LayerConfig, LayerWeights};
+use nx_llama_block::{forward, BlockScratch, FfnActivation, FfnWeights, LayerConfig, LayerWeights};
 use nx_syscalls::ThreadPool;
 
 const N_EMBD: usize = 256;
@@ -95,9 +95,11 @@ fn layer_weights(t: &Tensors) -> LayerWeights<'_> {
         wo: m(3),
         post_attn_norm: Some(&t.norms[3]),
         ffn_norm: Some(&t.norms[4]),
-        w_gate: m(4),
-        w_up: m(5),
-        w_down: m(6),
+        ffn: FfnWeights::Dense {
+            gate: m(4),
+            up: m(5),
+            down: m(6),
+        },
         post_ffn_norm: Some(&t.norms[5]),
         rope_freq_factors: None,
     }

@@ -21,6 +21,7 @@ pub enum Arch {
     Llama,
     Qwen2,
     Qwen3,
+    Qwen3Moe,
     Gemma2,
     Gemma3,
     Granite,
@@ -83,6 +84,8 @@ struct ArchSpec {
     /// Gemma 2's soft caps of the attention scores and of the logits, the defaults of
     /// `attn_logit_softcapping` and `final_logit_softcapping`.
     softcaps: Option<(f32, f32)>,
+    /// The FFN is a mixture of experts (`expert_count`, `expert_used_count`, …).
+    experts: bool,
 }
 
 impl ArchSpec {
@@ -105,17 +108,23 @@ impl ArchSpec {
             no_rope_every: None,
             multipliers: false,
             softcaps: None,
+            experts: false,
         }
     }
 }
 
 /// One row per architecture, in [`Arch::ALL`] order.
-const ARCH_SPECS: [ArchSpec; 9] = [
+const ARCH_SPECS: [ArchSpec; 10] = [
     ArchSpec::plain(Arch::Llama, "llama", RopeStyle::Normal, 10_000.0),
     ArchSpec::plain(Arch::Qwen2, "qwen2", RopeStyle::Neox, 1_000_000.0),
     ArchSpec {
         qk_norm: Some(QkNormSpan::Head),
         ..ArchSpec::plain(Arch::Qwen3, "qwen3", RopeStyle::Neox, 1_000_000.0)
+    },
+    ArchSpec {
+        qk_norm: Some(QkNormSpan::Head),
+        experts: true,
+        ..ArchSpec::plain(Arch::Qwen3Moe, "qwen3moe", RopeStyle::Neox, 1_000_000.0)
     },
     ArchSpec {
         ffn_activation: FfnActivation::GeluTanh,
@@ -162,10 +171,11 @@ const ARCH_SPECS: [ArchSpec; 9] = [
 
 impl Arch {
     /// Every architecture nx runs (the README's list is checked against it).
-    pub const ALL: [Arch; 9] = [
+    pub const ALL: [Arch; 10] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
+        Arch::Qwen3Moe,
         Arch::Gemma2,
         Arch::Gemma3,
         Arch::Granite,
@@ -257,7 +267,50 @@ pub struct ModelConfig {
     pub logit_scale: Option<f32>,
     /// Soft cap of the attention scores (Gemma 2).
     pub attn_softcap: Option<f32>,
+    /// The experts of a mixture-of-experts FFN (Qwen3-MoE); `None` for a dense FFN.
+    pub moe: Option<MoeConfig>,
     pub final_logit_softcap: Option<f32>,
+}
+
+/// A mixture-of-experts FFN's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeConfig {
+    /// Experts per layer.
+    pub n_expert: usize,
+    /// Experts each token uses.
+    pub n_expert_used: usize,
+    /// Hidden width of one expert.
+    pub n_ff_exp: usize,
+    /// The chosen experts' weights are divided by their sum.
+    pub norm_weights: bool,
+}
+
+/// The reference's limit on experts per layer.
+const MAX_EXPERTS: usize = 512;
+
+/// The expert counts of a mixture-of-experts architecture.
+fn read_moe(k: &Keys<'_>, n_ff: usize) -> Result<MoeConfig, StackError> {
+    let n_expert = k.u32("expert_count")?;
+    let n_expert_used = k.u32("expert_used_count")?;
+    if n_expert == 0 || n_expert > MAX_EXPERTS || n_expert_used == 0 || n_expert_used > n_expert {
+        return bad(format!(
+            "{} = {n_expert} and {} = {n_expert_used}: need 1 ≤ used ≤ experts ≤ {MAX_EXPERTS}",
+            k.key("expert_count"),
+            k.key("expert_used_count")
+        ));
+    }
+    let n_ff_exp = k
+        .opt_u32("expert_feed_forward_length")?
+        .unwrap_or(n_ff / n_expert_used);
+    if n_ff_exp == 0 {
+        return bad(format!("{} is 0", k.key("expert_feed_forward_length")));
+    }
+    Ok(MoeConfig {
+        n_expert,
+        n_expert_used,
+        n_ff_exp,
+        norm_weights: true,
+    })
 }
 
 /// Reads `{arch}.KEY` values, naming the full key in every error.
@@ -569,6 +622,11 @@ impl ModelConfig {
             residual_scale,
             logit_scale,
             attn_softcap,
+            moe: if spec.experts {
+                Some(read_moe(&k, n_ff)?)
+            } else {
+                None
+            },
             final_logit_softcap,
         })
     }
@@ -782,6 +840,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("phi3.rope.scaling.attn_factor"), "{err}");
+    }
+
+    #[test]
+    fn qwen3moe_reads_its_experts_and_refuses_impossible_counts() {
+        let experts = |n: u32, used: u32| {
+            config(
+                "qwen3moe",
+                &[
+                    ("expert_count", Value::U32(n)),
+                    ("expert_used_count", Value::U32(used)),
+                    ("expert_feed_forward_length", Value::U32(768)),
+                ],
+            )
+        };
+        let m = experts(128, 8).unwrap().moe.unwrap();
+        assert_eq!((m.n_expert, m.n_expert_used, m.n_ff_exp), (128, 8, 768));
+        assert!(m.norm_weights);
+        for (n, used) in [(0, 0), (8, 0), (8, 9), (100_000, 2)] {
+            let err = experts(n, used).unwrap_err().to_string();
+            assert!(err.contains("qwen3moe.expert_count"), "{err}");
+        }
+        let err = config("qwen3moe", &[]).unwrap_err().to_string();
+        assert!(err.contains("qwen3moe.expert_count"), "{err}");
+        assert!(config("qwen3", &[]).unwrap().moe.is_none());
     }
 
     #[test]

@@ -9,7 +9,7 @@
 mod config;
 mod model;
 
-pub use config::{Arch, FfnActivation, ModelConfig, QkNormSpan, RopeStyle};
+pub use config::{Arch, FfnActivation, ModelConfig, MoeConfig, QkNormSpan, RopeStyle};
 /// The tiny random-weight llama model of the tests, for doctests downstream.
 #[doc(hidden)]
 #[path = "../../nx-run/tests/common/tiny_model.rs"]

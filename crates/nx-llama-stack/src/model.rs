@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use nx_gguf::{GgmlType, Gguf, TensorInfo};
 use nx_kv_cache::{KvCache, KvDtype, KvSegments, PagedKv};
 use nx_lazy_weight::{LazyWeight, QuantizedActs};
-use nx_llama_block::{BlockScratch, LayerConfig, LayerWeights, Segment};
+use nx_llama_block::{BlockScratch, FfnWeights, LayerConfig, LayerWeights, MoeWeights, Segment};
 use nx_syscalls::ThreadPool;
 
 use crate::config::{Arch, ModelConfig, QkNormSpan};
@@ -56,10 +56,44 @@ struct LayerTensors {
     wo: TensorInfo,
     post_attn_norm: Option<usize>,
     ffn_norm: Option<usize>,
-    w_gate: Matrix,
-    w_up: Matrix,
-    w_down: TensorInfo,
+    ffn: FfnTensors,
     post_ffn_norm: Option<usize>,
+}
+
+/// A layer's FFN matrices: dense, or a router and 3-D expert tensors.
+enum FfnTensors {
+    Dense {
+        gate: Matrix,
+        up: Matrix,
+        down: TensorInfo,
+    },
+    Experts {
+        router: TensorInfo,
+        gate: TensorInfo,
+        up: TensorInfo,
+        down: TensorInfo,
+    },
+}
+
+impl FfnTensors {
+    /// Bytes a one-token pass reads: every dense matrix, or the router and the share of
+    /// the experts one token uses.
+    fn bytes_per_token(&self, c: &ModelConfig) -> u64 {
+        match self {
+            FfnTensors::Dense { gate, up, down } => gate.n_bytes() + up.n_bytes() + down.n_bytes,
+            FfnTensors::Experts {
+                router,
+                gate,
+                up,
+                down,
+            } => {
+                let (used, all) = c
+                    .moe
+                    .map_or((1, 1), |m| (m.n_expert_used as u64, m.n_expert as u64));
+                router.n_bytes + (gate.n_bytes + up.n_bytes + down.n_bytes) / all * used
+            }
+        }
+    }
 }
 
 /// A loaded model. Holds the mapping; every weight is a view into it.
@@ -157,11 +191,11 @@ impl Model {
         };
         // Validate every matrix view now (sizes only; no data is read).
         for l in &model.layers {
-            for m in [&l.wq, &l.wk, &l.wv, &l.w_gate, &l.w_up] {
+            for m in [&l.wq, &l.wk, &l.wv] {
                 model.matrix(m)?;
             }
             model.weight(&l.wo)?;
-            model.weight(&l.w_down)?;
+            model.ffn_weights(&l.ffn)?;
         }
         model.weight(&model.token_embd)?;
         model.weight(&model.lm_head)?;
@@ -213,6 +247,34 @@ impl Model {
 
     fn weight(&self, info: &TensorInfo) -> Result<LazyWeight<'_>, StackError> {
         Ok(LazyWeight::new(info, self.gguf.tensor_bytes(info))?)
+    }
+
+    fn ffn_weights(&self, f: &FfnTensors) -> Result<FfnWeights<'_>, StackError> {
+        Ok(match f {
+            FfnTensors::Dense { gate, up, down } => FfnWeights::Dense {
+                gate: self.matrix(gate)?,
+                up: self.matrix(up)?,
+                down: self.weight(down)?,
+            },
+            FfnTensors::Experts {
+                router,
+                gate,
+                up,
+                down,
+            } => {
+                let moe = self.config.moe.ok_or_else(|| {
+                    StackError::BadConfig("expert tensors without an expert count".into())
+                })?;
+                FfnWeights::Experts(MoeWeights {
+                    router: self.weight(router)?,
+                    gate: self.weight(gate)?,
+                    up: self.weight(up)?,
+                    down: self.weight(down)?,
+                    n_used: moe.n_expert_used,
+                    norm_weights: moe.norm_weights,
+                })
+            }
+        })
     }
 
     fn matrix(&self, m: &Matrix) -> Result<LazyWeight<'_>, StackError> {
@@ -303,9 +365,7 @@ impl Model {
             wo: self.weight(&l.wo)?,
             post_attn_norm: self.opt_vector(l.post_attn_norm)?,
             ffn_norm: self.opt_vector(l.ffn_norm)?,
-            w_gate: self.matrix(&l.w_gate)?,
-            w_up: self.matrix(&l.w_up)?,
-            w_down: self.weight(&l.w_down)?,
+            ffn: self.ffn_weights(&l.ffn)?,
             post_ffn_norm: self.opt_vector(l.post_ffn_norm)?,
             rope_freq_factors: self.opt_vector(rope_factors)?,
         })
@@ -530,10 +590,10 @@ impl Model {
     pub fn weight_bytes_per_token(&self) -> u64 {
         let mut total = 0;
         for l in &self.layers {
-            for m in [&l.wq, &l.wk, &l.wv, &l.w_gate, &l.w_up] {
+            for m in [&l.wq, &l.wk, &l.wv] {
                 total += m.n_bytes();
             }
-            total += l.wo.n_bytes + l.w_down.n_bytes;
+            total += l.wo.n_bytes + l.ffn.bytes_per_token(&self.config);
         }
         total + self.lm_head.n_bytes
     }
@@ -659,19 +719,7 @@ impl TensorTable<'_> {
             c.n_embd,
             [q_dim, c.k_dim(), c.v_dim()],
         )?;
-        // Without ffn_gate, ffn_up holds gate and up one after the other (Phi-3).
-        let up = name("ffn_up.weight");
-        let fused_up = self
-            .gguf
-            .tensor(&name("ffn_gate.weight"))
-            .is_none()
-            .then_some(up.as_str());
-        let [w_gate, w_up] = self.matrices(
-            fused_up,
-            [&name("ffn_gate.weight"), &up],
-            c.n_embd,
-            [c.n_ff, c.n_ff],
-        )?;
+        let ffn = self.ffn_tensors(c, i)?;
         Ok(LayerTensors {
             attn_norm,
             wq,
@@ -689,10 +737,45 @@ impl TensorTable<'_> {
             )?,
             post_attn_norm,
             ffn_norm,
-            w_gate,
-            w_up,
-            w_down: self.matrix(&name("ffn_down.weight"), c.n_ff, c.n_embd)?,
+            ffn,
             post_ffn_norm,
+        })
+    }
+
+    /// The FFN tensors of layer `i`: experts where the config has them, else gate, up
+    /// and down.
+    fn ffn_tensors(&self, c: &ModelConfig, i: usize) -> Result<FfnTensors, StackError> {
+        let name = |s: &str| format!("blk.{i}.{s}");
+        if let Some(m) = c.moe {
+            let experts = |s: &str, k: usize, n: usize| -> Result<TensorInfo, StackError> {
+                let t = find(self.gguf, &name(s))?;
+                expect_shape(&t, &[k, n, m.n_expert])?;
+                Ok(t)
+            };
+            return Ok(FfnTensors::Experts {
+                router: self.matrix(&name("ffn_gate_inp.weight"), c.n_embd, m.n_expert)?,
+                gate: experts("ffn_gate_exps.weight", c.n_embd, m.n_ff_exp)?,
+                up: experts("ffn_up_exps.weight", c.n_embd, m.n_ff_exp)?,
+                down: experts("ffn_down_exps.weight", m.n_ff_exp, c.n_embd)?,
+            });
+        }
+        // Without ffn_gate, ffn_up holds gate and up one after the other (Phi-3).
+        let up = name("ffn_up.weight");
+        let fused_up = self
+            .gguf
+            .tensor(&name("ffn_gate.weight"))
+            .is_none()
+            .then_some(up.as_str());
+        let [gate, up] = self.matrices(
+            fused_up,
+            [&name("ffn_gate.weight"), &up],
+            c.n_embd,
+            [c.n_ff, c.n_ff],
+        )?;
+        Ok(FfnTensors::Dense {
+            gate,
+            up,
+            down: self.matrix(&name("ffn_down.weight"), c.n_ff, c.n_embd)?,
         })
     }
 }

@@ -70,7 +70,7 @@ pub const GEMMA: &str = "gemma3-270m";
 /// its own cache cell (cell = position, as in nx's cache) instead of reusing cells, which
 /// changes nothing in the mathematics but keeps the reference's summation lanes (set by
 /// the cell index) the same as nx's.
-pub const SETS: [GoldenSet; 14] = [
+pub const SETS: [GoldenSet; 15] = [
     tiny("qwen2-tiny"),
     tiny("llama-tiny"),
     tiny("qwen3-tiny"),
@@ -87,6 +87,7 @@ pub const SETS: [GoldenSet; 14] = [
     },
     tiny("phi3-tiny"),
     tiny("llama-rope-scaled"),
+    tiny("qwen3moe-tiny"),
     GoldenSet {
         name: GEMMA,
         prompts: "fixtures/prompts/forward-gemma.json",

@@ -26,8 +26,9 @@ pub fn repo_root() -> PathBuf {
 
 /// The synthetic fixtures of `cargo xtask synth` (its tiny shapes): three architectures
 /// in a Q4_K_M mix, the tier-1 file types (Q4_1/Q5_1/IQ4_NL, Q3_K_M, Q2_K/IQ4_XS), then
-/// Granite, OLMo 2, SmolLM3, Gemma 2, Phi-3 and a Llama with both kinds of RoPE scaling.
-pub const SYNTH_FIXTURES: [&str; 12] = [
+/// Granite, OLMo 2, SmolLM3, Gemma 2, Phi-3, a Llama with both kinds of RoPE scaling and
+/// Qwen3-MoE.
+pub const SYNTH_FIXTURES: [&str; 13] = [
     "qwen2-tiny",
     "llama-tiny",
     "qwen3-tiny",
@@ -40,6 +41,7 @@ pub const SYNTH_FIXTURES: [&str; 12] = [
     "gemma2-tiny",
     "phi3-tiny",
     "llama-rope-scaled",
+    "qwen3moe-tiny",
 ];
 
 pub fn synth_model(name: &str) -> PathBuf {

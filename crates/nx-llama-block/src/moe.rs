@@ -1,0 +1,177 @@
+//! The mixture-of-experts FFN (Qwen3-MoE): a router picks `n_used` of `n_expert` gated
+//! FFNs per token, and their outputs are summed with the router's weights.
+//!
+//! In the reference's order, so the one-token path matches llama.cpp's: router logits
+//! (one matmul), softmax over the experts, the `n_used` largest probabilities in
+//! descending order, optionally divided by their sum (an f64 sum rounded to f32, clamped
+//! below at the smallest normal f16), each chosen expert's `down(silu(gate)·up)` times its
+//! weight, then the slots added in that order.
+//!
+//! Batch invariance: tokens are grouped by expert, so each expert's weights are read
+//! once per step for all the tokens that chose it; every output element is still one
+//! dot product in a fixed order, so a token's result does not depend on which other
+//! tokens share the step.
+
+use nx_lazy_weight::LazyWeight;
+use nx_syscalls::ThreadPool;
+
+use crate::block::{sized, BlockError};
+use crate::Projector;
+
+/// One layer's experts: the router and the three 3-D expert tensors
+/// (`[n_embd, n_ff_exp, n_expert]` for gate and up, `[n_ff_exp, n_embd, n_expert]` for
+/// down), viewed per expert without a copy.
+pub struct MoeWeights<'a> {
+    /// `[n_embd, n_expert]`.
+    pub router: LazyWeight<'a>,
+    pub gate: LazyWeight<'a>,
+    pub up: LazyWeight<'a>,
+    pub down: LazyWeight<'a>,
+    /// Experts per token.
+    pub n_used: usize,
+    /// Divide the chosen experts' weights by their sum (Qwen3-MoE's `norm_topk_prob`).
+    pub norm_weights: bool,
+}
+
+impl MoeWeights<'_> {
+    fn n_expert(&self) -> usize {
+        self.router.n_rows()
+    }
+}
+
+/// Reused buffers of the expert FFN.
+#[derive(Default)]
+pub(crate) struct MoeScratch {
+    logits: Vec<f32>, // [n, n_expert]
+    /// Per token and slot: the expert and its weight.
+    choice: Vec<(usize, f32)>, // [n, n_used]
+    /// The batch rows (token · n_used + slot) routed to the expert at hand.
+    rows: Vec<usize>,
+    input: Vec<f32>, // [m, n_embd]
+    gate: Vec<f32>,  // [m, n_ff_exp]
+    up: Vec<f32>,    // [m, n_ff_exp]
+    out: Vec<f32>,   // [m, n_embd]
+    slots: Vec<f32>, // [n, n_used, n_embd]
+    projector: Projector,
+}
+
+/// The softmax probabilities of one token's router logits, the `n_used` best experts
+/// (descending probability; ties to the lower index) with their weights.
+fn choose(logits: &mut [f32], n_used: usize, norm: bool, out: &mut [(usize, f32)]) {
+    nx_f32::softmax_in_place(logits); // [n_expert]
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    for (slot, &e) in out.iter_mut().zip(&order[..n_used]) {
+        *slot = (e, logits[e]);
+    }
+    if norm {
+        // As ggml's sum_rows (f64 in order), clamped to the smallest normal f16.
+        let sum: f64 = out.iter().map(|&(_, w)| f64::from(w)).sum();
+        let sum = (sum as f32).max(6.103_515_6e-5);
+        for (_, w) in out.iter_mut() {
+            *w /= sum;
+        }
+    }
+}
+
+/// `proj = Σ_slots weight·down(silu(gate·x)·(up·x))` for the `n` rows of `normed`
+/// (`[n, n_embd]` in, `[n, n_embd]` out).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn moe_ffn(
+    m: &MoeWeights<'_>,
+    layer: usize,
+    n_embd: usize,
+    normed: &[f32],
+    n: usize,
+    proj: &mut [f32],
+    s: &mut MoeScratch,
+    pool: &ThreadPool,
+) -> Result<(), BlockError> {
+    let n_expert = m.n_expert();
+    let n_ff = m.gate.n_rows() / n_expert.max(1);
+    if m.n_used == 0 || m.n_used > n_expert || n_ff * n_expert != m.gate.n_rows() {
+        return Err(BlockError::Shape {
+            layer,
+            what: "experts",
+            expected: n_expert,
+            actual: m.n_used,
+        });
+    }
+    // ---- router ----
+    let logits = sized(&mut s.logits, n * n_expert); // [n, n_expert]
+    s.projector.reset();
+    s.projector.project(&m.router, normed, n, logits, pool)?;
+    s.choice.resize(n * m.n_used, (0, 0.0));
+    for (row, out) in logits
+        .chunks_exact_mut(n_expert)
+        .zip(s.choice.chunks_exact_mut(m.n_used))
+    {
+        choose(row, m.n_used, m.norm_weights, out);
+    }
+    // ---- each chosen expert over the tokens that chose it ----
+    let slots = sized(&mut s.slots, n * m.n_used * n_embd); // [n, n_used, n_embd]
+    for e in 0..n_expert {
+        s.rows.clear();
+        s.rows
+            .extend((0..n * m.n_used).filter(|&r| s.choice[r].0 == e));
+        let rows = s.rows.len();
+        if rows == 0 {
+            continue; // an expert nobody chose is never read
+        }
+        let input = sized(&mut s.input, rows * n_embd); // [rows, n_embd]
+        for (dst, &r) in input.chunks_exact_mut(n_embd).zip(&s.rows) {
+            let t = r / m.n_used;
+            dst.copy_from_slice(&normed[t * n_embd..(t + 1) * n_embd]);
+        }
+        let gate_e = m.gate.row_range(e * n_ff..(e + 1) * n_ff)?;
+        let up_e = m.up.row_range(e * n_ff..(e + 1) * n_ff)?;
+        let down_e = m.down.row_range(e * n_embd..(e + 1) * n_embd)?;
+        s.projector.reset();
+        let gate = sized(&mut s.gate, rows * n_ff); // [rows, n_ff_exp]
+        s.projector.project(&gate_e, input, rows, gate, pool)?;
+        let up = sized(&mut s.up, rows * n_ff);
+        s.projector.project(&up_e, input, rows, up, pool)?;
+        for (g, u) in gate.chunks_exact_mut(n_ff).zip(up.chunks_exact(n_ff)) {
+            nx_f32::swiglu_row_in_place(g, u);
+        }
+        let out = sized(&mut s.out, rows * n_embd); // [rows, n_embd]
+        s.projector.reset();
+        s.projector.project(&down_e, gate, rows, out, pool)?;
+        for (o, &r) in out.chunks_exact(n_embd).zip(&s.rows) {
+            let w = s.choice[r].1;
+            for (d, &x) in slots[r * n_embd..(r + 1) * n_embd].iter_mut().zip(o) {
+                *d = x * w;
+            }
+        }
+    }
+    // ---- the slots of each token added in order ----
+    for (t, out) in proj.chunks_exact_mut(n_embd).enumerate().take(n) {
+        let first = t * m.n_used;
+        out.copy_from_slice(&slots[first * n_embd..(first + 1) * n_embd]);
+        for slot in 1..m.n_used {
+            let r = first + slot;
+            nx_f32::add_in_place(out, &slots[r * n_embd..(r + 1) * n_embd]);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_best_experts_come_in_descending_order_with_normalised_weights() {
+        let mut logits = vec![0.1, 2.0, -1.0, 1.5, 2.0];
+        let mut out = [(0, 0.0); 3];
+        choose(&mut logits.clone(), 3, false, &mut out);
+        // A tie goes to the lower index.
+        assert_eq!(out.map(|(e, _)| e), [1, 4, 3]);
+        let probs = out.map(|(_, w)| w);
+        choose(&mut logits, 3, true, &mut out);
+        let sum = probs.iter().map(|&w| f64::from(w)).sum::<f64>() as f32;
+        for ((_, w), p) in out.iter().zip(probs) {
+            assert_eq!(*w, p / sum);
+        }
+    }
+}
