@@ -123,6 +123,43 @@ pub fn rope_neox(
     });
 }
 
+/// YaRN's setup of a table: the ramp's ends (pair indices) and its weight.
+#[derive(Debug, Clone, Copy)]
+struct Yarn {
+    corr_dims: [f32; 2],
+    ext_factor: f32,
+}
+
+/// The pair index at which `n_ctx_orig` positions make `n_rot` full rotations, as ggml's
+/// `ggml_rope_yarn_corr_dim` computes it (f32, no fused operations).
+fn yarn_corr_dim(rope_dim: usize, n_ctx_orig: usize, n_rot: f32, base: f32) -> f32 {
+    let turns = n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI);
+    rope_dim as f32 * turns.ln() / (2.0 * base.ln())
+}
+
+/// `[max(0, ⌊dim(beta_fast)⌋), min(rope_dim − 1, ⌈dim(beta_slow)⌉)]`.
+fn yarn_corr_dims(rope_dim: usize, n_ctx_orig: usize, base: f32, fast: f32, slow: f32) -> [f32; 2] {
+    let start = yarn_corr_dim(rope_dim, n_ctx_orig, fast, base).floor();
+    let end = yarn_corr_dim(rope_dim, n_ctx_orig, slow, base).ceil();
+    let last = (rope_dim as f32) - 1.0;
+    [
+        if 0.0 > start { 0.0 } else { start },
+        if last < end { last } else { end },
+    ]
+}
+
+/// `1 − clamp((i − low) / max(0.001, high − low), 0, 1)` for pair `i`.
+fn yarn_ramp([low, high]: [f32; 2], i: usize) -> f32 {
+    let span = if 0.001 > high - low {
+        0.001
+    } else {
+        high - low
+    };
+    let y = (i as f32 - low) / span;
+    let clamped = if 0.0 > y { 0.0 } else { y };
+    1.0 - if 1.0 < clamped { 1.0 } else { clamped }
+}
+
 /// Cosines and sines for one position, computed once and applied to many heads.
 ///
 /// Allocates its two `rope_dim/2` tables at construction and never again. Gives values
@@ -133,6 +170,7 @@ pub struct RopeTable {
     theta_scale: f32,
     freq_scale: f32,
     attn_factor: f32,
+    yarn: Option<Yarn>,
     freq_factors: Option<Vec<f32>>,
     cos: Vec<f32>,
     sin: Vec<f32>,
@@ -167,6 +205,7 @@ impl RopeTable {
             theta_scale: theta_scale(freq_base, rope_dim),
             freq_scale: 1.0,
             attn_factor: 1.0,
+            yarn: None,
             freq_factors: freq_factors.map(|ff| ff[..n_pairs].to_vec()),
             cos: vec![0.0; n_pairs],
             sin: vec![0.0; n_pairs],
@@ -196,6 +235,32 @@ impl RopeTable {
         Ok(self)
     }
 
+    /// YaRN (`rope.scaling.type = yarn`): each pair's angle blends the interpolated
+    /// angle (times `freq_scale`) and the original one by a ramp over the pairs between
+    /// the correction dimensions of `n_ctx_orig` (`beta_fast` and `beta_slow` rotations),
+    /// and the magnitudes grow by `1 + 0.1·ln(1/freq_scale)`, in the arithmetic of the
+    /// reference's `rope_yarn` (its GCC build fuses the blend and the magnitude into
+    /// multiply-adds). Call after [`RopeTable::with_freq_scale`].
+    pub fn with_yarn(
+        mut self,
+        n_ctx_orig: usize,
+        freq_base: f32,
+        beta_fast: f32,
+        beta_slow: f32,
+    ) -> Result<RopeTable, RopeError> {
+        for b in [beta_fast, beta_slow] {
+            if !(b.is_finite() && b > 0.0) {
+                return Err(RopeError::BadFreqScale(b));
+            }
+        }
+        self.yarn = Some(Yarn {
+            corr_dims: yarn_corr_dims(self.rope_dim, n_ctx_orig, freq_base, beta_fast, beta_slow),
+            ext_factor: 1.0,
+        });
+        self.pos = None;
+        Ok(self)
+    }
+
     /// Number of rotated dimensions.
     pub fn rope_dim(&self) -> usize {
         self.rope_dim
@@ -213,6 +278,23 @@ impl RopeTable {
         }
         let (cos, sin) = (&mut self.cos, &mut self.sin);
         let m = self.attn_factor;
+        if let Some(y) = self.yarn {
+            let (freq_scale, ff) = (self.freq_scale, self.freq_factors.as_deref());
+            let m = m * 0.1f32.mul_add((1.0f32 / freq_scale).ln(), 1.0);
+            let mut theta = pos as f32;
+            for i in 0..cos.len() {
+                let factor = ff.and_then(|f| f.get(i).copied()).unwrap_or(1.0);
+                let extrap = theta / factor;
+                let interp = freq_scale * extrap;
+                let mix = yarn_ramp(y.corr_dims, i) * y.ext_factor;
+                let angle = interp.mul_add(1.0 - mix, extrap * mix);
+                cos[i] = angle.cos() * m;
+                sin[i] = angle.sin() * m;
+                theta *= self.theta_scale;
+            }
+            self.pos = Some(pos);
+            return;
+        }
         for_each_angle(
             pos,
             self.theta_scale,

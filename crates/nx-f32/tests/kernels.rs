@@ -1140,3 +1140,37 @@ fn attend_soft_cap_matches_reference_and_every_tier() {
     );
     assert_eq!(&outs[head_dim..], &second[..]);
 }
+
+/// YaRN: pairs below the correction range keep the original angle, pairs above it take
+/// the interpolated one, every magnitude grows by `1 + 0.1·ln(factor)`, and the pairs
+/// between blend the two.
+#[test]
+fn rope_yarn_keeps_fast_pairs_and_interpolates_slow_ones() {
+    let (dim, base, scale) = (64usize, 10_000f32, 0.25f32);
+    let plain = RopeTable::new(dim, base, None).unwrap();
+    let linear = plain.clone().with_freq_scale(scale).unwrap();
+    let yarn = linear.clone().with_yarn(1024, base, 32.0, 1.0).unwrap();
+    let m = 0.1f32.mul_add((1.0f32 / scale).ln(), 1.0);
+    for pos in [0usize, 1, 17, 3000] {
+        let (mut p, mut l, mut y) = (plain.clone(), linear.clone(), yarn.clone());
+        p.set_position(pos);
+        l.set_position(pos);
+        y.set_position(pos);
+        // 1024 positions turn pairs 0..=5 at least 32 times and pairs from 18 on at most
+        // once (ggml's correction dimensions for this base and width).
+        for i in 0..=5 {
+            assert_eq!(y.cos()[i], p.cos()[i] * m, "pos {pos} pair {i}");
+            assert_eq!(y.sin()[i], p.sin()[i] * m, "pos {pos} pair {i}");
+        }
+        for i in 18..dim / 2 {
+            assert_eq!(y.cos()[i], l.cos()[i] * m, "pos {pos} pair {i}");
+            assert_eq!(y.sin()[i], l.sin()[i] * m, "pos {pos} pair {i}");
+        }
+        if pos == 3000 {
+            let mid = 12;
+            assert_ne!(y.cos()[mid], p.cos()[mid] * m);
+            assert_ne!(y.cos()[mid], l.cos()[mid] * m);
+        }
+    }
+    assert!(linear.with_yarn(1024, base, f32::NAN, 1.0).is_err());
+}

@@ -40,6 +40,8 @@ pub struct LayerConfig {
     pub rope_freq_scale: f32,
     /// Every cosine and sine times this (LongRoPE's `attn_factor`; 1.0 = none).
     pub rope_attn_factor: f32,
+    /// YaRN with the original context it was trained for (`None`: no YaRN).
+    pub rope_yarn_orig_ctx: Option<usize>,
     pub rope_dim: usize,
     pub rope_style: RopeStyle,
     /// Look-back of a local layer, the query's own row included.
@@ -134,9 +136,9 @@ pub struct BlockScratch {
     rope: Option<(RopeKey, RopeTable)>,
 }
 
-/// What a cached RoPE table was built for: rotated width, then the bits of the base,
-/// frequency scale and attention factor.
-type RopeKey = (usize, u32, u32, u32);
+/// What a cached RoPE table was built for: rotated width, the bits of the base,
+/// frequency scale and attention factor, and YaRN's original context.
+type RopeKey = (usize, u32, u32, u32, Option<usize>);
 
 pub(crate) fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     if buf.len() < len {
@@ -527,12 +529,18 @@ fn apply_rope(
         cfg.rope_base.to_bits(),
         cfg.rope_freq_scale.to_bits(),
         cfg.rope_attn_factor.to_bits(),
+        cfg.rope_yarn_orig_ctx,
     );
     let rebuild = !matches!(&slot, Some((k, _)) if *k == key) || w.rope_freq_factors.is_some();
     if rebuild {
         let table = RopeTable::new(cfg.rope_dim, cfg.rope_base, w.rope_freq_factors)
             .and_then(|t| t.with_freq_scale(cfg.rope_freq_scale))
             .and_then(|t| t.with_attn_factor(cfg.rope_attn_factor))
+            .and_then(|t| match cfg.rope_yarn_orig_ctx {
+                // The reference's YaRN ramp: 32 and 1 rotations (no file sets others).
+                Some(n_orig) => t.with_yarn(n_orig, cfg.rope_base, 32.0, 1.0),
+                None => Ok(t),
+            })
             .map_err(|e| BlockError::Rope(e.to_string()))?;
         *slot = Some((key, table));
     }

@@ -118,6 +118,7 @@ fn config(window: Option<usize>) -> LayerConfig {
         rope_base: 10_000.0,
         rope_freq_scale: 1.0,
         rope_attn_factor: 1.0,
+        rope_yarn_orig_ctx: None,
         rope_dim: HEAD_DIM,
         rope_style: RopeStyle::Neox,
         window,

@@ -233,8 +233,12 @@ pub struct ModelConfig {
     /// Linear position interpolation: every RoPE angle times this (`1 / rope.scaling.factor`;
     /// 1.0 without scaling).
     pub rope_freq_scale: f32,
-    /// Every RoPE cosine and sine times this (`rope.scaling.attn_factor`; 1.0 without).
+    /// Every RoPE cosine and sine times this (`rope.scaling.attn_factor`, and for YaRN
+    /// the reference's magnitude correction; 1.0 without).
     pub rope_attn_factor: f32,
+    /// YaRN scaling (`rope.scaling.type = yarn`): angles blended over
+    /// [`ModelConfig::rope_orig_ctx`]'s correction range.
+    pub rope_yarn: bool,
     /// The context the RoPE factors were trained for
     /// (`rope.scaling.original_context_length`, else the training context): a LongRoPE
     /// model runs longer contexts with its long factors, as the reference.
@@ -383,12 +387,30 @@ fn read_heads(k: &Keys<'_>, n_embd: usize) -> Result<(usize, usize, usize, usize
     Ok((n_head, n_head_kv, head_dim, value_dim))
 }
 
-/// RoPE base, linear frequency scale, attention factor and rotated width.
-fn read_rope(
-    k: &Keys<'_>,
-    spec: &ArchSpec,
-    head_dim: usize,
-) -> Result<(f32, f32, f32, usize), StackError> {
+/// What [`read_rope`] finds.
+struct RopeSetup {
+    base: f32,
+    freq_scale: f32,
+    attn_factor: f32,
+    yarn: bool,
+    rope_dim: usize,
+}
+
+/// The attention factor llama.cpp's context derives for YaRN with factor `1/freq_scale`
+/// (`get_mscale`, then the division that cancels the kernel's own correction), in plain
+/// f32 operations as its build computes them.
+fn yarn_attn_factor(freq_scale: f32) -> f32 {
+    let factor = 1.0f32 / freq_scale;
+    let mscale = if factor <= 1.0 {
+        1.0
+    } else {
+        0.1f32 * 1.0 * factor.ln() + 1.0
+    };
+    mscale * (1.0f32 / (1.0f32 + 0.1f32 * factor.ln()))
+}
+
+/// RoPE base, frequency scale, attention factor, YaRN and rotated width.
+fn read_rope(k: &Keys<'_>, spec: &ArchSpec, head_dim: usize) -> Result<RopeSetup, StackError> {
     let rope_dim = k.opt_u32("rope.dimension_count")?.unwrap_or(head_dim);
     if rope_dim > head_dim || rope_dim % 2 != 0 {
         return bad(format!(
@@ -420,17 +442,29 @@ fn read_rope(
     // knows no such type); "longrope" ones in rope_factors_long/short.weight.
     let freq_scale = match kind.as_str() {
         "none" => 1.0,
-        "linear" | "longrope" | "llama3" => factor.map_or(1.0, |f| 1.0f32 / f),
+        "linear" | "longrope" | "llama3" | "yarn" => factor.map_or(1.0, |f| 1.0f32 / f),
         other => {
             return bad(format!(
-                "{} = {other:?}: nx applies RoPE scaling \"none\", \"linear\", \"llama3\" \
-                 and \"longrope\", not YaRN yet",
+                "{} = {other:?}: nx applies RoPE scaling \"none\", \"linear\", \"yarn\", \
+                 \"llama3\" and \"longrope\"",
                 k.key("rope.scaling.type")
             ))
         }
     };
-    let attn_factor = k.multiplier("rope.scaling.attn_factor")?.unwrap_or(1.0);
-    Ok((base, freq_scale, attn_factor, rope_dim))
+    let yarn = kind == "yarn";
+    let file_factor = k.multiplier("rope.scaling.attn_factor")?.unwrap_or(1.0);
+    let attn_factor = if yarn {
+        yarn_attn_factor(freq_scale) * file_factor
+    } else {
+        file_factor
+    };
+    Ok(RopeSetup {
+        base,
+        freq_scale,
+        attn_factor,
+        yarn,
+        rope_dim,
+    })
 }
 
 /// The sliding window, which layers use it, and their RoPE base.
@@ -552,8 +586,13 @@ impl ModelConfig {
             return bad(format!("{} is 0", k.key("block_count")));
         }
         let (n_head, n_head_kv, head_dim, value_dim) = read_heads(&k, n_embd)?;
-        let (rope_base, rope_freq_scale, rope_attn_factor, rope_dim) =
-            read_rope(&k, spec, head_dim)?;
+        let RopeSetup {
+            base: rope_base,
+            freq_scale: rope_freq_scale,
+            attn_factor: rope_attn_factor,
+            yarn: rope_yarn,
+            rope_dim,
+        } = read_rope(&k, spec, head_dim)?;
         let n_ctx_train = k.opt_u32("context_length")?.unwrap_or(4096);
         let rope_orig_ctx = k
             .opt_u32("rope.scaling.original_context_length")?
@@ -606,6 +645,7 @@ impl ModelConfig {
             rope_base_local,
             rope_freq_scale,
             rope_attn_factor,
+            rope_yarn,
             rope_orig_ctx,
             rope_dim,
             rope_style: spec.rope_style,
@@ -882,7 +922,25 @@ mod tests {
         .unwrap();
         assert_eq!(c.rope_freq_scale, 1.0);
         assert_eq!(config("llama", &[]).unwrap().rope_freq_scale, 1.0);
-        for kind in ["yarn", "dynamic"] {
+        let c = config(
+            "llama",
+            &[
+                ("rope.scaling.type", Value::String("yarn".into())),
+                ("rope.scaling.factor", Value::F32(4.0)),
+                ("rope.scaling.original_context_length", Value::U32(1024)),
+            ],
+        )
+        .unwrap();
+        assert!(c.rope_yarn);
+        assert_eq!((c.rope_freq_scale, c.rope_orig_ctx), (0.25, 1024));
+        // The reference's context: get_mscale(4) / (1 + 0.1·ln 4), a hair from 1.
+        let ln4 = 4f32.ln();
+        assert_eq!(
+            c.rope_attn_factor,
+            (0.1 * ln4 + 1.0) * (1.0 / (1.0 + 0.1 * ln4))
+        );
+        assert!(!config("llama", &[]).unwrap().rope_yarn);
+        for kind in ["dynamic", "su"] {
             let err = config(
                 "llama",
                 &[("rope.scaling.type", Value::String(kind.into()))],

@@ -335,6 +335,7 @@ impl Model {
             rope_base: c.rope_base_of(layer),
             rope_freq_scale: c.rope_freq_scale,
             rope_attn_factor: c.rope_attn_factor,
+            rope_yarn_orig_ctx: c.rope_yarn.then_some(c.rope_orig_ctx),
             rope_dim: c.rope_dim,
             rope_style: c.rope_style,
             window: c.window_of(layer),

@@ -70,7 +70,7 @@ pub const GEMMA: &str = "gemma3-270m";
 /// its own cache cell (cell = position, as in nx's cache) instead of reusing cells, which
 /// changes nothing in the mathematics but keeps the reference's summation lanes (set by
 /// the cell index) the same as nx's.
-pub const SETS: [GoldenSet; 15] = [
+pub const SETS: [GoldenSet; 16] = [
     tiny("qwen2-tiny"),
     tiny("llama-tiny"),
     tiny("qwen3-tiny"),
@@ -88,6 +88,7 @@ pub const SETS: [GoldenSet; 15] = [
     tiny("phi3-tiny"),
     tiny("llama-rope-scaled"),
     tiny("qwen3moe-tiny"),
+    tiny("llama-yarn"),
     GoldenSet {
         name: GEMMA,
         prompts: "fixtures/prompts/forward-gemma.json",

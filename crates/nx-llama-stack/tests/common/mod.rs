@@ -26,9 +26,9 @@ pub fn repo_root() -> PathBuf {
 
 /// The synthetic fixtures of `cargo xtask synth` (its tiny shapes): three architectures
 /// in a Q4_K_M mix, the tier-1 file types (Q4_1/Q5_1/IQ4_NL, Q3_K_M, Q2_K/IQ4_XS), then
-/// Granite, OLMo 2, SmolLM3, Gemma 2, Phi-3, a Llama with both kinds of RoPE scaling and
-/// Qwen3-MoE.
-pub const SYNTH_FIXTURES: [&str; 13] = [
+/// Granite, OLMo 2, SmolLM3, Gemma 2, Phi-3, a Llama with Llama 3.1 factors and linear
+/// RoPE scaling, Qwen3-MoE and a Llama with YaRN.
+pub const SYNTH_FIXTURES: [&str; 14] = [
     "qwen2-tiny",
     "llama-tiny",
     "qwen3-tiny",
@@ -42,6 +42,7 @@ pub const SYNTH_FIXTURES: [&str; 13] = [
     "phi3-tiny",
     "llama-rope-scaled",
     "qwen3moe-tiny",
+    "llama-yarn",
 ];
 
 pub fn synth_model(name: &str) -> PathBuf {
