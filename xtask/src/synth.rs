@@ -90,13 +90,6 @@ const MOE_FF: u64 = 256;
 /// within them, so the short factors apply on both sides) and the attention factor of
 /// Phi-3.5-mini.
 const PHI3_ORIG_CTX: u32 = 4096;
-
-/// llama-rope-scaled's linear RoPE factor (positions divided by it).
-const LINEAR_ROPE_FACTOR: f32 = 2.0;
-
-/// llama-yarn's YaRN factor and original context.
-const YARN_FACTOR: f32 = 4.0;
-const YARN_ORIG_CTX: u32 = 1024;
 const PHI3_ATTN_FACTOR: f32 = 1.190_238;
 
 /// Gemma 2's window and attention soft cap in gemma2-tiny: a window the prompts
@@ -221,6 +214,19 @@ impl TypeMix {
     }
 }
 
+/// RoPE scaling written into a synthetic file.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Llama 3.1-shaped `rope_freqs.weight` factors plus linear scaling by this factor.
+    FreqsAndLinear(f32),
+    /// YaRN by `factor` over `orig_ctx` positions.
+    Yarn {
+        factor: f32,
+        orig_ctx: u32,
+    },
+}
+
 /// One synthetic model: hyperparameters, tokenizer source and weight scales.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Shape {
@@ -247,6 +253,8 @@ pub struct Shape {
     /// Standard deviation of the logits the LM head produces from a unit-RMS state;
     /// large enough that greedy top-2 margins are rarely tiny.
     pub logit_std: f32,
+    /// RoPE scaling the file asks for.
+    pub rope_scaling: RopeScaling,
 }
 
 impl Shape {
@@ -283,6 +291,7 @@ const fn mix_shape(name: &'static str, token_embd_type: GgmlType, mix: TypeMix) 
         tied_embeddings: false,
         token_embd_type,
         logit_std: 6.0,
+        rope_scaling: RopeScaling::None,
         mix,
     }
 }
@@ -304,6 +313,7 @@ const QWEN25_05B: Shape = Shape {
     tied_embeddings: true,
     token_embd_type: GgmlType::Q6_K,
     logit_std: 6.0,
+    rope_scaling: RopeScaling::None,
     mix: TypeMix::Q4KM,
 };
 
@@ -348,6 +358,7 @@ pub const SHAPES: [Shape; 19] = [
         tied_embeddings: false,
         token_embd_type: GgmlType::Q8_0,
         logit_std: 6.0,
+        rope_scaling: RopeScaling::None,
         mix: TypeMix::Q4KM,
     },
     // n_embd 256: attention and gate/up matrices are Q4_K/Q6_K, while ffn_down
@@ -368,6 +379,7 @@ pub const SHAPES: [Shape; 19] = [
         tied_embeddings: false,
         token_embd_type: GgmlType::Q4_K,
         logit_std: 6.0,
+        rope_scaling: RopeScaling::None,
         mix: TypeMix::Q4KM,
     },
     // head_dim 128 with n_embd 256 and 4 heads: the Q projection (512) is wider than
@@ -388,6 +400,7 @@ pub const SHAPES: [Shape; 19] = [
         tied_embeddings: true,
         token_embd_type: GgmlType::Q6_K,
         logit_std: 6.0,
+        rope_scaling: RopeScaling::None,
         mix: TypeMix::Q4KM,
     },
     // The tier-1 formats beyond Q4_K_M, one file type each (2 layers, llama-spm's 32 000
@@ -414,11 +427,20 @@ pub const SHAPES: [Shape; 19] = [
     },
     // Llama with both kinds of RoPE scaling a llama file may ask for: Llama 3.1's
     // `rope_freqs.weight` factors and linear interpolation (`rope.scaling.factor`).
-    arch_shape("llama-rope-scaled", Arch::Llama, 3),
+    Shape {
+        rope_scaling: RopeScaling::FreqsAndLinear(2.0),
+        ..arch_shape("llama-rope-scaled", Arch::Llama, 3)
+    },
     arch_shape("qwen3moe-tiny", Arch::Qwen3Moe, 3),
     // YaRN: factor 4 over an original context of 1024 (Qwen2.5's long-context files set
     // 4 over 32 768).
-    arch_shape("llama-yarn", Arch::Llama, 3),
+    Shape {
+        rope_scaling: RopeScaling::Yarn {
+            factor: 4.0,
+            orig_ctx: 1024,
+        },
+        ..arch_shape("llama-yarn", Arch::Llama, 3)
+    },
     // Benchmark shapes: the real Qwen2.5 dimensions, tied embeddings as in those models.
     QWEN25_05B,
     // The same in the other mixes: n_embd 896 is not a multiple of 256, so as in real
@@ -443,6 +465,7 @@ pub const SHAPES: [Shape; 19] = [
         tied_embeddings: true,
         token_embd_type: GgmlType::Q6_K,
         logit_std: 6.0,
+        rope_scaling: RopeScaling::None,
         mix: TypeMix::Q4KM,
     },
 ];
@@ -802,7 +825,7 @@ fn tensor_specs(shape: &Shape, n_vocab: u64) -> Vec<TensorSpec> {
     if shape.arch == Arch::Qwen3Moe {
         specs = experts(specs, n_embd);
     }
-    if shape.name == "llama-rope-scaled" {
+    if let RopeScaling::FreqsAndLinear(_) = shape.rope_scaling {
         specs.insert(
             0,
             TensorSpec {
@@ -1051,17 +1074,20 @@ pub fn generate(shape: &Shape) -> Result<Vec<u8>> {
         w.add_metadata(key("expert_used_count"), Value::U32(MOE_USED));
         w.add_metadata(key("expert_feed_forward_length"), Value::U32(MOE_FF as u32));
     }
-    if shape.name == "llama-yarn" {
-        w.add_metadata(key("rope.scaling.type"), Value::String("yarn".into()));
-        w.add_metadata(key("rope.scaling.factor"), Value::F32(YARN_FACTOR));
-        w.add_metadata(
-            key("rope.scaling.original_context_length"),
-            Value::U32(YARN_ORIG_CTX),
-        );
-    }
-    if shape.name == "llama-rope-scaled" {
-        w.add_metadata(key("rope.scaling.type"), Value::String("linear".into()));
-        w.add_metadata(key("rope.scaling.factor"), Value::F32(LINEAR_ROPE_FACTOR));
+    match shape.rope_scaling {
+        RopeScaling::None => {}
+        RopeScaling::FreqsAndLinear(factor) => {
+            w.add_metadata(key("rope.scaling.type"), Value::String("linear".into()));
+            w.add_metadata(key("rope.scaling.factor"), Value::F32(factor));
+        }
+        RopeScaling::Yarn { factor, orig_ctx } => {
+            w.add_metadata(key("rope.scaling.type"), Value::String("yarn".into()));
+            w.add_metadata(key("rope.scaling.factor"), Value::F32(factor));
+            w.add_metadata(
+                key("rope.scaling.original_context_length"),
+                Value::U32(orig_ctx),
+            );
+        }
     }
     if shape.arch == Arch::Phi3 {
         w.add_metadata(

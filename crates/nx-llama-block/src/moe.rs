@@ -45,6 +45,8 @@ pub(crate) struct MoeScratch {
     logits: Vec<f32>, // [n, n_expert]
     /// Per token and slot: the expert and its weight.
     choice: Vec<(usize, f32)>, // [n, n_used]
+    /// Expert indices while one token's are ranked.
+    order: Vec<usize>,
     /// The batch rows (token · n_used + slot) routed to the expert at hand.
     rows: Vec<usize>,
     input: Vec<f32>, // [m, n_embd]
@@ -56,10 +58,18 @@ pub(crate) struct MoeScratch {
 }
 
 /// The softmax probabilities of one token's router logits, the `n_used` best experts
-/// (descending probability; ties to the lower index) with their weights.
-fn choose(logits: &mut [f32], n_used: usize, norm: bool, out: &mut [(usize, f32)]) {
+/// (descending probability; ties to the lower index) with their weights. `order` is
+/// scratch for the expert indices.
+fn choose(
+    logits: &mut [f32],
+    n_used: usize,
+    norm: bool,
+    order: &mut Vec<usize>,
+    out: &mut [(usize, f32)],
+) {
     nx_f32::softmax_in_place(logits); // [n_expert]
-    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.clear();
+    order.extend(0..logits.len());
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     for (slot, &e) in out.iter_mut().zip(&order[..n_used]) {
         *slot = (e, logits[e]);
@@ -106,7 +116,7 @@ pub(crate) fn moe_ffn(
         .chunks_exact_mut(n_expert)
         .zip(s.choice.chunks_exact_mut(m.n_used))
     {
-        choose(row, m.n_used, m.norm_weights, out);
+        choose(row, m.n_used, m.norm_weights, &mut s.order, out);
     }
     // ---- each chosen expert over the tokens that chose it ----
     let slots = sized(&mut s.slots, n * m.n_used * n_embd); // [n, n_used, n_embd]
@@ -164,11 +174,12 @@ mod tests {
     fn the_best_experts_come_in_descending_order_with_normalised_weights() {
         let mut logits = vec![0.1, 2.0, -1.0, 1.5, 2.0];
         let mut out = [(0, 0.0); 3];
-        choose(&mut logits.clone(), 3, false, &mut out);
+        let mut order = Vec::new();
+        choose(&mut logits.clone(), 3, false, &mut order, &mut out);
         // A tie goes to the lower index.
         assert_eq!(out.map(|(e, _)| e), [1, 4, 3]);
         let probs = out.map(|(_, w)| w);
-        choose(&mut logits, 3, true, &mut out);
+        choose(&mut logits, 3, true, &mut order, &mut out);
         let sum = probs.iter().map(|&w| f64::from(w)).sum::<f64>() as f32;
         for ((_, w), p) in out.iter().zip(probs) {
             assert_eq!(*w, p / sum);

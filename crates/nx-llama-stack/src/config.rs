@@ -521,15 +521,13 @@ fn read_windows(
 
 /// The attention and final-logit soft caps (a cap of 0 or less is none).
 fn read_softcaps(k: &Keys<'_>, spec: &ArchSpec) -> Result<(Option<f32>, Option<f32>), StackError> {
-    let (attn_default, final_default) = match spec.softcaps {
-        Some((a, f)) => (Some(a), Some(f)),
-        None => (None, None),
-    };
     let attn = match spec.softcaps {
-        Some(_) => k.opt_f32("attn_logit_softcapping")?.or(attn_default),
+        Some((default, _)) => Some(k.opt_f32("attn_logit_softcapping")?.unwrap_or(default)),
         None => None,
     };
-    let last = k.opt_f32("final_logit_softcapping")?.or(final_default);
+    let last = k
+        .opt_f32("final_logit_softcapping")?
+        .or(spec.softcaps.map(|(_, default)| default));
     for (name, cap) in [
         ("attn_logit_softcapping", attn),
         ("final_logit_softcapping", last),
