@@ -40,6 +40,8 @@ mod error;
 pub mod formats;
 pub mod lazy;
 pub mod matmul;
+#[cfg(target_arch = "x86_64")]
+mod narrow;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub mod quant;

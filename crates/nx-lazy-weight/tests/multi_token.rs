@@ -185,8 +185,9 @@ fn avx512_tier_tiles_every_multi_type() {
 #[test]
 fn matmul_with_grouped_tokens_equals_dot_row_per_element() {
     // 16 and more tokens take the tiled kernels (AVX-512 VNNI, or AMX for the K formats
-    // where the CPU has it) for whole groups of 16.
+    // where the CPU has it) for whole groups of 16; the 2 to 15 tokens after them take
+    // the narrow tiles (Q4_0, Q5_0, Q8_0 on AVX-512 VNNI).
     for ty in MULTI_TYPES {
-        check_matmul_against_dot_row(ty, &[1, 3, 4, 5, 9, 16, 33, 37]);
+        check_matmul_against_dot_row(ty, &[1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 18, 33, 37]);
     }
 }

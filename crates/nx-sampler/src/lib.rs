@@ -411,11 +411,13 @@ fn draw(cands: &[Candidate], u: f64) -> u32 {
 
 /// Log-sum-exp of the non-NaN logits in f64, or `None` if there are none.
 fn log_sum_exp(logits: &[f32]) -> Option<f64> {
-    let max = logits
-        .iter()
-        .filter(|l| !l.is_nan())
-        .map(|&l| f64::from(l))
-        .fold(f64::NEG_INFINITY, f64::max);
+    // `l > m` is false for NaN, so NaNs are skipped; a plain compare vectorizes where
+    // `f64::max` does not. The f32 maximum widened is the f64 maximum.
+    let max = f64::from(
+        logits
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m }),
+    );
     if max == f64::NEG_INFINITY {
         // Empty, all NaN, or all −∞: no distribution.
         return None;
@@ -423,31 +425,116 @@ fn log_sum_exp(logits: &[f32]) -> Option<f64> {
     if max == f64::INFINITY {
         return Some(f64::INFINITY);
     }
-    // Eight partial sums in a fixed order (element `i` into sum `i mod 8`) over a
-    // polynomial exp: the compiler vectorizes it, and the result depends only on the
-    // logits, never on the CPU tier.
-    let mut sums = [0f64; 8];
-    let mut chunks = logits.chunks_exact(8);
-    for c in &mut chunks {
-        for (s, &l) in sums.iter_mut().zip(c) {
-            *s += if l.is_nan() {
-                0.0
-            } else {
-                exp_nonpositive(f64::from(l) - max)
-            };
-        }
-    }
-    for (s, &l) in sums.iter_mut().zip(chunks.remainder()) {
-        *s += if l.is_nan() {
-            0.0
-        } else {
-            exp_nonpositive(f64::from(l) - max)
-        };
-    }
-    let sum =
-        ((sums[0] + sums[4]) + (sums[2] + sums[6])) + ((sums[1] + sums[5]) + (sums[3] + sums[7]));
+    let sum = exp_sum(logits, max);
     Some(max + sum.ln())
 }
+
+/// `Σ e^(l − max)` over the non-NaN logits: eight partial sums (element `i` into sum
+/// `i mod 8`) added as a fixed tree, each term [`exp_nonpositive`]. With AVX-512 the
+/// eight sums are one register and the same arithmetic runs eight terms at a time
+/// (no fused multiply-adds, the same roundings), so the bits never depend on the CPU.
+fn exp_sum(logits: &[f32], max: f64) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512 F (checked just above).
+        return unsafe { exp_sum_avx512(logits, max) };
+    }
+    exp_sum_portable(logits, max)
+}
+
+fn exp_term(l: f32, max: f64) -> f64 {
+    if l.is_nan() {
+        0.0
+    } else {
+        exp_nonpositive(f64::from(l) - max)
+    }
+}
+
+fn sums_tree(sums: &[f64; 8]) -> f64 {
+    ((sums[0] + sums[4]) + (sums[2] + sums[6])) + ((sums[1] + sums[5]) + (sums[3] + sums[7]))
+}
+
+/// [`exp_sum`] one term at a time.
+fn exp_sum_portable(logits: &[f32], max: f64) -> f64 {
+    let mut sums = [0f64; 8];
+    for (i, &l) in logits.iter().enumerate() {
+        sums[i % 8] += exp_term(l, max);
+    }
+    sums_tree(&sums)
+}
+
+/// [`exp_sum`] eight terms at a time: [`exp_nonpositive`] step for step on the lanes.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn exp_sum_avx512(logits: &[f32], max: f64) -> f64 {
+    use std::arch::x86_64::*;
+    let c = |v: f64| _mm512_set1_pd(v);
+    let (log2e, shift) = (c(EXP_LOG2E), c(EXP_SHIFT));
+    let (ln2_hi, ln2_lo) = (c(exp_ln2_hi()), c(exp_ln2_lo()));
+    let shift_bits = _mm512_set1_epi64(EXP_SHIFT.to_bits() as i64);
+    let bias = _mm512_set1_epi64(1023);
+    let mut acc = _mm512_setzero_pd();
+    let mut chunks = logits.chunks_exact(8);
+    for ch in &mut chunks {
+        // SAFETY: eight f32.
+        let l = _mm512_cvtps_pd(unsafe { _mm256_loadu_ps(ch.as_ptr()) });
+        let x = _mm512_sub_pd(l, c(max));
+        // In range: not NaN (ordered compare) and not below −708.
+        let ok = _mm512_cmp_pd_mask::<_CMP_GE_OQ>(x, c(-708.0));
+        let x = _mm512_mask_blend_pd(ok, c(-708.0), x);
+        let shifted = _mm512_add_pd(_mm512_mul_pd(x, log2e), shift);
+        let k = _mm512_sub_pd(shifted, shift);
+        let r = _mm512_sub_pd(
+            _mm512_sub_pd(x, _mm512_mul_pd(k, ln2_hi)),
+            _mm512_mul_pd(k, ln2_lo),
+        );
+        let mut p = c(EXP_TAYLOR[0]);
+        for &inv in &EXP_TAYLOR[1..] {
+            p = _mm512_add_pd(_mm512_mul_pd(p, r), c(inv));
+        }
+        let k_int = _mm512_sub_epi64(_mm512_castpd_si512(shifted), shift_bits);
+        let scale = _mm512_castsi512_pd(_mm512_slli_epi64::<52>(_mm512_add_epi64(k_int, bias)));
+        acc = _mm512_add_pd(acc, _mm512_maskz_mul_pd(ok, p, scale));
+    }
+    let mut sums = [0f64; 8];
+    // SAFETY: eight f64.
+    unsafe { _mm512_storeu_pd(sums.as_mut_ptr(), acc) };
+    for (s, &l) in sums.iter_mut().zip(chunks.remainder()) {
+        *s += exp_term(l, max);
+    }
+    sums_tree(&sums)
+}
+
+const EXP_LOG2E: f64 = std::f64::consts::LOG2_E;
+/// 1.5·2⁵²: adding and removing it rounds to an integer (exact for |v| < 2⁵¹).
+const EXP_SHIFT: f64 = 6_755_399_441_055_744.0;
+/// ln 2 split so that k·hi is exact for |k| < 2^11.
+fn exp_ln2_hi() -> f64 {
+    f64::from_bits(0x3fe6_2e42_fee0_0000)
+}
+fn exp_ln2_lo() -> f64 {
+    f64::from_bits(0x3dea_39ef_3579_3c76)
+}
+/// 1/n! for n = 13 down to 0: the Horner coefficients of e^r.
+const EXP_TAYLOR: [f64; 14] = [
+    1.0 / 6_227_020_800.0,
+    1.0 / 479_001_600.0,
+    1.0 / 39_916_800.0,
+    1.0 / 3_628_800.0,
+    1.0 / 362_880.0,
+    1.0 / 40_320.0,
+    1.0 / 5_040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
 
 /// `e^x` for `x <= 0` (NaN or anything below −708 gives 0): Cody–Waite reduction
 /// `x = k·ln 2 + r`, `|r| <= ln 2 / 2`, a degree-13 Taylor polynomial for `e^r` (error
@@ -455,40 +542,22 @@ fn log_sum_exp(logits: &[f32]) -> Option<f64> {
 /// plain arithmetic only, so it vectorizes and is the same on every CPU.
 #[inline(always)]
 fn exp_nonpositive(x: f64) -> f64 {
-    const LOG2E: f64 = std::f64::consts::LOG2_E;
-    // ln 2 split so that k·LN2_HI is exact for |k| < 2^11.
-    let ln2_hi = f64::from_bits(0x3fe6_2e42_fee0_0000);
-    let ln2_lo = f64::from_bits(0x3dea_39ef_3579_3c76);
     if x.is_nan() || x < -708.0 {
         return 0.0;
     }
-    // Round to nearest by adding and removing 1.5·2⁵² (exact for |x·log2 e| < 2⁵¹):
-    // plain arithmetic, where `f64::round` is a libm call on baseline x86-64.
-    const SHIFT: f64 = 6_755_399_441_055_744.0;
-    let k = (x * LOG2E + SHIFT) - SHIFT;
-    let r = (x - k * ln2_hi) - k * ln2_lo;
-    // Horner over 1/n!, n = 13 down to 0.
-    let mut p = 1.0 / 6_227_020_800.0;
-    for inv in [
-        1.0 / 479_001_600.0,
-        1.0 / 39_916_800.0,
-        1.0 / 3_628_800.0,
-        1.0 / 362_880.0,
-        1.0 / 40_320.0,
-        1.0 / 5_040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
+    // Round to nearest by adding and removing 1.5·2⁵²: plain arithmetic, where
+    // `f64::round` is a libm call on baseline x86-64.
+    let shifted = x * EXP_LOG2E + EXP_SHIFT;
+    let k = shifted - EXP_SHIFT;
+    let r = (x - k * exp_ln2_hi()) - k * exp_ln2_lo();
+    let mut p = EXP_TAYLOR[0];
+    for &inv in &EXP_TAYLOR[1..] {
         p = p * r + inv;
     }
-    // k is in [-1022, 0]: a normal power of two.
-    let scale = f64::from_bits(((k as i64 + 1023) as u64) << 52);
-    p * scale
+    // k is in [-1022, 0]: a normal power of two. `shifted` is 1.5·2⁵² + k with a unit
+    // last place, so its bits minus those of 1.5·2⁵² are k.
+    let k_int = shifted.to_bits().wrapping_sub(EXP_SHIFT.to_bits());
+    p * f64::from_bits(k_int.wrapping_add(1023) << 52)
 }
 
 /// The `k` most likely tokens with their log-probabilities under `softmax(logits)`,
@@ -529,6 +598,38 @@ pub fn log_prob(logits: &[f32], id: u32) -> Option<f32> {
 
 #[cfg(test)]
 mod exp_tests {
+    #[test]
+    #[cfg_attr(miri, ignore = "262 144 polynomial exps take minutes under Miri")]
+    fn every_vector_width_sums_the_same_bits() {
+        // Logits of a real vocabulary's size with NaNs, −∞ and a tail that is not a
+        // multiple of eight.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let logits: Vec<f32> = (0..262_147)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                match i % 1000 {
+                    7 => f32::NAN,
+                    8 => f32::NEG_INFINITY,
+                    _ => (state >> 40) as f32 / (1u64 << 24) as f32 * 40.0 - 30.0,
+                }
+            })
+            .collect();
+        let max = 10.0f64;
+        let want = super::exp_sum_portable(&logits, max);
+        assert!(want.is_finite() && want > 0.0);
+        assert_eq!(super::exp_sum(&logits, max).to_bits(), want.to_bits());
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: checked just above.
+                let v = unsafe { super::exp_sum_avx512(&logits, max) };
+                assert_eq!(v.to_bits(), want.to_bits());
+            }
+        }
+    }
+
     #[test]
     #[cfg_attr(
         miri,

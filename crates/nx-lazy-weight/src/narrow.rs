@@ -1,0 +1,360 @@
+//! Narrow token tiles: 2 to 16 tokens (padded to a power of two) per 512-bit register,
+//! for batched decode steps and draft verification, where too few tokens fill a
+//! sixteen-token tile of [`crate::tiled`].
+//!
+//! The wide tiles give a register one lane of sixteen tokens. With `T` tokens a
+//! register holds `16 / T` lanes of `T` tokens each, so one `vpdpbusd` still forms
+//! sixteen lane integers and one FMA advances sixteen float chains — each chain the
+//! single-token kernel's own (same lane integers, same `d_w·d_x`, same order of blocks,
+//! same final lane sum), so every output keeps the per-output kernel's bits whatever
+//! `T` is and wherever the padding lies.
+//!
+//! The operands are swapped against the wide tiles: the weight is the unsigned one,
+//! `w + 128`, and the activations stay signed, so the correction `−128·Σx` of each lane
+//! belongs to the activations and is computed once per step in [`NarrowTiles::build`]
+//! instead of once per weight block. Putting a weight block's lanes where the tile
+//! wants them is then one `vpermd` per register. Q8_0 weights are read straight from
+//! the mapped file; Q4_0 and Q5_0 go through [`crate::tiled`]'s unpacking, sixteen rows
+//! at a time so the unpacked rows stay in L1.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+use nx_gguf::GgmlType;
+
+use crate::formats::{f16_to_f32, Q8_0_BYTES};
+use crate::tiled::{unpack_rows, W32_BLOCK};
+
+/// Bytes of one 32-quant block of a narrow tile: the lane quads of every token
+/// (`T / 2` registers of 64 bytes), the lane corrections `−128·Σx` (as many again),
+/// then the token scales repeated to fill 64 bytes.
+fn block_bytes(width: usize) -> usize {
+    2 * (width / 2) * 64 + 64
+}
+
+/// The quantized Q8_0 activations of up to sixteen tokens, laid out for the narrow
+/// kernels (see the module docs): token `t`, lane `l` sits in register `l / (16 / T)`,
+/// element `(l % (16 / T))·T + t`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct NarrowTiles {
+    data: Vec<u8>,
+    /// Tokens per tile `T` (2, 4, 8 or 16); 0 when empty.
+    width: usize,
+    /// Real tokens (the rest of the tile is padding, whose outputs are never written).
+    n_tokens: usize,
+    /// First token these tiles hold, counted in the activation rows.
+    first: usize,
+}
+
+impl NarrowTiles {
+    /// Real tokens held (0 when empty).
+    pub(crate) fn n_tokens(&self) -> usize {
+        self.n_tokens
+    }
+
+    /// First token held.
+    pub(crate) fn first(&self) -> usize {
+        self.first
+    }
+
+    /// Forgets the contents (keeps the buffer).
+    pub(crate) fn clear(&mut self) {
+        self.width = 0;
+        self.n_tokens = 0;
+        self.first = 0;
+    }
+
+    /// Lays out Q8_0 activation rows `first..n` of `rows` (`row_bytes` each); at most
+    /// sixteen of them and at least two, else it leaves nothing.
+    pub(crate) fn build(&mut self, rows: &[u8], first: usize, n: usize, row_bytes: usize) {
+        self.clear();
+        let count = n.saturating_sub(first);
+        if !(2..=16).contains(&count)
+            || row_bytes == 0
+            || !row_bytes.is_multiple_of(Q8_0_BYTES)
+            || rows.len() < n * row_bytes
+        {
+            return;
+        }
+        let width = count.next_power_of_two();
+        let n_blocks = row_bytes / Q8_0_BYTES;
+        let bb = block_bytes(width);
+        let nreg = width / 2;
+        let per_reg = 16 / width;
+        self.data.clear();
+        self.data.resize(n_blocks * bb, 0);
+        for (b, out) in self.data.chunks_exact_mut(bb).enumerate() {
+            for t in 0..width {
+                // Padding tokens: zero quants (their correction is 0) and scale 0.
+                let (quads, dx) = if t < count {
+                    let at = (first + t) * row_bytes + b * Q8_0_BYTES;
+                    let xb = &rows[at..at + Q8_0_BYTES];
+                    (&xb[2..], f16_to_f32(u16::from_le_bytes([xb[0], xb[1]])))
+                } else {
+                    (&[0u8; 32][..], 0.0)
+                };
+                for l in 0..8 {
+                    let e = (l / per_reg) * 16 + (l % per_reg) * width + t;
+                    let quad = &quads[4 * l..4 * l + 4];
+                    out[4 * e..4 * e + 4].copy_from_slice(quad);
+                    let sum: i32 = quad.iter().map(|&q| q as i8 as i32).sum();
+                    let corr = 4 * (nreg * 16 + e);
+                    out[corr..corr + 4].copy_from_slice(&(-128 * sum).to_le_bytes());
+                }
+                for k in 0..per_reg {
+                    let at = 2 * nreg * 64 + 4 * (k * width + t);
+                    out[at..at + 4].copy_from_slice(&dx.to_le_bytes());
+                }
+            }
+        }
+        self.width = width;
+        self.n_tokens = count;
+        self.first = first;
+    }
+}
+
+/// Weight types the narrow kernels take (with Q8_0 activations).
+pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
+    matches!(
+        weight_type,
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0
+    )
+}
+
+thread_local! {
+    /// Each worker's sixteen unpacked Q4_0 / Q5_0 rows.
+    static UNPACKED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Weight rows unpacked (and computed) together.
+const ROW_BLOCK: usize = 16;
+
+/// For the tokens of `tiles` and every row of `w_rows` (`row_bytes` each, of
+/// `weight_type`), computes the dot products — the single-token kernel's bits — and
+/// writes row `r`'s output for token `t` (`t` counted from `tiles.first()`, rows from
+/// the start of `w_rows`) to `out_ptr[t·out_stride + r]`.
+///
+/// # Safety
+/// [`crate::tiled::available`] must be true, [`has_kernel`] true for `weight_type`,
+/// and `tiles` built from Q8_0 activations of the weight's row length; `out_ptr` must
+/// be valid for writes at every such index (`t < tiles.n_tokens()`), with no other
+/// thread accessing them during the call.
+pub(crate) unsafe fn run(
+    weight_type: GgmlType,
+    w_rows: &[u8],
+    row_bytes: usize,
+    tiles: &NarrowTiles,
+    out_ptr: *mut f32,
+    out_stride: usize,
+) {
+    let n_rows = w_rows.len() / row_bytes;
+    if tiles.n_tokens == 0 || n_rows == 0 {
+        return;
+    }
+    let raw = weight_type == GgmlType::Q8_0;
+    UNPACKED.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        for r0 in (0..n_rows).step_by(ROW_BLOCK) {
+            let rows_here = ROW_BLOCK.min(n_rows - r0);
+            let block_rows = &w_rows[r0 * row_bytes..(r0 + rows_here) * row_bytes];
+            let (w, stride) = if raw {
+                (block_rows, row_bytes)
+            } else {
+                // SAFETY: the caller guarantees the features; whole rows in.
+                let stride = unsafe { unpack_rows(weight_type, block_rows, row_bytes, &mut buf) };
+                (&buf[..], stride)
+            };
+            // SAFETY: the caller guarantees the CPU features and the output range; `w`
+            // holds `rows_here` rows of the tiles' block count at `stride` (raw Q8_0 or
+            // unpacked).
+            unsafe {
+                let args = (w, stride, rows_here, &tiles.data[..], tiles.n_tokens);
+                let out = out_ptr.add(r0);
+                match (tiles.width, raw) {
+                    (2, true) => tile::<2, true>(args, out, out_stride),
+                    (2, false) => tile::<2, false>(args, out, out_stride),
+                    (4, true) => tile::<4, true>(args, out, out_stride),
+                    (4, false) => tile::<4, false>(args, out, out_stride),
+                    (8, true) => tile::<8, true>(args, out, out_stride),
+                    (8, false) => tile::<8, false>(args, out, out_stride),
+                    (_, true) => tile::<16, true>(args, out, out_stride),
+                    (_, false) => tile::<16, false>(args, out, out_stride),
+                }
+            }
+        }
+    });
+}
+
+/// The weight lane that element `e` of register `i` takes in a tile of `width` tokens.
+const fn lane_index(width: usize) -> [[i32; 16]; 8] {
+    let mut idx = [[0i32; 16]; 8];
+    let per_reg = 16 / width;
+    let mut i = 0;
+    while i < 8 {
+        let mut e = 0;
+        while e < 16 {
+            idx[i][e] = (i * per_reg + e / width) as i32;
+            e += 1;
+        }
+        i += 1;
+    }
+    idx
+}
+
+static LANE_INDEX: [[[i32; 16]; 8]; 4] =
+    [lane_index(2), lane_index(4), lane_index(8), lane_index(16)];
+
+/// One row's lane registers summed as the single-token kernels sum their eight lanes,
+/// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, for the `T` tokens: the result's first `T`
+/// elements.
+#[inline(always)]
+fn lanes_sum<const T: usize>(a: &[__m512; 8]) -> __m512 {
+    // SAFETY (features): only called from `tile`, which enables AVX-512 F.
+    unsafe {
+        let hi_256 = |v: __m512| _mm512_shuffle_f32x4::<0b11_10_11_10>(v, v);
+        let hi_128 = |v: __m512| _mm512_shuffle_f32x4::<0b01_01_01_01>(v, v);
+        match T {
+            // Register i holds lane i.
+            16 => _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
+            ),
+            // Register i: lanes 2i, 2i+1 in its 256-bit halves.
+            8 => {
+                let s = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+                _mm512_add_ps(s, hi_256(s))
+            }
+            // Register i: lanes 4i..4i+4 in its 128-bit quarters.
+            4 => {
+                let s = _mm512_add_ps(a[0], a[1]);
+                let s = _mm512_add_ps(s, hi_256(s));
+                _mm512_add_ps(s, hi_128(s))
+            }
+            // One register: lane l in elements 2l, 2l+1.
+            _ => {
+                let s = _mm512_add_ps(a[0], hi_256(a[0]));
+                let s = _mm512_add_ps(s, hi_128(s));
+                let hi_64 = _mm512_castpd_ps(_mm512_permute_pd::<0b1111_1111>(_mm512_castps_pd(s)));
+                _mm512_add_ps(s, hi_64)
+            }
+        }
+    }
+}
+
+/// `rows` weight rows (at `stride`; raw Q8_0 blocks when `RAW`, else unpacked 32-quant
+/// blocks) against a narrow tile of `T` tokens, of which the first `n_tokens` are
+/// written: row `r`, token `t` to `out[t·out_stride + r]`.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI and F16C; `w` holds `rows` rows at `stride` of as
+/// many blocks as `x` has tile blocks of width `T`; `out` is valid for those writes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,fma,f16c")]
+unsafe fn tile<const T: usize, const RAW: bool>(
+    (w, stride, rows, x, n_tokens): (&[u8], usize, usize, &[u8], usize),
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let nreg = T / 2;
+    let bb = block_bytes(T);
+    let n_blocks = x.len() / bb;
+    let wb_bytes = if RAW { Q8_0_BYTES } else { W32_BLOCK };
+    assert!(rows >= 1 && w.len() >= (rows - 1) * stride + n_blocks * wb_bytes);
+    assert!(n_tokens <= T);
+    let table = &LANE_INDEX[T.trailing_zeros() as usize - 1];
+    // SAFETY: sixteen i32 each.
+    let idx: [__m512i; 8] =
+        std::array::from_fn(|i| unsafe { _mm512_loadu_si512(table[i].as_ptr() as *const _) });
+    let flip = _mm256_set1_epi8(0x80u8 as i8);
+    let mut r = 0;
+    while r < rows {
+        // Two rows at a time share the tile's loads.
+        let pair = rows - r >= 2;
+        let mut acc = [[_mm512_setzero_ps(); 8]; 2];
+        for b in 0..n_blocks {
+            let xt = x[b * bb..].as_ptr();
+            // SAFETY (loads below): inside the tile block of `bb` bytes and the weight
+            // blocks (asserted above).
+            let dx = unsafe { _mm512_loadu_ps(xt.add(128 * nreg) as *const f32) };
+            for (k, acc) in acc.iter_mut().enumerate().take(if pair { 2 } else { 1 }) {
+                let wb = w[(r + k) * stride + b * wb_bytes..].as_ptr();
+                // SAFETY: as above.
+                unsafe {
+                    let (quants, dw) = if RAW {
+                        let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
+                        let bits = std::ptr::read_unaligned(wb as *const u16);
+                        (
+                            q,
+                            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))),
+                        )
+                    } else {
+                        let q = _mm256_loadu_si256(wb as *const __m256i);
+                        (q, std::ptr::read_unaligned(wb.add(64) as *const f32))
+                    };
+                    // w + 128 as unsigned bytes: Σ(w+128)·x − 128·Σx = Σ w·x exactly.
+                    let wu = _mm512_castsi256_si512(_mm256_xor_si256(quants, flip));
+                    let d = _mm512_mul_ps(_mm512_set1_ps(dw), dx);
+                    for i in 0..nreg {
+                        let xq = _mm512_loadu_si512(xt.add(64 * i) as *const _);
+                        let xc = _mm512_loadu_si512(xt.add(64 * (nreg + i)) as *const _);
+                        let wl = _mm512_permutexvar_epi32(idx[i], wu);
+                        let lane = _mm512_dpbusd_epi32(xc, wl, xq);
+                        acc[i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), acc[i]);
+                    }
+                }
+            }
+        }
+        for (k, acc) in acc.iter().enumerate().take(if pair { 2 } else { 1 }) {
+            let mut y = [0f32; 16];
+            // SAFETY: sixteen f32.
+            unsafe { _mm512_storeu_ps(y.as_mut_ptr(), lanes_sum::<T>(acc)) };
+            for (t, &v) in y[..n_tokens].iter().enumerate() {
+                // SAFETY: the caller's contract on `out`.
+                unsafe { *out.add(t * out_stride + r + k) = v };
+            }
+        }
+        r += if pair { 2 } else { 1 };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tile_bytes_cover_quads_corrections_and_scales() {
+        assert_eq!(block_bytes(16), 8 * 64 * 2 + 64);
+        assert_eq!(block_bytes(2), 64 * 2 + 64);
+    }
+
+    #[test]
+    fn build_places_each_lane_once_and_pads_with_zero() {
+        // Three tokens of one block: token t's quant k is t·32 + k (as i8).
+        let mut rows = vec![0u8; 3 * Q8_0_BYTES];
+        for t in 0..3 {
+            let xb = &mut rows[t * Q8_0_BYTES..(t + 1) * Q8_0_BYTES];
+            xb[..2].copy_from_slice(&0x3c00u16.to_le_bytes()); // 1.0
+            for k in 0..32 {
+                xb[2 + k] = (t * 32 + k) as u8;
+            }
+        }
+        let mut tiles = NarrowTiles::default();
+        tiles.build(&rows, 0, 3, Q8_0_BYTES);
+        assert_eq!((tiles.width, tiles.n_tokens, tiles.first), (4, 3, 0));
+        let d = &tiles.data;
+        let dword = |e: usize| &d[4 * e..4 * e + 4];
+        // Register 1 holds lanes 4..8; lane 5 of token 2 is element 16 + 1·4 + 2.
+        assert_eq!(dword(16 + 4 + 2), &[84, 85, 86, 87]);
+        // Token 3 is padding: zero quants, zero correction, zero scale.
+        assert_eq!(dword(3), &[0, 0, 0, 0]);
+        let corr =
+            |e: usize| i32::from_le_bytes(d[4 * (32 + e)..4 * (32 + e) + 4].try_into().unwrap());
+        assert_eq!(corr(16 + 4 + 2), -128 * (84 + 85 + 86 + 87));
+        assert_eq!(corr(3), 0);
+        let scale =
+            |e: usize| f32::from_le_bytes(d[256 + 4 * e..256 + 4 * e + 4].try_into().unwrap());
+        assert_eq!((scale(2), scale(3), scale(4 + 2)), (1.0, 0.0, 1.0));
+        // One token or more than sixteen: nothing.
+        tiles.build(&rows, 2, 3, Q8_0_BYTES);
+        assert_eq!(tiles.n_tokens(), 0);
+    }
+}
