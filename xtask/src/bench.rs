@@ -258,6 +258,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if let Some(section) = crate::loadtest::section_of(&old) {
             text = crate::loadtest::update_section(&text, section);
         }
+        // So does `cargo xtask bench --spec`'s.
+        use crate::bench_spec::{SECTION_BEGIN, SECTION_END};
+        if let Some(section) = crate::util::doc_section(&old, SECTION_BEGIN, SECTION_END) {
+            text = crate::util::replace_doc_section(&text, SECTION_BEGIN, SECTION_END, section);
+        }
         std::fs::write(&docs, text).with_context(|| format!("cannot write {}", docs.display()))?;
         eprintln!("bench: wrote {}", docs.display());
     }
@@ -265,7 +270,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn resolve_model(name: &str) -> Result<PathBuf> {
+pub(crate) fn resolve_model(name: &str) -> Result<PathBuf> {
     if name == "default" {
         if !default_model_path().is_file() {
             eprintln!("bench: fetching the default model");
@@ -276,7 +281,7 @@ fn resolve_model(name: &str) -> Result<PathBuf> {
     synth::ensure(name)
 }
 
-fn target_dir() -> Result<PathBuf> {
+pub(crate) fn target_dir() -> Result<PathBuf> {
     let meta = cargo_metadata()?;
     let dir = meta["target_directory"]
         .as_str()
@@ -739,7 +744,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 }
 
 /// `model name` from `/proc/cpuinfo`, or "unknown CPU".
-fn cpu_model() -> String {
+pub(crate) fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|text| cpu_model_from(&text))

@@ -2,6 +2,7 @@
 //! reference engine, golden data, the gate, benchmarks and the demo. `main.rs` is only the CLI.
 
 pub mod bench;
+pub mod bench_spec;
 pub mod demo;
 pub mod fetch;
 pub mod fuzz;

@@ -1563,32 +1563,12 @@ fn llama_prefix_note(report: &Report) -> &'static str {
 
 /// The loadtest section of `doc` (markers included, and its trailing newline), if any.
 pub fn section_of(doc: &str) -> Option<&str> {
-    let begin = doc.find(SECTION_BEGIN)?;
-    let end_at = doc[begin..].find(SECTION_END)? + begin;
-    let mut end = end_at + SECTION_END.len();
-    if doc[end..].starts_with('\n') {
-        end += 1;
-    }
-    Some(&doc[begin..end])
+    crate::util::doc_section(doc, SECTION_BEGIN, SECTION_END)
 }
 
 /// `doc` with its loadtest section replaced by `section`, or `section` appended.
 pub fn update_section(doc: &str, section: &str) -> String {
-    if let (Some(begin), Some(end_at)) = (doc.find(SECTION_BEGIN), doc.find(SECTION_END)) {
-        if end_at > begin {
-            let mut end = end_at + SECTION_END.len();
-            if doc[end..].starts_with('\n') {
-                end += 1;
-            }
-            return format!("{}{section}{}", &doc[..begin], &doc[end..]);
-        }
-    }
-    let mut out = doc.trim_end().to_string();
-    if !out.is_empty() {
-        out.push_str("\n\n");
-    }
-    out.push_str(section);
-    out
+    crate::util::replace_doc_section(doc, SECTION_BEGIN, SECTION_END, section)
 }
 
 // ---------------------------------------------------------------------------------------

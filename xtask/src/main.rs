@@ -2,7 +2,7 @@
 //! (see `--help`).
 
 use clap::{Parser, Subcommand};
-use xtask::{bench, demo, fetch, fuzz, gate, golden, loadtest, miri, reference, synth};
+use xtask::{bench, bench_spec, demo, fetch, fuzz, gate, golden, loadtest, miri, reference, synth};
 
 const AFTER_HELP: &str = "\
 Environment:
@@ -107,6 +107,10 @@ enum Command {
         /// Use the existing target/release/nx instead of building it first.
         #[arg(long)]
         no_build: bool,
+        /// Instead: nx with `--spec ngram`, nx plain and llama.cpp plain decode on the
+        /// default model, grounded and ordinary prompts, into docs/benchmarks.md.
+        #[arg(long)]
+        spec: bool,
     },
     /// Drive `nx serve` and `llama-server` with the same concurrent streaming clients.
     ///
@@ -176,10 +180,18 @@ fn main() {
         }),
         Command::Bench {
             reps,
+            threads,
+            no_build,
+            spec: true,
+            ..
+        } => bench_spec::run(reps, threads, no_build),
+        Command::Bench {
+            reps,
             quick,
             models,
             threads,
             no_build,
+            spec: false,
         } => bench::run(&bench::BenchArgs {
             reps,
             quick,
@@ -223,17 +235,30 @@ mod tests {
             models,
             threads,
             no_build,
+            spec,
         } = cli.command
         else {
             panic!("not bench");
         };
-        assert_eq!((reps, quick, threads, no_build), (3, false, 2, false));
+        assert_eq!(
+            (reps, quick, threads, no_build, spec),
+            (3, false, 2, false, false)
+        );
         assert_eq!(models, ["default", "qwen2.5-0.5b", "qwen2.5-1.5b"]);
         let cli =
             Cli::try_parse_from(["cargo xtask", "bench", "--quick", "--models", "a,b"]).unwrap();
         assert!(
             matches!(cli.command, Command::Bench { quick: true, ref models, .. } if models == &["a", "b"])
         );
+        let cli = Cli::try_parse_from(["cargo xtask", "bench", "--spec", "--reps", "2"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Bench {
+                spec: true,
+                reps: 2,
+                ..
+            }
+        ));
     }
 
     #[test]

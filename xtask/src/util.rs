@@ -177,6 +177,33 @@ pub fn log_tail(path: &std::path::Path) -> String {
     String::from_utf8_lossy(&text).into_owned()
 }
 
+/// The part of `doc` from the line `begin` through the line `end` (with its newline), if
+/// both markers are there in that order: a generated section of a document.
+pub fn doc_section<'a>(doc: &'a str, begin: &str, end: &str) -> Option<&'a str> {
+    let from = doc.find(begin)?;
+    let end_at = doc[from..].find(end)? + from;
+    let mut to = end_at + end.len();
+    if doc[to..].starts_with('\n') {
+        to += 1;
+    }
+    Some(&doc[from..to])
+}
+
+/// `doc` with its section between `begin` and `end` replaced by `section` (which carries
+/// the markers), or `section` appended when `doc` has none.
+pub fn replace_doc_section(doc: &str, begin: &str, end: &str, section: &str) -> String {
+    if let Some(old) = doc_section(doc, begin, end) {
+        let from = doc.find(old).unwrap_or(0);
+        return format!("{}{section}{}", &doc[..from], &doc[from + old.len()..]);
+    }
+    let mut out = doc.trim_end().to_string();
+    if !out.is_empty() {
+        out.push_str("\n\n");
+    }
+    out.push_str(section);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,318 @@
+//! `cargo xtask bench --spec`: nx with prompt-lookup speculation, nx without, and
+//! llama.cpp's plain decode, on the same file and threads in one run, as ratios.
+//!
+//! Each prompt runs `nx run -f PROMPT --temp 0 -n N -t T` with and without
+//! `--spec ngram`, alternating, `--reps` times; the generated text of every speculative
+//! run must equal the plain one byte for byte (else the bench fails: speculation must
+//! never change an answer). llama.cpp's plain decode is `llama-bench -n N` on the same
+//! file, in the configuration `cargo xtask bench` uses. Grounded prompts (copy a list, a
+//! passage, a piece of code) are where drafts come true; ordinary ones show what
+//! speculation costs where they mostly do not. The table goes to its own section of
+//! `docs/benchmarks.md`.
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use crate::bench::{llama_args, median, parse_llama_json, Settings};
+use crate::reference::llama_bin;
+use crate::util::{cargo_command, duration_text, run_checked, workspace_root};
+
+pub const SECTION_BEGIN: &str = "<!-- spec:begin (written by `cargo xtask bench --spec`) -->";
+pub const SECTION_END: &str = "<!-- spec:end -->";
+
+/// Tokens generated per run.
+const N_GEN: usize = 128;
+
+/// A prompt of the bench: a name, whether its answer is in the prompt, the text.
+struct Prompt {
+    name: &'static str,
+    grounded: bool,
+    text: String,
+}
+
+fn prompts() -> Vec<Prompt> {
+    let items = [
+        "apples",
+        "bread",
+        "carrots",
+        "dates",
+        "eggs",
+        "flour",
+        "grapes",
+        "honey",
+        "ice cream",
+        "jam",
+        "kale",
+        "lemons",
+        "milk",
+        "noodles",
+    ];
+    let list: String = items
+        .iter()
+        .enumerate()
+        .map(|(i, x)| format!("{}. {x}\n", i + 1))
+        .collect();
+    let passage = "The printing press, developed by Johannes Gutenberg around 1440, \
+        changed how knowledge spread across Europe. Before it, books were copied by hand, \
+        a slow and costly task that kept them in the hands of a few. With movable metal \
+        type, a workshop could print hundreds of pages a day, and within fifty years \
+        presses were running in more than two hundred cities. Cheaper books meant more \
+        readers, and more readers meant that new ideas in science, religion and politics \
+        travelled faster than ever before.";
+    let code = "def moving_average(values, n):\n    if n <= 0:\n        raise ValueError(\"n must be positive\")\n    out = []\n    total = 0.0\n    for i, v in enumerate(values):\n        total += v\n        if i >= n:\n            total -= values[i - n]\n        if i >= n - 1:\n            out.append(total / n)\n    return out\n";
+    vec![
+        Prompt {
+            name: "grounded: repeat a 14-item list",
+            grounded: true,
+            text: format!(
+                "Repeat the list exactly.\n\nList:\n{list}\nRepeated list:\n{list}\nRepeated list again:\n"
+            ),
+        },
+        Prompt {
+            name: "grounded: copy a 100-word passage",
+            grounded: true,
+            text: format!("Copy the passage word for word.\n\nPassage:\n{passage}\n\nCopy:\n"),
+        },
+        Prompt {
+            name: "grounded: rewrite a function with one name changed",
+            grounded: true,
+            text: format!(
+                "Rewrite the function with `values` renamed to `xs`, changing nothing else.\n\n```python\n{code}```\n\nRewritten:\n```python\n"
+            ),
+        },
+        Prompt {
+            name: "ordinary: a story",
+            grounded: false,
+            text: "Once upon a time, in a small village by the sea, there lived".to_string(),
+        },
+        Prompt {
+            name: "ordinary: an essay",
+            grounded: false,
+            text: "The history of the bicycle begins".to_string(),
+        },
+    ]
+}
+
+/// What one `nx run` printed.
+struct NxRun {
+    text: Vec<u8>,
+    tg_tps: f64,
+    drafts: Option<(u64, u64)>,
+}
+
+/// `generation: 128 tokens, 56.7 tok/s` and `drafts: 103 of 109 accepted` from the
+/// statistics line of `nx run`.
+pub fn parse_stats(stderr: &str) -> Option<(f64, Option<(u64, u64)>)> {
+    let line = stderr.lines().rev().find(|l| l.contains("generation:"))?;
+    let after = line.split("generation:").nth(1)?;
+    let mut speed = after.split(',').nth(1)?.split_whitespace();
+    let tg = speed.next()?.parse().ok()?;
+    if speed.next()? != "tok/s" {
+        return None;
+    }
+    let drafts = line.split("drafts:").nth(1).and_then(|d| {
+        let mut words = d.split_whitespace();
+        let kept = words.next()?.parse().ok()?;
+        let _of = words.next()?;
+        let drafted = words.next()?.parse().ok()?;
+        Some((kept, drafted))
+    });
+    Some((tg, drafts))
+}
+
+fn run_nx(nx: &Path, model: &Path, prompt: &Path, threads: usize, spec: bool) -> Result<NxRun> {
+    let mut cmd = Command::new(nx);
+    cmd.arg("run")
+        .arg("--model")
+        .arg(model)
+        .arg("-f")
+        .arg(prompt);
+    cmd.args([
+        "--temp",
+        "0",
+        "-n",
+        &N_GEN.to_string(),
+        "-t",
+        &threads.to_string(),
+    ]);
+    if spec {
+        cmd.args(["--spec", "ngram"]);
+    }
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not run {}", nx.display()))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("nx run failed ({}): {}", out.status, stderr.trim());
+    }
+    let (tg_tps, drafts) =
+        parse_stats(&stderr).with_context(|| format!("no statistics line in: {stderr}"))?;
+    Ok(NxRun {
+        text: out.stdout,
+        tg_tps,
+        drafts,
+    })
+}
+
+/// One prompt's medians.
+struct Row {
+    name: &'static str,
+    grounded: bool,
+    plain: f64,
+    spec: f64,
+    kept: u64,
+    drafted: u64,
+}
+
+/// `cargo xtask bench --spec`.
+pub fn run(reps: usize, threads: usize, no_build: bool) -> Result<()> {
+    if reps == 0 || threads == 0 {
+        bail!("--reps and --threads must be at least 1");
+    }
+    let started = Instant::now();
+    let model = crate::bench::resolve_model("default")?;
+    let target = crate::bench::target_dir()?;
+    let nx = target.join("release").join("nx");
+    if !no_build {
+        eprintln!("bench --spec: building nx (release)");
+        run_checked(cargo_command().args(["build", "--release", "-p", "nx-cli", "--bin", "nx"]))?;
+    }
+    let llama = llama_bin("llama-bench");
+    if !llama.is_file() {
+        crate::reference::ensure_reference(crate::reference::DEFAULT_JOBS)?;
+    }
+    let dir = target.join("bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+
+    let settings = Settings {
+        n_prompt: 16,
+        n_gen: N_GEN,
+        reps: 1,
+        threads,
+    };
+    let mut llama_tg = Vec::new();
+    for rep in 0..reps {
+        eprintln!("bench --spec: llama-bench -n {N_GEN} ({}/{reps})", rep + 1);
+        let out = Command::new(&llama)
+            .args(llama_args(&model, &settings))
+            .output()
+            .with_context(|| format!("could not run {}", llama.display()))?;
+        if !out.status.success() {
+            bail!("llama-bench failed ({})", out.status);
+        }
+        llama_tg.push(parse_llama_json(&String::from_utf8_lossy(&out.stdout))?.1);
+    }
+    let llama_tg = median(llama_tg).context("no llama-bench run")?;
+
+    let mut rows = Vec::new();
+    for p in prompts() {
+        let file: PathBuf = dir.join("spec-prompt.txt");
+        std::fs::write(&file, &p.text)
+            .with_context(|| format!("cannot write {}", file.display()))?;
+        let (mut plain, mut spec, mut kept, mut drafted) = (Vec::new(), Vec::new(), 0, 0);
+        for rep in 0..reps {
+            eprintln!("bench --spec: {} ({}/{reps})", p.name, rep + 1);
+            let a = run_nx(&nx, &model, &file, threads, false)?;
+            let b = run_nx(&nx, &model, &file, threads, true)?;
+            if a.text != b.text {
+                bail!(
+                    "{}: the text with --spec ngram differs from the text without it",
+                    p.name
+                );
+            }
+            plain.push(a.tg_tps);
+            spec.push(b.tg_tps);
+            if let Some((k, d)) = b.drafts {
+                (kept, drafted) = (kept + k, drafted + d);
+            }
+        }
+        rows.push(Row {
+            name: p.name,
+            grounded: p.grounded,
+            plain: median(plain).context("no run")?,
+            spec: median(spec).context("no run")?,
+            kept,
+            drafted,
+        });
+    }
+    let section = section(&rows, llama_tg, reps, threads);
+    println!("{section}");
+    let docs = workspace_root().join("docs").join("benchmarks.md");
+    let old = std::fs::read_to_string(&docs).unwrap_or_default();
+    let text = crate::util::replace_doc_section(&old, SECTION_BEGIN, SECTION_END, &section);
+    std::fs::write(&docs, text).with_context(|| format!("cannot write {}", docs.display()))?;
+    eprintln!(
+        "bench --spec: wrote {} in {}",
+        docs.display(),
+        duration_text(started.elapsed())
+    );
+    Ok(())
+}
+
+fn section(rows: &[Row], llama_tg: f64, reps: usize, threads: usize) -> String {
+    let mut out = format!(
+        "{SECTION_BEGIN}\n## Speculative decoding: nx --spec ngram vs nx plain vs llama.cpp plain\n\n\
+         CPU: `{}`; default model; {threads} threads; greedy, {N_GEN} tokens; medians of {reps} \
+         alternating runs of `nx run -f PROMPT --temp 0 -n {N_GEN} -t {threads} [--spec ngram]`; \
+         every speculative text was byte-identical to the plain one. llama.cpp: `llama-bench -n \
+         {N_GEN}` (configuration as in the table above): {llama_tg:.1} tok/s.\n\n\
+         | prompt | nx plain tok/s | nx --spec tok/s | spec / plain | spec / llama.cpp | drafts kept |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+        crate::bench::cpu_model()
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "| {} | {:.1} | {:.1} | {:.2}× | {:.2}× | {} of {} |\n",
+            r.name,
+            r.plain,
+            r.spec,
+            r.spec / r.plain,
+            r.spec / llama_tg,
+            r.kept,
+            r.drafted
+        ));
+    }
+    let ratio = |grounded: bool| {
+        let v: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.grounded == grounded)
+            .map(|r| r.spec / r.plain)
+            .collect();
+        median(v).unwrap_or(f64::NAN)
+    };
+    out.push_str(&format!(
+        "\nMedian spec / plain: grounded {:.2}× (target ≥ 2×), ordinary {:.2}× (target ≥ 0.97×).\n{SECTION_END}\n",
+        ratio(true),
+        ratio(false)
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_statistics_line_gives_speed_and_drafts() {
+        let line = "prompt: 145 tokens in 0.62 s (234.3 tok/s) | generation: 128 tokens, \
+                    56.7 tok/s | ttft 619 ms | drafts: 103 of 109 accepted (94 %) | stop: \
+                    max_tokens";
+        assert_eq!(parse_stats(line), Some((56.7, Some((103, 109)))));
+        let plain = "prompt: 1 tokens in 0.1 s (10.0 tok/s) | generation: 4 tokens, 23.1 tok/s";
+        assert_eq!(parse_stats(plain), Some((23.1, None)));
+        assert_eq!(parse_stats("nothing"), None);
+    }
+
+    #[test]
+    fn every_prompt_is_distinct_and_both_kinds_are_there() {
+        let p = prompts();
+        assert!(p.iter().any(|p| p.grounded) && p.iter().any(|p| !p.grounded));
+        for (i, a) in p.iter().enumerate() {
+            assert!(p[i + 1..]
+                .iter()
+                .all(|b| b.text != a.text && b.name != a.name));
+        }
+    }
+}
