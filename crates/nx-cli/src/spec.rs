@@ -19,7 +19,8 @@ pub struct SpecArgs {
     #[arg(long, value_name = "FILE")]
     pub draft_model: Option<PathBuf>,
     /// Most draft tokens checked per forward pass (1-32; the length adapts below it).
-    #[arg(long, value_name = "K", default_value_t = 8)]
+    /// Passes of 2, 4, 8 or 16 rows (K = 1, 3, 7, 15) fill the matmul's token tiles.
+    #[arg(long, value_name = "K", default_value_t = nx_serve::params::DEFAULT_DRAFT_MAX)]
     pub draft_max: usize,
 }
 
