@@ -2,7 +2,7 @@
 //! 270M's tied head) for 1 to 16 token rows on the process pool: what verifying `k`
 //! draft tokens (or decoding `k` sequences in one step) costs against one row.
 //!
-//! Run: `cargo run --release -p nx-lazy-weight --example lm_head_timing`.
+//! Run: `cargo run --release -p nx-lazy-weight --example lm_head_timing [ROWS…]`.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -24,7 +24,17 @@ fn main() {
     }
     let weight = LazyWeight::from_parts(ty, &[k as u64, n_rows as u64], &w).unwrap();
     let pool = ThreadPool::global();
-    for n in [1, 2, 3, 4, 5, 8, 9, 12, 16] {
+    // Row counts from the command line, else a spread from 1 to 16.
+    let ns: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let ns = if ns.is_empty() {
+        vec![1, 2, 3, 4, 5, 8, 9, 12, 16]
+    } else {
+        ns
+    };
+    for n in ns {
         let x: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.37).sin()).collect();
         let mut xq = QuantizedActs::new();
         xq.quantize_for(&weight, &x, n).unwrap();

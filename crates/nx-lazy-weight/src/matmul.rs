@@ -535,20 +535,24 @@ unsafe fn rows_into(
     // (every token when decoding) take four weight rows at a time through the four-row
     // kernel (each activation block prepared once for the four), or one at a time. All
     // give every output the same bits, so the grouping never shows in `y`.
-    let grouped = if kernels.four.is_some() { n / 4 * 4 } else { 0 };
+    // Two or three tokens left over also take the four-token kernel, the last one
+    // repeated in the empty places (whose outputs are dropped): one pass over the
+    // weight rows instead of two or three.
+    let grouped = match kernels.four {
+        Some(_) if n % 4 >= PAD_TO_FOUR_FROM => n,
+        Some(_) => n / 4 * 4,
+        None => 0,
+    };
     if let Some(four) = kernels.four {
-        for (g, xs) in x_rows[..grouped * x_row_bytes]
-            .chunks_exact(4 * x_row_bytes)
-            .enumerate()
-        {
-            let (x01, x23) = xs.split_at(2 * x_row_bytes);
-            let (x0, x1) = x01.split_at(x_row_bytes);
-            let (x2, x3) = x23.split_at(x_row_bytes);
+        let token = |t: usize| &x_rows[t.min(n - 1) * x_row_bytes..][..x_row_bytes];
+        for g in (0..grouped).step_by(4) {
+            let xs = [token(g), token(g + 1), token(g + 2), token(g + 3)];
+            let real = (grouped - g).min(4);
             for (r, w_row) in rows.clone().zip(w_rows.chunks_exact(row_bytes)) {
-                let ys = four(w_row, [x0, x1, x2, x3]);
-                for (k, y) in ys.into_iter().enumerate() {
+                let ys = four(w_row, xs);
+                for (k, &y) in ys[..real].iter().enumerate() {
                     // SAFETY: in bounds and unshared by the caller's contract.
-                    unsafe { *out.add((t0 + 4 * g + k) * stride + r - col0) = y };
+                    unsafe { *out.add((t0 + g + k) * stride + r - col0) = y };
                 }
             }
         }
@@ -578,6 +582,10 @@ unsafe fn rows_into(
         }
     }
 }
+
+/// The fewest tokens left after the groups of four that go through the four-token
+/// kernel as a padded group rather than one by one.
+const PAD_TO_FOUR_FROM: usize = 2;
 
 /// The output pointer of a threaded matmul, shared by the pool's threads.
 struct OutPtr(*mut f32);

@@ -13,17 +13,17 @@
 //! `w + 128`, and the activations stay signed, so the correction `−128·Σx` of each lane
 //! belongs to the activations and is computed once per step in [`NarrowTiles::build`]
 //! instead of once per weight block. Putting a weight block's lanes where the tile
-//! wants them is then one `vpermd` per register. Q8_0 weights are read straight from
-//! the mapped file; Q4_0 and Q5_0 go through [`crate::tiled`]'s unpacking, sixteen rows
-//! at a time so the unpacked rows stay in L1.
+//! wants them is then one `vpermd` per register. Weight blocks are read straight from
+//! the mapped file and decoded in registers (Q4_0 / Q5_0 nibbles, fifth bits), with the
+//! rows prefetched ahead as the single-token kernels do: with few tokens the pass is
+//! bound by streaming the weights, and an unpacked copy would cost a store and a load
+//! per block for nothing.
 
 use std::arch::x86_64::*;
-use std::cell::RefCell;
 
 use nx_gguf::GgmlType;
 
-use crate::formats::{f16_to_f32, Q8_0_BYTES};
-use crate::tiled::{unpack_rows, W32_BLOCK};
+use crate::formats::{f16_to_f32, q5_0, Q4_0_BYTES, Q5_0_BYTES, Q8_0_BYTES};
 
 /// Bytes of one 32-quant block of a narrow tile: the lane quads of every token
 /// (`T / 2` registers of 64 bytes), the lane corrections `−128·Σx` (as many again),
@@ -121,13 +121,10 @@ pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
     )
 }
 
-thread_local! {
-    /// Each worker's sixteen unpacked Q4_0 / Q5_0 rows.
-    static UNPACKED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Weight rows unpacked (and computed) together.
-const ROW_BLOCK: usize = 16;
+/// The weight formats of [`tile`]: how a block is decoded in registers.
+const Q8_0: u8 = 0;
+const Q4_0: u8 = 1;
+const Q5_0: u8 = 2;
 
 /// For the tokens of `tiles` and every row of `w_rows` (`row_bytes` each, of
 /// `weight_type`), computes the dot products — the single-token kernel's bits — and
@@ -147,42 +144,78 @@ pub(crate) unsafe fn run(
     out_ptr: *mut f32,
     out_stride: usize,
 ) {
-    let n_rows = w_rows.len() / row_bytes;
-    if tiles.n_tokens == 0 || n_rows == 0 {
+    if tiles.n_tokens == 0 || w_rows.len() < row_bytes || row_bytes == 0 {
         return;
     }
-    let raw = weight_type == GgmlType::Q8_0;
-    UNPACKED.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        for r0 in (0..n_rows).step_by(ROW_BLOCK) {
-            let rows_here = ROW_BLOCK.min(n_rows - r0);
-            let block_rows = &w_rows[r0 * row_bytes..(r0 + rows_here) * row_bytes];
-            let (w, stride) = if raw {
-                (block_rows, row_bytes)
-            } else {
-                // SAFETY: the caller guarantees the features; whole rows in.
-                let stride = unsafe { unpack_rows(weight_type, block_rows, row_bytes, &mut buf) };
-                (&buf[..], stride)
-            };
-            // SAFETY: the caller guarantees the CPU features and the output range; `w`
-            // holds `rows_here` rows of the tiles' block count at `stride` (raw Q8_0 or
-            // unpacked).
+    let args = (w_rows, row_bytes, &tiles.data[..], tiles.n_tokens);
+    macro_rules! widths {
+        ($fmt:expr) => {
+            // SAFETY: the caller guarantees the CPU features and the output range;
+            // `w_rows` holds whole rows of the tiles' block count.
             unsafe {
-                let args = (w, stride, rows_here, &tiles.data[..], tiles.n_tokens);
-                let out = out_ptr.add(r0);
-                match (tiles.width, raw) {
-                    (2, true) => tile::<2, true>(args, out, out_stride),
-                    (2, false) => tile::<2, false>(args, out, out_stride),
-                    (4, true) => tile::<4, true>(args, out, out_stride),
-                    (4, false) => tile::<4, false>(args, out, out_stride),
-                    (8, true) => tile::<8, true>(args, out, out_stride),
-                    (8, false) => tile::<8, false>(args, out, out_stride),
-                    (_, true) => tile::<16, true>(args, out, out_stride),
-                    (_, false) => tile::<16, false>(args, out, out_stride),
+                match tiles.width {
+                    2 => tile::<2, { $fmt }>(args, out_ptr, out_stride),
+                    4 => tile::<4, { $fmt }>(args, out_ptr, out_stride),
+                    8 => tile::<8, { $fmt }>(args, out_ptr, out_stride),
+                    _ => tile::<16, { $fmt }>(args, out_ptr, out_stride),
                 }
             }
-        }
-    });
+        };
+    }
+    match weight_type {
+        GgmlType::Q8_0 => widths!(Q8_0),
+        GgmlType::Q4_0 => widths!(Q4_0),
+        GgmlType::Q5_0 => widths!(Q5_0),
+        _ => {}
+    }
+}
+
+/// Bytes of one weight block of format `FMT`.
+const fn weight_block_bytes(fmt: u8) -> usize {
+    match fmt {
+        Q8_0 => Q8_0_BYTES,
+        Q4_0 => Q4_0_BYTES,
+        _ => Q5_0_BYTES,
+    }
+}
+
+/// A weight block's 32 quants `q`, offset to unsigned bytes `q + 128` (quant `j` in
+/// byte `j`: Q4_0 / Q5_0 low nibbles are quants 0..16, high ones 16..32), and `d_w`.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL and F16C; `wb` points at a whole block of `FMT`.
+#[inline(always)]
+unsafe fn weight_block<const FMT: u8>(wb: *const u8) -> (__m256i, f32) {
+    // SAFETY: every read is inside the block (34, 18 or 22 bytes), per the contract.
+    unsafe {
+        let bits = std::ptr::read_unaligned(wb as *const u16);
+        let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
+        let low4 = _mm_set1_epi8(0x0F);
+        let nibbles = |qs: __m128i| {
+            let lo = _mm_and_si128(qs, low4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+            _mm256_set_m128i(hi, lo)
+        };
+        let q = match FMT {
+            Q8_0 => _mm256_xor_si256(
+                _mm256_loadu_si256(wb.add(2) as *const __m256i),
+                _mm256_set1_epi8(0x80u8 as i8),
+            ),
+            // (n − 8) + 128
+            Q4_0 => _mm256_add_epi8(
+                nibbles(_mm_loadu_si128(wb.add(2) as *const __m128i)),
+                _mm256_set1_epi8(120),
+            ),
+            // (n + 16·h − 16) + 128: bit j of qh is quant j's fifth bit.
+            _ => {
+                let n = nibbles(_mm_loadu_si128(wb.add(q5_0::QS) as *const __m128i));
+                let qh = std::ptr::read_unaligned(wb.add(q5_0::QH) as *const u32);
+                let n = _mm256_mask_add_epi8(n, qh, n, _mm256_set1_epi8(16));
+                _mm256_add_epi8(n, _mm256_set1_epi8(112))
+            }
+        };
+        (q, dw)
+    }
 }
 
 /// The weight lane that element `e` of register `i` takes in a tile of `width` tokens.
@@ -241,30 +274,30 @@ fn lanes_sum<const T: usize>(a: &[__m512; 8]) -> __m512 {
     }
 }
 
-/// `rows` weight rows (at `stride`; raw Q8_0 blocks when `RAW`, else unpacked 32-quant
-/// blocks) against a narrow tile of `T` tokens, of which the first `n_tokens` are
-/// written: row `r`, token `t` to `out[t·out_stride + r]`.
+/// The weight rows `w` (`row_bytes` each, blocks of format `FMT`) against a narrow
+/// tile of `T` tokens, of which the first `n_tokens` are written: row `r`, token `t` to
+/// `out[t·out_stride + r]`.
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VL/VNNI and F16C; `w` holds `rows` rows at `stride` of as
-/// many blocks as `x` has tile blocks of width `T`; `out` is valid for those writes.
+/// The CPU has AVX-512 F/BW/VL/VNNI and F16C; every row of `w` holds as many blocks as
+/// `x` has tile blocks of width `T`; `out` is valid for those writes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,fma,f16c")]
-unsafe fn tile<const T: usize, const RAW: bool>(
-    (w, stride, rows, x, n_tokens): (&[u8], usize, usize, &[u8], usize),
+unsafe fn tile<const T: usize, const FMT: u8>(
+    (w, row_bytes, x, n_tokens): (&[u8], usize, &[u8], usize),
     out: *mut f32,
     out_stride: usize,
 ) {
     let nreg = T / 2;
     let bb = block_bytes(T);
     let n_blocks = x.len() / bb;
-    let wb_bytes = if RAW { Q8_0_BYTES } else { W32_BLOCK };
-    assert!(rows >= 1 && w.len() >= (rows - 1) * stride + n_blocks * wb_bytes);
+    let wb_bytes = weight_block_bytes(FMT);
+    let rows = w.len() / row_bytes;
+    assert!(rows >= 1 && row_bytes >= n_blocks * wb_bytes);
     assert!(n_tokens <= T);
     let table = &LANE_INDEX[T.trailing_zeros() as usize - 1];
     // SAFETY: sixteen i32 each.
     let idx: [__m512i; 8] =
         std::array::from_fn(|i| unsafe { _mm512_loadu_si512(table[i].as_ptr() as *const _) });
-    let flip = _mm256_set1_epi8(0x80u8 as i8);
     let mut r = 0;
     while r < rows {
         // Two rows at a time share the tile's loads.
@@ -276,22 +309,13 @@ unsafe fn tile<const T: usize, const RAW: bool>(
             // blocks (asserted above).
             let dx = unsafe { _mm512_loadu_ps(xt.add(128 * nreg) as *const f32) };
             for (k, acc) in acc.iter_mut().enumerate().take(if pair { 2 } else { 1 }) {
-                let wb = w[(r + k) * stride + b * wb_bytes..].as_ptr();
+                let row = &w[(r + k) * row_bytes..(r + k + 1) * row_bytes];
+                // Every row is read once per step: stream ahead, as decoding does.
+                crate::avx2::prefetch_ahead(row, b * wb_bytes);
                 // SAFETY: as above.
                 unsafe {
-                    let (quants, dw) = if RAW {
-                        let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
-                        let bits = std::ptr::read_unaligned(wb as *const u16);
-                        (
-                            q,
-                            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))),
-                        )
-                    } else {
-                        let q = _mm256_loadu_si256(wb as *const __m256i);
-                        (q, std::ptr::read_unaligned(wb.add(64) as *const f32))
-                    };
-                    // w + 128 as unsigned bytes: Σ(w+128)·x − 128·Σx = Σ w·x exactly.
-                    let wu = _mm512_castsi256_si512(_mm256_xor_si256(quants, flip));
+                    let (quants, dw) = weight_block::<FMT>(row[b * wb_bytes..].as_ptr());
+                    let wu = _mm512_castsi256_si512(quants);
                     let d = _mm512_mul_ps(_mm512_set1_ps(dw), dx);
                     for i in 0..nreg {
                         let xq = _mm512_loadu_si512(xt.add(64 * i) as *const _);

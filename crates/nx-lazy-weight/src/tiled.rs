@@ -50,7 +50,7 @@ pub(crate) const ACTK_MINS: usize = ACTK_DX + 64;
 pub(crate) const ACTK_BSUMS: usize = ACTK_MINS + 4 * 64;
 
 /// Unpacked 32-quant weight block: 32 signed quants, eight i32 corrections, `d_w` (f32).
-pub(crate) const W32_BLOCK: usize = 32 + 32 + 4;
+const W32_BLOCK: usize = 32 + 32 + 4;
 /// Unpacked Q4_K super-block: 256 quants, eight scales (i32), four min pairs, eight
 /// corrections, `d_w` and `−dmin_w` (f32).
 const WQ4K_BLOCK: usize = 256 + 32 + 16 + 32 + 8;
@@ -304,7 +304,7 @@ fn unpack_q6_k(wb: &[u8], out: &mut [u8]) {
 ///
 /// # Safety
 /// [`available`] is true.
-pub(crate) unsafe fn unpack_rows(
+unsafe fn unpack_rows(
     weight_type: GgmlType,
     w_rows: &[u8],
     row_bytes: usize,

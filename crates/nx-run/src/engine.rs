@@ -67,7 +67,7 @@ use nx_kv_cache::{BlockTable, KvDtype, KvError, PagedBatch, PagedKv};
 use nx_llama_stack::{BatchItem, ForwardState, Model};
 use nx_sampler::{log_prob, log_softmax_top, Sampler, SamplerConfig};
 
-use crate::spec::{check_same_vocab, ngram_draft, DraftSource, SpecState, Speculation, NGRAM_MAX};
+use crate::spec::{check_same_vocab, DraftSource, SpecState, Speculation};
 use crate::stop::{Released, StopMatcher};
 use crate::{RunError, StopReason};
 
@@ -701,7 +701,7 @@ impl Engine {
         }
         let k = spec.next_len(remaining).min(room);
         match spec.spec.source {
-            DraftSource::Ngram => (ngram_draft(&seq.tokens, NGRAM_MAX, k), 0),
+            DraftSource::Ngram => (spec.ngram_drafts(&seq.tokens, k), 0),
             DraftSource::Model => (Vec::new(), k),
         }
     }

@@ -95,7 +95,26 @@ pub(crate) struct SpecState {
     /// [`MAX_PAUSE`]), so text where drafts fail costs little more than plain decoding.
     pause_left: usize,
     pause: usize,
+    /// Prompt-lookup passes by match length `n` (index), and how many of them had their
+    /// first guess kept: a length whose guesses are seldom right stops drafting.
+    ngram_passes: [u32; NGRAM_MAX + 1],
+    ngram_first_kept: [u32; NGRAM_MAX + 1],
+    /// The match length of the prompt-lookup guesses that [`SpecState::record`] is
+    /// told about next.
+    last_ngram: Option<usize>,
 }
+
+/// A pass of `k` guesses costs more than a one-token pass (on the default model a
+/// two-row pass about 1.2× a one-row pass): prompt lookup drafts from an n-gram length
+/// while, by its record in this sequence, at least this share (percent) of its passes
+/// keep their first guess.
+pub const NGRAM_MIN_FIRST_KEPT_PCT: u32 = 30;
+
+/// The record each n-gram length starts with, `(first guesses kept, passes)`: one-token
+/// matches are weak evidence (on ordinary text an eighth of their guesses were right),
+/// longer ones strong, so a single miss stops one-token drafting until it is proven and
+/// longer matches get a few chances.
+const NGRAM_PRIOR: [(u32, u32); 2] = [(1, 3), (2, 3)];
 
 /// Longest pause from drafting, in passes.
 pub const MAX_PAUSE: usize = 32;
@@ -110,7 +129,27 @@ impl SpecState {
             draft_table: BlockTable::new(),
             pause_left: 0,
             pause: 0,
+            ngram_passes: [0; NGRAM_MAX + 1],
+            ngram_first_kept: [0; NGRAM_MAX + 1],
+            last_ngram: None,
         }
+    }
+
+    /// Up to `k` prompt-lookup guesses for the next pass over `tokens` (the sequence so
+    /// far): none when the matching n-gram's length has a poor record in this sequence.
+    pub(crate) fn ngram_drafts(&mut self, tokens: &[u32], k: usize) -> Vec<u32> {
+        self.last_ngram = None;
+        let Some((n, drafts)) = ngram_lookup(tokens, NGRAM_MAX, k) else {
+            return Vec::new();
+        };
+        let (prior_kept, prior_passes) = NGRAM_PRIOR[usize::from(n > 1)];
+        let kept = self.ngram_first_kept[n] + prior_kept;
+        let passes = self.ngram_passes[n] + prior_passes;
+        if kept * 100 < NGRAM_MIN_FIRST_KEPT_PCT * passes {
+            return Vec::new();
+        }
+        self.last_ngram = Some(n);
+        drafts
     }
 
     /// `false` while drafting is paused (and counts the pass).
@@ -132,6 +171,10 @@ impl SpecState {
     pub(crate) fn record(&mut self, drafted: usize, kept: usize) {
         self.drafted += drafted;
         self.accepted += kept;
+        if let Some(n) = self.last_ngram.take() {
+            self.ngram_passes[n] += 1;
+            self.ngram_first_kept[n] += u32::from(kept > 0);
+        }
         self.k = if kept == drafted {
             (self.k * 2).min(self.spec.draft_max)
         } else {
@@ -149,8 +192,13 @@ impl SpecState {
 /// Prompt lookup: for n from `max_n` down to 1, the most recent earlier occurrence of
 /// the last n tokens proposes the (up to `k`) tokens that followed it.
 pub fn ngram_draft(tokens: &[u32], max_n: usize, k: usize) -> Vec<u32> {
+    ngram_lookup(tokens, max_n, k).map_or_else(Vec::new, |(_, drafts)| drafts)
+}
+
+/// [`ngram_draft`] with the length `n` of the n-gram that matched.
+pub fn ngram_lookup(tokens: &[u32], max_n: usize, k: usize) -> Option<(usize, Vec<u32>)> {
     if k == 0 {
-        return Vec::new();
+        return None;
     }
     let len = tokens.len();
     for n in (1..=max_n.min(len.saturating_sub(1))).rev() {
@@ -161,12 +209,12 @@ pub fn ngram_draft(tokens: &[u32], max_n: usize, k: usize) -> Vec<u32> {
             if &tokens[start..start + n] == suffix {
                 let follow = &tokens[start + n..(start + n + k).min(len)];
                 if !follow.is_empty() {
-                    return follow.to_vec();
+                    return Some((n, follow.to_vec()));
                 }
             }
         }
     }
-    Vec::new()
+    None
 }
 
 /// Checks that a draft model reads and writes the same tokens as the target: the same
@@ -224,6 +272,36 @@ mod tests {
         assert!(ngram_draft(&[5, 5], 4, 0).is_empty());
         // A run of one token drafts more of it.
         assert_eq!(ngram_draft(&[5, 5, 5], 4, 3), vec![5]);
+    }
+
+    #[test]
+    fn an_ngram_length_whose_guesses_fail_stops_drafting() {
+        let mut s = SpecState::new(Speculation {
+            source: DraftSource::Ngram,
+            draft_max: 8,
+        });
+        // Only one-token matches: "7" was followed by 2.
+        let t = [7, 2, 9, 7];
+        assert_eq!(ngram_lookup(&t, 4, 3), Some((1, vec![2, 9, 7])));
+        assert_eq!(s.ngram_drafts(&t, 3), vec![2, 9, 7]);
+        s.record(3, 0);
+        assert!(
+            s.ngram_drafts(&t, 3).is_empty(),
+            "one miss ends one-token drafts"
+        );
+        // A two-token match still drafts, and keeps drafting through a miss.
+        let t2 = [7, 2, 9, 7, 2];
+        assert_eq!(s.ngram_drafts(&t2, 3), vec![9, 7, 2]);
+        s.record(3, 0);
+        assert_eq!(s.ngram_drafts(&t2, 3), vec![9, 7, 2]);
+        s.record(3, 1);
+        // Misses pile up: with the prior, 3 first guesses kept of 5 passes, then of 6,
+        // …, of 10 (30 %: still drafting), of 11 (under 30 %: no more).
+        for _ in 0..6 {
+            assert!(!s.ngram_drafts(&t2, 3).is_empty());
+            s.record(3, 0);
+        }
+        assert!(s.ngram_drafts(&t2, 3).is_empty());
     }
 
     #[test]
