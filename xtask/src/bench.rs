@@ -258,10 +258,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if let Some(section) = crate::loadtest::section_of(&old) {
             text = crate::loadtest::update_section(&text, section);
         }
-        // So does `cargo xtask bench --spec`'s.
-        use crate::bench_spec::{SECTION_BEGIN, SECTION_END};
-        if let Some(section) = crate::util::doc_section(&old, SECTION_BEGIN, SECTION_END) {
-            text = crate::util::replace_doc_section(&text, SECTION_BEGIN, SECTION_END, section);
+        // So do `cargo xtask bench --spec`'s, one per tier.
+        let tiers = crate::bench_spec::PINNED_TIERS.map(Some);
+        for tier in std::iter::once(None).chain(tiers) {
+            let (begin, end) = crate::bench_spec::markers(tier);
+            if let Some(section) = crate::util::doc_section(&old, &begin, &end) {
+                text = crate::util::replace_doc_section(&text, &begin, &end, section);
+            }
         }
         std::fs::write(&docs, text).with_context(|| format!("cannot write {}", docs.display()))?;
         eprintln!("bench: wrote {}", docs.display());

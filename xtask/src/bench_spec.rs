@@ -22,6 +22,33 @@ use crate::util::{cargo_command, duration_text, run_checked, workspace_root};
 pub const SECTION_BEGIN: &str = "<!-- spec:begin (written by `cargo xtask bench --spec`) -->";
 pub const SECTION_END: &str = "<!-- spec:end -->";
 
+/// The lower tiers a run may be pinned to with `NX_TIER` (each gets its own section).
+pub const PINNED_TIERS: [&str; 2] = ["avx2", "scalar"];
+
+/// The section markers of a run with `NX_TIER` = `tier` (`None`: the CPU's best tier).
+pub fn markers(tier: Option<&str>) -> (String, String) {
+    match tier {
+        None => (SECTION_BEGIN.to_string(), SECTION_END.to_string()),
+        Some(t) => (
+            format!("<!-- spec-{t}:begin (written by `NX_TIER={t} NX_AMX=0 cargo xtask bench --spec`) -->"),
+            format!("<!-- spec-{t}:end -->"),
+        ),
+    }
+}
+
+/// The `NX_TIER` this run is pinned to, if one of [`PINNED_TIERS`].
+fn pinned_tier() -> Result<Option<&'static str>> {
+    match std::env::var("NX_TIER") {
+        Err(_) => Ok(None),
+        Ok(t) if t.is_empty() || t == "native" => Ok(None),
+        Ok(t) => PINNED_TIERS
+            .iter()
+            .find(|&&p| p == t)
+            .map(|&p| Some(p))
+            .with_context(|| format!("NX_TIER={t}: bench --spec pins only {PINNED_TIERS:?}")),
+    }
+}
+
 /// Tokens generated per run.
 const N_GEN: usize = 128;
 
@@ -124,6 +151,10 @@ pub fn parse_stats(stderr: &str) -> Option<(f64, Option<(u64, u64)>)> {
 
 fn run_nx(nx: &Path, model: &Path, prompt: &Path, threads: usize, spec: bool) -> Result<NxRun> {
     let mut cmd = Command::new(nx);
+    if pinned_tier()?.is_some() {
+        // A pinned tier is measured without the AMX tiles of the top tier as well.
+        cmd.env("NX_AMX", "0");
+    }
     cmd.arg("run")
         .arg("--model")
         .arg(model)
@@ -172,6 +203,7 @@ pub fn run(reps: usize, threads: usize, no_build: bool) -> Result<()> {
         bail!("--reps and --threads must be at least 1");
     }
     let started = Instant::now();
+    let tier = pinned_tier()?;
     let model = crate::bench::resolve_model("default")?;
     let target = crate::bench::target_dir()?;
     let nx = target.join("release").join("nx");
@@ -237,11 +269,12 @@ pub fn run(reps: usize, threads: usize, no_build: bool) -> Result<()> {
             drafted,
         });
     }
-    let section = section(&rows, llama_tg, reps, threads);
+    let section = section(&rows, llama_tg, reps, threads, tier);
     println!("{section}");
     let docs = workspace_root().join("docs").join("benchmarks.md");
     let old = std::fs::read_to_string(&docs).unwrap_or_default();
-    let text = crate::util::replace_doc_section(&old, SECTION_BEGIN, SECTION_END, &section);
+    let (begin, end) = markers(tier);
+    let text = crate::util::replace_doc_section(&old, &begin, &end, &section);
     std::fs::write(&docs, text).with_context(|| format!("cannot write {}", docs.display()))?;
     eprintln!(
         "bench --spec: wrote {} in {}",
@@ -251,10 +284,18 @@ pub fn run(reps: usize, threads: usize, no_build: bool) -> Result<()> {
     Ok(())
 }
 
-fn section(rows: &[Row], llama_tg: f64, reps: usize, threads: usize) -> String {
+fn section(rows: &[Row], llama_tg: f64, reps: usize, threads: usize, tier: Option<&str>) -> String {
+    let (begin, end) = markers(tier);
+    let (title, tier_text) = match tier {
+        None => (String::new(), String::new()),
+        Some(t) => (
+            format!(" (nx on its {t} tier)"),
+            format!("nx pinned with `NX_TIER={t}` (AMX off with it); "),
+        ),
+    };
     let mut out = format!(
-        "{SECTION_BEGIN}\n## Speculative decoding: nx --spec ngram vs nx plain vs llama.cpp plain\n\n\
-         CPU: `{}`; default model; {threads} threads; greedy, {N_GEN} tokens; medians of {reps} \
+        "{begin}\n## Speculative decoding{title}: nx --spec ngram vs nx plain vs llama.cpp plain\n\n\
+         CPU: `{}`; {tier_text}default model; {threads} threads; greedy, {N_GEN} tokens; medians of {reps} \
          alternating runs of `nx run -f PROMPT --temp 0 -n {N_GEN} -t {threads} [--spec ngram]`; \
          every speculative text was byte-identical to the plain one. llama.cpp: `llama-bench -n \
          {N_GEN}` (configuration as in the table above): {llama_tg:.1} tok/s.\n\n\
@@ -283,7 +324,7 @@ fn section(rows: &[Row], llama_tg: f64, reps: usize, threads: usize) -> String {
         median(v).unwrap_or(f64::NAN)
     };
     out.push_str(&format!(
-        "\nMedian spec / plain: grounded {:.2}× (target ≥ 2×), ordinary {:.2}× (target ≥ 0.97×).\n{SECTION_END}\n",
+        "\nMedian spec / plain: grounded {:.2}× (target ≥ 2×), ordinary {:.2}× (target ≥ 0.97×).\n{end}\n",
         ratio(true),
         ratio(false)
     ));

@@ -74,6 +74,10 @@ pub const GATES: &[Gate] = &[
     Gate::new("GOLD-FWD-CHAT", "nx-llama-stack", "gold_fwd_chat"),
     Gate::new("GOLD-FWD-CHAT-AVX2", "nx-llama-stack", "gold_fwd_chat")
         .with_env(&[("NX_TIER", "avx2")]),
+    // The multi-token matmul paths of the AVX2 tier (its token groups, the four-token
+    // kernels) against the single-token kernel, bit for bit (the default run tests the
+    // AVX-512 tiles).
+    Gate::new("TOKENS-AVX2", "nx-lazy-weight", "multi_token").with_env(&[("NX_TIER", "avx2")]),
     // Bit-identical logits for prefill chunks 1, 7, 32, whole prompt and 1 or 2 threads.
     Gate::new("EQUIV-1", "nx-llama-stack", "equiv"),
     // The same on the AVX2 tier (the default here is AVX-512): tiers must not break it.

@@ -637,9 +637,13 @@ fn attend_group_body<T: KvElem, const WIDE: bool>(
     let mut buf = [0f32; MAX_HEAD_DIM];
     // Queries at the cache's precision, a few heads at a time (all of them for every
     // supported model), then scores row by row: one key row load serves those heads.
-    // `[heads, head_dim]`, kept per thread (not zeroed on every call).
-    ROUNDED_QUERIES.with(|cell| {
-        let mut rounded = cell.borrow_mut();
+    // `[heads, head_dim]`, kept per thread (not zeroed on every call). Taken out of
+    // the thread-local rather than used inside its closure: a closure is compiled
+    // without the enclosing function's target features, so its `mul_add`s would be
+    // library calls on the AVX2 build.
+    let mut rounded_buf = ROUNDED_QUERIES.with(|cell| cell.take());
+    {
+        let rounded = &mut rounded_buf;
         rounded.resize(MAX_GROUP_ROUNDED * head_dim, 0.0);
         for first in (0..group).step_by(MAX_GROUP_ROUNDED) {
             let heads = MAX_GROUP_ROUNDED.min(group - first);
@@ -673,7 +677,8 @@ fn attend_group_body<T: KvElem, const WIDE: bool>(
                 }
             }
         }
-    });
+    }
+    ROUNDED_QUERIES.with(|cell| cell.replace(rounded_buf));
     scoring.cap(probs);
     let mut buf = [0f32; MAX_HEAD_DIM];
     for g in 0..group {

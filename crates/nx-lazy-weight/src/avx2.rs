@@ -225,6 +225,7 @@ macro_rules! lanes8_chain4 {
         let n_blocks = common_blocks($w, &$x, $wbytes, $xbytes);
         let mut acc = [_mm256_setzero_ps(); 4];
         for b in 0..n_blocks {
+            prefetch_ahead($w, b * $wbytes);
             let $wb = &$w[b * $wbytes..(b + 1) * $wbytes];
             let ($($wv),*) = $weight;
             for t in 0..4 {
@@ -1324,6 +1325,7 @@ unsafe fn q4_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut acc_min = [_mm_setzero_ps(); 4];
     for b in 0..n_blocks {
+        prefetch_ahead(w, b * Q4_K_BYTES);
         let wb = &w[b * Q4_K_BYTES..(b + 1) * Q4_K_BYTES];
         let xb = block_of_each(&x, b, Q8_K_BYTES);
         let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
@@ -1382,6 +1384,7 @@ unsafe fn q6_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
     let n_blocks = common_blocks(w, &x, Q6_K_BYTES, Q8_K_BYTES);
     let mut acc = [_mm256_setzero_ps(); 4];
     for b in 0..n_blocks {
+        prefetch_ahead(w, b * Q6_K_BYTES);
         let wb = &w[b * Q6_K_BYTES..(b + 1) * Q6_K_BYTES];
         let xb = block_of_each(&x, b, Q8_K_BYTES);
         // SAFETY: scales are bytes 192..208 of 210.

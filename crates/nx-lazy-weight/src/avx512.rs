@@ -674,6 +674,7 @@ unsafe fn q4_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut acc_min = [_mm_setzero_ps(); 4];
     for b in 0..n_blocks {
+        prefetch_ahead(w, b * Q4_K_BYTES);
         let wb = &w[b * Q4_K_BYTES..(b + 1) * Q4_K_BYTES];
         let dw = f16_splat(wb, 0);
         let dmin_w = _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN));
@@ -729,6 +730,7 @@ unsafe fn q6_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
     let n_blocks = common_blocks(w, &x, Q6_K_BYTES, Q8_K_BYTES);
     let mut acc = [_mm256_setzero_ps(); 4];
     for b in 0..n_blocks {
+        prefetch_ahead(w, b * Q6_K_BYTES);
         let wb = &w[b * Q6_K_BYTES..(b + 1) * Q6_K_BYTES];
         let dw = f16_splat(wb, q6_k::D);
         // SAFETY: scales are bytes 192..208 of 210.

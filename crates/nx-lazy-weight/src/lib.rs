@@ -38,6 +38,8 @@ pub mod dispatch;
 pub mod dot_scalar;
 mod error;
 pub mod formats;
+#[cfg(target_arch = "x86_64")]
+mod groups_avx2;
 pub mod lazy;
 pub mod matmul;
 #[cfg(target_arch = "x86_64")]

@@ -43,6 +43,10 @@ pub struct QuantizedActs {
     /// only when the process tier has them and the activations are Q8_0).
     #[cfg(target_arch = "x86_64")]
     narrow: crate::narrow::NarrowTiles,
+    /// Every token again, for the AVX2 tier's token groups (built only on that tier,
+    /// for Q8_0 activations of at least two tokens).
+    #[cfg(target_arch = "x86_64")]
+    groups: crate::groups_avx2::GroupActs,
 }
 
 impl Default for QuantizedActs {
@@ -64,6 +68,8 @@ impl QuantizedActs {
             tiles: crate::tiled::ActTiles::default(),
             #[cfg(target_arch = "x86_64")]
             narrow: crate::narrow::NarrowTiles::default(),
+            #[cfg(target_arch = "x86_64")]
+            groups: crate::groups_avx2::GroupActs::default(),
         }
     }
 
@@ -192,6 +198,12 @@ impl QuantizedActs {
         } else {
             self.narrow.clear();
         }
+        #[cfg(target_arch = "x86_64")]
+        if act_type == GgmlType::Q8_0 && groups_tier() {
+            self.groups.build(&self.data, n, rb);
+        } else {
+            self.groups.clear();
+        }
         Ok(())
     }
 
@@ -272,6 +284,12 @@ impl QuantizedActs {
 #[cfg(target_arch = "x86_64")]
 fn tiled_tier() -> bool {
     matches!(active_tier(), Ok(CpuTier::Avx512Vnni)) && crate::tiled::available()
+}
+
+/// True when the process tier runs the AVX2 token groups.
+#[cfg(target_arch = "x86_64")]
+fn groups_tier() -> bool {
+    matches!(active_tier(), Ok(CpuTier::Avx2)) && crate::groups_avx2::available()
 }
 
 /// True when a matmul of `weight_type` by at least 16 tokens goes through the
@@ -446,6 +464,8 @@ fn checked_kernel(
         four: dot_kernel4_for(tier, w.ggml_type()),
         rows4: dot_kernel_rows4_for(tier, w.ggml_type()),
         tiled: uses_tiled_kernels(w.ggml_type()),
+        #[cfg(target_arch = "x86_64")]
+        groups: groups_tier() && crate::groups_avx2::has_kernel(w.ggml_type()),
     })
 }
 
@@ -458,6 +478,9 @@ struct Kernels {
     rows4: Option<DotKernelRows4>,
     /// The tier's token-tiled kernels take the whole 16-token groups.
     tiled: bool,
+    /// The AVX2 tier's token groups take every token (when there are two or more).
+    #[cfg(target_arch = "x86_64")]
+    groups: bool,
 }
 
 /// Writes `dot(W row r, xq row t)` to `out[t·stride + r − col0]` for `r` in `rows` and
@@ -488,6 +511,23 @@ unsafe fn rows_into(
     // the tokens after them (all of them when decoding) through the per-output kernels.
     #[allow(unused_mut)]
     let mut t0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    if kernels.groups && xq.groups.n_tokens() == n {
+        // SAFETY: `kernels.groups` means the CPU has the features and the type has a
+        // group kernel; the groups were built from `xq`, which fits `w` (checked by the
+        // caller). Writes go to `t·stride + r − col0` for `t < n`, `r ∈ rows`.
+        unsafe {
+            crate::groups_avx2::run(
+                w.ggml_type(),
+                w_rows,
+                row_bytes,
+                &xq.groups,
+                out.add(rows.start - col0),
+                stride,
+            )
+        };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if kernels.tiled && xq.tiles.n_groups() > 0 {
         // SAFETY: `kernels.tiled` means the CPU has the tiled kernels' features and the

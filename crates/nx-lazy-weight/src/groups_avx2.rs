@@ -1,0 +1,293 @@
+//! Token groups for the AVX2 tier: up to eight Q8_0 tokens against each Q4_0 / Q5_0 /
+//! Q8_0 weight block, for batched decode steps, draft verification and prefill.
+//!
+//! The single-token AVX2 kernel forms a block's eight lane integers (lane `l`: quants
+//! `4l..4l+4`) and feeds them to one float chain. Most of its work is on the weight
+//! side (decoding nibbles, widening to i16, the `hadd` and permute that put the pair
+//! sums in lane order), and with several tokens that work is the same for all of them.
+//! Here the weight block is decoded and widened once into two i16 registers — pairs
+//! `(4l, 4l+1)` in one, `(4l+2, 4l+3)` in the other — and every token's activations
+//! are laid out the same way once per step ([`GroupActs::build`]), so a token costs two
+//! `madd`s and an add for its lane integers (exact: a product of two bytes and a sum of
+//! two fit i32 for every byte value, −128 included), then the single-token kernel's own
+//! `d_w·d_x`, FMA and final lane sum. Every output keeps the single-token kernel's bits.
+
+use std::arch::x86_64::*;
+
+use nx_gguf::GgmlType;
+
+use crate::avx2::{hsum_ps, prefetch_ahead, q5_0_high_bits};
+use crate::formats::{f16_to_f32, q5_0, read_u32, Q4_0_BYTES, Q5_0_BYTES, Q8_0_BYTES};
+
+/// Most tokens one pass over the weight rows takes (the accumulators of eight tokens
+/// and the two weight registers fit the sixteen AVX2 registers).
+pub(crate) const GROUP: usize = 8;
+
+/// Bytes of one token's block: 32 i16.
+const TOKEN_BLOCK: usize = 64;
+
+/// Q8_0 activations widened to i16 in the lane-pair order of the module docs, block
+/// by block (token `t` of block `b` at `b·n_tokens + t`), and their scales as f32.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct GroupActs {
+    quads: Vec<i16>,
+    dx: Vec<f32>,
+    n_tokens: usize,
+    n_blocks: usize,
+}
+
+impl GroupActs {
+    /// Tokens held (0 when empty).
+    pub(crate) fn n_tokens(&self) -> usize {
+        self.n_tokens
+    }
+
+    /// Forgets the contents (keeps the buffers).
+    pub(crate) fn clear(&mut self) {
+        self.n_tokens = 0;
+        self.n_blocks = 0;
+    }
+
+    /// Lays out the `n` Q8_0 activation rows of `rows` (`row_bytes` each); leaves
+    /// nothing unless there are at least two whole rows of whole blocks.
+    pub(crate) fn build(&mut self, rows: &[u8], n: usize, row_bytes: usize) {
+        self.clear();
+        if n < 2
+            || row_bytes == 0
+            || !row_bytes.is_multiple_of(Q8_0_BYTES)
+            || rows.len() < n * row_bytes
+        {
+            return;
+        }
+        let n_blocks = row_bytes / Q8_0_BYTES;
+        self.quads.clear();
+        self.quads.resize(n_blocks * n * TOKEN_BLOCK / 2, 0);
+        self.dx.clear();
+        self.dx.resize(n_blocks * n, 0.0);
+        for t in 0..n {
+            for b in 0..n_blocks {
+                let at = t * row_bytes + b * Q8_0_BYTES;
+                let xb = &rows[at..at + Q8_0_BYTES];
+                let slot = b * n + t;
+                self.dx[slot] = f16_to_f32(u16::from_le_bytes([xb[0], xb[1]]));
+                let out = &mut self.quads[slot * 32..slot * 32 + 32];
+                for l in 0..8 {
+                    let q = |k: usize| xb[2 + 4 * l + k] as i8 as i16;
+                    out[2 * l] = q(0);
+                    out[2 * l + 1] = q(1);
+                    out[16 + 2 * l] = q(2);
+                    out[16 + 2 * l + 1] = q(3);
+                }
+            }
+        }
+        self.n_tokens = n;
+        self.n_blocks = n_blocks;
+    }
+}
+
+/// Weight types the group kernels take (with Q8_0 activations).
+pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
+    matches!(
+        weight_type,
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0
+    )
+}
+
+/// True when this CPU has the group kernels' features.
+pub(crate) fn available() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// The weight formats of [`group`].
+const Q8_0: u8 = 0;
+const Q4_0: u8 = 1;
+const Q5_0: u8 = 2;
+
+/// For every token of `acts` and every row of `w_rows` (`row_bytes` each, of
+/// `weight_type`), the dot product with the single-token kernel's bits, written for
+/// row `r`, token `t` to `out_ptr[t·out_stride + r]`.
+///
+/// # Safety
+/// [`available`] and [`has_kernel`] must be true, `acts` built from Q8_0 activations
+/// of the weight's row length; `out_ptr` must be valid for writes at every such index,
+/// with no other thread accessing them during the call.
+pub(crate) unsafe fn run(
+    weight_type: GgmlType,
+    w_rows: &[u8],
+    row_bytes: usize,
+    acts: &GroupActs,
+    out_ptr: *mut f32,
+    out_stride: usize,
+) {
+    if acts.n_tokens == 0 || row_bytes == 0 || w_rows.len() < row_bytes {
+        return;
+    }
+    for g0 in (0..acts.n_tokens).step_by(GROUP) {
+        let count = GROUP.min(acts.n_tokens - g0);
+        let args = (w_rows, row_bytes, acts, g0);
+        // SAFETY: the caller's contract; token `g0 + t` of row `r` goes to
+        // `out[(g0 + t)·stride + r]`.
+        let out = unsafe { out_ptr.add(g0 * out_stride) };
+        macro_rules! counts {
+            ($fmt:expr) => {
+                // SAFETY: as above.
+                unsafe {
+                    match count {
+                        1 => group::<1, { $fmt }>(args, out, out_stride),
+                        2 => group::<2, { $fmt }>(args, out, out_stride),
+                        3 => group::<3, { $fmt }>(args, out, out_stride),
+                        4 => group::<4, { $fmt }>(args, out, out_stride),
+                        5 => group::<5, { $fmt }>(args, out, out_stride),
+                        6 => group::<6, { $fmt }>(args, out, out_stride),
+                        7 => group::<7, { $fmt }>(args, out, out_stride),
+                        _ => group::<8, { $fmt }>(args, out, out_stride),
+                    }
+                }
+            };
+        }
+        match weight_type {
+            GgmlType::Q8_0 => counts!(Q8_0),
+            GgmlType::Q4_0 => counts!(Q4_0),
+            GgmlType::Q5_0 => counts!(Q5_0),
+            _ => return,
+        }
+    }
+}
+
+/// Bytes of one weight block of format `FMT`.
+const fn weight_block_bytes(fmt: u8) -> usize {
+    match fmt {
+        Q8_0 => Q8_0_BYTES,
+        Q4_0 => Q4_0_BYTES,
+        _ => Q5_0_BYTES,
+    }
+}
+
+/// A weight block's 32 signed quants widened to i16 in lane-pair order (the first
+/// register pairs `(4l, 4l+1)`, the second `(4l+2, 4l+3)`), and `d_w` splatted.
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; `wb` holds a whole block of `FMT`.
+#[inline(always)]
+unsafe fn weight_block<const FMT: u8>(wb: &[u8]) -> (__m256i, __m256i, __m256) {
+    assert!(wb.len() >= weight_block_bytes(FMT));
+    // SAFETY: every read is inside the block (asserted); the features per the contract.
+    unsafe {
+        let p = wb.as_ptr();
+        let bits = std::ptr::read_unaligned(p as *const u16);
+        let dw = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))));
+        let low4 = _mm_set1_epi8(0x0F);
+        let nibbles = |qs: __m128i| {
+            let lo = _mm_and_si128(qs, low4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+            _mm256_set_m128i(hi, lo)
+        };
+        // Quant j in byte j.
+        let q = match FMT {
+            Q8_0 => _mm256_loadu_si256(p.add(2) as *const __m256i),
+            Q4_0 => _mm256_sub_epi8(
+                nibbles(_mm_loadu_si128(p.add(2) as *const __m128i)),
+                _mm256_set1_epi8(8),
+            ),
+            _ => _mm256_sub_epi8(
+                _mm256_or_si256(
+                    nibbles(_mm_loadu_si128(p.add(q5_0::QS) as *const __m128i)),
+                    q5_0_high_bits(read_u32(wb, q5_0::QH)),
+                ),
+                _mm256_set1_epi8(16),
+            ),
+        };
+        // Per 128-bit half: pairs (4l, 4l+1) in the low eight bytes, (4l+2, 4l+3) in
+        // the high eight; then the low eights of both halves together, and the highs.
+        let order = _mm256_setr_epi8(
+            0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3,
+            6, 7, 10, 11, 14, 15,
+        );
+        let split = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(q, order));
+        (
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(split)),
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(split)),
+            dw,
+        )
+    }
+}
+
+/// The weight rows `w` (`row_bytes` each, blocks of `FMT`) against tokens
+/// `g0..g0 + N` of `acts`: row `r`, token `g0 + t` to `out[t·out_stride + r]`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; every row of `w` holds `acts`' block count of
+/// blocks; `out` is valid for those writes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group<const N: usize, const FMT: u8>(
+    (w, row_bytes, acts, g0): (&[u8], usize, &GroupActs, usize),
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let wb_bytes = weight_block_bytes(FMT);
+    let (n, n_blocks) = (acts.n_tokens, acts.n_blocks);
+    assert!(g0 + N <= n && row_bytes >= n_blocks * wb_bytes);
+    assert!(acts.quads.len() >= n_blocks * n * 32 && acts.dx.len() >= n_blocks * n);
+    let quads = acts.quads.as_ptr();
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); N];
+        for b in 0..n_blocks {
+            // Every row is read once per group: stream ahead, as decoding does.
+            prefetch_ahead(row, b * wb_bytes);
+            // SAFETY: the block lies inside the row (asserted above).
+            let (w_lo, w_hi, dw) = unsafe { weight_block::<FMT>(&row[b * wb_bytes..]) };
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let slot = b * n + g0 + t;
+                // SAFETY: slot < n_blocks·n, so its 32 i16 are inside `quads`.
+                let (x_lo, x_hi) = unsafe {
+                    let p = quads.add(slot * 32);
+                    (
+                        _mm256_loadu_si256(p as *const __m256i),
+                        _mm256_loadu_si256(p.add(16) as *const __m256i),
+                    )
+                };
+                let lanes =
+                    _mm256_add_epi32(_mm256_madd_epi16(w_lo, x_lo), _mm256_madd_epi16(w_hi, x_hi));
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(acts.dx[slot]));
+                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), *acc);
+            }
+        }
+        for (t, acc) in acc.iter().enumerate() {
+            // SAFETY: the caller's contract on `out`.
+            unsafe { *out.add(t * out_stride + r) = hsum_ps(*acc) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_widens_each_quant_once_in_lane_pair_order() {
+        // Two tokens of one block: token t's quant k is t·32 + k − 40 (as i8).
+        let mut rows = vec![0u8; 2 * Q8_0_BYTES];
+        for t in 0..2 {
+            let xb = &mut rows[t * Q8_0_BYTES..(t + 1) * Q8_0_BYTES];
+            xb[..2].copy_from_slice(&0x4000u16.to_le_bytes()); // 2.0
+            for k in 0..32 {
+                xb[2 + k] = (t as i32 * 32 + k as i32 - 40) as i8 as u8;
+            }
+        }
+        let mut g = GroupActs::default();
+        g.build(&rows, 2, Q8_0_BYTES);
+        assert_eq!((g.n_tokens(), g.n_blocks), (2, 1));
+        let q = |t: usize, k: i16| t as i16 * 32 + k - 40;
+        // Token 1 of block 0 is slot 1; lane 3 holds quants 12, 13 | 14, 15.
+        let s = &g.quads[32..64];
+        assert_eq!(
+            (s[6], s[7], s[16 + 6], s[16 + 7]),
+            (q(1, 12), q(1, 13), q(1, 14), q(1, 15))
+        );
+        assert_eq!(g.dx, vec![2.0, 2.0]);
+        g.build(&rows, 1, Q8_0_BYTES);
+        assert_eq!(g.n_tokens(), 0, "one token takes the single-token kernel");
+    }
+}
