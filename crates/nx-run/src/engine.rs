@@ -67,7 +67,7 @@ use nx_kv_cache::{BlockTable, KvDtype, KvError, PagedBatch, PagedKv};
 use nx_llama_stack::{BatchItem, ForwardState, Model};
 use nx_sampler::{log_prob, log_softmax_top, Sampler, SamplerConfig};
 
-use crate::spec::{check_same_vocab, DraftSource, SpecState, Speculation};
+use crate::spec::{check_same_vocab, DraftSource, Ewma, SpecState, Speculation, VERIFY_ROW_COST};
 use crate::stop::{Released, StopMatcher};
 use crate::{RunError, StopReason};
 
@@ -95,6 +95,10 @@ pub struct EngineConfig {
     pub prefix_cache: bool,
     /// Most requests waiting for admission; `submit` refuses more ([`RunError::QueueFull`]).
     pub max_queue: usize,
+    /// Weigh a draft model's measured cost against plain decoding when choosing how
+    /// many guesses to ask of it (off: the acceptance rate alone decides, as the gate
+    /// EQUIV-4 needs for timing-free draft lengths).
+    pub weigh_draft_cost: bool,
 }
 
 impl Default for EngineConfig {
@@ -111,6 +115,7 @@ impl Default for EngineConfig {
             prefill_chunk: 256,
             prefix_cache: true,
             max_queue: 64,
+            weigh_draft_cost: true,
         }
     }
 }
@@ -336,6 +341,9 @@ pub struct Engine {
     failures: VecDeque<(SeqId, RunError)>,
     /// The draft model of [`DraftSource::Model`] speculation, with its own block pool.
     draft: Option<DraftModel>,
+    /// Seconds per step of plain decoding (every slot one token, no guesses), against
+    /// which a draft-model pass is weighed.
+    plain_step_s: Ewma,
 }
 
 /// A draft model and its per-step state.
@@ -344,6 +352,8 @@ struct DraftModel {
     kv: PagedKv,
     state: ForwardState,
     logits: Vec<f32>,
+    /// Seconds per drafting pass (one guess for every drafting sequence).
+    pass_s: Ewma,
 }
 
 /// One sequence's part of a step: `n` of its pending tokens, then `drafts` to verify.
@@ -394,6 +404,7 @@ impl Engine {
             metrics: EngineMetrics::default(),
             failures: VecDeque::new(),
             draft: None,
+            plain_step_s: Ewma::default(),
         })
     }
 
@@ -411,6 +422,7 @@ impl Engine {
             kv,
             state: ForwardState::default(),
             logits: Vec::new(),
+            pass_s: Ewma::default(),
         });
         Ok(self)
     }
@@ -593,7 +605,16 @@ impl Engine {
         self.metrics.steps_total += 1;
         self.metrics.last_batch_seqs = plan.len();
         self.metrics.last_batch_tokens = plan.iter().map(|p| p.n + p.drafts.len()).sum();
-        if let Err(e) = self.run_batch(&plan) {
+        let started = std::time::Instant::now();
+        let result = self.run_batch(&plan);
+        if plan.iter().all(|s| s.n == 1) {
+            // A decode step; with guesses to check its rows cost more, by the model of
+            // `VERIFY_ROW_COST`, which takes them back out.
+            let widest = plan.iter().map(|s| s.drafts.len()).max().unwrap_or(0);
+            let plain = started.elapsed().as_secs_f64() / (1.0 + VERIFY_ROW_COST * widest as f64);
+            self.plain_step_s.add(plain);
+        }
+        if let Err(e) = result {
             // Fail the batch, keep the engine.
             let message = e.to_string();
             let ids: Vec<SeqId> = plan.iter().map(|p| self.running[p.index].id).collect();
@@ -688,6 +709,12 @@ impl Engine {
     /// Drafts for sequence `id` when it decodes (`n == 1`): n-gram drafts now, or how
     /// many to ask of the draft model; at most `room` tokens of the step budget.
     fn drafts_for(&mut self, id: SeqId, n: usize, room: usize) -> (Vec<u32>, usize) {
+        // A draft-model pass as a share of a plain decode step, once both are measured.
+        let draft_cost = self
+            .draft
+            .as_ref()
+            .filter(|_| self.config.weigh_draft_cost)
+            .and_then(|d| Some(d.pass_s.get()? / self.plain_step_s.get()?));
         let Some(seq) = self.running.iter_mut().find(|s| s.id == id) else {
             return (Vec::new(), 0);
         };
@@ -702,7 +729,7 @@ impl Engine {
         let k = spec.next_len(remaining).min(room);
         match spec.spec.source {
             DraftSource::Ngram => (spec.ngram_drafts(&seq.tokens, k), 0),
-            DraftSource::Model => (Vec::new(), k),
+            DraftSource::Model => (Vec::new(), spec.model_draft_len(k, draft_cost)),
         }
     }
 
@@ -774,10 +801,15 @@ impl Engine {
                 pool: &mut d.kv,
                 tables,
             };
-            if d.model
-                .forward_batch(&items, &mut batch, &mut d.state, &mut d.logits)
-                .is_err()
-            {
+            let guessing = items.iter().all(|i| i.tokens.len() == 1);
+            let started = std::time::Instant::now();
+            let result = d
+                .model
+                .forward_batch(&items, &mut batch, &mut d.state, &mut d.logits);
+            if guessing {
+                d.pass_s.add(started.elapsed().as_secs_f64());
+            }
+            if result.is_err() {
                 // Drafting is only a guess: without it every slot decodes plainly.
                 for (k, ..) in &ok {
                     plan[*k].model_drafts = 0;

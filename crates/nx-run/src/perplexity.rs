@@ -326,6 +326,7 @@ fn window_engine(
         prefill_chunk: batch,
         prefix_cache: false,
         max_queue: 1,
+        weigh_draft_cost: true,
     };
     Engine::new(model.clone(), None, config).map_err(PerplexityError::Engine)
 }

@@ -160,6 +160,7 @@ impl Runner {
             prefill_chunk: config.prefill_chunk,
             prefix_cache: config.prefix_cache,
             max_queue: 1,
+            weigh_draft_cost: true,
         };
         Ok(Runner {
             engine: Engine::new(model, tokenizer, engine_config)?,

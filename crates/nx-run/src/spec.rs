@@ -102,6 +102,54 @@ pub(crate) struct SpecState {
     /// The match length of the prompt-lookup guesses that [`SpecState::record`] is
     /// told about next.
     last_ngram: Option<usize>,
+    /// Guesses kept and first misses, both decaying by a tenth per pass: the chance a
+    /// guess is kept is about `(kept + 2) / (kept + missed + 3)`.
+    kept_recent: f64,
+    missed_recent: f64,
+}
+
+/// A running mean of a duration in seconds (exponentially weighted), `None` until the
+/// first sample.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Ewma(Option<f64>);
+
+impl Ewma {
+    /// Adds one sample.
+    pub(crate) fn add(&mut self, x: f64) {
+        self.0 = Some(self.0.map_or(x, |m| m + 0.2 * (x - m)));
+    }
+
+    /// The mean so far.
+    pub(crate) fn get(self) -> Option<f64> {
+        self.0
+    }
+}
+
+/// What one more row of a verification pass costs, as a share of a one-row pass
+/// (measured on the default model: 2 rows ≈ 1.2×, 8 rows ≈ 2×).
+pub(crate) const VERIFY_ROW_COST: f64 = 0.15;
+
+/// A draft-model pass must promise at least this many tokens per unit of plain decode
+/// time, else the sequence decodes without drafts for a while.
+const MIN_DRAFT_GAIN: f64 = 1.02;
+
+/// The draft length `1..=k` that gives the most tokens per unit of time when each guess
+/// is kept with probability `p` (and the rest of the pass follows the first miss), a
+/// draft-model pass costs `ratio` of a plain decode step, and each verified row
+/// [`VERIFY_ROW_COST`]; with that gain (tokens per plain-step time).
+fn best_draft_len(k: usize, p: f64, ratio: f64) -> (usize, f64) {
+    let mut best = (0, 1.0);
+    let mut tokens = 1.0; // the pass's own token
+    let mut reach = 1.0; // chance that guess j is reached and kept
+    for j in 1..=k {
+        reach *= p;
+        tokens += reach;
+        let gain = tokens / (1.0 + j as f64 * (VERIFY_ROW_COST + ratio));
+        if gain > best.1 {
+            best = (j, gain);
+        }
+    }
+    best
 }
 
 /// A pass of `k` guesses costs more than a one-token pass (on the default model a
@@ -132,7 +180,27 @@ impl SpecState {
             ngram_passes: [0; NGRAM_MAX + 1],
             ngram_first_kept: [0; NGRAM_MAX + 1],
             last_ngram: None,
+            kept_recent: 0.0,
+            missed_recent: 0.0,
         }
+    }
+
+    /// How many guesses to ask of the draft model (at most `k`) when its pass costs
+    /// `ratio` of a plain decode step (`None`: not measured or not weighed, `k`): the
+    /// length with the best expected tokens per unit of time. When even that promises
+    /// less than plain decoding, none, and drafting pauses as after a wholly wrong pass.
+    pub(crate) fn model_draft_len(&mut self, k: usize, ratio: Option<f64>) -> usize {
+        let Some(ratio) = ratio else {
+            return k;
+        };
+        let p = (self.kept_recent + 2.0) / (self.kept_recent + self.missed_recent + 3.0);
+        let (len, gain) = best_draft_len(k, p, ratio);
+        if gain < MIN_DRAFT_GAIN {
+            self.pause = (self.pause * 2).clamp(1, MAX_PAUSE);
+            self.pause_left = self.pause;
+            return 0;
+        }
+        len
     }
 
     /// Up to `k` prompt-lookup guesses for the next pass over `tokens` (the sequence so
@@ -171,6 +239,8 @@ impl SpecState {
     pub(crate) fn record(&mut self, drafted: usize, kept: usize) {
         self.drafted += drafted;
         self.accepted += kept;
+        self.kept_recent = 0.9 * self.kept_recent + kept as f64;
+        self.missed_recent = 0.9 * self.missed_recent + f64::from(u8::from(kept < drafted));
         if let Some(n) = self.last_ngram.take() {
             self.ngram_passes[n] += 1;
             self.ngram_first_kept[n] += u32::from(kept > 0);
@@ -302,6 +372,33 @@ mod tests {
             s.record(3, 0);
         }
         assert!(s.ngram_drafts(&t2, 3).is_empty());
+    }
+
+    #[test]
+    fn a_draft_model_as_dear_as_the_target_is_not_asked() {
+        // Free guesses that are usually right: draft the most.
+        assert_eq!(best_draft_len(7, 0.9, 0.0).0, 7);
+        // Guesses as dear as a plain step never pay, however good.
+        assert!(best_draft_len(7, 0.99, 1.0).1 < MIN_DRAFT_GAIN);
+        // Cheap but poor guesses: one at most.
+        assert!(best_draft_len(7, 0.3, 0.05).0 <= 1);
+        let mut s = SpecState::new(Speculation {
+            source: DraftSource::Model,
+            draft_max: 7,
+        });
+        assert!(s.model_draft_len(7, Some(0.05)) >= 2, "optimistic at first");
+        assert_eq!(
+            s.model_draft_len(7, None),
+            7,
+            "unweighed: the length as it is"
+        );
+        assert_eq!(s.model_draft_len(7, Some(1.0)), 0);
+        assert!(!s.take_turn(), "and a pause follows");
+        // Misses lower the estimate, and the length with it.
+        for _ in 0..5 {
+            s.record(4, 0);
+        }
+        assert!(s.model_draft_len(7, Some(0.05)) < 2);
     }
 
     #[test]

@@ -326,6 +326,8 @@ pub fn check_speculation(
                 .collect();
             let mut cfg = engine_config(n_ctx, 64 << 20);
             cfg.prefill_chunk = prefill_chunk;
+            // Draft lengths from the acceptance rate alone, not from timings.
+            cfg.weigh_draft_cost = false;
             let mut e = Engine::new(model.clone(), tok.clone(), cfg).unwrap();
             if let Some(d) = draft {
                 e = e.with_draft_model(d.clone()).unwrap();
