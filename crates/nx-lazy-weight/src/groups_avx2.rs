@@ -16,8 +16,9 @@ use std::arch::x86_64::*;
 
 use nx_gguf::GgmlType;
 
-use crate::avx2::{hsum_ps, prefetch_ahead, q5_0_high_bits};
-use crate::formats::{f16_to_f32, q5_0, read_u32, Q4_0_BYTES, Q5_0_BYTES, Q8_0_BYTES};
+use crate::avx2::{hsum_ps, prefetch_ahead};
+use crate::block32_x86::{block_bytes, format_code, signed_quants, Q4_0, Q5_0, Q8_0};
+use crate::formats::{f16_to_f32, Q8_0_BYTES};
 
 /// Most tokens one pass over the weight rows takes (the accumulators of eight tokens
 /// and the two weight registers fit the sixteen AVX2 registers).
@@ -100,11 +101,6 @@ pub(crate) fn available() -> bool {
         && std::arch::is_x86_feature_detected!("f16c")
 }
 
-/// The weight formats of [`group`].
-const Q8_0: u8 = 0;
-const Q4_0: u8 = 1;
-const Q5_0: u8 = 2;
-
 /// For every token of `acts` and every row of `w_rows` (`row_bytes` each, of
 /// `weight_type`), the dot product with the single-token kernel's bits, written for
 /// row `r`, token `t` to `out_ptr[t·out_stride + r]`.
@@ -147,21 +143,12 @@ pub(crate) unsafe fn run(
                 }
             };
         }
-        match weight_type {
-            GgmlType::Q8_0 => counts!(Q8_0),
-            GgmlType::Q4_0 => counts!(Q4_0),
-            GgmlType::Q5_0 => counts!(Q5_0),
+        match format_code(weight_type) {
+            Some(Q8_0) => counts!(Q8_0),
+            Some(Q4_0) => counts!(Q4_0),
+            Some(Q5_0) => counts!(Q5_0),
             _ => return,
         }
-    }
-}
-
-/// Bytes of one weight block of format `FMT`.
-const fn weight_block_bytes(fmt: u8) -> usize {
-    match fmt {
-        Q8_0 => Q8_0_BYTES,
-        Q4_0 => Q4_0_BYTES,
-        _ => Q5_0_BYTES,
     }
 }
 
@@ -172,33 +159,10 @@ const fn weight_block_bytes(fmt: u8) -> usize {
 /// The CPU has AVX2 and F16C; `wb` holds a whole block of `FMT`.
 #[inline(always)]
 unsafe fn weight_block<const FMT: u8>(wb: &[u8]) -> (__m256i, __m256i, __m256) {
-    assert!(wb.len() >= weight_block_bytes(FMT));
-    // SAFETY: every read is inside the block (asserted); the features per the contract.
+    // SAFETY: the contract (`signed_quants` asserts the block length).
     unsafe {
-        let p = wb.as_ptr();
-        let bits = std::ptr::read_unaligned(p as *const u16);
-        let dw = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))));
-        let low4 = _mm_set1_epi8(0x0F);
-        let nibbles = |qs: __m128i| {
-            let lo = _mm_and_si128(qs, low4);
-            let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
-            _mm256_set_m128i(hi, lo)
-        };
-        // Quant j in byte j.
-        let q = match FMT {
-            Q8_0 => _mm256_loadu_si256(p.add(2) as *const __m256i),
-            Q4_0 => _mm256_sub_epi8(
-                nibbles(_mm_loadu_si128(p.add(2) as *const __m128i)),
-                _mm256_set1_epi8(8),
-            ),
-            _ => _mm256_sub_epi8(
-                _mm256_or_si256(
-                    nibbles(_mm_loadu_si128(p.add(q5_0::QS) as *const __m128i)),
-                    q5_0_high_bits(read_u32(wb, q5_0::QH)),
-                ),
-                _mm256_set1_epi8(16),
-            ),
-        };
+        let (q, dw) = signed_quants::<FMT>(wb);
+        let dw = _mm256_set1_ps(dw);
         // Per 128-bit half: pairs (4l, 4l+1) in the low eight bytes, (4l+2, 4l+3) in
         // the high eight; then the low eights of both halves together, and the highs.
         let order = _mm256_setr_epi8(
@@ -226,7 +190,7 @@ unsafe fn group<const N: usize, const FMT: u8>(
     out: *mut f32,
     out_stride: usize,
 ) {
-    let wb_bytes = weight_block_bytes(FMT);
+    let wb_bytes = block_bytes(FMT);
     let (n, n_blocks) = (acts.n_tokens, acts.n_blocks);
     assert!(g0 + N <= n && row_bytes >= n_blocks * wb_bytes);
     assert!(acts.quads.len() >= n_blocks * n * 32 && acts.dx.len() >= n_blocks * n);

@@ -33,6 +33,8 @@ mod amx;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod block32_x86;
 pub mod dequant;
 pub mod dispatch;
 pub mod dot_scalar;

@@ -39,8 +39,9 @@ pub struct QuantizedActs {
     /// (built only when the process tier has them and there is at least one group).
     #[cfg(target_arch = "x86_64")]
     tiles: crate::tiled::ActTiles,
-    /// The 2 to 15 tokens after the whole groups again, for the narrow tiles (built
-    /// only when the process tier has them and the activations are Q8_0).
+    /// The 2 to 16 tokens after the whole groups again (sixteen Q8_0 tokens take them
+    /// instead of one wide group), for the narrow tiles (built only when the process
+    /// tier has them and the activations are Q8_0).
     #[cfg(target_arch = "x86_64")]
     narrow: crate::narrow::NarrowTiles,
     /// Every token again, for the AVX2 tier's token groups (built only on that tier,
@@ -545,7 +546,7 @@ unsafe fn rows_into(
         };
         t0 = xq.tiles.n_groups() * crate::tiled::TILE;
     }
-    // The 2 to 15 tokens after them (a batched decode step, a draft verification) go
+    // The 2 to 16 tokens after them (a batched decode step, a draft verification) go
     // through the narrow tiles when the format has them.
     #[cfg(target_arch = "x86_64")]
     if kernels.tiled

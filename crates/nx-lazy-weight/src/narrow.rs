@@ -23,7 +23,10 @@ use std::arch::x86_64::*;
 
 use nx_gguf::GgmlType;
 
-use crate::formats::{f16_to_f32, q5_0, Q4_0_BYTES, Q5_0_BYTES, Q8_0_BYTES};
+use crate::block32_x86::{
+    block_bytes as block_bytes_of, format_code, signed_quants, Q4_0, Q5_0, Q8_0,
+};
+use crate::formats::{f16_to_f32, Q8_0_BYTES};
 
 /// Bytes of one 32-quant block of a narrow tile: the lane quads of every token
 /// (`T / 2` registers of 64 bytes), the lane corrections `−128·Σx` (as many again),
@@ -121,11 +124,6 @@ pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
     )
 }
 
-/// The weight formats of [`tile`]: how a block is decoded in registers.
-const Q8_0: u8 = 0;
-const Q4_0: u8 = 1;
-const Q5_0: u8 = 2;
-
 /// For the tokens of `tiles` and every row of `w_rows` (`row_bytes` each, of
 /// `weight_type`), computes the dot products — the single-token kernel's bits — and
 /// writes row `r`'s output for token `t` (`t` counted from `tiles.first()`, rows from
@@ -162,59 +160,11 @@ pub(crate) unsafe fn run(
             }
         };
     }
-    match weight_type {
-        GgmlType::Q8_0 => widths!(Q8_0),
-        GgmlType::Q4_0 => widths!(Q4_0),
-        GgmlType::Q5_0 => widths!(Q5_0),
+    match format_code(weight_type) {
+        Some(Q8_0) => widths!(Q8_0),
+        Some(Q4_0) => widths!(Q4_0),
+        Some(Q5_0) => widths!(Q5_0),
         _ => {}
-    }
-}
-
-/// Bytes of one weight block of format `FMT`.
-const fn weight_block_bytes(fmt: u8) -> usize {
-    match fmt {
-        Q8_0 => Q8_0_BYTES,
-        Q4_0 => Q4_0_BYTES,
-        _ => Q5_0_BYTES,
-    }
-}
-
-/// A weight block's 32 quants `q`, offset to unsigned bytes `q + 128` (quant `j` in
-/// byte `j`: Q4_0 / Q5_0 low nibbles are quants 0..16, high ones 16..32), and `d_w`.
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW/VL and F16C; `wb` points at a whole block of `FMT`.
-#[inline(always)]
-unsafe fn weight_block<const FMT: u8>(wb: *const u8) -> (__m256i, f32) {
-    // SAFETY: every read is inside the block (34, 18 or 22 bytes), per the contract.
-    unsafe {
-        let bits = std::ptr::read_unaligned(wb as *const u16);
-        let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
-        let low4 = _mm_set1_epi8(0x0F);
-        let nibbles = |qs: __m128i| {
-            let lo = _mm_and_si128(qs, low4);
-            let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
-            _mm256_set_m128i(hi, lo)
-        };
-        let q = match FMT {
-            Q8_0 => _mm256_xor_si256(
-                _mm256_loadu_si256(wb.add(2) as *const __m256i),
-                _mm256_set1_epi8(0x80u8 as i8),
-            ),
-            // (n − 8) + 128
-            Q4_0 => _mm256_add_epi8(
-                nibbles(_mm_loadu_si128(wb.add(2) as *const __m128i)),
-                _mm256_set1_epi8(120),
-            ),
-            // (n + 16·h − 16) + 128: bit j of qh is quant j's fifth bit.
-            _ => {
-                let n = nibbles(_mm_loadu_si128(wb.add(q5_0::QS) as *const __m128i));
-                let qh = std::ptr::read_unaligned(wb.add(q5_0::QH) as *const u32);
-                let n = _mm256_mask_add_epi8(n, qh, n, _mm256_set1_epi8(16));
-                _mm256_add_epi8(n, _mm256_set1_epi8(112))
-            }
-        };
-        (q, dw)
     }
 }
 
@@ -290,7 +240,7 @@ unsafe fn tile<const T: usize, const FMT: u8>(
     let nreg = T / 2;
     let bb = block_bytes(T);
     let n_blocks = x.len() / bb;
-    let wb_bytes = weight_block_bytes(FMT);
+    let wb_bytes = block_bytes_of(FMT);
     let rows = w.len() / row_bytes;
     assert!(rows >= 1 && row_bytes >= n_blocks * wb_bytes);
     assert!(n_tokens <= T);
@@ -314,8 +264,10 @@ unsafe fn tile<const T: usize, const FMT: u8>(
                 crate::avx2::prefetch_ahead(row, b * wb_bytes);
                 // SAFETY: as above.
                 unsafe {
-                    let (quants, dw) = weight_block::<FMT>(row[b * wb_bytes..].as_ptr());
-                    let wu = _mm512_castsi256_si512(quants);
+                    let (quants, dw) = signed_quants::<FMT>(&row[b * wb_bytes..]);
+                    // w + 128 as unsigned bytes: Σ(w+128)·x − 128·Σx = Σ w·x exactly.
+                    let flip = _mm256_set1_epi8(0x80u8 as i8);
+                    let wu = _mm512_castsi256_si512(_mm256_xor_si256(quants, flip));
                     let d = _mm512_mul_ps(_mm512_set1_ps(dw), dx);
                     for i in 0..nreg {
                         let xq = _mm512_loadu_si512(xt.add(64 * i) as *const _);

@@ -185,8 +185,11 @@ fn avx512_tier_tiles_every_multi_type() {
 #[test]
 fn matmul_with_grouped_tokens_equals_dot_row_per_element() {
     // 16 and more tokens take the tiled kernels (AVX-512 VNNI, or AMX for the K formats
-    // where the CPU has it) for whole groups of 16; the 2 to 15 tokens after them take
-    // the narrow tiles (Q4_0, Q5_0, Q8_0 on AVX-512 VNNI).
+    // where the CPU has it) for whole groups of 16; the 2 to 16 tokens after them take
+    // the narrow tiles (Q4_0, Q5_0, Q8_0 on AVX-512 VNNI). On the AVX2 tier (gate
+    // TOKENS-AVX2) every Q4_0/Q5_0/Q8_0 matmul of two or more tokens takes the token
+    // groups of eight, and 2 or 3 tokens after the groups of four take the four-token
+    // kernel padded.
     for ty in MULTI_TYPES {
         check_matmul_against_dot_row(ty, &[1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 18, 33, 37]);
     }
