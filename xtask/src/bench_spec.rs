@@ -149,9 +149,15 @@ pub fn parse_stats(stderr: &str) -> Option<(f64, Option<(u64, u64)>)> {
     Some((tg, drafts))
 }
 
-fn run_nx(nx: &Path, model: &Path, prompt: &Path, threads: usize, spec: bool) -> Result<NxRun> {
+fn run_nx(
+    nx: &Path,
+    model: &Path,
+    prompt: &Path,
+    (threads, tier): (usize, Option<&str>),
+    spec: bool,
+) -> Result<NxRun> {
     let mut cmd = Command::new(nx);
-    if pinned_tier()?.is_some() {
+    if tier.is_some() {
         // A pinned tier is measured without the AMX tiles of the top tier as well.
         cmd.env("NX_AMX", "0");
     }
@@ -246,8 +252,8 @@ pub fn run(reps: usize, threads: usize, no_build: bool) -> Result<()> {
         let (mut plain, mut spec, mut kept, mut drafted) = (Vec::new(), Vec::new(), 0, 0);
         for rep in 0..reps {
             eprintln!("bench --spec: {} ({}/{reps})", p.name, rep + 1);
-            let a = run_nx(&nx, &model, &file, threads, false)?;
-            let b = run_nx(&nx, &model, &file, threads, true)?;
+            let a = run_nx(&nx, &model, &file, (threads, tier), false)?;
+            let b = run_nx(&nx, &model, &file, (threads, tier), true)?;
             if a.text != b.text {
                 bail!(
                     "{}: the text with --spec ngram differs from the text without it",
