@@ -149,12 +149,20 @@ pub fn parse_stats(stderr: &str) -> Option<(f64, Option<(u64, u64)>)> {
     Some((tg, drafts))
 }
 
+/// How a run speculates: not at all, prompt lookup, or with a draft model.
+#[derive(Clone, Copy)]
+enum Spec<'a> {
+    Plain,
+    Ngram,
+    Draft(&'a Path),
+}
+
 fn run_nx(
     nx: &Path,
     model: &Path,
     prompt: &Path,
     (threads, tier): (usize, Option<&str>),
-    spec: bool,
+    spec: Spec<'_>,
 ) -> Result<NxRun> {
     let mut cmd = Command::new(nx);
     if tier.is_some() {
@@ -174,8 +182,14 @@ fn run_nx(
         "-t",
         &threads.to_string(),
     ]);
-    if spec {
-        cmd.args(["--spec", "ngram"]);
+    match spec {
+        Spec::Plain => {}
+        Spec::Ngram => {
+            cmd.args(["--spec", "ngram"]);
+        }
+        Spec::Draft(draft) => {
+            cmd.args(["--spec", "draft", "--draft-model"]).arg(draft);
+        }
     }
     let out = cmd
         .output()
@@ -224,62 +238,36 @@ pub fn run(reps: usize, threads: usize, no_build: bool) -> Result<()> {
     let dir = target.join("bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
 
-    let settings = Settings {
-        n_prompt: 16,
-        n_gen: N_GEN,
-        reps: 1,
-        threads,
-    };
-    let mut llama_tg = Vec::new();
-    for rep in 0..reps {
-        eprintln!("bench --spec: llama-bench -n {N_GEN} ({}/{reps})", rep + 1);
-        let out = Command::new(&llama)
-            .args(llama_args(&model, &settings))
-            .output()
-            .with_context(|| format!("could not run {}", llama.display()))?;
-        if !out.status.success() {
-            bail!("llama-bench failed ({})", out.status);
-        }
-        llama_tg.push(parse_llama_json(&String::from_utf8_lossy(&out.stdout))?.1);
-    }
-    let llama_tg = median(llama_tg).context("no llama-bench run")?;
+    let llama_tg = llama_decode(&llama, &model, reps, threads)?;
+    let pinned = (threads, tier);
+    let rows = measure(&nx, &model, Spec::Ngram, &dir, reps, pinned)?;
+    let mut section = section(&rows, llama_tg, reps, threads, tier);
 
-    let mut rows = Vec::new();
-    for p in prompts() {
-        let file: PathBuf = dir.join("spec-prompt.txt");
-        std::fs::write(&file, &p.text)
-            .with_context(|| format!("cannot write {}", file.display()))?;
-        let (mut plain, mut spec, mut kept, mut drafted) = (Vec::new(), Vec::new(), 0, 0);
-        for rep in 0..reps {
-            eprintln!("bench --spec: {} ({}/{reps})", p.name, rep + 1);
-            let a = run_nx(&nx, &model, &file, (threads, tier), false)?;
-            let b = run_nx(&nx, &model, &file, (threads, tier), true)?;
-            if a.text != b.text {
-                bail!(
-                    "{}: the text with --spec ngram differs from the text without it",
-                    p.name
-                );
-            }
-            plain.push(a.tg_tps);
-            spec.push(b.tg_tps);
-            if let Some((k, d)) = b.drafts {
-                (kept, drafted) = (kept + k, drafted + d);
-            }
-        }
-        rows.push(Row {
-            name: p.name,
-            grounded: p.grounded,
-            plain: median(plain).context("no run")?,
-            spec: median(spec).context("no run")?,
-            kept,
-            drafted,
-        });
-    }
-    let section = section(&rows, llama_tg, reps, threads, tier);
+    // The draft pair: a dearer target and a cheaper draft with the same vocabulary,
+    // both made from the default model by the pinned llama-quantize.
+    let target_file = requantized(&model, "Q8_0")?;
+    let draft_file = requantized(&model, "Q4_0")?;
+    let pair_llama_tg = llama_decode(&llama, &target_file, reps, threads)?;
+    let pair_rows = measure(
+        &nx,
+        &target_file,
+        Spec::Draft(&draft_file),
+        &dir,
+        reps,
+        pinned,
+    )?;
+    section.push_str(&draft_section(
+        &pair_rows,
+        pair_llama_tg,
+        reps,
+        threads,
+        tier,
+    ));
+    let (begin, end) = markers(tier);
+    let section = format!("{begin}\n{section}{end}\n");
     println!("{section}");
     let docs = workspace_root().join("docs").join("benchmarks.md");
     let old = std::fs::read_to_string(&docs).unwrap_or_default();
-    let (begin, end) = markers(tier);
     let text = crate::util::replace_doc_section(&old, &begin, &end, &section);
     std::fs::write(&docs, text).with_context(|| format!("cannot write {}", docs.display()))?;
     eprintln!(
@@ -290,24 +278,186 @@ pub fn run(reps: usize, threads: usize, no_build: bool) -> Result<()> {
     Ok(())
 }
 
+/// llama.cpp's plain decode of `model`: the median of `reps` runs of `llama-bench -n N`.
+fn llama_decode(llama: &Path, model: &Path, reps: usize, threads: usize) -> Result<f64> {
+    let settings = Settings {
+        n_prompt: 16,
+        n_gen: N_GEN,
+        reps: 1,
+        threads,
+    };
+    let mut tg = Vec::new();
+    for rep in 0..reps {
+        eprintln!(
+            "bench --spec: llama-bench -n {N_GEN} on {} ({}/{reps})",
+            file_name(model),
+            rep + 1
+        );
+        let out = Command::new(llama)
+            .args(llama_args(model, &settings))
+            .output()
+            .with_context(|| format!("could not run {}", llama.display()))?;
+        if !out.status.success() {
+            bail!("llama-bench failed ({})", out.status);
+        }
+        tg.push(parse_llama_json(&String::from_utf8_lossy(&out.stdout))?.1);
+    }
+    median(tg).context("no llama-bench run")
+}
+
+/// Every prompt on `model`, plain and with `spec`, alternating, `reps` times: the
+/// medians. Fails when a speculative text differs from the plain one.
+fn measure(
+    nx: &Path,
+    model: &Path,
+    spec: Spec<'_>,
+    dir: &Path,
+    reps: usize,
+    pinned: (usize, Option<&str>),
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for p in prompts() {
+        let file: PathBuf = dir.join("spec-prompt.txt");
+        std::fs::write(&file, &p.text)
+            .with_context(|| format!("cannot write {}", file.display()))?;
+        let (mut plain, mut fast, mut kept, mut drafted) = (Vec::new(), Vec::new(), 0, 0);
+        for rep in 0..reps {
+            eprintln!(
+                "bench --spec: {} on {} ({}/{reps})",
+                p.name,
+                file_name(model),
+                rep + 1
+            );
+            let a = run_nx(nx, model, &file, pinned, Spec::Plain)?;
+            let b = run_nx(nx, model, &file, pinned, spec)?;
+            if a.text != b.text {
+                bail!(
+                    "{}: the text with speculation differs from the text without it",
+                    p.name
+                );
+            }
+            plain.push(a.tg_tps);
+            fast.push(b.tg_tps);
+            if let Some((k, d)) = b.drafts {
+                (kept, drafted) = (kept + k, drafted + d);
+            }
+        }
+        rows.push(Row {
+            name: p.name,
+            grounded: p.grounded,
+            plain: median(plain).context("no run")?,
+            spec: median(fast).context("no run")?,
+            kept,
+            drafted,
+        });
+    }
+    Ok(rows)
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+/// The default model with every tensor requantized to `ftype` by the pinned
+/// `llama-quantize --allow-requantize --pure` (made once into `$NX_CACHE/derived/`,
+/// renamed into place when complete). Derived locally, never downloaded.
+fn requantized(model: &Path, ftype: &str) -> Result<PathBuf> {
+    let dir = crate::fetch::cache_dir().join("derived");
+    let stem = model
+        .file_stem()
+        .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
+    let out = dir.join(format!("{stem}.pure-{}.gguf", ftype.to_ascii_lowercase()));
+    if out.is_file() {
+        return Ok(out);
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let quantize = llama_bin("llama-quantize");
+    if !quantize.is_file() {
+        crate::reference::ensure_reference(crate::reference::DEFAULT_JOBS)?;
+    }
+    let partial = dir.join(format!(
+        ".{}.{}",
+        file_name(&out),
+        crate::util::unique_suffix()
+    ));
+    eprintln!("bench --spec: making {} with llama-quantize", out.display());
+    let status = Command::new(&quantize)
+        .args(["--allow-requantize", "--pure"])
+        .arg(model)
+        .arg(&partial)
+        .arg(ftype)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .with_context(|| format!("could not run {}", quantize.display()))?;
+    if !status.success() {
+        let _ = std::fs::remove_file(&partial);
+        bail!(
+            "llama-quantize {ftype} of {} failed ({status})",
+            model.display()
+        );
+    }
+    std::fs::rename(&partial, &out)
+        .with_context(|| format!("cannot rename {} into place", partial.display()))?;
+    Ok(out)
+}
+
 fn section(rows: &[Row], llama_tg: f64, reps: usize, threads: usize, tier: Option<&str>) -> String {
-    let (begin, end) = markers(tier);
-    let (title, tier_text) = match tier {
+    let (title, tier_text) = tier_texts(tier);
+    let mut out = format!(
+        "## Speculative decoding{title}: nx --spec ngram vs nx plain vs llama.cpp plain\n\n\
+         CPU: `{}`; {tier_text}default model; {threads} threads; greedy, {N_GEN} tokens; medians of {reps} \
+         alternating runs of `nx run -f PROMPT --temp 0 -n {N_GEN} -t {threads} [--spec ngram]`; \
+         every speculative text was byte-identical to the plain one. llama.cpp: `llama-bench -n \
+         {N_GEN}` (configuration as in the table above): {llama_tg:.1} tok/s.\n\n",
+        crate::bench::cpu_model()
+    );
+    out.push_str(&table(rows, llama_tg));
+    out
+}
+
+fn draft_section(
+    rows: &[Row],
+    llama_tg: f64,
+    reps: usize,
+    threads: usize,
+    tier: Option<&str>,
+) -> String {
+    let (title, tier_text) = tier_texts(tier);
+    let mut out = format!(
+        "\n## Speculative decoding with a draft model{title}: nx --spec draft vs nx plain vs llama.cpp plain\n\n\
+         CPU: `{}`; {tier_text}target: the default model requantized to Q8_0 (every tensor), \
+         draft: the same requantized to Q4_0 (every tensor), both by the pinned \
+         `llama-quantize --allow-requantize --pure`; {threads} threads; greedy, {N_GEN} tokens; \
+         medians of {reps} alternating runs of `nx run --model TARGET -f PROMPT --temp 0 -n \
+         {N_GEN} -t {threads} [--spec draft --draft-model DRAFT]`; every speculative text was \
+         byte-identical to the plain one. llama.cpp: `llama-bench -n {N_GEN}` on the target: \
+         {llama_tg:.1} tok/s. The draft length weighs the draft's measured pass time against a \
+         plain step; where no length pays, drafting pauses.\n\n",
+        crate::bench::cpu_model()
+    );
+    out.push_str(&table(rows, llama_tg));
+    out
+}
+
+fn tier_texts(tier: Option<&str>) -> (String, String) {
+    match tier {
         None => (String::new(), String::new()),
         Some(t) => (
             format!(" (nx on its {t} tier)"),
             format!("nx pinned with `NX_TIER={t}` (AMX off with it); "),
         ),
-    };
-    let mut out = format!(
-        "{begin}\n## Speculative decoding{title}: nx --spec ngram vs nx plain vs llama.cpp plain\n\n\
-         CPU: `{}`; {tier_text}default model; {threads} threads; greedy, {N_GEN} tokens; medians of {reps} \
-         alternating runs of `nx run -f PROMPT --temp 0 -n {N_GEN} -t {threads} [--spec ngram]`; \
-         every speculative text was byte-identical to the plain one. llama.cpp: `llama-bench -n \
-         {N_GEN}` (configuration as in the table above): {llama_tg:.1} tok/s.\n\n\
-         | prompt | nx plain tok/s | nx --spec tok/s | spec / plain | spec / llama.cpp | drafts kept |\n\
+    }
+}
+
+/// The per-prompt table and the medians line.
+fn table(rows: &[Row], llama_tg: f64) -> String {
+    let mut out = String::from(
+        "| prompt | nx plain tok/s | nx --spec tok/s | spec / plain | spec / llama.cpp | drafts kept |\n\
          |---|---:|---:|---:|---:|---:|\n",
-        crate::bench::cpu_model()
     );
     for r in rows {
         out.push_str(&format!(
@@ -330,7 +480,7 @@ fn section(rows: &[Row], llama_tg: f64, reps: usize, threads: usize, tier: Optio
         median(v).unwrap_or(f64::NAN)
     };
     out.push_str(&format!(
-        "\nMedian spec / plain: grounded {:.2}× (target ≥ 2×), ordinary {:.2}× (target ≥ 0.97×).\n{end}\n",
+        "\nMedian spec / plain: grounded {:.2}× (target ≥ 2×), ordinary {:.2}× (target ≥ 0.97×).\n",
         ratio(true),
         ratio(false)
     ));

@@ -429,6 +429,7 @@ pub(crate) fn kernel_rows4(weight_type: GgmlType) -> Option<DotKernelRows4> {
         return None;
     }
     let k: DotKernelRows4 = match weight_type {
+        GgmlType::Q4_0 => dot_rows4_q4_0_q8_0,
         GgmlType::Q5_0 => dot_rows4_q5_0_q8_0,
         GgmlType::Q8_0 => dot_rows4_q8_0_q8_0,
         GgmlType::Q4_1 => dot_rows4_q4_1_q8_1,
@@ -452,6 +453,7 @@ macro_rules! checked_entry_rows4 {
 }
 
 checked_entry_rows4! {
+    dot_rows4_q4_0_q8_0 => q4_0_rows4_impl,
     dot_rows4_q5_0_q8_0 => q5_0_rows4_impl,
     dot_rows4_q8_0_q8_0 => q8_0_rows4_impl,
     dot_rows4_q4_1_q8_1 => q4_1_rows4_impl,
@@ -494,6 +496,36 @@ macro_rules! lanes8_rows4 {
             hsum_ps(acc[3]),
         ]
     }};
+}
+
+/// Q4_0 × Q8_0 for four weight rows and one token: [`q4_0_impl`] with the activation's
+/// `8·Σx` lanes formed once per block for the four rows.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_0_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+    let low4 = _mm_set1_epi8(0x0F);
+    let eights = _mm256_set1_epi8(8);
+    let zero = _mm256_setzero_si256();
+    lanes8_rows4!(
+        w,
+        x,
+        Q4_0_BYTES,
+        |xb| (xq, corr) = {
+            // SAFETY: x quants are bytes 2..34 of a 34-byte block.
+            let xq = unsafe { load32(xb, 2) };
+            (xq, _mm256_dpbusd_epi32(zero, eights, xq))
+        },
+        |wb| {
+            // SAFETY: qs is bytes 2..18 of an 18-byte block.
+            let qs = unsafe { load16(wb, 2) };
+            let lo = _mm_and_si128(qs, low4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+            let q = _mm256_set_m128i(hi, lo);
+            _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, q, xq), corr)
+        }
+    )
 }
 
 /// Q5_0 × Q8_0 for four weight rows and one token: [`q5_0_impl`] with the activation's

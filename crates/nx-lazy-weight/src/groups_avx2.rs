@@ -178,6 +178,29 @@ unsafe fn weight_block<const FMT: u8>(wb: &[u8]) -> (__m256i, __m256i, __m256) {
     }
 }
 
+/// Groups of at least this many tokens take every token's `d_w·d_x` of a block from
+/// [`store_scales`]; smaller ones multiply per token (the store and reloads cost more
+/// than they save there).
+const STORED_SCALES_FROM: usize = 4;
+
+/// `d_w·d_x` of the block for each token scale in `dx` (the lanes `lane_mask` sets),
+/// into `out`: a scalar multiply and a register broadcast per token take two
+/// vector-ALU slots each, one vector multiply stored whole and read back by broadcast
+/// loads takes one slot for the group (same products either way). The one
+/// whole-register store lets those loads be forwarded from it.
+///
+/// # Safety
+/// The CPU has AVX2; `lane_mask` sets lanes `0..dx.len()` only, `dx.len() <= GROUP`.
+#[inline(always)]
+unsafe fn store_scales(dw: __m256, dx: &[f32], lane_mask: __m256i, out: &mut [f32; GROUP]) {
+    debug_assert!(dx.len() <= GROUP);
+    // SAFETY: the mask reads only the lanes inside `dx`; `out` holds eight f32.
+    unsafe {
+        let dx = _mm256_maskload_ps(dx.as_ptr(), lane_mask);
+        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(dw, dx));
+    }
+}
+
 /// The weight rows `w` (`row_bytes` each, blocks of `FMT`) against tokens
 /// `g0..g0 + N` of `acts`: row `r`, token `g0 + t` to `out[t·out_stride + r]`.
 ///
@@ -195,6 +218,12 @@ unsafe fn group<const N: usize, const FMT: u8>(
     assert!(g0 + N <= n && row_bytes >= n_blocks * wb_bytes);
     assert!(acts.quads.len() >= n_blocks * n * 32 && acts.dx.len() >= n_blocks * n);
     let quads = acts.quads.as_ptr();
+    // Lanes 0..N set: the tokens of this group (for `store_scales`).
+    let lane_mask = _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(N as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    );
+    let mut scales = [0.0f32; GROUP];
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
         let mut acc = [_mm256_setzero_ps(); N];
         for b in 0..n_blocks {
@@ -202,6 +231,16 @@ unsafe fn group<const N: usize, const FMT: u8>(
             prefetch_ahead(row, b * wb_bytes);
             // SAFETY: the block lies inside the row (asserted above).
             let (w_lo, w_hi, dw) = unsafe { weight_block::<FMT>(&row[b * wb_bytes..]) };
+            let stored: &[f32; GROUP] = if N >= STORED_SCALES_FROM {
+                let dx = &acts.dx[b * n + g0..b * n + g0 + N];
+                // SAFETY: `dx` has N ≤ GROUP lanes, the ones `lane_mask` sets.
+                unsafe { store_scales(dw, dx, lane_mask, &mut scales) };
+                // Keeps the products in memory (else LLVM rebuilds each broadcast from
+                // the register with shuffles, as many ALU slots as the multiplies).
+                std::hint::black_box(&scales)
+            } else {
+                &scales
+            };
             for (t, acc) in acc.iter_mut().enumerate() {
                 let slot = b * n + g0 + t;
                 // SAFETY: slot < n_blocks·n, so its 32 i16 are inside `quads`.
@@ -214,7 +253,11 @@ unsafe fn group<const N: usize, const FMT: u8>(
                 };
                 let lanes =
                     _mm256_add_epi32(_mm256_madd_epi16(w_lo, x_lo), _mm256_madd_epi16(w_hi, x_hi));
-                let d = _mm256_mul_ps(dw, _mm256_set1_ps(acts.dx[slot]));
+                let d = if N >= STORED_SCALES_FROM {
+                    _mm256_broadcast_ss(&stored[t])
+                } else {
+                    _mm256_mul_ps(dw, _mm256_set1_ps(acts.dx[slot]))
+                };
                 *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), *acc);
             }
         }

@@ -125,6 +125,7 @@ fn four_row_kernel_equals_single_token_kernel_bit_for_bit() {
     for tier in supported_tiers() {
         if tier == CpuTier::Avx512Vnni {
             for ty in [
+                GgmlType::Q4_0,
                 GgmlType::Q5_0,
                 GgmlType::Q8_0,
                 GgmlType::Q4_1,

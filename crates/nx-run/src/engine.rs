@@ -65,7 +65,7 @@ use std::time::Instant;
 use nx_bpe::{DetachedDecoder, Tokenizer};
 use nx_kv_cache::{BlockTable, KvDtype, KvError, PagedBatch, PagedKv};
 use nx_llama_stack::{BatchItem, ForwardState, Model};
-use nx_sampler::{log_prob, log_softmax_top, Sampler, SamplerConfig};
+use nx_sampler::{log_prob_given, log_softmax_top, log_sum_exp, Sampler, SamplerConfig};
 
 use crate::spec::{check_same_vocab, DraftSource, Ewma, SpecState, Speculation, VERIFY_ROW_COST};
 use crate::stop::{Released, StopMatcher};
@@ -1106,15 +1106,32 @@ impl Engine {
             self.sample_bufs.resize_with(pool.n_threads(), Vec::new);
         }
         let bufs = &mut self.sample_bufs[..pool.n_threads()];
-        let run = |buf: &mut Vec<f32>, item: &mut VerifyJob<'_>| {
-            item.3 = Some(verify(item.0, item.1, item.2, n_vocab, tokenizer, buf));
+        let run = |buf: &mut Vec<f32>, item: &mut VerifyJob<'_>, facts: Option<&[RowFacts]>| {
+            item.3 = Some(verify(
+                item.0, item.1, item.2, n_vocab, tokenizer, buf, facts,
+            ));
         };
         if work.len() == 1 {
-            run(&mut bufs[0], &mut work[0]);
+            // One sequence: its rows' facts on every thread first (the tokens are then
+            // chosen in order on this one); with several, each thread takes sequences.
+            let item = &mut work[0];
+            let facts = (!item.1.is_empty() && pool.n_threads() > 1).then(|| {
+                let sampler = &item.0.sampler;
+                let mut facts: Vec<RowFacts> =
+                    (0..=item.1.len()).map(|_| RowFacts::default()).collect();
+                let mut no_state = vec![(); pool.n_threads()];
+                pool.parallel_chunks_mut(&mut facts, 1, 1, &mut no_state, |_, r, out| {
+                    for (i, f) in r.zip(out.iter_mut()) {
+                        *f = RowFacts::of(sampler, &item.2[i * n_vocab..(i + 1) * n_vocab]);
+                    }
+                });
+                facts
+            });
+            run(&mut bufs[0], item, facts.as_deref());
         } else {
             pool.parallel_chunks_mut(&mut work, 1, 1, bufs, |buf, _, items| {
                 for item in items {
-                    run(buf, item);
+                    run(buf, item, None);
                 }
             });
         }
@@ -1191,6 +1208,35 @@ impl Sequence {
 /// logits rows and the outcome.
 type VerifyJob<'a> = (&'a mut Sequence, &'a [u32], &'a [f32], Option<Verified>);
 
+/// What one logits row says before its token is chosen: the first non-finite logit,
+/// the log-sum-exp of the log-probability, and the token itself when the sampler's
+/// choice depends on nothing but the row. Pure functions of the row (and the
+/// sampler's settings), so they may be worked out on any thread in any order.
+#[derive(Debug, Clone, Default)]
+struct RowFacts {
+    non_finite: Option<usize>,
+    lse: Option<f64>,
+    choice: Option<Result<u32, nx_sampler::SamplerError>>,
+}
+
+impl RowFacts {
+    fn of(sampler: &Sampler, logits: &[f32]) -> RowFacts {
+        let non_finite = logits.iter().position(|l| !l.is_finite());
+        if non_finite.is_some() {
+            // `sample_one` stops at the error; nothing else is needed.
+            return RowFacts {
+                non_finite,
+                ..RowFacts::default()
+            };
+        }
+        RowFacts {
+            non_finite,
+            lse: log_sum_exp(logits),
+            choice: sampler.stateless_choice(logits),
+        }
+    }
+}
+
 /// What choosing one step's tokens did to a sequence.
 struct Verified {
     /// Token events, in order.
@@ -1212,6 +1258,7 @@ fn verify(
     n_vocab: usize,
     tokenizer: Option<&Tokenizer>,
     buf: &mut Vec<f32>,
+    facts: Option<&[RowFacts]>,
 ) -> Verified {
     let base = seq.tokens.len();
     let mut v = Verified {
@@ -1222,7 +1269,11 @@ fn verify(
     };
     for i in 0..=drafts.len() {
         let logits = &rows[i * n_vocab..(i + 1) * n_vocab];
-        match sample_one(seq, tokenizer, logits, buf) {
+        let fact = match facts {
+            Some(f) => f[i].clone(),
+            None => RowFacts::of(&seq.sampler, logits),
+        };
+        match sample_one(seq, tokenizer, logits, fact, buf) {
             Ok(Sampled::Continue(event)) => v.events.push(event),
             Ok(Sampled::Finished(event, reason, flushed)) => {
                 v.events.extend(event);
@@ -1249,9 +1300,10 @@ fn sample_one(
     seq: &mut Sequence,
     tokenizer: Option<&Tokenizer>,
     logits: &[f32],
+    facts: RowFacts,
     sample_buf: &mut Vec<f32>,
 ) -> Result<Sampled, RunError> {
-    if let Some(i) = logits.iter().position(|l| !l.is_finite()) {
+    if let Some(i) = facts.non_finite {
         return Err(RunError::NonFiniteLogits {
             position: seq.table.len().saturating_sub(1),
             token: i as u32,
@@ -1263,12 +1315,17 @@ fn sample_one(
     } else {
         Vec::new()
     };
-    sample_buf.clear();
-    sample_buf.extend_from_slice(logits);
-    // The draw is keyed by the position the token will take.
-    let id = seq.sampler.sample_at(sample_buf, seq.tokens.len() as u64)?;
+    let id = match facts.choice {
+        Some(choice) => choice?,
+        None => {
+            sample_buf.clear();
+            sample_buf.extend_from_slice(logits);
+            // The draw is keyed by the position the token will take.
+            seq.sampler.sample_at(sample_buf, seq.tokens.len() as u64)?
+        }
+    };
     seq.sampler.accept(id);
-    let logprob = log_prob(logits, id).unwrap_or(f32::NEG_INFINITY);
+    let logprob = log_prob_given(logits, id, facts.lse).unwrap_or(f32::NEG_INFINITY);
     if seq.generated == 0 {
         seq.ttft_ms = seq.submitted.elapsed().as_secs_f64() * 1e3;
     }

@@ -225,6 +225,20 @@ impl Sampler {
         result
     }
 
+    /// The token [`Sampler::sample_at`] would choose from `logits`, when that choice
+    /// depends on nothing but the row (greedy without penalties), else `None`. It takes
+    /// `&self`, so rows can be decided on several threads before the tokens are
+    /// accepted in order.
+    pub fn stateless_choice(&self, logits: &[f32]) -> Option<Result<u32, SamplerError>> {
+        if !self.config.is_greedy() || self.config.penalties_enabled() {
+            return None;
+        }
+        if logits.is_empty() {
+            return Some(Err(SamplerError::EmptyLogits));
+        }
+        Some(argmax(logits))
+    }
+
     /// [`Sampler::sample`] followed by [`Sampler::accept`] of the chosen token.
     pub fn sample_and_accept(&mut self, logits: &mut [f32]) -> Result<u32, SamplerError> {
         let token = self.sample(logits)?;
@@ -409,8 +423,9 @@ fn draw(cands: &[Candidate], u: f64) -> u32 {
         .id
 }
 
-/// Log-sum-exp of the non-NaN logits in f64, or `None` if there are none.
-fn log_sum_exp(logits: &[f32]) -> Option<f64> {
+/// Log-sum-exp of the non-NaN logits in f64, or `None` if there are none (the
+/// normalizer of [`log_prob`], for callers that compute it apart: [`log_prob_given`]).
+pub fn log_sum_exp(logits: &[f32]) -> Option<f64> {
     // `l > m` is false for NaN, so NaNs are skipped; a plain compare vectorizes where
     // `f64::max` does not. The f32 maximum widened is the f64 maximum.
     let max = f64::from(
@@ -435,11 +450,41 @@ fn log_sum_exp(logits: &[f32]) -> Option<f64> {
 /// (no fused multiply-adds, the same roundings), so the bits never depend on the CPU.
 fn exp_sum(logits: &[f32], max: f64) -> f64 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512 F (checked just above).
-        return unsafe { exp_sum_avx512(logits, max) };
+    match exp_width() {
+        // SAFETY: `exp_width` checked the CPU's features.
+        ExpWidth::Avx512 => return unsafe { exp_sum_avx512(logits, max) },
+        // SAFETY: as above.
+        ExpWidth::Avx2 => return unsafe { exp_sum_avx2(logits, max) },
+        ExpWidth::Portable => {}
     }
     exp_sum_portable(logits, max)
+}
+
+/// Which build of [`exp_sum`] runs (all give the same bits).
+#[cfg(target_arch = "x86_64")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ExpWidth {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+/// The widest [`exp_sum`] build that the process tier (`nx_syscalls::cpu_tier`, lowered
+/// by `NX_TIER`) and the CPU allow, so that a pinned tier measures what a CPU of that
+/// tier runs; an unusable `NX_TIER` picks the portable build (the matmul reports it).
+#[cfg(target_arch = "x86_64")]
+fn exp_width() -> ExpWidth {
+    use nx_syscalls::CpuTier;
+    static WIDTH: std::sync::OnceLock<ExpWidth> = std::sync::OnceLock::new();
+    *WIDTH.get_or_init(|| match nx_syscalls::cpu_tier() {
+        Ok(CpuTier::Avx512Vnni) if std::arch::is_x86_feature_detected!("avx512f") => {
+            ExpWidth::Avx512
+        }
+        Ok(CpuTier::Avx2 | CpuTier::Avx512Vnni) if std::arch::is_x86_feature_detected!("avx2") => {
+            ExpWidth::Avx2
+        }
+        _ => ExpWidth::Portable,
+    })
 }
 
 fn exp_term(l: f32, max: f64) -> f64 {
@@ -502,6 +547,61 @@ unsafe fn exp_sum_avx512(logits: &[f32], max: f64) -> f64 {
     let mut sums = [0f64; 8];
     // SAFETY: eight f64.
     unsafe { _mm512_storeu_pd(sums.as_mut_ptr(), acc) };
+    for (s, &l) in sums.iter_mut().zip(chunks.remainder()) {
+        *s += exp_term(l, max);
+    }
+    sums_tree(&sums)
+}
+
+/// [`exp_sum`] eight terms at a time in two AVX2 registers (sums 0–3 and 4–7):
+/// [`exp_sum_avx512`] with a blend for the range mask and an AND for the masked
+/// product, the same operations in the same order otherwise.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn exp_sum_avx2(logits: &[f32], max: f64) -> f64 {
+    use std::arch::x86_64::*;
+    let c = |v: f64| _mm256_set1_pd(v);
+    let (log2e, shift) = (c(EXP_LOG2E), c(EXP_SHIFT));
+    let (ln2_hi, ln2_lo) = (c(exp_ln2_hi()), c(exp_ln2_lo()));
+    let shift_bits = _mm256_set1_epi64x(EXP_SHIFT.to_bits() as i64);
+    let bias = _mm256_set1_epi64x(1023);
+    let floor = c(-708.0);
+    let term = |l: __m128| {
+        let x = _mm256_sub_pd(_mm256_cvtps_pd(l), c(max));
+        // In range: not NaN (ordered compare) and not below −708.
+        let ok = _mm256_cmp_pd::<_CMP_GE_OQ>(x, floor);
+        let x = _mm256_blendv_pd(floor, x, ok);
+        let shifted = _mm256_add_pd(_mm256_mul_pd(x, log2e), shift);
+        let k = _mm256_sub_pd(shifted, shift);
+        let r = _mm256_sub_pd(
+            _mm256_sub_pd(x, _mm256_mul_pd(k, ln2_hi)),
+            _mm256_mul_pd(k, ln2_lo),
+        );
+        let mut p = c(EXP_TAYLOR[0]);
+        for &inv in &EXP_TAYLOR[1..] {
+            p = _mm256_add_pd(_mm256_mul_pd(p, r), c(inv));
+        }
+        let k_int = _mm256_sub_epi64(_mm256_castpd_si256(shifted), shift_bits);
+        let scale = _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_add_epi64(k_int, bias)));
+        _mm256_and_pd(_mm256_mul_pd(p, scale), ok)
+    };
+    let (mut lo, mut hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+    let mut chunks = logits.chunks_exact(8);
+    for ch in &mut chunks {
+        // SAFETY: eight f32.
+        let (l_lo, l_hi) = unsafe { (_mm_loadu_ps(ch.as_ptr()), _mm_loadu_ps(ch.as_ptr().add(4))) };
+        lo = _mm256_add_pd(lo, term(l_lo));
+        hi = _mm256_add_pd(hi, term(l_hi));
+    }
+    let mut sums = [0f64; 8];
+    // SAFETY: four f64 each.
+    unsafe {
+        _mm256_storeu_pd(sums.as_mut_ptr(), lo);
+        _mm256_storeu_pd(sums.as_mut_ptr().add(4), hi);
+    }
     for (s, &l) in sums.iter_mut().zip(chunks.remainder()) {
         *s += exp_term(l, max);
     }
@@ -588,12 +688,17 @@ pub fn log_softmax_top(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
 /// Log-probability of token `id` under `softmax(logits)`, computed in f64. `None` when
 /// `id` is out of range, its logit is NaN, or there is no distribution.
 pub fn log_prob(logits: &[f32], id: u32) -> Option<f32> {
+    log_prob_given(logits, id, log_sum_exp(logits))
+}
+
+/// [`log_prob`] with the row's [`log_sum_exp`] computed beforehand (`lse` must be
+/// `log_sum_exp(logits)`): the same bits.
+pub fn log_prob_given(logits: &[f32], id: u32, lse: Option<f64>) -> Option<f32> {
     let logit = *logits.get(id as usize)?;
     if logit.is_nan() {
         return None;
     }
-    let lse = log_sum_exp(logits)?;
-    Some((f64::from(logit) - lse) as f32)
+    Some((f64::from(logit) - lse?) as f32)
 }
 
 #[cfg(test)]
@@ -626,6 +731,11 @@ mod exp_tests {
                 // SAFETY: checked just above.
                 let v = unsafe { super::exp_sum_avx512(&logits, max) };
                 assert_eq!(v.to_bits(), want.to_bits());
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: checked just above.
+                let v = unsafe { super::exp_sum_avx2(&logits, max) };
+                assert_eq!(v.to_bits(), want.to_bits(), "AVX2");
             }
         }
     }
