@@ -742,19 +742,34 @@ impl Engine {
         };
         let chunk = self.config.prefill_chunk;
         let n_vocab = d.model.config().n_vocab;
+        // Slots whose draft rows found no room or whose draft pass failed this step.
+        let mut gave_up = vec![false; plan.len()];
         loop {
             // (slot, tokens to feed, position, wants logits)
             let mut work: Vec<(usize, Vec<u32>, usize, bool)> = Vec::new();
             for (k, slot) in plan.iter().enumerate() {
+                if gave_up[k] {
+                    continue;
+                }
+                let seq = &self.running[slot.index];
+                let Some(spec) = seq.spec.as_ref() else {
+                    continue;
+                };
+                let (dl, len) = (spec.draft_table.len(), seq.tokens.len());
+                if slot.n > 1 && spec.spec.source == DraftSource::Model {
+                    // A prompt chunk: the draft reads it in the same step, so that its
+                    // prefill counts as prompt processing rather than delaying the first
+                    // guesses. It stops short of the last token, which the first
+                    // guessing pass reads.
+                    let upto = (seq.table.len() + slot.n).min(len - 1);
+                    if dl < upto {
+                        work.push((k, seq.tokens[dl..upto.min(dl + chunk)].to_vec(), dl, false));
+                    }
+                    continue;
+                }
                 if slot.drafts.len() >= slot.model_drafts {
                     continue; // no draft-model drafts asked, or all there
                 }
-                let seq = &self.running[slot.index];
-                let spec = seq
-                    .spec
-                    .as_ref()
-                    .expect("model drafts only with speculation");
-                let (dl, len) = (spec.draft_table.len(), seq.tokens.len());
                 if dl < len {
                     let end = len.min(dl + chunk);
                     work.push((k, seq.tokens[dl..end].to_vec(), dl, end == len));
@@ -778,6 +793,7 @@ impl Engine {
                     Err(_) => {
                         d.kv.release(&mut spec.draft_table);
                         plan[k].model_drafts = 0;
+                        gave_up[k] = true;
                     }
                 }
             }
@@ -801,7 +817,9 @@ impl Engine {
                 pool: &mut d.kv,
                 tables,
             };
-            let guessing = items.iter().all(|i| i.tokens.len() == 1);
+            let guessing = items
+                .iter()
+                .all(|i| i.tokens.len() == 1 && !i.logit_rows.is_empty());
             let started = std::time::Instant::now();
             let result = d
                 .model
@@ -813,6 +831,7 @@ impl Engine {
                 // Drafting is only a guess: without it every slot decodes plainly.
                 for (k, ..) in &ok {
                     plan[*k].model_drafts = 0;
+                    gave_up[*k] = true;
                 }
                 continue;
             }
