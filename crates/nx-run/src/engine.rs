@@ -233,6 +233,8 @@ pub struct EngineMetrics {
     pub drafted_tokens_total: u64,
     /// Of those, tokens kept.
     pub accepted_tokens_total: u64,
+    /// Tokens the draft model has read so far (prompt chunks, catching up, guessing).
+    pub draft_model_tokens_total: u64,
 }
 
 impl Default for Request {
@@ -826,6 +828,10 @@ impl Engine {
                 .forward_batch(&items, &mut batch, &mut d.state, &mut d.logits);
             if guessing {
                 d.pass_s.add(started.elapsed().as_secs_f64());
+            }
+            if result.is_ok() {
+                self.metrics.draft_model_tokens_total +=
+                    items.iter().map(|i| i.tokens.len() as u64).sum::<u64>();
             }
             if result.is_err() {
                 // Drafting is only a guess: without it every slot decodes plainly.

@@ -194,3 +194,53 @@ fn a_draft_model_with_another_vocabulary_is_refused() {
         .to_string();
     assert!(err.contains("eos_token_id"), "{err}");
 }
+
+#[test]
+fn the_draft_model_reads_the_prompt_with_the_target() {
+    use nx_run::{DraftSource, Speculation};
+    let (model, tok) = load(TinyOptions::default());
+    let config = EngineConfig {
+        prefill_chunk: 16,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(model.clone(), Some(tok), config)
+        .expect("engine")
+        .with_draft_model(model)
+        .expect("same vocabulary");
+    let prompt_len = 40;
+    let mut req = request(prompt_ids(prompt_len, 3), 6, false, 0);
+    req.speculation = Some(Speculation {
+        source: DraftSource::Model,
+        draft_max: 3,
+    });
+    e.submit(req).unwrap();
+    // Chunks of 16, 16 and 8: the draft reads each in the same step, short of the
+    // prompt's last token (its first guessing pass reads that one).
+    let mut steps = 0;
+    loop {
+        let events = e.step().unwrap();
+        steps += 1;
+        let read = e.metrics().draft_model_tokens_total;
+        assert_eq!(
+            read,
+            (16 * steps).min(prompt_len as u64 - 1),
+            "step {steps}"
+        );
+        if events
+            .iter()
+            .any(|ev| matches!(ev, EngineEvent::Token { .. }))
+        {
+            break;
+        }
+    }
+    assert_eq!(
+        steps, 3,
+        "three prompt chunks, the first token with the last"
+    );
+    // Then one pass of one token catches up and guesses; later guesses read one each.
+    e.step().unwrap();
+    assert!(e.metrics().draft_model_tokens_total > prompt_len as u64 - 1);
+    while e.has_work() {
+        e.step().unwrap();
+    }
+}

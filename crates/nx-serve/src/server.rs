@@ -417,6 +417,12 @@ fn render_metrics(state: &AppState) -> String {
         m.accepted_tokens_total,
     );
     metric(
+        "draft_model_tokens_total",
+        "counter",
+        "Tokens the draft model read (prompt chunks, catching up, guessing).",
+        m.draft_model_tokens_total,
+    );
+    metric(
         "requests_waiting",
         "gauge",
         "Requests waiting for admission.",
