@@ -1246,7 +1246,7 @@ struct RowFacts {
 
 impl RowFacts {
     fn of(sampler: &Sampler, logits: &[f32]) -> RowFacts {
-        let non_finite = logits.iter().position(|l| !l.is_finite());
+        let non_finite = first_non_finite(logits);
         if non_finite.is_some() {
             // `sample_one` stops at the error; nothing else is needed.
             return RowFacts {
@@ -1260,6 +1260,19 @@ impl RowFacts {
             choice: sampler.stateless_choice(logits),
         }
     }
+}
+
+/// The index of the first NaN or infinite logit: sixteen at a time, then within the
+/// chunk that holds it (a plain search stops at each element and stays scalar).
+fn first_non_finite(logits: &[f32]) -> Option<usize> {
+    const LANES: usize = 16;
+    let chunk = logits
+        .chunks(LANES)
+        .position(|c| c.iter().fold(false, |hit, l| hit | !l.is_finite()))?;
+    let within = logits[chunk * LANES..]
+        .iter()
+        .position(|l| !l.is_finite())?;
+    Some(chunk * LANES + within)
 }
 
 /// What choosing one step's tokens did to a sequence.
@@ -1420,4 +1433,26 @@ pub(crate) fn truncate_at_char(s: &mut String, max: usize) {
         end -= 1;
     }
     s.truncate(end);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_chunked_search_finds_the_first_non_finite_logit() {
+        for n in [0usize, 1, 15, 16, 17, 40] {
+            for bad in 0..=n {
+                for value in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                    let mut logits = vec![0.5f32; n];
+                    if bad < n {
+                        logits[bad] = value;
+                        if bad + 3 < n {
+                            logits[bad + 3] = f32::NAN;
+                        }
+                    }
+                    let want = logits.iter().position(|l| !l.is_finite());
+                    assert_eq!(super::first_non_finite(&logits), want, "n {n} bad {bad}");
+                }
+            }
+        }
+    }
 }

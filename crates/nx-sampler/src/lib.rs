@@ -271,20 +271,45 @@ fn argmax(logits: &[f32]) -> Result<u32, SamplerError> {
     if logits.is_empty() {
         return Err(SamplerError::EmptyLogits);
     }
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &l) in logits.iter().enumerate() {
-        if !l.is_finite() {
-            continue;
-        }
-        match best {
-            Some((_, b)) if l <= b => {}
-            _ => best = Some((i, l)),
+    // The first finite logit equal to the largest finite one, in two passes that run
+    // sixteen lanes at a time (one pass that tracks the index stays scalar): the
+    // maximum of each lane, then the first chunk holding it. Equal values (±0
+    // included) keep the first.
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = logits.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (m, &l) in lanes.iter_mut().zip(chunk) {
+            *m = if l > *m && l.is_finite() { l } else { *m };
         }
     }
-    best.map(|(i, _)| i as u32)
-        .ok_or(SamplerError::NoFiniteLogits {
-            n_vocab: logits.len(),
-        })
+    let max = lanes
+        .iter()
+        .chain(chunks.remainder())
+        .fold(f32::NEG_INFINITY, |m, &l| {
+            if l > m && l.is_finite() {
+                l
+            } else {
+                m
+            }
+        });
+    // A finite logit is above −∞, so the maximum stays −∞ only when there is none.
+    let none = SamplerError::NoFiniteLogits {
+        n_vocab: logits.len(),
+    };
+    if max == f32::NEG_INFINITY {
+        return Err(none);
+    }
+    let chunk = logits
+        .chunks(LANES)
+        .position(|c| c.iter().fold(false, |hit, &l| hit | (l == max)))
+        .ok_or(none.clone())?;
+    let within = logits[chunk * LANES..]
+        .iter()
+        .position(|&l| l == max)
+        .ok_or(none)?;
+    let at = chunk * LANES + within;
+    Ok(at as u32)
 }
 
 /// Fills `cands` with the finite logits and applies top-k, top-p and min-p. Returns
@@ -423,16 +448,30 @@ fn draw(cands: &[Candidate], u: f64) -> u32 {
         .id
 }
 
+/// The largest non-NaN value of `xs` (−∞ when there is none), sixteen lanes at a time.
+fn max_skipping_nan(xs: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (m, &l) in lanes.iter_mut().zip(chunk) {
+            *m = if l > *m { l } else { *m };
+        }
+    }
+    lanes
+        .iter()
+        .chain(chunks.remainder())
+        .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m })
+}
+
 /// Log-sum-exp of the non-NaN logits in f64, or `None` if there are none (the
 /// normalizer of [`log_prob`], for callers that compute it apart: [`log_prob_given`]).
 pub fn log_sum_exp(logits: &[f32]) -> Option<f64> {
-    // `l > m` is false for NaN, so NaNs are skipped; a plain compare vectorizes where
-    // `f64::max` does not. The f32 maximum widened is the f64 maximum.
-    let max = f64::from(
-        logits
-            .iter()
-            .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m }),
-    );
+    // `l > m` is false for NaN, so NaNs are skipped. Sixteen lane maxima combined give
+    // the same maximum as one pass (only the sign of a zero maximum may differ, and
+    // `l − (±0)` and `±0 + ln Σ` come out the same either way), and they vectorize
+    // where a single running maximum does not. The f32 maximum widened is the f64 one.
+    let max = f64::from(max_skipping_nan(logits));
     if max == f64::NEG_INFINITY {
         // Empty, all NaN, or all −∞: no distribution.
         return None;
@@ -699,6 +738,50 @@ pub fn log_prob_given(logits: &[f32], id: u32, lse: Option<f64>) -> Option<f32> 
         return None;
     }
     Some((f64::from(logit) - lse?) as f32)
+}
+
+#[cfg(test)]
+mod argmax_tests {
+    /// The one-pass definition: the first finite logit above every earlier one.
+    fn naive(logits: &[f32]) -> Option<u32> {
+        let mut best: Option<(usize, f32)> = None;
+        for (i, &l) in logits.iter().enumerate() {
+            if l.is_finite() && best.is_none_or(|(_, b)| l > b) {
+                best = Some((i, l));
+            }
+        }
+        best.map(|(i, _)| i as u32)
+    }
+
+    #[test]
+    fn two_passes_choose_what_one_pass_does() {
+        let specials = [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+        ];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for case in 0..2000 {
+            let n = 1 + case % 70;
+            let logits: Vec<f32> = (0..n)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    if state.is_multiple_of(3) {
+                        specials[(state >> 8) as usize % specials.len()]
+                    } else {
+                        ((state >> 40) % 9) as f32 - 4.0
+                    }
+                })
+                .collect();
+            assert_eq!(super::argmax(&logits).ok(), naive(&logits), "{logits:?}");
+        }
+    }
 }
 
 #[cfg(test)]
