@@ -4,9 +4,10 @@
 //! per run, so neither gets a systematically warmer or quieter machine:
 //!
 //! - nx: `nx bench --model F -p P -n N --threads T --reps 1 --json` (release build);
-//! - llama.cpp: `llama-bench -m F -t T -p P -n N -r 1 --repack 0 -o json`. `--repack 0`
-//!   because the reference build crashes on the dev machines with its extra (AMX and
-//!   repacked) buffer types, which repacking selects.
+//! - llama.cpp: `llama-bench -m F -t T -p P -n N -r 1 --repack 1 -o json` in its fastest
+//!   configuration that runs here ([`choose_llama_bench`]): on the dev machines the pinned
+//!   build faults in its AMX kernels once repacking selects them, so the bench builds and
+//!   runs a copy without AMX, repacking on.
 //!
 //! Reported per engine: the median prompt-processing and generation speed (t/s), the
 //! median peak RSS of the process (`/usr/bin/time -f %M` when present, else polling
@@ -161,6 +162,8 @@ pub struct Report {
     pub quick: bool,
     pub nx_command: String,
     pub llama_cpp_command: String,
+    /// Which llama.cpp configuration ran ([`choose_llama_bench`]).
+    pub llama_cpp_config: String,
     pub rss_method: String,
     pub probe: Probe,
     pub models: Vec<ModelResult>,
@@ -191,10 +194,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         eprintln!("bench: building nx (release)");
         run_checked(cargo_command().args(["build", "--release", "-p", "nx-cli", "--bin", "nx"]))?;
     }
-    let llama = llama_bin("llama-bench");
-    if !llama.is_file() {
-        ensure_reference(DEFAULT_JOBS)?;
-    }
+    let llama = choose_llama_bench(&files[0].1, settings.threads)?;
+    eprintln!("bench: llama.cpp configuration: {}", llama.config);
 
     eprintln!(
         "bench: read-bandwidth probe ({} MiB, 1 and {} threads, best of 3)",
@@ -228,7 +229,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         settings,
         quick: args.quick,
         nx_command: nx_args(Path::new("F"), &settings).join(" "),
-        llama_cpp_command: llama_args(Path::new("F"), &settings).join(" "),
+        llama_cpp_command: llama_args(Path::new("F"), &settings, llama.repack).join(" "),
+        llama_cpp_config: llama.config.to_string(),
         rss_method: rss_method().to_string(),
         probe,
         models,
@@ -297,11 +299,11 @@ fn bench_file(
     name: &str,
     path: &Path,
     nx: &Path,
-    llama: &Path,
+    llama: &LlamaBench,
     settings: &Settings,
 ) -> Result<ModelResult> {
     let gguf = Gguf::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let decode_bytes = decode_bytes_per_token(gguf.tensors());
+    let decode_bytes = decode_bytes_per_token(gguf.tensors(), active_experts(&gguf));
     drop(gguf);
     let file_bytes = std::fs::metadata(path)
         .with_context(|| format!("cannot stat {}", path.display()))?
@@ -364,8 +366,66 @@ pub fn nx_args(model: &Path, s: &Settings) -> Vec<String> {
     ]
 }
 
+/// The llama.cpp configuration a bench runs: the fastest that runs on this machine.
+#[derive(Debug, Clone)]
+pub struct LlamaBench {
+    /// The `llama-bench` binary.
+    pub bin: PathBuf,
+    /// Whether weight repacking (its interleaved layouts and AMX kernels) is on.
+    pub repack: bool,
+    /// In words, for the report.
+    pub config: &'static str,
+}
+
+/// Picks llama.cpp's fastest configuration that runs here, trying each on `model`
+/// (a 16-token prompt and two generated tokens): the pinned build with weight repacking
+/// on; else the build without AMX (built on first need), repacking on; else the pinned
+/// build with repacking off. The first two are the reference at its best; the last is
+/// only used where both others fail, and the report says so.
+pub fn choose_llama_bench(model: &Path, threads: usize) -> Result<LlamaBench> {
+    let pinned = llama_bin("llama-bench");
+    if !pinned.is_file() {
+        ensure_reference(DEFAULT_JOBS)?;
+    }
+    let runs = |bin: &Path, repack: bool| -> bool {
+        let mut cmd = Command::new(bin);
+        cmd.arg("-m")
+            .arg(model)
+            .args(["-t", &threads.to_string(), "-p", "16", "-n", "2", "-r", "1"])
+            .args(["--repack", if repack { "1" } else { "0" }])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        cmd.status().map(|s| s.success()).unwrap_or(false)
+    };
+    if runs(&pinned, true) {
+        return Ok(LlamaBench {
+            bin: pinned,
+            repack: true,
+            config: "the pinned build (GGML_NATIVE), weight repacking on",
+        });
+    }
+    eprintln!("bench: the pinned llama.cpp build fails with weight repacking on; trying the build without AMX");
+    if let Ok(no_amx) = crate::reference::ensure_no_amx_bench(DEFAULT_JOBS) {
+        if runs(&no_amx, true) {
+            return Ok(LlamaBench {
+                bin: no_amx,
+                repack: true,
+                config: "the pinned build without AMX (`-mno-amx-*`; the pinned build faults in \
+                         its AMX kernels here), weight repacking on",
+            });
+        }
+    }
+    eprintln!("bench: falling back to llama.cpp with weight repacking off");
+    Ok(LlamaBench {
+        bin: pinned,
+        repack: false,
+        config: "the pinned build with weight repacking off (both builds with repacking \
+                 failed here)",
+    })
+}
+
 /// `llama-bench` arguments for one run of file `model`.
-pub fn llama_args(model: &Path, s: &Settings) -> Vec<String> {
+pub fn llama_args(model: &Path, s: &Settings, repack: bool) -> Vec<String> {
     vec![
         "-m".into(),
         model.display().to_string(),
@@ -377,9 +437,8 @@ pub fn llama_args(model: &Path, s: &Settings) -> Vec<String> {
         s.n_gen.to_string(),
         "-r".into(),
         "1".into(),
-        // This machine advertises AMX but faults on it; repacking is what selects AMX.
         "--repack".into(),
-        "0".into(),
+        if repack { "1" } else { "0" }.into(),
         "-o".into(),
         "json".into(),
     ]
@@ -409,8 +468,8 @@ fn run_nx(nx: &Path, model: &Path, settings: &Settings) -> Result<Sample> {
     })
 }
 
-fn run_llama(llama: &Path, model: &Path, settings: &Settings) -> Result<Sample> {
-    let out = run_measured(llama, &llama_args(model, settings))?;
+fn run_llama(llama: &LlamaBench, model: &Path, settings: &Settings) -> Result<Sample> {
+    let out = run_measured(&llama.bin, &llama_args(model, settings, llama.repack))?;
     if !out.status.success() {
         bail!(
             "llama-bench on {} failed ({}): {}",
@@ -518,15 +577,28 @@ pub fn median(mut values: Vec<f64>) -> Option<f64> {
     })
 }
 
+/// `(expert_used_count, expert_count)` of a mixture-of-experts file.
+pub fn active_experts(gguf: &Gguf) -> Option<(u64, u64)> {
+    let md = gguf.metadata();
+    let arch = md.get_str("general.architecture").ok()?;
+    let used = md.get_u64(&format!("{arch}.expert_used_count")).ok()?;
+    let count = md.get_u64(&format!("{arch}.expert_count")).ok()?;
+    (count > 0 && used <= count).then_some((used, count))
+}
+
 /// Weight bytes one decode step reads: every tensor in full except the token embedding,
 /// of which it reads one row, plus the LM head: `output.weight` when present (already in
-/// the sum), else the tied embedding table, read in full.
-pub fn decode_bytes_per_token(tensors: &[TensorInfo]) -> u64 {
+/// the sum), else the tied embedding table, read in full. Of the experts' 3-D tensors
+/// (`*_exps.weight`) a token reads the `used` of `count` experts it is routed to.
+pub fn decode_bytes_per_token(tensors: &[TensorInfo], experts: Option<(u64, u64)>) -> u64 {
     const EMBD: &str = "token_embd.weight";
     let mut total: u64 = tensors
         .iter()
         .filter(|t| t.name != EMBD)
-        .map(|t| t.n_bytes)
+        .map(|t| match experts {
+            Some((used, count)) if t.name.ends_with("_exps.weight") => t.n_bytes / count * used,
+            _ => t.n_bytes,
+        })
         .sum();
     if let Some(embd) = tensors.iter().find(|t| t.name == EMBD) {
         total += embd.n_bytes / embd.n_rows().max(1);
@@ -906,10 +978,8 @@ fn benchmarks_doc(report: &Report, table: &str) -> String {
          For each file the engines run alternately, one process per run, {reps} times each:\n\n\
          - nx: `target/release/nx {nx_cmd}`\n\
          - llama.cpp: `llama-bench {llama_cmd}`\n\n\
-         `--repack 0` is needed on this machine: with its extra CPU buffer types (the AMX \
-         kernels' weights and the repacked, interleaved weight layouts) this llama.cpp build \
-         crashes here (SIGILL in earlier runs, SIGSEGV with `--repack 1` on 2026-11-30), so it \
-         runs its plain quantized kernels. nx's prefill uses AMX-INT8 tiles for Q4_K and Q6_K \
+         llama.cpp runs as {llama_config}: the fastest configuration that runs on this \
+         machine (`cargo xtask bench` tries the pinned build with repacking first). nx's prefill uses AMX-INT8 tiles for Q4_K and Q6_K \
          weights where the CPU has them and the kernel grants tile data (`NX_AMX=0` turns \
          that off); its outputs are the same bits either way. Everything else is llama-bench's default (f16 KV cache, \
          flash attention `auto`, micro-batch 512, one untimed warm-up run per test). `nx bench` \
@@ -919,7 +989,8 @@ fn benchmarks_doc(report: &Report, table: &str) -> String {
          spread of ordinary ids), which does not change the amount of work.\n\n\
          Weight bytes per decode step: every tensor in full except the token embedding, of \
          which one row is read, plus the LM head (the tied embedding table in full when the \
-         file has no `output.weight`):\n\n\
+         file has no `output.weight`); of a mixture of experts' expert tensors, the share of \
+         the experts one token is routed to:\n\n\
          {per_token}\n\
          The read-bandwidth probe sums a {probe_mib} MiB buffer of `u64` (best of 3 passes), \
          once on one thread and once split over {threads} threads; decode speed is bounded by \
@@ -947,6 +1018,7 @@ fn benchmarks_doc(report: &Report, table: &str) -> String {
         rss = report.rss_method,
         nx_cmd = report.nx_command,
         llama_cmd = report.llama_cpp_command,
+        llama_config = report.llama_cpp_config,
         threads = s.threads,
         probe_mib = report.probe.buffer_bytes >> 20,
         cpus = report.logical_cpus,
@@ -1129,12 +1201,12 @@ mod tests {
         let ffn = 144 * 64;
         let tied = gguf_with(true);
         assert_eq!(
-            decode_bytes_per_token(tied.tensors()),
+            decode_bytes_per_token(tied.tensors(), None),
             (norm + ffn + embd_row + 100 * embd_row) as u64
         );
         let untied = gguf_with(false);
         assert_eq!(
-            decode_bytes_per_token(untied.tensors()),
+            decode_bytes_per_token(untied.tensors(), None),
             (norm + ffn + embd_row + 210 * 100) as u64
         );
     }
@@ -1200,7 +1272,7 @@ mod tests {
             threads: 2,
         };
         assert_eq!(
-            llama_args(Path::new("m.gguf"), &s).join(" "),
+            llama_args(Path::new("m.gguf"), &s, false).join(" "),
             "-m m.gguf -t 2 -p 512 -n 128 -r 1 --repack 0 -o json"
         );
         assert_eq!(
@@ -1258,6 +1330,7 @@ mod tests {
             quick: false,
             nx_command: String::new(),
             llama_cpp_command: String::new(),
+            llama_cpp_config: String::new(),
             rss_method: String::new(),
             probe: Probe {
                 buffer_bytes: 1 << 30,

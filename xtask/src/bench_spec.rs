@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use crate::bench::{llama_args, median, parse_llama_json, Settings};
+use crate::bench::{llama_args, median, parse_llama_json, LlamaBench, Settings};
 use crate::reference::llama_bin;
 use crate::util::{cargo_command, duration_text, run_checked, workspace_root};
 
@@ -231,10 +231,8 @@ pub fn run(reps: usize, threads: usize, no_build: bool) -> Result<()> {
         eprintln!("bench --spec: building nx (release)");
         run_checked(cargo_command().args(["build", "--release", "-p", "nx-cli", "--bin", "nx"]))?;
     }
-    let llama = llama_bin("llama-bench");
-    if !llama.is_file() {
-        crate::reference::ensure_reference(crate::reference::DEFAULT_JOBS)?;
-    }
+    let llama = crate::bench::choose_llama_bench(&model, threads)?;
+    eprintln!("bench --spec: llama.cpp configuration: {}", llama.config);
     let dir = target.join("bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
 
@@ -279,7 +277,7 @@ pub fn run(reps: usize, threads: usize, no_build: bool) -> Result<()> {
 }
 
 /// llama.cpp's plain decode of `model`: the median of `reps` runs of `llama-bench -n N`.
-fn llama_decode(llama: &Path, model: &Path, reps: usize, threads: usize) -> Result<f64> {
+fn llama_decode(llama: &LlamaBench, model: &Path, reps: usize, threads: usize) -> Result<f64> {
     let settings = Settings {
         n_prompt: 16,
         n_gen: N_GEN,
@@ -293,10 +291,10 @@ fn llama_decode(llama: &Path, model: &Path, reps: usize, threads: usize) -> Resu
             file_name(model),
             rep + 1
         );
-        let out = Command::new(llama)
-            .args(llama_args(model, &settings))
+        let out = Command::new(&llama.bin)
+            .args(llama_args(model, &settings, llama.repack))
             .output()
-            .with_context(|| format!("could not run {}", llama.display()))?;
+            .with_context(|| format!("could not run {}", llama.bin.display()))?;
         if !out.status.success() {
             bail!("llama-bench failed ({})", out.status);
         }

@@ -51,8 +51,11 @@ pub const GATES: &[Gate] = &[
     Gate::new("FETCH-PINS", "xtask", "fetched_pins"),
     // The default model's header parses and matches reference.md (types, shapes, vocab).
     Gate::new("GGUF-DEFAULT-MODEL", "nx-gguf", "real_model"),
-    // llama.cpp's tokenizer test vectors of the thirteen vocabularies nx reads (602 cases).
+    // llama.cpp's tokenizer test vectors of the fourteen vocabularies nx reads (648 cases).
     Gate::new("GOLD-TOK-VECTORS", "nx-bpe", "gold_tok_vectors"),
+    // Every tokenizer.ggml.pre name nx reads, and every vocab file's EOG set, against the
+    // reference's tokenizer on derived vocab-only files (`cargo xtask golden pretok`).
+    Gate::new("GOLD-TOK-PRE", "nx-bpe", "gold_tok_pre"),
     // The default model's vocab against llama-server's /tokenize answers.
     Gate::new("GOLD-TOK-GEMMA", "nx-bpe", "gold_tok_gemma"),
     // Teacher-forced and free-running greedy against llama-server's answers on the three

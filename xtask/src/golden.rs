@@ -9,6 +9,7 @@ pub mod dequant;
 pub mod dot;
 pub mod forward;
 pub mod ppl;
+pub mod pretok;
 pub mod tokenizer;
 
 use anyhow::{bail, Result};
@@ -40,6 +41,11 @@ pub const GOLDENS: &[Golden] = &[
         name: "tokenizer",
         about: "token ids for the pinned vocabs and the default model",
         run: tokenizer::run,
+    },
+    Golden {
+        name: "pretok",
+        about: "token ids of every tokenizer.ggml.pre name, and EOG sets, from vocab-only files",
+        run: pretok::run,
     },
     Golden {
         name: "forward",

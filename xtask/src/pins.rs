@@ -316,6 +316,13 @@ pub const LLAMA_CMAKE_FLAGS: [&str; 4] = [
     "-DLLAMA_BUILD_TESTS=OFF",
 ];
 
+/// Added to [`LLAMA_CMAKE_FLAGS`] for the benches' build without AMX
+/// (`reference::no_amx_build_dir`).
+pub const LLAMA_NO_AMX_FLAGS: [&str; 2] = [
+    "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+    "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

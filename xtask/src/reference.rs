@@ -58,27 +58,9 @@ pub fn ensure_reference(jobs: u32) -> Result<()> {
     }
     eprintln!("reference: missing {}; building", missing.join(", "));
 
-    let cmake = find_or_install_cmake()?;
     let build = build_dir();
     let started = Instant::now();
-
-    let mut configure = Command::new(&cmake);
-    configure
-        .arg("-S")
-        .arg(&source)
-        .arg("-B")
-        .arg(&build)
-        .args(pins::LLAMA_CMAKE_FLAGS);
-    run_logged(&mut configure, &root.join("cmake.log"), "configure")?;
-
-    let mut compile = Command::new(&cmake);
-    compile
-        .arg("--build")
-        .arg(&build)
-        .arg(format!("-j{jobs}"))
-        .arg("--target")
-        .args(pins::LLAMA_TOOLS);
-    run_logged(&mut compile, &root.join("build.log"), "build")?;
+    cmake_build(&source, &build, &[], &pins::LLAMA_TOOLS, jobs, "")?;
 
     let still_missing = missing_tools();
     if !still_missing.is_empty() {
@@ -94,6 +76,87 @@ pub fn ensure_reference(jobs: u32) -> Result<()> {
         duration_text(started.elapsed())
     );
     Ok(())
+}
+
+/// The build without AMX (`-mno-amx-*` on top of the pinned flags), for the benches: on
+/// machines that report AMX but fault in its kernels, the pinned build dies as soon as
+/// weight repacking picks them; this one keeps repacking and every other fast path.
+pub fn no_amx_build_dir() -> PathBuf {
+    llama_root_dir().join("build-noamx")
+}
+
+/// `llama-bench` of [`no_amx_build_dir`], built (once, about five minutes) if missing.
+pub fn ensure_no_amx_bench(jobs: u32) -> Result<PathBuf> {
+    let bin = no_amx_build_dir().join("bin").join("llama-bench");
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    let source = ensure_llama_src()?;
+    let root = llama_root_dir();
+    let _lock = lock_file(&root.join("build.lock"))?;
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    eprintln!(
+        "reference: building llama-bench without AMX in {}",
+        no_amx_build_dir().display()
+    );
+    let started = Instant::now();
+    cmake_build(
+        &source,
+        &no_amx_build_dir(),
+        &pins::LLAMA_NO_AMX_FLAGS,
+        &["llama-bench"],
+        jobs,
+        "noamx-",
+    )?;
+    if !bin.is_file() {
+        bail!("the build finished but {} is missing", bin.display());
+    }
+    eprintln!(
+        "reference: built llama-bench without AMX in {}",
+        duration_text(started.elapsed())
+    );
+    Ok(bin)
+}
+
+/// Configures `build` from `source` with the pinned flags plus `extra` and builds
+/// `tools`; logs go to `<prefix>cmake.log` and `<prefix>build.log` in the llama.cpp root.
+fn cmake_build(
+    source: &Path,
+    build: &Path,
+    extra: &[&str],
+    tools: &[&str],
+    jobs: u32,
+    log_prefix: &str,
+) -> Result<()> {
+    let root = llama_root_dir();
+    let cmake = find_or_install_cmake()?;
+    let mut configure = Command::new(&cmake);
+    configure
+        .arg("-S")
+        .arg(source)
+        .arg("-B")
+        .arg(build)
+        .args(pins::LLAMA_CMAKE_FLAGS)
+        .args(extra);
+    run_logged(
+        &mut configure,
+        &root.join(format!("{log_prefix}cmake.log")),
+        "configure",
+    )?;
+    let mut compile = Command::new(&cmake);
+    compile
+        .arg("--build")
+        .arg(build)
+        .arg(format!("-j{jobs}"))
+        .arg("--target")
+        .args(tools);
+    run_logged(
+        &mut compile,
+        &root.join(format!("{log_prefix}build.log")),
+        "build",
+    )
 }
 
 /// `cmake` from PATH; else the one from `python3 -m pip install cmake`.

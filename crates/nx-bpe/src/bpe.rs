@@ -15,8 +15,9 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use crate::hash::{FxBuild, TextArena, TextIndex};
+use crate::plan::SplitPlan;
 use crate::pretok::{PreTokenizerConfig, SplitScratch};
-use crate::unicode::{byte_to_unicode_table, unicode_to_byte_table};
+use crate::unicode::{byte_to_unicode_table, unicode_to_byte_table, utf8_len_from_lead};
 use crate::vocab::{keys, Vocab};
 use crate::TokenizerError;
 
@@ -24,8 +25,14 @@ use crate::TokenizerError;
 #[derive(Debug, Clone)]
 pub struct BpeModel {
     pub pre: PreTokenizerConfig,
+    plan: SplitPlan,
     /// Symbol id of each raw byte.
     byte_ids: [u32; 256],
+    /// SentencePiece-style vocabularies ([`PreTokenizerConfig::raw_utf8`]): the ids of
+    /// texts that appear in merges but not in the vocabulary, for looking up a
+    /// character's symbol, and the `<0xNN>` token of each byte (its fallback).
+    virtual_ids: HashMap<Vec<u8>, u32, FxBuild>,
+    byte_fallback: [Option<u32>; 256],
     /// `(left << 32) | right` → `(rank << 32) | merged`.
     merges: HashMap<u64, u64, FxBuild>,
     /// Texts of virtual ids (`id - n_vocab`), in the byte alphabet.
@@ -58,7 +65,8 @@ impl BpeModel {
     ) -> Result<BpeModel, TokenizerError> {
         let merges_list = md.get_str_array(keys::MERGES)?;
         let n_vocab = vocab.len() as u32;
-        let mut virtual_ids: HashMap<Vec<u8>, u32> = HashMap::new();
+        let plan = SplitPlan::new(&pre)?;
+        let mut virtual_ids: HashMap<Vec<u8>, u32, FxBuild> = HashMap::default();
         let mut virtual_texts: Vec<Vec<u8>> = Vec::new();
         let mut intern = |text: &[u8]| -> u32 {
             if let Some(id) = vocab.id_of(text) {
@@ -107,10 +115,25 @@ impl BpeModel {
             });
         }
 
+        let mut byte_fallback = [None; 256];
+        if pre.raw_utf8 {
+            for (b, slot) in byte_fallback.iter_mut().enumerate() {
+                *slot = vocab.id_of(format!("<0x{b:02X}>").as_bytes());
+            }
+        } else {
+            // Only SentencePiece-style vocabularies look characters up by text.
+            virtual_ids = HashMap::default();
+        }
+
         let inv = unicode_to_byte_table();
-        let mut raw_texts = TextArena::with_capacity(vocab.len(), vocab.texts.total_bytes());
-        let mut raw_ids = Vec::with_capacity(vocab.len());
-        for id in 0..n_vocab {
+        let (n_raw, raw_bytes) = if pre.ignore_merges {
+            (vocab.len(), vocab.texts.total_bytes())
+        } else {
+            (0, 0)
+        };
+        let mut raw_texts = TextArena::with_capacity(n_raw, raw_bytes);
+        let mut raw_ids = Vec::with_capacity(n_raw);
+        for id in 0..n_vocab * pre.ignore_merges as u32 {
             if let Some(raw) = alphabet_to_bytes(vocab.text(id), &inv) {
                 if !raw_texts.push(&raw) {
                     break;
@@ -125,7 +148,10 @@ impl BpeModel {
 
         Ok(BpeModel {
             pre,
+            plan,
             byte_ids,
+            virtual_ids,
+            byte_fallback,
             merges,
             virtual_texts,
             n_vocab,
@@ -172,14 +198,30 @@ impl BpeModel {
         work: &mut BpeWork,
         out: &mut Vec<u32>,
     ) {
+        if self.pre.raw_utf8 {
+            // SentencePiece-style: every space is U+2581 before the text is split.
+            let mut escaped = Vec::with_capacity(text.len() + text.len() / 4);
+            for &b in text {
+                if b == b' ' {
+                    escaped.extend_from_slice(SPACE_MARK);
+                } else {
+                    escaped.push(b);
+                }
+            }
+            return self.encode_pieces(vocab, &escaped, work, out);
+        }
+        self.encode_pieces(vocab, text, work, out)
+    }
+
+    fn encode_pieces(&self, vocab: &Vocab, text: &[u8], work: &mut BpeWork, out: &mut Vec<u32>) {
         let BpeWork { split, merge } = work;
         // Long texts repeat their words; a per-call cache maps a piece to the ids it
         // produced earlier (a range of `out`), keyed by slices of the input itself.
         let mut cache: Option<HashMap<&[u8], (u32, u32), FxBuild>> = (text.len() >= CACHE_MIN_TEXT)
             .then(|| HashMap::with_capacity_and_hasher(1024, FxBuild::default()));
-        self.pre.pre.split(text, split, &mut |a, b| {
+        self.plan.split(text, split, &mut |a, b| {
             let piece = &text[a..b];
-            if piece.len() == 1 {
+            if piece.len() == 1 && !self.pre.raw_utf8 {
                 self.push_symbol(vocab, self.byte_ids[piece[0] as usize], out);
                 return;
             }
@@ -201,6 +243,9 @@ impl BpeModel {
 
     /// BPE-merges one pre-tokenizer piece.
     fn encode_piece(&self, vocab: &Vocab, piece: &[u8], w: &mut MergeWork, out: &mut Vec<u32>) {
+        if self.pre.raw_utf8 {
+            return self.encode_piece_utf8(vocab, piece, w, out);
+        }
         if self.pre.ignore_merges {
             if let Some(id) = self.raw_token(piece) {
                 out.push(id);
@@ -217,8 +262,74 @@ impl BpeModel {
                 next: if i + 1 < n { i as i32 + 1 } else { -1 },
             });
         }
+        self.merge_symbols(w);
+        let mut i = 0i32;
+        while i >= 0 {
+            let s = w.syms[i as usize];
+            self.push_symbol(vocab, s.id, out);
+            i = s.next;
+        }
+    }
+
+    /// A SentencePiece-style piece: a run of line feeds that is a token stays whole; else
+    /// the symbols are its UTF-8 characters (by lead byte, as the reference cuts them), and
+    /// a final symbol the vocabulary lacks falls back to the `<0xNN>` tokens of its bytes.
+    fn encode_piece_utf8(
+        &self,
+        vocab: &Vocab,
+        piece: &[u8],
+        w: &mut MergeWork,
+        out: &mut Vec<u32>,
+    ) {
+        if piece.iter().all(|&b| b == b'\n') {
+            if let Some(id) = vocab.id_of(piece) {
+                out.push(id);
+                return;
+            }
+        }
+        w.syms.clear();
+        let mut at = 0;
+        while at < piece.len() {
+            let len = utf8_len_from_lead(piece[at]).min(piece.len() - at);
+            let ch = &piece[at..at + len];
+            let id = vocab
+                .id_of(ch)
+                .or_else(|| self.virtual_ids.get(ch).copied())
+                .unwrap_or(NO_SYMBOL);
+            let index = w.syms.len() as i32;
+            w.syms.push(Sym {
+                id,
+                len: len as u32,
+                prev: index - 1,
+                next: if at + len < piece.len() {
+                    index + 1
+                } else {
+                    -1
+                },
+            });
+            at += len;
+        }
+        self.merge_symbols(w);
+        // Symbols are contiguous in order, so each one's bytes start where the last ended.
+        let mut at = 0usize;
+        let mut i = 0i32;
+        while i >= 0 {
+            let s = w.syms[i as usize];
+            let bytes = &piece[at..at + s.len as usize];
+            if s.id < self.n_vocab {
+                out.push(s.id);
+            } else {
+                out.extend(bytes.iter().filter_map(|&b| self.byte_fallback[b as usize]));
+            }
+            at += s.len as usize;
+            i = s.next;
+        }
+    }
+
+    /// Merges `w.syms` by rank (lowest first; ties leftmost), in place.
+    fn merge_symbols(&self, w: &mut MergeWork) {
         w.heap.clear();
-        for i in 0..n.saturating_sub(1) {
+        for i in 0..w.syms.len().saturating_sub(1) {
             self.push_pair(w, i as u32, i as u32 + 1);
         }
         while let Some(Reverse(Cand {
@@ -250,12 +361,6 @@ impl BpeModel {
                 self.push_pair(w, left as u32, next as u32);
             }
         }
-        let mut i = 0i32;
-        while i >= 0 {
-            let s = w.syms[i as usize];
-            self.push_symbol(vocab, s.id, out);
-            i = s.next;
-        }
     }
 
     #[inline]
@@ -271,6 +376,11 @@ impl BpeModel {
         }
     }
 }
+
+/// The symbol of a character that is neither a token nor part of any merge.
+const NO_SYMBOL: u32 = u32::MAX;
+/// U+2581, the space of SentencePiece-style vocabularies.
+const SPACE_MARK: &[u8] = "\u{2581}".as_bytes();
 
 /// Texts at least this long get a per-call piece cache (short texts would pay more for
 /// the map than they save).

@@ -9,11 +9,15 @@ pub enum TokenizerError {
     #[error("tokenizer metadata: {0}")]
     Metadata(#[from] GgufError),
     /// `tokenizer.ggml.model` names a tokenizer this crate does not implement.
-    #[error("unsupported tokenizer model {0:?} (tokenizer.ggml.model); supported: \"gpt2\" (byte-level BPE), \"llama\" (SentencePiece)")]
+    #[error("unsupported tokenizer model {0:?} (tokenizer.ggml.model); supported: \"gpt2\" (byte-level BPE), \"gemma4\" (SentencePiece-style BPE), \"llama\" (SentencePiece)")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate does not implement.
-    #[error("unsupported pre-tokenizer {0:?} (tokenizer.ggml.pre); supported: {supported}", supported = crate::pretok::supported_names())]
+    #[error("unsupported pre-tokenizer {0:?} (tokenizer.ggml.pre); supported: {supported}", supported = crate::plan::supported_names())]
     UnsupportedPreTokenizer(String),
+    /// A split pattern of the pre-tokenizer table could not be compiled (a bug of this
+    /// crate's table, reported rather than panicking).
+    #[error("pre-tokenizer {name:?}: split pattern: {reason}")]
+    BadPattern { name: &'static str, reason: String },
     /// A metadata value is present but unusable (wrong length, out of range).
     #[error("tokenizer metadata {key}: {reason}")]
     BadMetadata { key: &'static str, reason: String },

@@ -23,7 +23,9 @@ mod bpe;
 mod decode;
 mod error;
 mod hash;
+mod plan;
 mod pretok;
+mod regex;
 mod special;
 mod spm;
 mod unicode;
@@ -33,7 +35,8 @@ use nx_gguf::{Gguf, Metadata};
 
 pub use decode::{DetachedDecoder, StreamDecoder};
 pub use error::TokenizerError;
-pub use pretok::{PreTokenizer, PreTokenizerConfig, SplitScratch, NAMES as PRE_TOKENIZER_NAMES};
+pub use plan::NAMES as PRE_TOKENIZER_NAMES;
+pub use pretok::{PreTokenizer, PreTokenizerConfig, SplitScratch};
 pub use vocab::TokenType;
 
 use bpe::{alphabet_to_bytes, BpeModel, BpeWork};
@@ -94,16 +97,25 @@ impl Tokenizer {
     pub fn from_metadata(md: &Metadata) -> Result<Tokenizer, TokenizerError> {
         let model_name = md.get_str(keys::MODEL)?;
         match model_name {
-            "gpt2" => {
-                let pre_name = optional(md, keys::PRE, Metadata::get_str)?.unwrap_or("default");
+            "gpt2" | "gemma4" => {
+                // A `gemma4` tokenizer always runs the Gemma 4 split, whatever the file's
+                // `tokenizer.ggml.pre` says, and has no default special ids.
+                let (pre_name, defaults) = if model_name == "gemma4" {
+                    ("gemma4", None)
+                } else {
+                    let pre = optional(md, keys::PRE, Metadata::get_str)?.unwrap_or("default");
+                    // The reference's defaults for byte-level BPE vocabularies (id 11 is
+                    // GPT-2's historical BOS/EOS); the file normally overrides them.
+                    (pre, Some(11))
+                };
                 let pre = PreTokenizer::from_name(pre_name)
                     .ok_or_else(|| TokenizerError::UnsupportedPreTokenizer(pre_name.to_string()))?;
-                // The reference's defaults for byte-level BPE vocabularies (id 11 is GPT-2's
-                // historical BOS/EOS); the file normally overrides them.
-                let vocab = Vocab::load(md, Some(11), Some(11), None)?;
+                let vocab = Vocab::load(md, defaults, defaults, None)?;
                 let model = BpeModel::new(md, &vocab, pre)?;
-                let add_bos =
+                let mut add_bos =
                     optional(md, keys::ADD_BOS, Metadata::get_bool)?.unwrap_or(pre.add_bos_default);
+                // The reference turns BOS on for Gemma 4's split even when the file says no.
+                add_bos |= matches!(pre.name, "gemma4" | "granite-embed-multi-311m");
                 let add_eos = optional(md, keys::ADD_EOS, Metadata::get_bool)?.unwrap_or(false);
                 Ok(Tokenizer::assemble(
                     vocab,
@@ -358,6 +370,7 @@ fn build_pieces(vocab: &Vocab, model: &Model) -> TextArena {
         } else if a & attr::NORMAL != 0 {
             match model {
                 Model::Spm(_) => replace_all(text, SPACE_MARK, b" ", &mut buf),
+                Model::Bpe(m) if m.pre.raw_utf8 => replace_all(text, SPACE_MARK, b" ", &mut buf),
                 Model::Bpe(_) => match alphabet_to_bytes(text, &inv) {
                     Some(raw) => buf.extend_from_slice(&raw),
                     // A character outside the byte alphabet stands for itself.

@@ -54,94 +54,45 @@ pub enum PreTokenizer {
     /// DeepSeek LLM's sequence of six patterns (line breaks, runs of cased letters, runs of
     /// ASCII and full-width punctuation, trailing white space, CJK runs, digit runs).
     DeepseekLlm,
+    /// Runs of line feeds and runs of everything else (`[^\n]+|[\n]+`, Gemma 4).
+    NewlineRuns,
+    /// Digit runs cut into threes from the right, the leading one or two digits joined to
+    /// the text before them (the reference's AFMoE digit splitter, also Tiny Aya's).
+    AfmoeDigits,
+    /// Kimi-K2's: runs of Han ideographs, then Llama 3's pattern with Han left out of the
+    /// letter runs and contractions after them (the reference's custom splitter).
+    KimiK2,
+    /// The reference's list of split patterns ([`PreTokenizerConfig::patterns`]), run by
+    /// the pattern engine.
+    Patterns,
 }
 
-/// What a `tokenizer.ggml.pre` name selects.
+/// What a `tokenizer.ggml.pre` name selects (a row of [`crate::plan::NAMES`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PreTokenizerConfig {
+    /// The `tokenizer.ggml.pre` name.
+    pub name: &'static str,
+    /// The splitter; [`PreTokenizer::Patterns`] when the split is the reference's list of
+    /// patterns in [`PreTokenizerConfig::patterns`].
     pub pre: PreTokenizer,
+    /// The reference's split patterns, applied in order, each to the pieces of the one
+    /// before (empty unless `pre` is [`PreTokenizer::Patterns`]).
+    pub patterns: &'static [&'static str],
     /// A piece that is itself a vocabulary token is emitted whole, without merging.
     pub ignore_merges: bool,
     /// Whether BOS is added by default (before `tokenizer.ggml.add_bos_token` overrides it).
     pub add_bos_default: bool,
-}
-
-/// Every `tokenizer.ggml.pre` name nx reads, with what the reference's vocabulary loader
-/// (`src/llama-vocab.cpp`) selects for it: the splitter, `ignore_merges`, and whether BOS
-/// is added by default. Names the reference gives other split rules, or extra steps nx
-/// does not have (`add_sep`, whitespace escaping), are absent and stay a clear error.
-pub const NAMES: &[(&str, PreTokenizer, bool, bool)] = &[
-    ("qwen2", PreTokenizer::Qwen2, false, false),
-    ("qwen35", PreTokenizer::Qwen35, false, false),
-    ("deepseek-r1-qwen", PreTokenizer::Qwen2, false, false),
-    ("kormo", PreTokenizer::Qwen2, false, false),
-    ("f2llmv2", PreTokenizer::Qwen2, false, false),
-    ("megrez", PreTokenizer::Qwen2, false, false),
-    ("stablelm2", PreTokenizer::Qwen2, false, false),
-    ("llama3", PreTokenizer::Llama3, true, true),
-    ("llama-v3", PreTokenizer::Llama3, true, true),
-    ("llama-bpe", PreTokenizer::Llama3, true, true),
-    ("falcon3", PreTokenizer::Llama3, true, true),
-    ("falcon-h1", PreTokenizer::Llama3, true, true),
-    ("pixtral", PreTokenizer::Llama3, true, true),
-    ("midm-2.0", PreTokenizer::Llama3, true, true),
-    ("lfm2", PreTokenizer::Llama3, true, true),
-    ("jina-v5-nano", PreTokenizer::Llama3, true, true),
-    ("dbrx", PreTokenizer::Llama3, false, false),
-    ("smaug-bpe", PreTokenizer::Llama3, false, false),
-    ("gpt-2", PreTokenizer::Gpt2, false, false),
-    ("phi-2", PreTokenizer::Gpt2, false, false),
-    ("jina-es", PreTokenizer::Gpt2, false, false),
-    ("jina-de", PreTokenizer::Gpt2, false, false),
-    ("jina-v2-es", PreTokenizer::Gpt2, false, false),
-    ("jina-v2-de", PreTokenizer::Gpt2, false, false),
-    ("gigachat", PreTokenizer::Gpt2, false, false),
-    ("a.x-4.0", PreTokenizer::Gpt2, false, false),
-    ("mellum", PreTokenizer::Gpt2, false, false),
-    ("modern-bert", PreTokenizer::Gpt2, false, false),
-    ("exaone4", PreTokenizer::Gpt2, false, false),
-    ("mpt", PreTokenizer::Gpt2, false, false),
-    ("olmo", PreTokenizer::Gpt2, false, false),
-    ("starcoder", PreTokenizer::DigitsThenGpt2, false, false),
-    ("refact", PreTokenizer::DigitsThenGpt2, false, false),
-    ("command-r", PreTokenizer::DigitsThenGpt2, false, false),
-    ("smollm", PreTokenizer::DigitsThenGpt2, false, false),
-    ("codeshell", PreTokenizer::DigitsThenGpt2, false, false),
-    ("exaone", PreTokenizer::DigitsThenGpt2, false, false),
-    ("minerva-7b", PreTokenizer::DigitsThenGpt2, false, false),
-    ("mellum2", PreTokenizer::DigitsThenGpt2, false, false),
-    ("falcon", PreTokenizer::Falcon, false, false),
-    ("deepseek-coder", PreTokenizer::DeepseekCoder, false, false),
-    ("deepseek-llm", PreTokenizer::DeepseekLlm, false, false),
-    ("chatglm-bpe", PreTokenizer::Llama3, false, false),
-    ("glm4", PreTokenizer::Llama3, true, false),
-    ("glm5", PreTokenizer::Llama3, true, false),
-    ("default", PreTokenizer::Default, false, false),
-];
-
-/// The names of [`NAMES`], quoted and comma-separated (for error messages).
-pub fn supported_names() -> String {
-    NAMES
-        .iter()
-        .map(|(n, ..)| format!("{n:?}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    /// SentencePiece-style BPE (Gemma 4): spaces become U+2581 before splitting, merges run
+    /// over UTF-8 characters rather than the GPT-2 byte alphabet, and characters outside the
+    /// vocabulary fall back to `<0xNN>` tokens.
+    pub raw_utf8: bool,
 }
 
 impl PreTokenizer {
-    /// Maps a `tokenizer.ggml.pre` value to its configuration ([`NAMES`]); `None` for
-    /// any other name.
+    /// Maps a `tokenizer.ggml.pre` value to its configuration ([`crate::plan::NAMES`]);
+    /// `None` for any other name.
     pub fn from_name(name: &str) -> Option<PreTokenizerConfig> {
-        NAMES
-            .iter()
-            .find(|(n, ..)| *n == name)
-            .map(
-                |&(_, pre, ignore_merges, add_bos_default)| PreTokenizerConfig {
-                    pre,
-                    ignore_merges,
-                    add_bos_default,
-                },
-            )
+        crate::plan::NAMES.iter().find(|c| c.name == name).copied()
     }
 
     /// A short name for messages.
@@ -156,6 +107,10 @@ impl PreTokenizer {
             PreTokenizer::Falcon => "falcon",
             PreTokenizer::DeepseekCoder => "deepseek-coder",
             PreTokenizer::DeepseekLlm => "deepseek-llm",
+            PreTokenizer::NewlineRuns => "newline runs",
+            PreTokenizer::AfmoeDigits => "afmoe digits",
+            PreTokenizer::KimiK2 => "kimi-k2",
+            PreTokenizer::Patterns => "patterns",
         }
     }
 
@@ -171,16 +126,38 @@ impl PreTokenizer {
         let s = &*scratch;
         let n = s.cps.len();
         let mut to_bytes = |a: usize, b: usize| emit(s.offs[a] as usize, s.offs[b] as usize);
+        self.split_range(s, 0, n, &mut to_bytes);
+    }
+
+    /// Splits the code points `lo..hi` of decoded text, emitting code-point ranges.
+    /// [`PreTokenizer::Patterns`] has no splitter of its own and emits the range whole.
+    pub(crate) fn split_range(
+        self,
+        s: &SplitScratch,
+        lo: usize,
+        hi: usize,
+        emit: &mut impl FnMut(usize, usize),
+    ) {
         match self {
-            PreTokenizer::Gpt2 => split_gpt2(s, 0, n, &mut to_bytes),
-            PreTokenizer::Llama3 => split_llama3_like(s, 0, n, 3, LETTER, &mut to_bytes),
-            PreTokenizer::Qwen2 => split_llama3_like(s, 0, n, 1, LETTER, &mut to_bytes),
-            PreTokenizer::Qwen35 => split_llama3_like(s, 0, n, 1, LETTER | MARK, &mut to_bytes),
-            PreTokenizer::Default => split_default(s, 0, n, false, &mut to_bytes),
-            PreTokenizer::Falcon => split_default(s, 0, n, true, &mut to_bytes),
-            PreTokenizer::DeepseekCoder => split_deepseek(s, 0, n, false, &mut to_bytes),
-            PreTokenizer::DeepseekLlm => split_deepseek(s, 0, n, true, &mut to_bytes),
-            PreTokenizer::DigitsThenGpt2 => split_digits_then_gpt2(s, 0, n, &mut to_bytes),
+            PreTokenizer::Gpt2 => split_gpt2(s, lo, hi, emit),
+            PreTokenizer::Llama3 => split_llama3_like(s, lo, hi, 3, LETTER, emit),
+            PreTokenizer::Qwen2 => split_llama3_like(s, lo, hi, 1, LETTER, emit),
+            PreTokenizer::Qwen35 => split_llama3_like(s, lo, hi, 1, LETTER | MARK, emit),
+            PreTokenizer::Default => split_default(s, lo, hi, false, emit),
+            PreTokenizer::Falcon => split_default(s, lo, hi, true, emit),
+            PreTokenizer::DeepseekCoder => split_deepseek(s, lo, hi, false, emit),
+            PreTokenizer::DeepseekLlm => split_deepseek(s, lo, hi, true, emit),
+            PreTokenizer::DigitsThenGpt2 => split_digits_then_gpt2(s, lo, hi, emit),
+            PreTokenizer::NewlineRuns => {
+                split_runs(lo, hi, |i| s.cps[i] == '\n' as u32, emit);
+            }
+            PreTokenizer::AfmoeDigits => split_afmoe_digits(s, lo, hi, emit),
+            PreTokenizer::KimiK2 => split_kimi_k2(s, lo, hi, emit),
+            PreTokenizer::Patterns => {
+                if hi > lo {
+                    emit(lo, hi)
+                }
+            }
         }
     }
 }
@@ -188,17 +165,17 @@ impl PreTokenizer {
 /// Reusable buffers: the decoded code points, their classes and byte offsets.
 #[derive(Default, Debug)]
 pub struct SplitScratch {
-    cps: Vec<u32>,
+    pub(crate) cps: Vec<u32>,
     cls: Vec<u8>,
     /// Byte offset of each code point, plus one entry for the end of the text.
-    offs: Vec<u32>,
+    pub(crate) offs: Vec<u32>,
 }
 
 /// Stands for an invalid byte: matches no character test.
 const INVALID_CP: u32 = 0xFFFF_FFFE;
 
 impl SplitScratch {
-    fn decode(&mut self, text: &[u8]) {
+    pub(crate) fn decode(&mut self, text: &[u8]) {
         self.cps.clear();
         self.cls.clear();
         self.offs.clear();
@@ -317,62 +294,128 @@ fn split_llama3_like(
             continue;
         }
 
-        // \p{N}{1,max_digits}
-        if f & NUMBER != 0 {
-            let mut group = pos;
-            while s.class(pos, hi) & NUMBER != 0 {
-                pos += 1;
-                if pos - group >= max_digits {
-                    emit(group, pos);
-                    group = pos;
-                }
-            }
-            if pos > group {
-                emit(group, pos);
-            }
-            continue;
-        }
+        pos = split_llama3_rest(s, pos, hi, max_digits, ws_l_n, emit);
+    }
+}
 
-        // ' '?[^\s\p{L}\p{N}]+[\r\n]*
-        let f2 = if c == ' ' as u32 {
-            s.class(pos + 1, hi)
-        } else {
-            f
-        };
-        if f2 & ws_l_n == 0 && f != 0 {
-            if c == ' ' as u32 {
-                pos += 1;
+/// The alternatives Llama 3's pattern shares with Kimi-K2's after the letter runs, at
+/// `pos` (`\p{N}{1,max_digits}`, the punctuation run, then the three white-space ones, else
+/// one code point); emits what matched and returns where the next match starts.
+fn split_llama3_rest(
+    s: &SplitScratch,
+    mut pos: usize,
+    hi: usize,
+    max_digits: usize,
+    ws_l_n: u8,
+    emit: &mut impl FnMut(usize, usize),
+) -> usize {
+    let start = pos;
+    let c = s.cps[pos];
+    let f = s.cls[pos];
+    // \p{N}{1,max_digits}
+    if f & NUMBER != 0 {
+        let mut group = pos;
+        while s.class(pos, hi) & NUMBER != 0 {
+            pos += 1;
+            if pos - group >= max_digits {
+                emit(group, pos);
+                group = pos;
             }
-            while s.class(pos, hi) & ws_l_n == 0 && s.class(pos, hi) != 0 {
-                pos += 1;
-            }
-            while s.cp(pos, hi) == '\r' as u32 || s.cp(pos, hi) == '\n' as u32 {
+        }
+        if pos > group {
+            emit(group, pos);
+        }
+        return pos;
+    }
+
+    // ' '?[^\s\p{L}\p{N}]+[\r\n]*
+    let f2 = if c == ' ' as u32 {
+        s.class(pos + 1, hi)
+    } else {
+        f
+    };
+    if f2 & ws_l_n == 0 && f != 0 {
+        if c == ' ' as u32 {
+            pos += 1;
+        }
+        while s.class(pos, hi) & ws_l_n == 0 && s.class(pos, hi) != 0 {
+            pos += 1;
+        }
+        while s.cp(pos, hi) == '\r' as u32 || s.cp(pos, hi) == '\n' as u32 {
+            pos += 1;
+        }
+        emit(start, pos);
+        return pos;
+    }
+
+    // \s*[\r\n]+ | \s+(?!\S) | \s+
+    let mut n_ws = 0;
+    let mut end_after_crlf = 0;
+    while s.class(pos + n_ws, hi) & WHITESPACE != 0 {
+        let c2 = s.cps[pos + n_ws];
+        if c2 == '\r' as u32 || c2 == '\n' as u32 {
+            end_after_crlf = pos + n_ws + 1;
+        }
+        n_ws += 1;
+    }
+    if end_after_crlf > 0 {
+        pos = end_after_crlf;
+    } else if n_ws > 1 && pos + n_ws < hi {
+        pos += n_ws - 1;
+    } else if n_ws > 0 {
+        pos += n_ws;
+    } else {
+        pos += 1;
+    }
+    emit(start, pos);
+    pos
+}
+
+/// Han ideographs as the reference's Kimi-K2 splitter counts them (the CJK unified
+/// ideographs, extensions A to F and the compatibility blocks).
+fn is_han(cp: u32) -> bool {
+    matches!(
+        cp,
+        0x4E00..=0x9FFF
+            | 0x3400..=0x4DBF
+            | 0x20000..=0x2A6DF
+            | 0x2A700..=0x2EBEF
+            | 0xF900..=0xFAFF
+            | 0x2F800..=0x2FA1F
+    )
+}
+
+/// Kimi-K2's splitter over `lo..hi`: runs of Han ideographs; then Llama 3's letter runs
+/// with Han left out and an optional trailing contraction (either case); then the rest of
+/// Llama 3's pattern.
+fn split_kimi_k2(s: &SplitScratch, lo: usize, hi: usize, emit: &mut impl FnMut(usize, usize)) {
+    let letter_not_han = |i: usize| s.class(i, hi) & LETTER != 0 && !is_han(s.cps[i]);
+    let mut pos = lo;
+    while pos < hi {
+        let start = pos;
+        let c = s.cps[pos];
+        let f = s.cls[pos];
+        if is_han(c) {
+            while pos < hi && is_han(s.cps[pos]) {
                 pos += 1;
             }
             emit(start, pos);
             continue;
         }
-
-        // \s*[\r\n]+ | \s+(?!\S) | \s+
-        let mut n_ws = 0;
-        let mut end_after_crlf = 0;
-        while s.class(pos + n_ws, hi) & WHITESPACE != 0 {
-            let c2 = s.cps[pos + n_ws];
-            if c2 == '\r' as u32 || c2 == '\n' as u32 {
-                end_after_crlf = pos + n_ws + 1;
-            }
-            n_ws += 1;
-        }
-        if end_after_crlf > 0 {
-            pos = end_after_crlf;
-        } else if n_ws > 1 && pos + n_ws < hi {
-            pos += n_ws - 1;
-        } else if n_ws > 0 {
-            pos += n_ws;
-        } else {
+        // [^\r\n\p{L}\p{N}]?[letters but Han]+('s|'t|'re|'ve|'m|'ll|'d)?
+        let can_lead = !(c == '\r' as u32 || c == '\n' as u32 || f & (LETTER | NUMBER) != 0);
+        if letter_not_han(pos) || (can_lead && letter_not_han(pos + 1)) {
             pos += 1;
+            while letter_not_han(pos) {
+                pos += 1;
+            }
+            if s.cp(pos, hi) == '\'' as u32 {
+                pos += contraction_len(s, pos, hi, true);
+            }
+            emit(start, pos);
+            continue;
         }
-        emit(start, pos);
+        pos = split_llama3_rest(s, pos, hi, 3, WS_L_N, emit);
     }
 }
 
@@ -447,6 +490,40 @@ fn split_runs(
             pos += 1;
         }
         emit(start, pos);
+    }
+}
+
+/// The reference's AFMoE digit splitter: each run of `\p{N}` is cut into threes from the
+/// right; the leading one or two digits (or, when the run's length is a multiple of
+/// three, its first three) close the piece that began after the previous cut, so text
+/// before a number joins the number's first group. Text after the last number is one piece.
+fn split_afmoe_digits(s: &SplitScratch, lo: usize, hi: usize, emit: &mut impl FnMut(usize, usize)) {
+    let mut piece_start = lo;
+    let mut pos = lo;
+    while pos < hi {
+        if s.cls[pos] & NUMBER == 0 {
+            pos += 1;
+            continue;
+        }
+        let run_start = pos;
+        while pos < hi && s.cls[pos] & NUMBER != 0 {
+            pos += 1;
+        }
+        let lead = (pos - run_start) % 3;
+        let mut cut = run_start;
+        if lead > 0 {
+            cut += lead;
+            emit(piece_start, cut);
+            piece_start = cut;
+        }
+        while cut < pos {
+            cut += 3;
+            emit(piece_start, cut);
+            piece_start = cut;
+        }
+    }
+    if piece_start < hi {
+        emit(piece_start, hi);
     }
 }
 

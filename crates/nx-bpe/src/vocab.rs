@@ -235,6 +235,41 @@ fn read_scores(md: &Metadata) -> Result<Option<Vec<f32>>, TokenizerError> {
     Ok(Some(out))
 }
 
+/// The reference's two corrections of the end-of-generation set, by token text:
+/// - with `<|return|>` and `<|call|>` (o200k harmony), or `<|calls|>` and `<|flush|>`
+///   (Solar Open), `<|end|>` only ends a message: it leaves the set and becomes
+///   user-defined;
+/// - with `<|tool_response>` (Gemma 4) or `<|plamo:eos|>`, `</s>` is ordinary text: it
+///   leaves the set and becomes a normal token.
+fn drop_conflicting_eog(
+    texts: &TextArena,
+    index: &TextIndex,
+    eog: &mut Vec<u32>,
+    attrs: &mut [u8],
+) {
+    let in_eog = |eog: &[u32], text: &str| {
+        index
+            .get(texts, text.as_bytes())
+            .filter(|id| eog.binary_search(id).is_ok())
+    };
+    let mut drop = |eog: &mut Vec<u32>, id: u32, new_attr: u8| {
+        eog.retain(|&e| e != id);
+        attrs[id as usize] = new_attr;
+    };
+    if let Some(end) = in_eog(eog, "<|end|>") {
+        let has = |t: &str| in_eog(eog, t).is_some();
+        let has_call = has("<|call|>") || has("<|calls|>");
+        if has_call && (has("<|return|>") || has("<|flush|>")) {
+            drop(eog, end, attr::USER_DEFINED);
+        }
+    }
+    if let Some(s) = in_eog(eog, "</s>") {
+        if in_eog(eog, "<|tool_response>").is_some() || in_eog(eog, "<|plamo:eos|>").is_some() {
+            drop(eog, s, attr::NORMAL);
+        }
+    }
+}
+
 impl Vocab {
     /// Loads the token table. `default_bos`/`default_eos`/`default_unk` are the model
     /// kind's defaults, used when the file names no id (ids past the vocabulary are ignored).
@@ -325,13 +360,22 @@ impl Vocab {
             }
         }
         for (kind, candidates) in FIM_TEXTS {
-            if md.contains(&format!("tokenizer.ggml.fim_{kind}_token_id")) {
-                continue;
-            }
-            for text in *candidates {
-                if let Some(id) = index.get(&texts, text.as_bytes()) {
-                    attrs[id as usize] |= attr::CONTROL;
+            let key = format!("tokenizer.ggml.fim_{kind}_token_id");
+            let mut id_of_kind = match optional(md, &key, Metadata::get_u32)? {
+                Some(id) if (id as usize) < n => Some(id),
+                _ => None,
+            };
+            if !md.contains(&key) {
+                for text in *candidates {
+                    if let Some(id) = index.get(&texts, text.as_bytes()) {
+                        attrs[id as usize] |= attr::CONTROL;
+                        id_of_kind = id_of_kind.or(Some(id));
+                    }
                 }
+            }
+            // The padding, repository and file-separator markers also end a generation.
+            if matches!(*kind, "pad" | "rep" | "sep") {
+                eog.extend(id_of_kind);
             }
         }
         // A few chat formats' structural tokens are rendered and matched as user-defined.
@@ -359,6 +403,7 @@ impl Vocab {
         eog.extend(eos.iter().chain(eot.iter()).chain(eom.iter()).copied());
         eog.sort_unstable();
         eog.dedup();
+        drop_conflicting_eog(&texts, &index, &mut eog, &mut attrs);
 
         Ok(Vocab {
             texts,

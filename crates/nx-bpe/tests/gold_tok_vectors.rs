@@ -1,7 +1,8 @@
 //! Gate GOLD-TOK-VECTORS: llama.cpp's tokenizer test vectors (46 or 50 cases each) must encode
 //! to exactly the recorded ids, for every vocabulary of the pinned tree nx reads: byte-level
 //! BPE with the qwen2, qwen35, llama3 (`llama-bpe`), GPT-2 (`gpt-2`, `mpt`) and digits-then-GPT-2
-//! (`starcoder`, `refact`, `command-r`) and Falcon splitters, and SentencePiece (`llama-spm`, `phi-3`).
+//! (`starcoder`, `refact`, `command-r`) and Falcon splitters, Gemma 4's SentencePiece-style BPE
+//! (`gemma-4`), and SentencePiece (`llama-spm`, `phi-3`).
 //!
 //! Rules of llama.cpp's test-tokenizer-0: `add_special = false` (no BOS),
 //! `parse_special = false`. For SentencePiece the tokenizer itself prefixes the space
@@ -10,7 +11,7 @@
 mod common;
 
 /// Each vocabulary with the number of cases its `.inp`/`.out` pair holds.
-const VOCABS: [(&str, usize); 13] = [
+const VOCABS: [(&str, usize); 14] = [
     ("qwen2", 46),
     ("llama-bpe", 46),
     ("llama-spm", 46),
@@ -24,6 +25,7 @@ const VOCABS: [(&str, usize); 13] = [
     ("qwen35", 50),
     ("deepseek-coder", 46),
     ("deepseek-llm", 46),
+    ("gemma-4", 46),
 ];
 
 #[test]

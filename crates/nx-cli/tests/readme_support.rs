@@ -19,14 +19,14 @@ fn expected_block() -> String {
         .collect();
     let pre: Vec<String> = PRE_TOKENIZER_NAMES
         .iter()
-        .map(|(n, ..)| format!("`{n}`"))
+        .map(|c| format!("`{}`", c.name))
         .collect();
     format!(
         "<!-- support:begin (generated from the code's tables; crates/nx-cli/tests/readme_support.rs) -->\n\
          - Architectures: {}.\n\
          - Weight types: {}.\n\
-         - Tokenizers: SentencePiece (`llama`), and byte-level BPE (`gpt2`) with the \
-         `tokenizer.ggml.pre` splits {}.\n\
+         - Tokenizers: SentencePiece (`llama`), SentencePiece-style BPE (`gemma4`), and \
+         byte-level BPE (`gpt2`) with the `tokenizer.ggml.pre` splits {}.\n\
          <!-- support:end -->",
         archs.join(", "),
         types.join(", "),

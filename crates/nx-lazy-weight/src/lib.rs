@@ -63,8 +63,8 @@ pub use error::LazyWeightError;
 pub use formats::{is_supported_weight, row_bytes, vec_dot_type};
 pub use lazy::LazyWeight;
 pub use matmul::{
-    matmul, matmul_pool, matmul_quantized, matmul_quantized_pool, matmul_rows, uses_tiled_kernels,
-    QuantizedActs,
+    matmul, matmul_batch_pool, matmul_pool, matmul_quantized, matmul_quantized_pool, matmul_rows,
+    uses_tiled_kernels, MatmulJob, QuantizedActs,
 };
 pub use nx_gguf::GgmlType;
 pub use nx_syscalls::CpuTier;

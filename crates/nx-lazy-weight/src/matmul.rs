@@ -400,6 +400,68 @@ pub fn matmul_quantized_pool(
     Ok(())
 }
 
+/// One product of a batch for [`matmul_batch_pool`]: `y = xq·wᵀ`, `y: [xq.n_rows(), w.n_rows()]`.
+pub struct MatmulJob<'j, 'w> {
+    /// The weight.
+    pub w: &'j LazyWeight<'w>,
+    /// Its quantized activations.
+    pub xq: &'j QuantizedActs,
+    /// Where the product goes.
+    pub y: &'j mut [f32],
+}
+
+/// Several independent matmuls in one parallel pass over `pool`: the chunks of every
+/// job's weight rows share one work list, so many small products (a token's experts)
+/// keep all threads busy where one pool call each would spend more waking threads than
+/// computing. Every output element is still one dot-kernel call over its full row:
+/// each `y` is bit-identical to [`matmul_quantized`] of its job, for any thread count.
+pub fn matmul_batch_pool(
+    jobs: &mut [MatmulJob<'_, '_>],
+    pool: &ThreadPool,
+) -> Result<(), LazyWeightError> {
+    // (job, rows) chunks: each job cut as `matmul_quantized_pool` would cut it alone,
+    // and whole when it is too small to split.
+    let mut chunks: Vec<(usize, Range<usize>)> = Vec::new();
+    let mut kernels = Vec::with_capacity(jobs.len());
+    let mut outs = Vec::with_capacity(jobs.len());
+    for (j, job) in jobs.iter_mut().enumerate() {
+        let n_cols = job.w.n_rows();
+        kernels.push(checked_kernel(job.w, job.xq, 0..n_cols, job.y.len())?);
+        outs.push(OutPtr(job.y.as_mut_ptr()));
+        let row_work = job.w.row_bytes().saturating_mul(job.xq.n_rows());
+        let chunk = rows_per_chunk(n_cols, row_work, pool.n_threads().max(2)).unwrap_or(n_cols);
+        let mut start = 0;
+        while start < n_cols {
+            let end = (start + chunk.max(1)).min(n_cols);
+            chunks.push((j, start..end));
+            start = end;
+        }
+    }
+    let views: Vec<(&LazyWeight<'_>, &QuantizedActs)> = jobs.iter().map(|j| (j.w, j.xq)).collect();
+    pool.parallel_for(chunks.len(), 1, |range| {
+        for (j, rows) in &chunks[range] {
+            let (w, xq) = views[*j];
+            // SAFETY: each job's `y` holds `[n, n_cols]` (checked by `checked_kernel`) and
+            // stays mutably borrowed by `jobs` until parallel_for returns; a chunk writes
+            // only the columns `rows` of its job's token rows, and the chunks of one job
+            // have disjoint row ranges while different jobs own different buffers, so no
+            // element is written twice or by two threads.
+            unsafe {
+                rows_into(
+                    kernels[*j],
+                    w,
+                    xq,
+                    rows.clone(),
+                    outs[*j].get(),
+                    w.n_rows(),
+                    0,
+                )
+            }
+        }
+    });
+    Ok(())
+}
+
 /// The inner entry for splitting work across threads by weight rows: computes
 /// `out[t][r − rows.start] = dot(W row r, xq row t)` for `r` in `rows` and every token
 /// `t`, with `out` laid out `[xq.n_rows(), rows.len()]` (token-major).

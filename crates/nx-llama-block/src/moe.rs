@@ -11,8 +11,13 @@
 //! once per step for all the tokens that chose it; every output element is still one
 //! dot product in a fixed order, so a token's result does not depend on which other
 //! tokens share the step.
+//!
+//! Speed: one decode step multiplies a token by `3 · n_used` small matrices per layer.
+//! Given to the pool one by one, the threads spend more time waking than computing; so
+//! all chosen experts' gate and up products go to the pool as one batch
+//! (`matmul_batch_pool`), and then all their down products.
 
-use nx_lazy_weight::LazyWeight;
+use nx_lazy_weight::{matmul_batch_pool, LazyWeight, MatmulJob, QuantizedActs};
 use nx_syscalls::ThreadPool;
 
 use crate::block::{sized, BlockError};
@@ -47,14 +52,33 @@ pub(crate) struct MoeScratch {
     choice: Vec<(usize, f32)>, // [n, n_used]
     /// Expert indices while one token's are ranked.
     order: Vec<usize>,
-    /// The batch rows (token · n_used + slot) routed to the expert at hand.
+    /// The batch rows (token · n_used + slot), grouped by the expert they chose.
     rows: Vec<usize>,
+    /// The chosen experts, in index order, with their ranges of `rows`.
+    groups: Vec<ExpertGroup>,
     input: Vec<f32>, // [m, n_embd]
     gate: Vec<f32>,  // [m, n_ff_exp]
     up: Vec<f32>,    // [m, n_ff_exp]
     out: Vec<f32>,   // [m, n_embd]
     slots: Vec<f32>, // [n, n_used, n_embd]
+    /// Quantized activations per chosen expert: for gate, for up (when its type
+    /// differs), for down.
+    acts: Vec<QuantizedActs>,
     projector: Projector,
+}
+
+/// One chosen expert and the range of [`MoeScratch::rows`] routed to it.
+struct ExpertGroup {
+    expert: usize,
+    start: usize,
+    len: usize,
+}
+
+/// One expert's matrices, viewed in the 3-D tensors.
+struct ExpertViews<'a> {
+    gate: LazyWeight<'a>,
+    up: LazyWeight<'a>,
+    down: LazyWeight<'a>,
 }
 
 /// The softmax probabilities of one token's router logits, the `n_used` best experts
@@ -118,40 +142,106 @@ pub(crate) fn moe_ffn(
     {
         choose(row, m.n_used, m.norm_weights, &mut s.order, out);
     }
-    // ---- each chosen expert over the tokens that chose it ----
-    let slots = sized(&mut s.slots, n * m.n_used * n_embd); // [n, n_used, n_embd]
+    // ---- the batch rows (token · n_used + slot) grouped by the expert they chose ----
+    s.rows.clear();
+    s.groups.clear();
     for e in 0..n_expert {
-        s.rows.clear();
+        let start = s.rows.len();
         s.rows
             .extend((0..n * m.n_used).filter(|&r| s.choice[r].0 == e));
-        let rows = s.rows.len();
-        if rows == 0 {
-            continue; // an expert nobody chose is never read
+        if s.rows.len() > start {
+            s.groups.push(ExpertGroup {
+                expert: e,
+                start,
+                len: s.rows.len() - start,
+            });
         }
-        let input = sized(&mut s.input, rows * n_embd); // [rows, n_embd]
-        for (dst, &r) in input.chunks_exact_mut(n_embd).zip(&s.rows) {
-            let t = r / m.n_used;
-            dst.copy_from_slice(&normed[t * n_embd..(t + 1) * n_embd]);
+        // an expert nobody chose is never read
+    }
+    let rows = s.rows.len(); // n · n_used
+    let input = sized(&mut s.input, rows * n_embd); // [rows, n_embd], grouped
+    for (dst, &r) in input.chunks_exact_mut(n_embd).zip(&s.rows) {
+        let t = r / m.n_used;
+        dst.copy_from_slice(&normed[t * n_embd..(t + 1) * n_embd]);
+    }
+    let mut views = Vec::with_capacity(s.groups.len());
+    for g in &s.groups {
+        let e = g.expert;
+        views.push(ExpertViews {
+            gate: m.gate.row_range(e * n_ff..(e + 1) * n_ff)?,
+            up: m.up.row_range(e * n_ff..(e + 1) * n_ff)?,
+            down: m.down.row_range(e * n_embd..(e + 1) * n_embd)?,
+        });
+    }
+    if s.acts.len() < 3 * s.groups.len() {
+        s.acts.resize_with(3 * s.groups.len(), QuantizedActs::new);
+    }
+    // Per expert: its rows quantized for gate (and again for up if up's activation type
+    // differs), then every expert's gate and up in one pass over the pool.
+    let (gate_acts, rest) = s.acts.split_at_mut(s.groups.len());
+    let (up_acts, down_acts) = rest.split_at_mut(s.groups.len());
+    for (i, g) in s.groups.iter().enumerate() {
+        let x = &input[g.start * n_embd..(g.start + g.len) * n_embd];
+        gate_acts[i].quantize_for_pool(&views[i].gate, x, g.len, pool)?;
+        if !gate_acts[i].fits(&views[i].up) {
+            up_acts[i].quantize_for_pool(&views[i].up, x, g.len, pool)?;
         }
-        let gate_e = m.gate.row_range(e * n_ff..(e + 1) * n_ff)?;
-        let up_e = m.up.row_range(e * n_ff..(e + 1) * n_ff)?;
-        let down_e = m.down.row_range(e * n_embd..(e + 1) * n_embd)?;
-        s.projector.reset();
-        let gate = sized(&mut s.gate, rows * n_ff); // [rows, n_ff_exp]
-        s.projector.project(&gate_e, input, rows, gate, pool)?;
-        let up = sized(&mut s.up, rows * n_ff);
-        s.projector.project(&up_e, input, rows, up, pool)?;
-        for (g, u) in gate.chunks_exact_mut(n_ff).zip(up.chunks_exact(n_ff)) {
-            nx_f32::swiglu_row_in_place(g, u);
+    }
+    let gate = sized(&mut s.gate, rows * n_ff); // [rows, n_ff_exp]
+    let up = sized(&mut s.up, rows * n_ff);
+    {
+        let mut jobs = Vec::with_capacity(2 * s.groups.len());
+        let (mut gate_rest, mut up_rest) = (&mut gate[..], &mut up[..]);
+        for (i, g) in s.groups.iter().enumerate() {
+            let (gy, gr) = std::mem::take(&mut gate_rest).split_at_mut(g.len * n_ff);
+            let (uy, ur) = std::mem::take(&mut up_rest).split_at_mut(g.len * n_ff);
+            (gate_rest, up_rest) = (gr, ur);
+            let up_xq = if gate_acts[i].fits(&views[i].up) {
+                &gate_acts[i]
+            } else {
+                &up_acts[i]
+            };
+            jobs.push(MatmulJob {
+                w: &views[i].gate,
+                xq: &gate_acts[i],
+                y: gy,
+            });
+            jobs.push(MatmulJob {
+                w: &views[i].up,
+                xq: up_xq,
+                y: uy,
+            });
         }
-        let out = sized(&mut s.out, rows * n_embd); // [rows, n_embd]
-        s.projector.reset();
-        s.projector.project(&down_e, gate, rows, out, pool)?;
-        for (o, &r) in out.chunks_exact(n_embd).zip(&s.rows) {
-            let w = s.choice[r].1;
-            for (d, &x) in slots[r * n_embd..(r + 1) * n_embd].iter_mut().zip(o) {
-                *d = x * w;
-            }
+        matmul_batch_pool(&mut jobs, pool)?;
+    }
+    for (g, u) in gate.chunks_exact_mut(n_ff).zip(up.chunks_exact(n_ff)) {
+        nx_f32::swiglu_row_in_place(g, u);
+    }
+    // ---- every expert's down projection in one pass ----
+    for (i, g) in s.groups.iter().enumerate() {
+        let x = &gate[g.start * n_ff..(g.start + g.len) * n_ff];
+        down_acts[i].quantize_for_pool(&views[i].down, x, g.len, pool)?;
+    }
+    let out = sized(&mut s.out, rows * n_embd); // [rows, n_embd], grouped
+    {
+        let mut jobs = Vec::with_capacity(s.groups.len());
+        let mut out_rest = &mut out[..];
+        for (i, g) in s.groups.iter().enumerate() {
+            let (oy, or) = std::mem::take(&mut out_rest).split_at_mut(g.len * n_embd);
+            out_rest = or;
+            jobs.push(MatmulJob {
+                w: &views[i].down,
+                xq: &down_acts[i],
+                y: oy,
+            });
+        }
+        matmul_batch_pool(&mut jobs, pool)?;
+    }
+    let slots = sized(&mut s.slots, n * m.n_used * n_embd); // [n, n_used, n_embd]
+    for (o, &r) in out.chunks_exact(n_embd).zip(&s.rows) {
+        let w = s.choice[r].1;
+        for (d, &x) in slots[r * n_embd..(r + 1) * n_embd].iter_mut().zip(o) {
+            *d = x * w;
         }
     }
     // ---- the slots of each token added in order ----

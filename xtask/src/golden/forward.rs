@@ -70,7 +70,7 @@ pub const GEMMA: &str = "gemma3-270m";
 /// its own cache cell (cell = position, as in nx's cache) instead of reusing cells, which
 /// changes nothing in the mathematics but keeps the reference's summation lanes (set by
 /// the cell index) the same as nx's.
-pub const SETS: [GoldenSet; 16] = [
+pub const SETS: [GoldenSet; 17] = [
     tiny("qwen2-tiny"),
     tiny("llama-tiny"),
     tiny("qwen3-tiny"),
@@ -86,6 +86,7 @@ pub const SETS: [GoldenSet; 16] = [
         ..tiny("gemma2-tiny")
     },
     tiny("phi3-tiny"),
+    tiny("phi3-long"),
     tiny("llama-rope-scaled"),
     tiny("qwen3moe-tiny"),
     tiny("llama-yarn"),

@@ -28,7 +28,7 @@ pub fn repo_root() -> PathBuf {
 /// in a Q4_K_M mix, the tier-1 file types (Q4_1/Q5_1/IQ4_NL, Q3_K_M, Q2_K/IQ4_XS), then
 /// Granite, OLMo 2, SmolLM3, Gemma 2, Phi-3, a Llama with Llama 3.1 factors and linear
 /// RoPE scaling, Qwen3-MoE and a Llama with YaRN.
-pub const SYNTH_FIXTURES: [&str; 14] = [
+pub const SYNTH_FIXTURES: [&str; 15] = [
     "qwen2-tiny",
     "llama-tiny",
     "qwen3-tiny",
@@ -40,6 +40,7 @@ pub const SYNTH_FIXTURES: [&str; 14] = [
     "smollm3-tiny",
     "gemma2-tiny",
     "phi3-tiny",
+    "phi3-long",
     "llama-rope-scaled",
     "qwen3moe-tiny",
     "llama-yarn",
@@ -211,7 +212,10 @@ pub fn compare_model(model: &Model, prompts: &[RefPrompt], chunk: usize) -> Tall
         let n_steps = p.steps.len();
         let mut tokens = p.prompt_ids.clone();
         tokens.extend(p.steps.iter().take(n_steps.saturating_sub(1)).map(|s| s.id));
-        let logits = forward_rows(model, &tokens, n_prompt - 1, chunk);
+        // The cache holds the reference server's context (`-c`), so a LongRoPE model picks
+        // its factors by the same context length as there.
+        let n_ctx = REFERENCE_N_CTX.max(tokens.len() + 1);
+        let logits = forward_rows_in(model, &tokens, n_prompt - 1, chunk, KvDtype::F32, n_ctx);
         for (k, step) in p.steps.iter().enumerate() {
             let row = &logits[k * n_vocab..(k + 1) * n_vocab];
             let lp = log_softmax(row);
@@ -267,6 +271,10 @@ pub fn forward_rows(model: &Model, tokens: &[u32], first_row: usize, chunk: usiz
     forward_rows_kv(model, tokens, first_row, chunk, KvDtype::F32)
 }
 
+/// The context the reference server ran with when recording the forward goldens
+/// (`SERVER_ARGS` of `xtask/src/golden/forward.rs`).
+pub const REFERENCE_N_CTX: usize = 4096;
+
 /// [`forward_rows`] with a chosen cache type.
 pub fn forward_rows_kv(
     model: &Model,
@@ -275,7 +283,19 @@ pub fn forward_rows_kv(
     chunk: usize,
     kv: KvDtype,
 ) -> Vec<f32> {
-    let mut cache = model.new_cache(tokens.len() + 1, kv).expect("cache");
+    forward_rows_in(model, tokens, first_row, chunk, kv, tokens.len() + 1)
+}
+
+/// [`forward_rows_kv`] in a cache of `n_ctx` positions.
+pub fn forward_rows_in(
+    model: &Model,
+    tokens: &[u32],
+    first_row: usize,
+    chunk: usize,
+    kv: KvDtype,
+    n_ctx: usize,
+) -> Vec<f32> {
+    let mut cache = model.new_cache(n_ctx, kv).expect("cache");
     let mut state = ForwardState::default();
     let mut out = Vec::new();
     let mut logits = Vec::new();
@@ -291,11 +311,12 @@ pub fn forward_rows_kv(
     out
 }
 
-/// Greedy generation of `n` tokens after `prompt` (one prefill, then one token a step).
+/// Greedy generation of `n` tokens after `prompt` (one prefill, then one token a step), in
+/// a cache of the reference server's context.
 pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut cache = model
-        .new_cache(prompt.len() + n + 1, KvDtype::F32)
-        .expect("cache");
+    // The reference server's context, as in `compare_model`.
+    let n_ctx = REFERENCE_N_CTX.max(prompt.len() + n + 1);
+    let mut cache = model.new_cache(n_ctx, KvDtype::F32).expect("cache");
     let mut state = ForwardState::default();
     let mut logits = Vec::new();
     model
