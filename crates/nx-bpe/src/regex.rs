@@ -31,6 +31,8 @@
 
 use unicode_general_category::{get_general_category, GeneralCategory as Gc};
 
+use crate::unicode::is_white_space;
+
 /// Why a pattern could not be compiled (`at` counts pattern units: code points, or bytes
 /// of the category-rewritten pattern).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -102,24 +104,6 @@ const WHITESPACE_STANDIN: u8 = 0x0B;
 /// A byte as the signed `char` libstdc++ compares.
 fn signed(b: u8) -> i32 {
     i32::from(b as i8)
-}
-
-/// The 25 code points with the Unicode `White_Space` property.
-fn is_white_space(cp: u32) -> bool {
-    matches!(
-        cp,
-        0x09..=0x0D
-            | 0x20
-            | 0x85
-            | 0xA0
-            | 0x1680
-            | 0x2000..=0x200A
-            | 0x2028
-            | 0x2029
-            | 0x202F
-            | 0x205F
-            | 0x3000
-    )
 }
 
 /// One code point of the collapsed text.

@@ -22,7 +22,7 @@ pub const MARK: u8 = 16;
 pub const DEFINED: u8 = 0x80;
 
 /// The 25 code points with the Unicode `White_Space` property.
-fn is_white_space(cp: u32) -> bool {
+pub(crate) fn is_white_space(cp: u32) -> bool {
     matches!(
         cp,
         0x09..=0x0D
