@@ -21,7 +21,7 @@ use nx_bpe::{TokenType, Tokenizer};
 use nx_run::{Prompt, RunConfig, Runner, SamplerConfig};
 use serde_json::json;
 
-use crate::run::{apply_threads, open_model, resolve_model};
+use crate::run::{apply_threads, open_model_with_plan, resolve_model};
 
 /// Arguments of `nx bench`.
 #[derive(clap::Args, Debug)]
@@ -59,6 +59,11 @@ pub struct BenchArgs {
     /// aggregate prefill and decode rates (like llama-batched-bench).
     #[arg(long, value_name = "N,N,...")]
     pub parallel: Option<String>,
+    /// Print the kernel plan (which bit-identical kernel runs each weight format's decode
+    /// and prefill matmuls, and where it came from) before measuring; with -p 0 -n 0,
+    /// print it only. `NX_PLAN=retune` times the candidates again.
+    #[arg(long)]
+    pub show_plan: bool,
 }
 
 /// `n` ordinary token ids spread over the vocabulary (deterministic).
@@ -110,11 +115,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
     }
-    if args.n_prompt == 0 && args.n_gen == 0 {
+    if args.n_prompt == 0 && args.n_gen == 0 && !args.show_plan {
         bail!("nothing to measure: -p and -n are both 0");
     }
     let path = resolve_model(args.model.as_deref(), crate::run::ModelUse::Text)?;
-    let model = open_model(&path)?;
+    let (model, plan) = open_model_with_plan(&path)?;
+    if args.show_plan {
+        print!("{}", crate::kernel_plan::describe(&plan));
+        if args.n_prompt == 0 && args.n_gen == 0 {
+            return Ok(());
+        }
+    }
     if let Some(list) = &args.parallel {
         return run_batched(args, &path, &model, &crate::batched::parse_levels(list)?);
     }

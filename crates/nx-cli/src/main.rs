@@ -8,6 +8,7 @@ mod batched;
 mod bench;
 mod chat;
 mod inspect;
+mod kernel_plan;
 mod perplexity;
 mod run;
 mod sampling;

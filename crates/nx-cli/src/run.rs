@@ -142,10 +142,17 @@ pub fn resolve_model(given: Option<&Path>, purpose: ModelUse) -> Result<PathBuf>
     }
 }
 
-/// Opens a model file, naming it in the error.
+/// Opens a model file, naming it in the error, and installs its kernel plan.
 pub fn open_model(path: &Path) -> Result<Arc<Model>> {
+    Ok(open_model_with_plan(path)?.0)
+}
+
+/// [`open_model`], with how its kernel plan was made (timed, silently, the first time a
+/// model's shapes are seen on this machine, then cached; `nx bench --show-plan` shows it).
+pub fn open_model_with_plan(path: &Path) -> Result<(Arc<Model>, crate::kernel_plan::PlanReport)> {
     let model = Model::open(path).with_context(|| format!("{}", path.display()))?;
-    Ok(Arc::new(model))
+    let report = crate::kernel_plan::prepare(&model).context("kernel plan")?;
+    Ok((Arc::new(model), report))
 }
 
 /// Makes `--threads` reach the process-wide pool, which reads `NX_THREADS` when it is

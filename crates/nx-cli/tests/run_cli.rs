@@ -373,3 +373,58 @@ fn bench_json_reports_every_field() {
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(table.contains("pp8") && table.contains("tg2"), "{table}");
 }
+
+#[test]
+fn kernel_plan_is_timed_once_cached_and_forced_by_nx_plan() {
+    let cache = scratch_dir().join("cache-plans");
+    let _ = std::fs::remove_dir_all(&cache);
+    let show = |plan: &str| {
+        nx().arg("bench")
+            .arg("--model")
+            .arg(model_path())
+            .args(["-p", "0", "-n", "0", "--show-plan", "--threads", "1"])
+            .env("NX_CACHE", &cache)
+            .env("NX_PLAN", plan)
+            .output()
+            .unwrap()
+    };
+    let stdout = |out: &std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout.clone()).unwrap()
+    };
+    // First open: timed, with every candidate listed, and written to the cache.
+    let first = stdout(&show(""));
+    assert!(first.contains("timed in"), "{first}");
+    assert!(first.contains("timings (best of 3)"), "{first}");
+    let files: Vec<_> = std::fs::read_dir(cache.join("plans")).unwrap().collect();
+    assert_eq!(files.len(), 1, "{first}");
+    // Second open: read back.
+    let second = stdout(&show(""));
+    assert!(second.contains("cached in"), "{second}");
+    let lines = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| l.contains(" decode ") && l.contains(" prefill "))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(lines(&first), lines(&second));
+    // Forced: the scalar kernels everywhere, no timing.
+    let forced = stdout(&show("default,*.decode=scalar,*.prefill=per-token"));
+    assert!(forced.contains("default rules"), "{forced}");
+    for l in lines(&forced) {
+        assert!(
+            l.contains("decode scalar") && l.ends_with("prefill per-token"),
+            "{l}"
+        );
+    }
+    // A bad item is one line naming it.
+    let out = show("q8_0.decode=avx7");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("q8_0.decode=avx7"), "{err}");
+}

@@ -1,8 +1,8 @@
 //! Kernel dispatch: the dot kernel of a weight type for a CPU tier, and the process tier.
 //!
-//! Every dot product in the process goes through [`active_dot_kernel`], so one process
-//! never mixes tiers: a matmul output and a single [`dot_row`] of the same inputs are
-//! the same call of the same kernel, and batch/thread invariance holds per tier. For every
+//! Which of a format's kernels runs is the kernel plan's choice (`crate::plan`); this
+//! module hands out the kernels of a tier. A plan may mix tiers (an AVX2 decode kernel
+//! under the AVX-512 tier) because every kernel gives the same bits: for every
 //! quantized type every tier gives the scalar reference's bits exactly, which are the
 //! reference engine's (`tests/simd_twins.rs`, `tests/simd_twins_formats.rs`,
 //! `tests/dot_reference.rs`); the float types use the scalar kernels on every tier.
@@ -124,9 +124,10 @@ pub fn dot_kernel_rows4_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotK
     }
 }
 
-/// The kernel of `weight_type` at the [`active_tier`].
+/// The one-row kernel of `weight_type` the active kernel plan decodes with.
 pub fn active_dot_kernel(weight_type: GgmlType) -> Result<DotKernel, LazyWeightError> {
-    dot_kernel_for(active_tier()?, weight_type).ok_or(LazyWeightError::UnsupportedType {
+    let tier = crate::plan::active_plan()?.get(weight_type).decode.tier();
+    dot_kernel_for(tier, weight_type).ok_or(LazyWeightError::UnsupportedType {
         ggml_type: weight_type,
         op: "dot",
     })

@@ -84,6 +84,9 @@ pub enum LazyWeightError {
     /// `NX_TIER` asks for a kernel tier this CPU cannot run (or is not a tier name).
     #[error("kernel tier: {0}")]
     Tier(#[from] nx_syscalls::TierError),
+    /// An `NX_PLAN` or kernel plan this process cannot use.
+    #[error(transparent)]
+    Plan(#[from] crate::plan::PlanError),
     /// A row index past the end of the tensor.
     #[error("row {row} out of range: tensor has {n_rows} rows")]
     RowOutOfRange {

@@ -14,6 +14,9 @@
 //!   twins of the quantized dot products, bit-identical to the scalar ones.
 //! - [`dispatch`]: the kernel of a weight type for a [`CpuTier`], the process tier
 //!   ([`active_tier`], from `nx_syscalls::cpu_tier`), and [`dot_row`].
+//! - [`plan`]: the kernel plan, the one place that decides which of the bit-identical
+//!   implementations (tier, one-row or four-row, four tokens, groups, tiles, AMX) runs
+//!   each format's decode and prefill matmuls; [`plan::tune`] times them on a model.
 //! - [`matmul`]: quantize activations once, then `y[t][r] = dot(w row r, xq[t])`.
 //! - `tiled` (x86-64): the prefill matmul on AVX-512 VNNI with sixteen tokens per
 //!   register, each output still bit-identical to the per-output kernels.
@@ -48,6 +51,7 @@ pub mod matmul;
 mod narrow;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+pub mod plan;
 pub mod quant;
 mod reduce;
 #[cfg(target_arch = "x86_64")]
@@ -63,9 +67,10 @@ pub use error::LazyWeightError;
 pub use formats::{is_supported_weight, row_bytes, vec_dot_type};
 pub use lazy::LazyWeight;
 pub use matmul::{
-    matmul, matmul_batch_pool, matmul_pool, matmul_quantized, matmul_quantized_pool, matmul_rows,
-    uses_tiled_kernels, MatmulJob, QuantizedActs,
+    matmul, matmul_batch_pool, matmul_pool, matmul_quantized, matmul_quantized_pool,
+    matmul_quantized_pool_with, matmul_rows, uses_tiled_kernels, MatmulJob, QuantizedActs,
 };
 pub use nx_gguf::GgmlType;
 pub use nx_syscalls::CpuTier;
+pub use plan::{active_plan, KernelPlan, PlanError};
 pub use quant::{quantize_row, quantize_row_q8_0, quantize_row_q8_k};

@@ -17,11 +17,12 @@ use nx_gguf::GgmlType;
 use nx_syscalls::{CpuTier, ThreadPool};
 
 use crate::dispatch::{
-    active_tier, dot_kernel4_for, dot_kernel_for, dot_kernel_rows4_for, DotKernel4, DotKernelRows4,
+    dot_kernel4_for, dot_kernel_for, dot_kernel_rows4_for, DotKernel4, DotKernelRows4,
 };
 use crate::dot_scalar::DotKernel;
 use crate::formats::row_bytes;
 use crate::lazy::LazyWeight;
+use crate::plan::{active_plan, DecodeKernel, FormatPlan, KernelPlan, PrefillKernel};
 use crate::quant::quantize_row;
 use crate::LazyWeightError;
 
@@ -83,7 +84,7 @@ impl QuantizedActs {
         n: usize,
         row_len: usize,
     ) -> Result<(), LazyWeightError> {
-        self.quantize_on(act_type, x, n, row_len, None)
+        self.quantize_with_plan(&*active_plan()?, act_type, x, n, row_len, None)
     }
 
     /// [`QuantizedActs::quantize`] with the rows spread over `pool`'s threads (each row
@@ -96,11 +97,16 @@ impl QuantizedActs {
         row_len: usize,
         pool: &ThreadPool,
     ) -> Result<(), LazyWeightError> {
-        self.quantize_on(act_type, x, n, row_len, Some(pool))
+        self.quantize_with_plan(&*active_plan()?, act_type, x, n, row_len, Some(pool))
     }
 
-    fn quantize_on(
+    /// [`QuantizedActs::quantize`] laid out for `plan`'s kernels (the extra layouts the
+    /// plan's prefill kernels read are built beside the rows), on `pool` when given.
+    /// Activations built for one plan multiply correctly under any other: a kernel
+    /// whose layout is missing is replaced by one that reads the plain rows.
+    pub fn quantize_with_plan(
         &mut self,
+        plan: &KernelPlan,
         act_type: GgmlType,
         x: &[f32],
         n: usize,
@@ -183,29 +189,39 @@ impl QuantizedActs {
         self.n_rows = n;
         self.row_bytes = rb;
         #[cfg(target_arch = "x86_64")]
+        self.build_layouts(plan, pool);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (plan, pool);
+        Ok(())
+    }
+
+    /// The extra layouts `plan`'s prefill kernels read, from the quantized rows.
+    #[cfg(target_arch = "x86_64")]
+    fn build_layouts(&mut self, plan: &KernelPlan, pool: Option<&ThreadPool>) {
+        let (act_type, n, rb) = (self.act_type, self.n_rows, self.row_bytes);
+        let amx = plan.wants(act_type, PrefillKernel::Amx);
+        let tiles = amx || plan.wants(act_type, PrefillKernel::Tiles);
         // Sixteen Q8_0 tokens take the narrow tiles below instead: as fast for one group,
         // without unpacking the weight rows of a whole chunk first.
         let wide =
             n > crate::tiled::TILE || (n == crate::tiled::TILE && act_type != GgmlType::Q8_0);
-        if wide && tiled_tier() {
-            self.tiles.build(act_type, &self.data, n, rb, pool);
+        if wide && tiles && crate::tiled::available() {
+            self.tiles.build(act_type, &self.data, n, rb, amx, pool);
         } else {
             self.tiles.clear();
         }
-        #[cfg(target_arch = "x86_64")]
-        if act_type == GgmlType::Q8_0 && tiled_tier() {
+        if act_type == GgmlType::Q8_0 && tiles && crate::tiled::available() {
             let first = self.tiles.n_groups() * crate::tiled::TILE;
             self.narrow.build(&self.data, first, n, rb);
         } else {
             self.narrow.clear();
         }
-        #[cfg(target_arch = "x86_64")]
-        if act_type == GgmlType::Q8_0 && groups_tier() {
+        let groups = plan.wants(act_type, PrefillKernel::Groups);
+        if act_type == GgmlType::Q8_0 && groups && crate::groups_avx2::available() {
             self.groups.build(&self.data, n, rb);
         } else {
             self.groups.clear();
         }
-        Ok(())
     }
 
     /// Quantize `n` rows `x` (`[n, K]`) for multiplication with `w`.
@@ -281,31 +297,16 @@ impl QuantizedActs {
     }
 }
 
-/// True when the process tier runs the tiled prefill kernels.
-#[cfg(target_arch = "x86_64")]
-fn tiled_tier() -> bool {
-    matches!(active_tier(), Ok(CpuTier::Avx512Vnni)) && crate::tiled::available()
-}
-
-/// True when the process tier runs the AVX2 token groups.
-#[cfg(target_arch = "x86_64")]
-fn groups_tier() -> bool {
-    matches!(active_tier(), Ok(CpuTier::Avx2)) && crate::groups_avx2::available()
-}
-
 /// True when a matmul of `weight_type` by at least 16 tokens goes through the
-/// token-tiled kernels on this process's tier (AVX-512 VNNI), whose outputs are
+/// token-tiled kernels (AVX-512 VNNI or AMX) under the active plan; their outputs are
 /// bit-identical to the per-output kernels'.
 pub fn uses_tiled_kernels(weight_type: GgmlType) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        tiled_tier() && crate::tiled::has_kernel(weight_type)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = weight_type;
-        false
-    }
+    active_plan().is_ok_and(|p| {
+        matches!(
+            p.get(weight_type).prefill,
+            PrefillKernel::Tiles | PrefillKernel::Amx
+        )
+    })
 }
 
 /// `y = x·Wᵀ`: `x` is `[n, K]`, `y` is `[n, N]` (N = `w.n_rows()`), both row-major.
@@ -383,12 +384,27 @@ pub fn matmul_quantized_pool(
     y: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), LazyWeightError> {
+    matmul_quantized_pool_with(&*active_plan()?, w, xq, y, pool)
+}
+
+/// [`matmul_quantized_pool`] with the kernels of `plan` rather than the active plan's
+/// (for timing candidates and for tests: every plan gives the same bits).
+pub fn matmul_quantized_pool_with(
+    plan: &KernelPlan,
+    w: &LazyWeight<'_>,
+    xq: &QuantizedActs,
+    y: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), LazyWeightError> {
     let n_cols = w.n_rows();
     let row_work = w.row_bytes().saturating_mul(xq.n_rows());
+    let kernels = checked_kernel(plan, w, xq, 0..n_cols, y.len())?;
     let Some(chunk) = rows_per_chunk(n_cols, row_work, pool.n_threads()) else {
-        return matmul_quantized(w, xq, y);
+        // SAFETY: `y` holds exactly `[n, n_cols]` (checked), and the writes go to
+        // `t·n_cols + r` for `t < n`, `r < n_cols`: all in bounds.
+        unsafe { rows_into(kernels, w, xq, 0..n_cols, y.as_mut_ptr(), n_cols, 0) };
+        return Ok(());
     };
-    let kernels = checked_kernel(w, xq, 0..n_cols, y.len())?;
     let out = OutPtr(y.as_mut_ptr());
     pool.parallel_for(n_cols, chunk, |rows| {
         // SAFETY: `y` holds `[n, n_cols]` (checked above) and stays mutably borrowed until
@@ -421,12 +437,19 @@ pub fn matmul_batch_pool(
 ) -> Result<(), LazyWeightError> {
     // (job, rows) chunks: each job cut as `matmul_quantized_pool` would cut it alone,
     // and whole when it is too small to split.
+    let plan = active_plan()?;
     let mut chunks: Vec<(usize, Range<usize>)> = Vec::new();
     let mut kernels = Vec::with_capacity(jobs.len());
     let mut outs = Vec::with_capacity(jobs.len());
     for (j, job) in jobs.iter_mut().enumerate() {
         let n_cols = job.w.n_rows();
-        kernels.push(checked_kernel(job.w, job.xq, 0..n_cols, job.y.len())?);
+        kernels.push(checked_kernel(
+            &plan,
+            job.w,
+            job.xq,
+            0..n_cols,
+            job.y.len(),
+        )?);
         outs.push(OutPtr(job.y.as_mut_ptr()));
         let row_work = job.w.row_bytes().saturating_mul(job.xq.n_rows());
         let chunk = rows_per_chunk(n_cols, row_work, pool.n_threads().max(2)).unwrap_or(n_cols);
@@ -473,7 +496,7 @@ pub fn matmul_rows(
     rows: Range<usize>,
     out: &mut [f32],
 ) -> Result<(), LazyWeightError> {
-    let kernels = checked_kernel(w, xq, rows.clone(), out.len())?;
+    let kernels = checked_kernel(&*active_plan()?, w, xq, rows.clone(), out.len())?;
     let width = rows.len();
     // SAFETY: `out` holds exactly `[n, width]` (checked), and the writes go to
     // `t·width + (r − rows.start)` for `t < n`, `r ∈ rows`: all in bounds.
@@ -492,8 +515,9 @@ pub fn matmul_rows(
 }
 
 /// Validates a `rows` slice of `w` times `xq` into an output of `out_len` elements laid
-/// out `[n, rows.len()]`, and returns the dot kernels.
+/// out `[n, rows.len()]`, and returns `plan`'s dot kernels for `w`.
 fn checked_kernel(
+    plan: &KernelPlan,
     w: &LazyWeight<'_>,
     xq: &QuantizedActs,
     rows: Range<usize>,
@@ -515,35 +539,63 @@ fn checked_kernel(
             actual: out_len,
         });
     }
-    // The process tier's kernel (SIMD where available), the same one `dot_row` uses,
-    // and the same tier's four-token twin (identical bits per output) if it has one.
-    let tier = active_tier()?;
-    let single = dot_kernel_for(tier, w.ggml_type()).ok_or(LazyWeightError::UnsupportedType {
-        ggml_type: w.ggml_type(),
-        op: "matmul",
-    })?;
-    Ok(Kernels {
-        single,
-        four: dot_kernel4_for(tier, w.ggml_type()),
-        rows4: dot_kernel_rows4_for(tier, w.ggml_type()),
-        tiled: uses_tiled_kernels(w.ggml_type()),
-        #[cfg(target_arch = "x86_64")]
-        groups: groups_tier() && crate::groups_avx2::has_kernel(w.ggml_type()),
-    })
+    Kernels::of(plan.get(w.ggml_type()), w.ggml_type(), xq)
 }
 
-/// The dot kernels of one matmul: the single-token kernel, and the same tier's
-/// four-token and four-row kernels when it has them.
+/// The dot kernels of one matmul, from its format's plan: the decode kernels (one row
+/// and four rows at a time) for single tokens, and the prefill kernel for the rest.
 #[derive(Clone, Copy)]
 struct Kernels {
     single: DotKernel,
     four: Option<DotKernel4>,
     rows4: Option<DotKernelRows4>,
-    /// The tier's token-tiled kernels take the whole 16-token groups.
+    /// The token-tiled kernels (VNNI or AMX) take the whole 16-token groups.
     tiled: bool,
-    /// The AVX2 tier's token groups take every token (when there are two or more).
+    /// The AVX2 token groups take every token (when there are two or more).
     #[cfg(target_arch = "x86_64")]
     groups: bool,
+}
+
+impl Kernels {
+    /// The kernels `plan` names for `ty`. A prefill kernel whose activation layout `xq`
+    /// lacks (built under another plan) gives way to the four-token kernel: same bits.
+    fn of(plan: FormatPlan, ty: GgmlType, xq: &QuantizedActs) -> Result<Kernels, LazyWeightError> {
+        let unsupported = LazyWeightError::UnsupportedType {
+            ggml_type: ty,
+            op: "matmul",
+        };
+        let tier = plan.decode.tier();
+        let single = dot_kernel_for(tier, ty).ok_or(unsupported)?;
+        let rows4 = match plan.decode {
+            DecodeKernel::Rows4(t) => dot_kernel_rows4_for(t, ty),
+            DecodeKernel::Rows1(_) => None,
+        };
+        #[cfg(target_arch = "x86_64")]
+        let (tiled, groups) = match plan.prefill {
+            PrefillKernel::Tiles => (!xq.tiles.raw_k(), false),
+            PrefillKernel::Amx => (xq.tiles.raw_k(), false),
+            PrefillKernel::Groups => (false, true),
+            _ => (false, false),
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let (tiled, _) = (false, xq);
+        // The tokens the tiles and groups leave go four at a time when a tier has a
+        // four-token kernel: the plan's, else the tiles' AVX-512 one, else AVX2's.
+        let four = match plan.prefill {
+            PrefillKernel::Tokens4(t) => dot_kernel4_for(t, ty),
+            PrefillKernel::PerToken => None,
+            PrefillKernel::Tiles | PrefillKernel::Amx => dot_kernel4_for(CpuTier::Avx512Vnni, ty),
+            PrefillKernel::Groups => dot_kernel4_for(CpuTier::Avx2, ty),
+        };
+        Ok(Kernels {
+            single,
+            four,
+            rows4,
+            tiled,
+            #[cfg(target_arch = "x86_64")]
+            groups,
+        })
+    }
 }
 
 /// Writes `dot(W row r, xq row t)` to `out[t·stride + r − col0]` for `r` in `rows` and

@@ -86,6 +86,8 @@ pub(crate) struct ActTiles {
     data: Vec<u8>,
     n_groups: usize,
     group_bytes: usize,
+    /// Q8_K quants as they are, for the AMX kernels (else `x + 128`, for the VNNI ones).
+    raw_k: bool,
 }
 
 impl ActTiles {
@@ -94,21 +96,29 @@ impl ActTiles {
         self.n_groups
     }
 
+    /// True when Q8_K groups hold the raw quants (the AMX layout).
+    pub(crate) fn raw_k(&self) -> bool {
+        self.raw_k
+    }
+
     /// Forgets the contents (keeps the buffer).
     pub(crate) fn clear(&mut self) {
         self.n_groups = 0;
         self.group_bytes = 0;
+        self.raw_k = false;
     }
 
     /// Interleaves the whole groups of `n` quantized rows of `row_bytes` each from
     /// `rows` (`act_type` Q8_0 or Q8_K; anything else leaves no groups), the groups
-    /// spread over `pool` when one is given.
+    /// spread over `pool` when one is given. `amx` asks for the AMX kernels' layout of
+    /// Q8_K groups (granted only when the CPU can run them).
     pub(crate) fn build(
         &mut self,
         act_type: GgmlType,
         rows: &[u8],
         n: usize,
         row_bytes: usize,
+        amx: bool,
         pool: Option<&ThreadPool>,
     ) {
         self.clear();
@@ -124,7 +134,8 @@ impl ActTiles {
         let n_blocks = row_bytes / src_block;
         let group_bytes = n_blocks * tile_block;
         // The AMX kernels multiply the raw (signed) quants; the VNNI ones `x + 128`.
-        let raw_k = crate::amx::available();
+        let raw_k = amx && act_type == GgmlType::Q8_K && crate::amx::available();
+        self.raw_k = raw_k;
         self.group_bytes = group_bytes;
         self.n_groups = n_groups;
         self.data.resize(n_groups * group_bytes, 0);
@@ -451,7 +462,9 @@ unsafe fn run_avx512(
     out_ptr: *mut f32,
     out_stride: usize,
 ) {
-    if crate::amx::has_kernel(weight_type) && crate::amx::available() {
+    // Raw Q8_K tiles are built only when AMX is available (`ActTiles::build`), and only
+    // the AMX kernels read them.
+    if tiles.raw_k() && crate::amx::has_kernel(weight_type) {
         // SAFETY: forwarded contract; AMX is available.
         return unsafe { run_amx(weight_type, w_rows, row_bytes, tiles, out_ptr, out_stride) };
     }

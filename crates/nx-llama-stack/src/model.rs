@@ -233,6 +233,20 @@ impl Model {
         &self.pool
     }
 
+    /// Views of every quantized matrix the forward pass multiplies by (the LM head
+    /// included, the token embedding only when it is the head): what
+    /// `nx_lazy_weight::plan::tune` times kernels on. No data is read.
+    pub fn matmul_weights(&self) -> Vec<LazyWeight<'_>> {
+        self.gguf
+            .tensors()
+            .iter()
+            .filter(|t| t.ne.len() >= 2 && t.name != "token_embd.weight")
+            .chain((self.lm_head.name == "token_embd.weight").then_some(&self.lm_head))
+            .filter(|t| nx_lazy_weight::vec_dot_type(t.ggml_type).is_some())
+            .filter_map(|t| self.weight(t).ok())
+            .collect()
+    }
+
     /// The underlying file (metadata for the tokenizer, chat template, …).
     pub fn gguf(&self) -> &Gguf {
         &self.gguf

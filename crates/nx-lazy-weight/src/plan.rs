@@ -1,0 +1,856 @@
+//! The kernel plan: which of the bit-identical implementations runs each format's matmuls.
+//!
+//! Every quantized format has several implementations of its dot product that give the
+//! scalar reference's bits exactly (`tests/simd_twins*.rs`, `tests/multi_token.rs`):
+//! one row at a time per tier, four weight rows per activation row (decode), four tokens
+//! per weight row, the AVX2 token groups, the AVX-512 VNNI tiles and the AMX tiles
+//! (prefill). Which is fastest depends on the CPU (an AVX2 kernel can stream a large
+//! matrix faster than an AVX-512 one on one CPU and slower on another), so the choice is
+//! data: a [`KernelPlan`] holds one [`FormatPlan`] per weight format, and this module is
+//! the one place that decides what is eligible ([`decode_candidates`],
+//! [`prefill_candidates`]) and what runs by default ([`KernelPlan::default_rules`]).
+//!
+//! A plan never changes a result: any choice gives every output the same bits
+//! (`tests/plan_bits.rs` checks every candidate of every format). [`tune`] times the
+//! eligible candidates on a model's own weights; binaries cache its result. `NX_PLAN`
+//! forces choices ([`KernelPlan::apply_spec`]): a comma-separated list of
+//! `FORMAT.ROLE=KERNEL` items (`FORMAT` a ggml type name or `*`, `ROLE` `decode` or
+//! `prefill`), e.g. `NX_PLAN=q8_0.decode=avx2,q4_k.prefill=avx512-tiles`; a leading
+//! `default` item asks for the default rules without timing, a leading `retune` item
+//! (for binaries that cache tuned plans) for timing again.
+//!
+//! ```
+//! use nx_lazy_weight::{CpuTier, GgmlType, KernelPlan};
+//!
+//! let mut plan = KernelPlan::default_rules(CpuTier::Scalar);
+//! plan.apply_spec("q8_0.decode=scalar,q8_0.prefill=per-token").unwrap();
+//! assert_eq!(plan.get(GgmlType::Q8_0).decode.name(), "scalar");
+//! assert_eq!(plan.to_spec(), "q8_0.decode=scalar,q8_0.prefill=per-token");
+//! assert!(plan.apply_spec("q8_0.decode=avx7").is_err());
+//! ```
+
+use std::fmt;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use nx_gguf::GgmlType;
+use nx_syscalls::{CpuTier, ThreadPool};
+
+use crate::dispatch::active_tier;
+use crate::dot_scalar;
+use crate::formats::vec_dot_type;
+use crate::lazy::LazyWeight;
+use crate::matmul::{matmul_quantized_pool_with, QuantizedActs};
+use crate::LazyWeightError;
+
+/// The implementation of a one-token matmul (a matrix-vector product).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DecodeKernel {
+    /// One weight row at a time with the tier's own kernel.
+    Rows1(CpuTier),
+    /// Four weight rows per call, each activation block prepared once for the four.
+    Rows4(CpuTier),
+}
+
+/// The implementation of a matmul with two or more tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PrefillKernel {
+    /// Every token through the format's decode kernel.
+    PerToken,
+    /// Four tokens per call of the tier's four-token kernel, each weight block decoded
+    /// once for the four.
+    Tokens4(CpuTier),
+    /// The AVX2 token groups (every token at once).
+    Groups,
+    /// The AVX-512 VNNI tiles, sixteen tokens per register (narrow tiles for the 2 to 16
+    /// tokens after the whole groups).
+    Tiles,
+    /// The AMX tiles (Q4_K, Q6_K).
+    Amx,
+}
+
+/// The kernels of one weight format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FormatPlan {
+    /// One token.
+    pub decode: DecodeKernel,
+    /// Two or more tokens.
+    pub prefill: PrefillKernel,
+}
+
+/// What a matmul does: one token, or several.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// A matrix-vector product (decoding one sequence).
+    Decode,
+    /// Two or more tokens (prefill, batched decoding, draft verification).
+    Prefill,
+}
+
+impl Role {
+    /// The name used by `NX_PLAN`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Decode => "decode",
+            Role::Prefill => "prefill",
+        }
+    }
+}
+
+impl DecodeKernel {
+    /// The name used by `NX_PLAN` and in reports (`avx2`, `avx512-rows4`, …).
+    pub fn name(self) -> String {
+        match self {
+            DecodeKernel::Rows1(t) => t.name().to_string(),
+            DecodeKernel::Rows4(t) => format!("{}-rows4", t.name()),
+        }
+    }
+
+    /// The tier whose kernels run.
+    pub fn tier(self) -> CpuTier {
+        match self {
+            DecodeKernel::Rows1(t) | DecodeKernel::Rows4(t) => t,
+        }
+    }
+}
+
+impl PrefillKernel {
+    /// The name used by `NX_PLAN` and in reports (`avx512-tiles`, `amx-tiles`, …).
+    pub fn name(self) -> String {
+        match self {
+            PrefillKernel::PerToken => "per-token".into(),
+            PrefillKernel::Tokens4(t) => format!("{}-tokens4", t.name()),
+            PrefillKernel::Groups => "avx2-groups".into(),
+            PrefillKernel::Tiles => "avx512-tiles".into(),
+            PrefillKernel::Amx => "amx-tiles".into(),
+        }
+    }
+}
+
+/// A bad `NX_PLAN` item or a choice this CPU (or `NX_TIER`, `NX_AMX`) cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// An item that is not `FORMAT.ROLE=KERNEL`, or names no format, role or kernel.
+    #[error("NX_PLAN item `{item}`: {reason}")]
+    BadItem {
+        /// The item as given.
+        item: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A kernel that exists but cannot run here for this format.
+    #[error("NX_PLAN: {kernel} cannot run {role} matmuls of {} here (eligible: {eligible})", .format.name())]
+    NotEligible {
+        /// The weight format.
+        format: GgmlType,
+        /// The role.
+        role: &'static str,
+        /// The kernel asked for.
+        kernel: String,
+        /// The kernels that can.
+        eligible: String,
+    },
+    /// Formats that share activation tiles asked for different tile kernels.
+    #[error("NX_PLAN: {} and {} share their activation tiles, so both take amx-tiles or neither", .first.name(), .second.name())]
+    SharedTiles {
+        /// One format.
+        first: GgmlType,
+        /// The other.
+        second: GgmlType,
+    },
+}
+
+/// The kernels of every weight format: the formats given explicitly (by [`tune`] or
+/// `NX_PLAN`), and the default rules for the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelPlan {
+    tier: CpuTier,
+    chosen: Vec<(GgmlType, FormatPlan)>,
+}
+
+/// True when this process may run kernels of `tier`: the scalar ones always, the active
+/// tier's, and AVX2 under AVX-512 (every AVX-512 VNNI CPU has AVX2, FMA and F16C).
+fn tier_allowed(active: CpuTier, tier: CpuTier) -> bool {
+    tier == CpuTier::Scalar
+        || tier == active
+        || (active == CpuTier::Avx512Vnni && tier == CpuTier::Avx2)
+}
+
+/// True when `tier` has a one-row kernel of its own for `ty`.
+fn has_rows1(tier: CpuTier, ty: GgmlType) -> bool {
+    match tier {
+        CpuTier::Scalar => dot_scalar::dot_kernel(ty).is_some(),
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Avx2 => crate::avx2::kernel(ty).is_some(),
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Avx512Vnni => crate::avx512::kernel(ty).is_some(),
+        #[cfg(target_arch = "aarch64")]
+        CpuTier::Neon => crate::neon::kernel(ty).is_some(),
+        #[allow(unreachable_patterns)] // tiers of other architectures
+        _ => false,
+    }
+}
+
+/// True when `tier` has a four-row kernel of its own for `ty`.
+fn has_rows4(tier: CpuTier, ty: GgmlType) -> bool {
+    match tier {
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Avx512Vnni => crate::avx512::kernel_rows4(ty).is_some(),
+        _ => false,
+    }
+}
+
+/// True when `tier` has a four-token kernel of its own for `ty`.
+fn has_tokens4(tier: CpuTier, ty: GgmlType) -> bool {
+    match tier {
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Avx2 => crate::avx2::kernel4(ty).is_some(),
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Avx512Vnni => crate::avx512::kernel4(ty).is_some(),
+        _ => false,
+    }
+}
+
+/// The tiers this process may use, highest first.
+fn allowed_tiers(active: CpuTier) -> Vec<CpuTier> {
+    [
+        CpuTier::Avx512Vnni,
+        CpuTier::Avx2,
+        CpuTier::Neon,
+        CpuTier::Scalar,
+    ]
+    .into_iter()
+    .filter(|&t| tier_allowed(active, t))
+    .collect()
+}
+
+/// Every decode kernel of `ty` this process can run at `active`, the default first.
+pub fn decode_candidates(active: CpuTier, ty: GgmlType) -> Vec<DecodeKernel> {
+    let mut out = Vec::new();
+    for tier in allowed_tiers(active) {
+        if has_rows4(tier, ty) {
+            out.push(DecodeKernel::Rows4(tier));
+        }
+        if has_rows1(tier, ty) {
+            out.push(DecodeKernel::Rows1(tier));
+        }
+    }
+    out
+}
+
+/// Every prefill kernel of `ty` this process can run at `active`, the default first.
+pub fn prefill_candidates(active: CpuTier, ty: GgmlType) -> Vec<PrefillKernel> {
+    let mut out = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx512 = tier_allowed(active, CpuTier::Avx512Vnni);
+        if avx512 && crate::amx::has_kernel(ty) && crate::amx::available() {
+            out.push(PrefillKernel::Amx);
+        }
+        if avx512 && crate::tiled::has_kernel(ty) && crate::tiled::available() {
+            out.push(PrefillKernel::Tiles);
+        }
+        let avx2 = tier_allowed(active, CpuTier::Avx2);
+        // The groups are AVX2's default; under AVX-512 the tiles come first.
+        if avx2 && crate::groups_avx2::has_kernel(ty) && crate::groups_avx2::available() {
+            out.push(PrefillKernel::Groups);
+        }
+    }
+    for tier in allowed_tiers(active) {
+        if has_tokens4(tier, ty) {
+            out.push(PrefillKernel::Tokens4(tier));
+        }
+    }
+    out.push(PrefillKernel::PerToken);
+    out
+}
+
+/// The candidates of `ty` for `role`, by name.
+fn candidate_names(active: CpuTier, ty: GgmlType, role: Role) -> Vec<String> {
+    match role {
+        Role::Decode => decode_candidates(active, ty)
+            .into_iter()
+            .map(DecodeKernel::name)
+            .collect(),
+        Role::Prefill => prefill_candidates(active, ty)
+            .into_iter()
+            .map(PrefillKernel::name)
+            .collect(),
+    }
+}
+
+/// The weight formats that have a dot product (and so a plan).
+pub fn planned_formats() -> impl Iterator<Item = GgmlType> {
+    GgmlType::ALL
+        .iter()
+        .copied()
+        .filter(|&t| dot_scalar::dot_kernel(t).is_some())
+}
+
+/// True for the formats whose activations are Q8_K, which share one set of tiles.
+fn shares_k_tiles(ty: GgmlType) -> bool {
+    vec_dot_type(ty) == Some(GgmlType::Q8_K)
+}
+
+impl KernelPlan {
+    /// The default rules at `tier`: the highest tier's four-row kernel where it has one,
+    /// else its one-row kernel; for prefill AMX, then the AVX-512 tiles, then (at the AVX2
+    /// tier) the groups, then the four-token kernel.
+    pub fn default_rules(tier: CpuTier) -> KernelPlan {
+        KernelPlan {
+            tier,
+            chosen: Vec::new(),
+        }
+    }
+
+    /// The tier the plan was made for.
+    pub fn tier(&self) -> CpuTier {
+        self.tier
+    }
+
+    /// The kernels of `ty` (the default rules unless chosen).
+    pub fn get(&self, ty: GgmlType) -> FormatPlan {
+        if let Some((_, p)) = self.chosen.iter().find(|(t, _)| *t == ty) {
+            return *p;
+        }
+        let decode = decode_candidates(self.tier, ty)
+            .first()
+            .copied()
+            .unwrap_or(DecodeKernel::Rows1(CpuTier::Scalar));
+        let prefill = prefill_candidates(self.tier, ty)
+            .first()
+            .copied()
+            .unwrap_or(PrefillKernel::PerToken);
+        FormatPlan { decode, prefill }
+    }
+
+    /// The formats chosen explicitly, with their kernels.
+    pub fn chosen(&self) -> &[(GgmlType, FormatPlan)] {
+        &self.chosen
+    }
+
+    /// Sets the kernels of `ty`. Errors when this process cannot run them.
+    pub fn set(&mut self, ty: GgmlType, plan: FormatPlan) -> Result<(), PlanError> {
+        let not_eligible = |role: Role, kernel: String| PlanError::NotEligible {
+            format: ty,
+            role: role.name(),
+            kernel,
+            eligible: candidate_names(self.tier, ty, role).join(", "),
+        };
+        if !decode_candidates(self.tier, ty).contains(&plan.decode) {
+            return Err(not_eligible(Role::Decode, plan.decode.name()));
+        }
+        if !prefill_candidates(self.tier, ty).contains(&plan.prefill) {
+            return Err(not_eligible(Role::Prefill, plan.prefill.name()));
+        }
+        match self.chosen.iter_mut().find(|(t, _)| *t == ty) {
+            Some((_, p)) => *p = plan,
+            None => self.chosen.push((ty, plan)),
+        }
+        Ok(())
+    }
+
+    /// Errors when two formats that share activation tiles take different tile kernels.
+    pub fn check_shared_tiles(&self) -> Result<(), PlanError> {
+        let tiled: Vec<(GgmlType, bool)> = planned_formats()
+            .filter(|&t| shares_k_tiles(t))
+            .filter_map(|t| match self.get(t).prefill {
+                PrefillKernel::Amx => Some((t, true)),
+                PrefillKernel::Tiles => Some((t, false)),
+                _ => None,
+            })
+            .collect();
+        for pair in tiled.windows(2) {
+            if pair[0].1 != pair[1].1 {
+                return Err(PlanError::SharedTiles {
+                    first: pair[0].0,
+                    second: pair[1].0,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// True when activations of `act_type` should be laid out for `prefill` (some format
+    /// multiplied with them takes it).
+    pub(crate) fn wants(&self, act_type: GgmlType, prefill: PrefillKernel) -> bool {
+        planned_formats()
+            .filter(|&t| vec_dot_type(t) == Some(act_type))
+            .any(|t| self.get(t).prefill == prefill)
+    }
+
+    /// Applies an `NX_PLAN` spec (see the module docs) on top of this plan. A leading
+    /// `default` item first drops every choice. Returns whether the spec asked for the
+    /// default rules (callers then skip [`tune`]).
+    pub fn apply_spec(&mut self, spec: &str) -> Result<bool, PlanError> {
+        let mut defaults = false;
+        for (i, item) in spec.split(',').map(str::trim).enumerate() {
+            if item.is_empty() {
+                continue;
+            }
+            if item.eq_ignore_ascii_case("default") && i == 0 {
+                self.chosen.clear();
+                defaults = true;
+                continue;
+            }
+            // For binaries that cache tuned plans: time again (nothing to do here).
+            if item.eq_ignore_ascii_case("retune") && i == 0 {
+                continue;
+            }
+            self.apply_item(item)?;
+        }
+        self.check_shared_tiles()?;
+        Ok(defaults)
+    }
+
+    fn apply_item(&mut self, item: &str) -> Result<(), PlanError> {
+        let bad = |reason: &str| PlanError::BadItem {
+            item: item.to_string(),
+            reason: reason.to_string(),
+        };
+        let (lhs, kernel) = item
+            .split_once('=')
+            .ok_or_else(|| bad("expected FORMAT.ROLE=KERNEL"))?;
+        let (format, role) = lhs
+            .split_once('.')
+            .ok_or_else(|| bad("expected FORMAT.ROLE before `=`"))?;
+        let role = match role.trim() {
+            r if r.eq_ignore_ascii_case("decode") => Role::Decode,
+            r if r.eq_ignore_ascii_case("prefill") => Role::Prefill,
+            _ => return Err(bad("the role is `decode` or `prefill`")),
+        };
+        let kernel = kernel.trim().to_ascii_lowercase();
+        let formats: Vec<GgmlType> = if format.trim() == "*" {
+            planned_formats().collect()
+        } else {
+            let ty = planned_formats()
+                .find(|t| t.name().eq_ignore_ascii_case(format.trim()))
+                .ok_or_else(|| bad("unknown weight format (a ggml type name, or `*`)"))?;
+            vec![ty]
+        };
+        let wildcard = formats.len() > 1;
+        let mut applied = 0;
+        for ty in formats {
+            let mut plan = self.get(ty);
+            let found = match role {
+                Role::Decode => decode_by_name(&kernel).map(|k| plan.decode = k),
+                Role::Prefill => prefill_by_name(&kernel).map(|k| plan.prefill = k),
+            };
+            if found.is_none() {
+                return Err(bad(&format!(
+                    "unknown {} kernel (known: {})",
+                    role.name(),
+                    known_names(role).join(", ")
+                )));
+            }
+            match self.set(ty, plan) {
+                Ok(()) => applied += 1,
+                // `*` applies where the kernel exists and leaves the other formats alone.
+                Err(PlanError::NotEligible { .. }) if wildcard => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if applied == 0 {
+            return Err(bad("no format can run that kernel here"));
+        }
+        Ok(())
+    }
+
+    /// The explicit choices as an `NX_PLAN` spec (round-trips through [`apply_spec`]).
+    ///
+    /// [`apply_spec`]: KernelPlan::apply_spec
+    pub fn to_spec(&self) -> String {
+        self.chosen
+            .iter()
+            .flat_map(|(t, p)| {
+                let f = t.name().to_ascii_lowercase();
+                [
+                    format!("{f}.decode={}", p.decode.name()),
+                    format!("{f}.prefill={}", p.prefill.name()),
+                ]
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// Every kernel name of `role` on any CPU.
+fn known_names(role: Role) -> Vec<String> {
+    let tiers = [
+        CpuTier::Scalar,
+        CpuTier::Avx2,
+        CpuTier::Avx512Vnni,
+        CpuTier::Neon,
+    ];
+    match role {
+        Role::Decode => tiers
+            .iter()
+            .flat_map(|&t| [DecodeKernel::Rows1(t), DecodeKernel::Rows4(t)])
+            .map(DecodeKernel::name)
+            .collect(),
+        Role::Prefill => [
+            PrefillKernel::PerToken,
+            PrefillKernel::Groups,
+            PrefillKernel::Tiles,
+            PrefillKernel::Amx,
+        ]
+        .into_iter()
+        .chain(tiers.iter().map(|&t| PrefillKernel::Tokens4(t)))
+        .map(PrefillKernel::name)
+        .collect(),
+    }
+}
+
+fn decode_by_name(name: &str) -> Option<DecodeKernel> {
+    [
+        CpuTier::Scalar,
+        CpuTier::Avx2,
+        CpuTier::Avx512Vnni,
+        CpuTier::Neon,
+    ]
+    .into_iter()
+    .flat_map(|t| [DecodeKernel::Rows1(t), DecodeKernel::Rows4(t)])
+    .find(|k| k.name() == name)
+}
+
+fn prefill_by_name(name: &str) -> Option<PrefillKernel> {
+    [
+        PrefillKernel::PerToken,
+        PrefillKernel::Groups,
+        PrefillKernel::Tiles,
+        PrefillKernel::Amx,
+        PrefillKernel::Tokens4(CpuTier::Scalar),
+        PrefillKernel::Tokens4(CpuTier::Avx2),
+        PrefillKernel::Tokens4(CpuTier::Avx512Vnni),
+        PrefillKernel::Tokens4(CpuTier::Neon),
+    ]
+    .into_iter()
+    .find(|k| k.name() == name)
+}
+
+impl fmt::Display for KernelPlan {
+    /// One line per explicitly chosen format: `Q8_0  decode=avx2  prefill=avx512-tiles`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (t, p) in &self.chosen {
+            writeln!(
+                f,
+                "{:<8} decode={:<14} prefill={}",
+                t.name(),
+                p.decode.name(),
+                p.prefill.name()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The plan every matmul of the process uses, once set ([`install`]).
+static ACTIVE: RwLock<Option<Arc<KernelPlan>>> = RwLock::new(None);
+
+/// The plan matmuls use: the one [`install`]ed, else the default rules at the
+/// [`active_tier`] with `NX_PLAN` applied (an `NX_PLAN` that cannot apply is an error,
+/// reported by every matmul as a bad `NX_TIER` is).
+pub fn active_plan() -> Result<Arc<KernelPlan>, LazyWeightError> {
+    if let Some(p) = ACTIVE.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        return Ok(Arc::clone(p));
+    }
+    let mut plan = KernelPlan::default_rules(active_tier()?);
+    if let Ok(spec) = std::env::var("NX_PLAN") {
+        plan.apply_spec(&spec)?;
+    }
+    let plan = Arc::new(plan);
+    let mut slot = ACTIVE.write().unwrap_or_else(|e| e.into_inner());
+    Ok(Arc::clone(slot.get_or_insert(plan)))
+}
+
+/// Makes `plan` the process's plan from the next matmul on. Any plan gives the same bits,
+/// so this is safe at any time; errors when the plan was made for another tier than the
+/// active one or its tile choices conflict.
+pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
+    let tier = active_tier()?;
+    if plan.tier != tier {
+        return Err(LazyWeightError::Plan(PlanError::BadItem {
+            item: format!("plan for tier {}", plan.tier),
+            reason: format!("this process runs tier {tier}"),
+        }));
+    }
+    plan.check_shared_tiles()?;
+    *ACTIVE.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(plan));
+    Ok(())
+}
+
+/// One timed candidate of [`tune`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timing {
+    /// The weight format.
+    pub format: GgmlType,
+    /// Decode or prefill.
+    pub role: Role,
+    /// The kernel's name.
+    pub kernel: String,
+    /// Best of the timed passes, in seconds.
+    pub seconds: f64,
+    /// Weight bytes one pass reads.
+    pub bytes: usize,
+    /// Tokens per pass.
+    pub tokens: usize,
+}
+
+/// The result of [`tune`]: the plan and what was measured.
+#[derive(Debug, Clone)]
+pub struct Tuned {
+    /// The fastest candidates (the default where nothing beat it clearly).
+    pub plan: KernelPlan,
+    /// Every candidate timed.
+    pub timings: Vec<Timing>,
+    /// Wall time of the whole tuning, in seconds.
+    pub seconds: f64,
+}
+
+/// Most weight bytes a decode candidate streams per pass: enough to leave the caches
+/// on most CPUs for the large matrices, bounded so tuning stays short.
+const TUNE_DECODE_BYTES: usize = 96 << 20;
+/// Weight rows and tokens of a prefill candidate's pass.
+const TUNE_PREFILL_ROWS: usize = 128;
+const TUNE_PREFILL_TOKENS: usize = 256;
+/// Timed passes per candidate (after one untimed warm-up); the best counts.
+const TUNE_PASSES: usize = 3;
+/// A candidate replaces the default only when it is at least this much faster, so noise
+/// does not flip choices between runs.
+const TUNE_MARGIN: f64 = 0.03;
+
+/// Times every eligible candidate of every format among `weights` on `pool` and returns
+/// the fastest per format and role. For each format the largest of its weights is used:
+/// decode streams up to `TUNE_DECODE_BYTES` of its rows, prefill multiplies 256 tokens (a
+/// prefill chunk) by 128 of its rows. Reads the weights' bytes (touching those pages).
+pub fn tune(weights: &[LazyWeight<'_>], pool: &ThreadPool) -> Result<Tuned, LazyWeightError> {
+    let start = Instant::now();
+    let tier = active_tier()?;
+    let mut plan = KernelPlan::default_rules(tier);
+    let mut timings = Vec::new();
+    let mut formats: Vec<GgmlType> = weights.iter().map(|w| w.ggml_type()).collect();
+    formats.sort();
+    formats.dedup();
+    for ty in formats {
+        let Some(w) = weights
+            .iter()
+            .filter(|w| w.ggml_type() == ty)
+            .max_by_key(|w| w.bytes().len())
+        else {
+            continue;
+        };
+        let decode_rows = (TUNE_DECODE_BYTES / w.row_bytes().max(1)).clamp(1, w.n_rows());
+        let dw = w.row_range(0..decode_rows)?;
+        let pw = w.row_range(0..TUNE_PREFILL_ROWS.min(w.n_rows()))?;
+        let mut best = plan.get(ty);
+        let default = best;
+        let time_decode = |k: DecodeKernel| -> Result<Timing, LazyWeightError> {
+            time_candidate(
+                &plan,
+                ty,
+                FormatPlan {
+                    decode: k,
+                    ..default
+                },
+                &dw,
+                1,
+                pool,
+            )
+        };
+        let decode: Vec<(DecodeKernel, Timing)> = decode_candidates(tier, ty)
+            .into_iter()
+            .map(|k| time_decode(k).map(|t| (k, t)))
+            .collect::<Result<_, _>>()?;
+        best.decode = fastest(&decode, default.decode);
+        let time_prefill = |k: PrefillKernel| -> Result<Timing, LazyWeightError> {
+            let fp = FormatPlan {
+                prefill: k,
+                ..default
+            };
+            time_candidate(&plan, ty, fp, &pw, TUNE_PREFILL_TOKENS, pool)
+        };
+        let prefill: Vec<(PrefillKernel, Timing)> = prefill_candidates(tier, ty)
+            .into_iter()
+            .map(|k| time_prefill(k).map(|t| (k, t)))
+            .collect::<Result<_, _>>()?;
+        best.prefill = fastest(&prefill, default.prefill);
+        timings.extend(decode.into_iter().map(|(_, t)| t));
+        timings.extend(prefill.into_iter().map(|(_, t)| t));
+        plan.set(ty, best)?;
+    }
+    settle_shared_tiles(&mut plan, &timings)?;
+    Ok(Tuned {
+        plan,
+        timings,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// The fastest of `timed`, keeping `default` unless another is [`TUNE_MARGIN`] faster.
+fn fastest<K: Copy + PartialEq>(timed: &[(K, Timing)], default: K) -> K {
+    let default_secs = timed
+        .iter()
+        .find(|(k, _)| *k == default)
+        .map(|(_, t)| t.seconds);
+    let Some((k, t)) = timed
+        .iter()
+        .min_by(|a, b| a.1.seconds.total_cmp(&b.1.seconds))
+    else {
+        return default;
+    };
+    match default_secs {
+        Some(d) if t.seconds > d * (1.0 - TUNE_MARGIN) => default,
+        _ => *k,
+    }
+}
+
+/// The formats with Q8_K activations share one set of tiles: when their fastest tile
+/// kernels differ, all take the one with the smaller summed time.
+fn settle_shared_tiles(plan: &mut KernelPlan, timings: &[Timing]) -> Result<(), LazyWeightError> {
+    if plan.check_shared_tiles().is_ok() {
+        return Ok(());
+    }
+    let sum = |name: &str| -> f64 {
+        timings
+            .iter()
+            .filter(|t| t.role == Role::Prefill && shares_k_tiles(t.format) && t.kernel == name)
+            .map(|t| t.seconds)
+            .sum()
+    };
+    let pick = if sum(&PrefillKernel::Amx.name()) <= sum(&PrefillKernel::Tiles.name()) {
+        PrefillKernel::Amx
+    } else {
+        PrefillKernel::Tiles
+    };
+    let formats: Vec<GgmlType> = plan
+        .chosen
+        .iter()
+        .map(|(t, _)| *t)
+        .filter(|&t| shares_k_tiles(t))
+        .collect();
+    for ty in formats {
+        let mut p = plan.get(ty);
+        if matches!(p.prefill, PrefillKernel::Amx | PrefillKernel::Tiles) {
+            p.prefill = pick;
+            plan.set(ty, p)?;
+        }
+    }
+    plan.check_shared_tiles()?;
+    Ok(())
+}
+
+/// Best-of-[`TUNE_PASSES`] time of `w` times `n` tokens with `ty`'s kernels set to
+/// `candidate` on top of `base`.
+fn time_candidate(
+    base: &KernelPlan,
+    ty: GgmlType,
+    candidate: FormatPlan,
+    w: &LazyWeight<'_>,
+    n: usize,
+    pool: &ThreadPool,
+) -> Result<Timing, LazyWeightError> {
+    let mut plan = base.clone();
+    plan.set(ty, candidate)?;
+    // Activations of unit size with a little variation: the kernels' speed does not
+    // depend on the values.
+    let x: Vec<f32> = (0..n * w.row_len())
+        .map(|i| ((i * 7919) % 257) as f32 / 128.0 - 1.0)
+        .collect();
+    let mut xq = QuantizedActs::new();
+    xq.quantize_with_plan(&plan, w.vec_dot_type(), &x, n, w.row_len(), Some(pool))?;
+    let mut y = vec![0f32; n * w.n_rows()];
+    let mut best = f64::INFINITY;
+    for pass in 0..=TUNE_PASSES {
+        let t0 = Instant::now();
+        matmul_quantized_pool_with(&plan, w, &xq, &mut y, pool)?;
+        let secs = t0.elapsed().as_secs_f64();
+        if pass > 0 {
+            best = best.min(secs);
+        }
+    }
+    let role = if n == 1 { Role::Decode } else { Role::Prefill };
+    Ok(Timing {
+        format: ty,
+        role,
+        kernel: match role {
+            Role::Decode => candidate.decode.name(),
+            Role::Prefill => candidate.prefill.name(),
+        },
+        seconds: best,
+        bytes: w.bytes().len(),
+        tokens: n,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_rules_pick_the_first_candidate() {
+        for tier in crate::supported_tiers() {
+            let plan = KernelPlan::default_rules(tier);
+            for ty in planned_formats() {
+                let p = plan.get(ty);
+                assert!(
+                    decode_candidates(tier, ty).contains(&p.decode),
+                    "{ty} {tier}"
+                );
+                assert!(
+                    prefill_candidates(tier, ty).contains(&p.prefill),
+                    "{ty} {tier}"
+                );
+            }
+        }
+        let scalar = KernelPlan::default_rules(CpuTier::Scalar).get(GgmlType::Q8_0);
+        assert_eq!(scalar.decode, DecodeKernel::Rows1(CpuTier::Scalar));
+        assert_eq!(scalar.prefill, PrefillKernel::PerToken);
+    }
+
+    #[test]
+    fn specs_round_trip_and_bad_items_are_named() {
+        let mut plan = KernelPlan::default_rules(CpuTier::Scalar);
+        assert!(!plan
+            .apply_spec("q8_0.decode=scalar, Q4_K.prefill=per-token")
+            .unwrap());
+        assert_eq!(plan.chosen().len(), 2);
+        let mut again = KernelPlan::default_rules(CpuTier::Scalar);
+        again.apply_spec(&plan.to_spec()).unwrap();
+        assert_eq!(again, plan);
+        assert!(plan.apply_spec("default").unwrap());
+        assert!(plan.chosen().is_empty());
+        for bad in [
+            "q8_0",
+            "q8_0=avx2",
+            "q8_0.middle=avx2",
+            "q9_0.decode=avx2",
+            "q8_0.decode=avx7",
+            "q8_0.prefill=avx2",
+        ] {
+            let e = plan.apply_spec(bad).unwrap_err();
+            assert!(matches!(e, PlanError::BadItem { .. }), "{bad}: {e}");
+        }
+        // A kernel that exists but cannot run at the scalar tier.
+        let e = plan.apply_spec("q8_0.decode=avx2").unwrap_err();
+        assert!(matches!(e, PlanError::NotEligible { .. }), "{e}");
+        assert!(e.to_string().contains("eligible: scalar"), "{e}");
+        // `*` applies wherever it can.
+        plan.apply_spec("*.decode=scalar").unwrap();
+        assert_eq!(plan.chosen().len(), planned_formats().count());
+    }
+
+    #[test]
+    fn fastest_keeps_the_default_within_the_margin() {
+        let t = |s: f64| Timing {
+            format: GgmlType::Q8_0,
+            role: Role::Decode,
+            kernel: String::new(),
+            seconds: s,
+            bytes: 0,
+            tokens: 1,
+        };
+        assert_eq!(fastest(&[(1, t(1.0)), (2, t(0.99))], 1), 1);
+        assert_eq!(fastest(&[(1, t(1.0)), (2, t(0.9))], 1), 2);
+        assert_eq!(fastest(&[(1, t(1.0)), (2, t(1.5))], 1), 1);
+    }
+}
