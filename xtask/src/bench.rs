@@ -25,7 +25,7 @@ use crate::reference::{ensure_reference, llama_bin, DEFAULT_JOBS};
 use crate::synth;
 use crate::util::{cargo_command, cargo_metadata, duration_text, run_checked, workspace_root};
 use anyhow::{bail, Context, Result};
-use nx_gguf::{Gguf, TensorInfo};
+use nx_gguf::Gguf;
 use serde::{Deserialize, Serialize};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -40,7 +40,7 @@ pub const DEFAULT_REPS: usize = 3;
 /// Default worker threads for both engines (the dev machines have two cores).
 pub const DEFAULT_THREADS: usize = 2;
 /// Size of the buffer the read-bandwidth probe sums: far larger than any cache.
-pub const PROBE_BYTES: usize = 1 << 30;
+pub const PROBE_BYTES: usize = nx_syscalls::PROBE_BYTES;
 
 /// GNU time, used to read a child's peak RSS (`%M`, in KiB).
 const TIME_BIN: &str = "/usr/bin/time";
@@ -363,6 +363,8 @@ pub fn nx_args(model: &Path, s: &Settings) -> Vec<String> {
         "--reps".into(),
         "1".into(),
         "--json".into(),
+        // The bench probes the read bandwidth once for all runs.
+        "--no-probe".into(),
     ]
 }
 
@@ -577,37 +579,7 @@ pub fn median(mut values: Vec<f64>) -> Option<f64> {
     })
 }
 
-/// `(expert_used_count, expert_count)` of a mixture-of-experts file.
-pub fn active_experts(gguf: &Gguf) -> Option<(u64, u64)> {
-    let md = gguf.metadata();
-    let arch = md.get_str("general.architecture").ok()?;
-    let used = md.get_u64(&format!("{arch}.expert_used_count")).ok()?;
-    let count = md.get_u64(&format!("{arch}.expert_count")).ok()?;
-    (count > 0 && used <= count).then_some((used, count))
-}
-
-/// Weight bytes one decode step reads: every tensor in full except the token embedding,
-/// of which it reads one row, plus the LM head: `output.weight` when present (already in
-/// the sum), else the tied embedding table, read in full. Of the experts' 3-D tensors
-/// (`*_exps.weight`) a token reads the `used` of `count` experts it is routed to.
-pub fn decode_bytes_per_token(tensors: &[TensorInfo], experts: Option<(u64, u64)>) -> u64 {
-    const EMBD: &str = "token_embd.weight";
-    let mut total: u64 = tensors
-        .iter()
-        .filter(|t| t.name != EMBD)
-        .map(|t| match experts {
-            Some((used, count)) if t.name.ends_with("_exps.weight") => t.n_bytes / count * used,
-            _ => t.n_bytes,
-        })
-        .sum();
-    if let Some(embd) = tensors.iter().find(|t| t.name == EMBD) {
-        total += embd.n_bytes / embd.n_rows().max(1);
-        if !tensors.iter().any(|t| t.name == "output.weight") {
-            total += embd.n_bytes;
-        }
-    }
-    total
-}
+pub use nx_llama_stack::traffic::{active_experts, decode_bytes_per_token};
 
 /// A finished child process with its output, peak RSS and wall time.
 struct Measured {
@@ -731,59 +703,14 @@ pub fn vm_hwm_kib(status: &str) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Wrapping sum of `words`, with eight independent accumulators so the loop is limited by
-/// memory, not by one dependency chain.
-pub fn sum_words(words: &[u64]) -> u64 {
-    let mut acc = [0u64; 8];
-    let chunks = words.chunks_exact(8);
-    let rest = chunks.remainder();
-    for chunk in chunks {
-        for (a, w) in acc.iter_mut().zip(chunk) {
-            *a = a.wrapping_add(*w);
-        }
-    }
-    let mut total = acc.iter().fold(0u64, |s, a| s.wrapping_add(*a));
-    for w in rest {
-        total = total.wrapping_add(*w);
-    }
-    total
-}
-
-/// Best-of-3 read bandwidth (GB/s) of summing `words`, split over `threads` threads.
-fn best_read_gbs(words: &[u64], threads: usize) -> f64 {
-    let per_thread = words.len().div_ceil(threads.max(1)).max(1);
-    let mut best = 0.0f64;
-    for _ in 0..3 {
-        let started = Instant::now();
-        let total = std::thread::scope(|scope| {
-            let handles: Vec<_> = words
-                .chunks(per_thread)
-                .map(|part| scope.spawn(move || sum_words(std::hint::black_box(part))))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or(0))
-                .fold(0u64, u64::wrapping_add)
-        });
-        std::hint::black_box(total);
-        let secs = started.elapsed().as_secs_f64();
-        if secs > 0.0 {
-            best = best.max(std::mem::size_of_val(words) as f64 / secs / 1e9);
-        }
-    }
-    best
-}
-
-/// Sums a `bytes`-byte buffer of `u64` with 1 and with `threads` threads (best of 3 each).
+/// Sums a `bytes`-byte buffer with 1 and with `threads` threads (best of 3 each).
 pub fn read_bandwidth_probe(bytes: usize, threads: usize) -> Probe {
-    // Non-zero contents: an all-zero allocation could be backed by the shared zero page
-    // and never touch memory.
-    let words: Vec<u64> = (0..bytes / 8).map(|i| i as u64 | 1).collect();
+    let r = nx_syscalls::read_bandwidth(bytes, threads);
     Probe {
-        buffer_bytes: words.len() * 8,
-        single_thread_gbs: best_read_gbs(&words, 1),
-        threads,
-        multi_thread_gbs: best_read_gbs(&words, threads),
+        buffer_bytes: r.buffer_bytes,
+        single_thread_gbs: r.single_thread_gbs,
+        threads: r.threads,
+        multi_thread_gbs: r.multi_thread_gbs,
     }
 }
 
@@ -820,20 +747,10 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 
 /// `model name` from `/proc/cpuinfo`, or "unknown CPU".
 pub(crate) fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|text| cpu_model_from(&text))
-        .unwrap_or_else(|| "unknown CPU".to_string())
+    nx_syscalls::cpu_model().unwrap_or_else(|| "unknown CPU".to_string())
 }
 
-/// The first `model name` value of a `/proc/cpuinfo` text.
-pub fn cpu_model_from(cpuinfo: &str) -> Option<String> {
-    cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_string())
-}
+pub use nx_syscalls::cpu_model_from;
 
 fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -1212,17 +1129,6 @@ mod tests {
     }
 
     #[test]
-    fn sum_words_matches_a_plain_sum() {
-        for len in [0usize, 1, 7, 8, 9, 1000, 1003] {
-            let words: Vec<u64> = (0..len as u64)
-                .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-                .collect();
-            let plain = words.iter().fold(0u64, |s, w| s.wrapping_add(*w));
-            assert_eq!(sum_words(&words), plain, "len {len}");
-        }
-    }
-
-    #[test]
     fn probe_reports_positive_bandwidth() {
         let probe = read_bandwidth_probe(8 << 20, 2);
         assert_eq!(probe.buffer_bytes, 8 << 20);
@@ -1277,7 +1183,7 @@ mod tests {
         );
         assert_eq!(
             nx_args(Path::new("m.gguf"), &s).join(" "),
-            "bench --model m.gguf -p 512 -n 128 --threads 2 --reps 1 --json"
+            "bench --model m.gguf -p 512 -n 128 --threads 2 --reps 1 --json --no-probe"
         );
     }
 

@@ -64,6 +64,10 @@ pub struct BenchArgs {
     /// print it only. `NX_PLAN=retune` times the candidates again.
     #[arg(long)]
     pub show_plan: bool,
+    /// Skip the plain-read bandwidth probe (a 1 GiB buffer summed on 1 and on --threads
+    /// threads after the runs) that decode's bandwidth is set beside.
+    #[arg(long)]
+    pub no_probe: bool,
 }
 
 /// `n` ordinary token ids spread over the vocabulary (deterministic).
@@ -164,8 +168,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     }
     let (pp, ttft, tg) = (median(pp), median(ttft), median(tg));
+    // Before the probe, whose buffer would count in the high-water mark.
     let rss = peak_rss_mb();
     let threads = args.threads.unwrap_or_else(nx_syscalls::threads_from_env);
+    let decode_bytes = runner.model().decode_bytes_per_token();
+    let decode_gbs = tg.map(|t| decode_bytes as f64 * t / 1e9);
+    let probe = (tg.is_some() && !args.no_probe)
+        .then(|| nx_syscalls::read_bandwidth(nx_syscalls::PROBE_BYTES, threads));
     let model_name = path.display().to_string();
 
     if args.json {
@@ -179,6 +188,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "ttft_ms": ttft,
             "peak_rss_mb": rss,
             "reps": args.reps,
+            "decode_bytes_per_token": decode_bytes,
+            "decode_gbs": decode_gbs,
+            "read_gbs_1_thread": probe.map(|p| p.single_thread_gbs),
+            "read_gbs": probe.map(|p| p.multi_thread_gbs),
+            "kernel_plan": plan.plan.to_spec(),
         });
         println!("{v}");
         return Ok(());
@@ -203,6 +217,21 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!("ttft:      {} ms", fmt(ttft, 1));
     }
     println!("peak RSS:  {} MB", fmt(rss, 1));
+    if let Some(gbs) = decode_gbs {
+        println!(
+            "decode:    {:.1} MB per token, {gbs:.1} GB/s",
+            decode_bytes as f64 / 1e6
+        );
+    }
+    if let (Some(p), Some(gbs)) = (probe, decode_gbs) {
+        println!(
+            "plain read ({} MiB): {:.1} GB/s on 1 thread, {:.1} GB/s on {threads}: decode at {:.0} %",
+            p.buffer_bytes >> 20,
+            p.single_thread_gbs,
+            p.multi_thread_gbs,
+            100.0 * gbs / p.multi_thread_gbs
+        );
+    }
     Ok(())
 }
 

@@ -39,17 +39,9 @@ pub struct PlanReport {
     pub formats: Vec<GgmlType>,
 }
 
-/// The `model name` line of /proc/cpuinfo (or the architecture where there is none).
+/// The CPU's model name (or the architecture where the system does not say).
 pub fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+    nx_syscalls::cpu_model().unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
 /// FNV-1a, 64 bits: a stable file name for the cache key.

@@ -344,6 +344,7 @@ fn bench_json_reports_every_field() {
             "--json",
             "--threads",
             "1",
+            "--no-probe",
         ])
         .output()
         .unwrap();
@@ -361,6 +362,10 @@ fn bench_json_reports_every_field() {
         assert!(v[key].as_f64().unwrap() > 0.0, "{key}: {v}");
     }
     assert!(v["model"].as_str().unwrap().ends_with("tiny.gguf"));
+    assert!(v["decode_bytes_per_token"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["decode_gbs"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["read_gbs"].is_null(), "--no-probe: {v}");
+    assert!(v["kernel_plan"].is_string(), "{v}");
 
     let out = nx()
         .arg("bench")
@@ -372,6 +377,8 @@ fn bench_json_reports_every_field() {
     assert!(out.status.success());
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(table.contains("pp8") && table.contains("tg2"), "{table}");
+    assert!(table.contains("MB per token"), "{table}");
+    assert!(table.contains("plain read (1024 MiB)"), "{table}");
 }
 
 #[test]

@@ -8,6 +8,7 @@
 
 mod config;
 mod model;
+pub mod traffic;
 
 pub use config::{Arch, FfnActivation, ModelConfig, MoeConfig, QkNormSpan, RopeStyle};
 /// The tiny random-weight llama model of the tests, for doctests downstream.

@@ -247,6 +247,14 @@ impl Model {
             .collect()
     }
 
+    /// Weight bytes one decode step reads ([`crate::traffic::decode_bytes_per_token`]).
+    pub fn decode_bytes_per_token(&self) -> u64 {
+        crate::traffic::decode_bytes_per_token(
+            self.gguf.tensors(),
+            crate::traffic::active_experts(&self.gguf),
+        )
+    }
+
     /// The underlying file (metadata for the tokenizer, chat template, …).
     pub fn gguf(&self) -> &Gguf {
         &self.gguf

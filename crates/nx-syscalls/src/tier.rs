@@ -143,6 +143,23 @@ pub fn request_amx_tile_data() -> bool {
     }
 }
 
+/// The CPU's model name (the first `model name` of /proc/cpuinfo), for reports and cache
+/// keys; `None` where the system does not say.
+pub fn cpu_model() -> Option<String> {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| cpu_model_from(&text))
+}
+
+/// The first `model name` value of a `/proc/cpuinfo` text.
+pub fn cpu_model_from(cpuinfo: &str) -> Option<String> {
+    cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
