@@ -1129,6 +1129,31 @@ mod tests {
     }
 
     #[test]
+    fn decode_bytes_count_only_the_routed_share_of_the_experts() {
+        let mut w = GgufWriter::new();
+        let mut add = |name: &str, t: GgmlType, ne: Vec<u64>| {
+            let n = tensor_bytes(t, &ne) as usize;
+            w.add_tensor(name, t, ne, vec![0u8; n]);
+        };
+        add("token_embd.weight", GgmlType::Q8_0, vec![64, 100]);
+        add("output.weight", GgmlType::Q8_0, vec![64, 100]);
+        // Eight experts of 64 × 256 Q4_K each: 144 · 64 bytes per expert.
+        add("blk.0.ffn_up_exps.weight", GgmlType::Q4_K, vec![256, 64, 8]);
+        let gguf = Gguf::from_bytes(w.to_bytes()).unwrap();
+        let embd_row = 2 * 34;
+        let head = 100 * embd_row;
+        let expert = 144 * 64;
+        assert_eq!(
+            decode_bytes_per_token(gguf.tensors(), Some((2, 8))),
+            (embd_row + head + 2 * expert) as u64
+        );
+        assert_eq!(
+            decode_bytes_per_token(gguf.tensors(), None),
+            (embd_row + head + 8 * expert) as u64
+        );
+    }
+
+    #[test]
     fn probe_reports_positive_bandwidth() {
         let probe = read_bandwidth_probe(8 << 20, 2);
         assert_eq!(probe.buffer_bytes, 8 << 20);
