@@ -14,7 +14,8 @@
 //! - a worker that sees a new number first registers in `active`, then re-checks `open`:
 //!   only if the job is still open does it read the description and claim chunks;
 //! - when no chunk is left the caller closes the job (`open = 0`) and waits for
-//!   `active == 0`. With all four accesses sequentially consistent, a worker that
+//!   `active == 0`. With these four accesses, and every other modification of `open` and
+//!   `active`, sequentially consistent, a worker that
 //!   registers after the caller saw `active == 0` must see the job closed, so no worker
 //!   touches a job (or the borrows it points to) after the call returns.
 
@@ -426,9 +427,14 @@ fn worker_loop(sh: &Shared, slot: usize) {
             let job = unsafe { *sh.job.get() };
             run_chunks(sh, &job, slot);
         }
-        // AcqRel: releases this worker's writes (the chunk outputs) to the publisher's
-        // SeqCst load that sees `active == 0`.
-        sh.active.0.fetch_sub(1, Ordering::AcqRel);
+        // SeqCst, not just AcqRel: it releases this worker's writes (the chunk outputs)
+        // to the publisher's load that sees `active == 0`, and it keeps every
+        // modification of `active` in the single total order. With a weaker decrement,
+        // C++20 lets the publisher's SeqCst load read a stale 0 from it even after a
+        // later registration (a SeqCst load may return a non-SeqCst store that precedes
+        // the latest SeqCst one), which breaks the close/register handshake above;
+        // Miri's data-race checker reported exactly that.
+        sh.active.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
