@@ -29,6 +29,7 @@ use std::ops::Range;
 use nx_gguf::GgmlType;
 use nx_syscalls::ThreadPool;
 
+#[cfg(test)]
 use crate::dequant::q6_k_quads;
 use crate::formats::{
     f16_to_f32, q4_k, q5_0, q6_k, q8_k, read_f16, read_i16, read_u32, scale_min_k4, Q4_0_BYTES,
@@ -244,6 +245,10 @@ fn unpacked_block_bytes(weight_type: GgmlType) -> (usize, usize) {
     }
 }
 
+/// The scalar twin of [`unpack_q4_k_avx512`]: the sub-block quants as unsigned nibbles,
+/// the eight scales as i32, the mins as i16 pairs, the lane corrections
+/// `−128·Σ_g s_g·(lane quad of sub-block g)`, then `d` and `−dmin` as f32.
+#[cfg(test)]
 fn unpack_q4_k(wb: &[u8], out: &mut [u8]) {
     for chunk in 0..4 {
         for l in 0..32 {
@@ -276,6 +281,10 @@ fn unpack_q4_k(wb: &[u8], out: &mut [u8]) {
     put_f32(out, WQ4K_D + 4, -read_f16(wb, q4_k::DMIN));
 }
 
+/// The scalar twin of [`unpack_q6_k_avx512`]: the quants as unsigned 6-bit values, the
+/// sixteen scales as `(s, 0)` word pairs, the lane corrections `−128·quad`, the pairs
+/// `−32·s`, then `d` as f32.
+#[cfg(test)]
 fn unpack_q6_k(wb: &[u8], out: &mut [u8]) {
     for half in 0..2 {
         let ql = &wb[q6_k::QL + 64 * half..q6_k::QL + 64 * half + 64];
@@ -330,8 +339,9 @@ unsafe fn unpack_rows(
             unsafe { unpack_rows32_avx512(weight_type, w_rows, row_bytes, out, stride) };
             return stride;
         }
-        GgmlType::Q4_K => unpack_q4_k,
-        GgmlType::Q6_K => unpack_q6_k,
+        // SAFETY (both): the caller guarantees the features (AVX-512 F/BW/VNNI).
+        GgmlType::Q4_K => |wb, ob| unsafe { unpack_q4_k_avx512(wb, ob) },
+        GgmlType::Q6_K => |wb, ob| unsafe { unpack_q6_k_avx512(wb, ob) },
         _ => return 0,
     };
     let stride = row_bytes / src * dst;
@@ -345,6 +355,137 @@ unsafe fn unpack_rows(
         }
     }
     stride
+}
+
+/// Lane quad sums of 64 unsigned quant bytes: dword `i` is the sum of bytes `4i..4i+4`.
+#[inline(always)]
+fn quad_sums(q: __m512i) -> __m512i {
+    // SAFETY (features): only called from functions that enable AVX-512 F/VNNI.
+    unsafe { _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_set1_epi8(1)) }
+}
+
+/// One Q4_K super-block `wb` unpacked into `out` (the layout of [`unpack_q4_k`], which
+/// is its scalar twin: integer data only, so the bytes are the same).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VNNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn unpack_q4_k_avx512(wb: &[u8], out: &mut [u8]) {
+    assert!(wb.len() >= Q4_K_BYTES && out.len() >= WQ4K_BLOCK);
+    let low4 = _mm512_set1_epi8(0x0F);
+    let scales = &wb[q4_k::SCALES..q4_k::SCALES + 12];
+    let mut sc = [0i32; 8];
+    let mut mn = [0i16; 8];
+    for j in 0..8 {
+        let (s, m) = scale_min_k4(j, scales);
+        sc[j] = s as i32;
+        mn[j] = m as i16;
+    }
+    let mut corr = _mm512_setzero_si512();
+    for half in 0..2 {
+        // SAFETY: qs is bytes 16..144 of the 144-byte block (asserted); `out` holds
+        // WQ4K_BLOCK bytes (asserted), of which the quants are 0..256.
+        unsafe {
+            let q = _mm512_loadu_si512(wb.as_ptr().add(q4_k::QS + 64 * half) as *const _);
+            let lo = _mm512_and_si512(q, low4);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), low4);
+            // Chunk c's low nibbles are sub-block 2c, its high ones sub-block 2c + 1.
+            let first = _mm512_shuffle_i64x2::<0b01_00_01_00>(lo, hi);
+            let second = _mm512_shuffle_i64x2::<0b11_10_11_10>(lo, hi);
+            for (k, v) in [first, second].into_iter().enumerate() {
+                let g = 4 * half + 2 * k;
+                _mm512_storeu_si512(out.as_mut_ptr().add(32 * g) as *mut _, v);
+                // Dwords 0..8 are sub-block g's lane quads, 8..16 sub-block g + 1's.
+                let s =
+                    _mm512_inserti64x4::<1>(_mm512_set1_epi32(sc[g]), _mm256_set1_epi32(sc[g + 1]));
+                corr = _mm512_add_epi32(corr, _mm512_mullo_epi32(quad_sums(v), s));
+            }
+        }
+    }
+    let sum = _mm256_add_epi32(
+        _mm512_castsi512_si256(corr),
+        _mm512_extracti64x4_epi64::<1>(corr),
+    );
+    let corr = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<7>(sum));
+    // SAFETY: the corrections are bytes WQ4K_CORR..+32 of `out` (asserted length).
+    unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(WQ4K_CORR) as *mut _, corr) };
+    for j in 0..8 {
+        put_i32(out, WQ4K_SC + 4 * j, sc[j]);
+    }
+    for m in 0..4 {
+        put_pair(out, WQ4K_MINS + 4 * m, mn[2 * m], mn[2 * m + 1]);
+    }
+    put_f32(out, WQ4K_D, read_f16(wb, 0));
+    put_f32(out, WQ4K_D + 4, -read_f16(wb, q4_k::DMIN));
+}
+
+/// One Q6_K super-block `wb` unpacked into `out` (the layout of [`unpack_q6_k`], its
+/// scalar twin).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VNNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn unpack_q6_k_avx512(wb: &[u8], out: &mut [u8]) {
+    assert!(wb.len() >= Q6_K_BYTES && out.len() >= WQ6K_BLOCK);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let two_bits = _mm256_set1_epi8(0x30);
+    for half in 0..2 {
+        // SAFETY: ql is bytes 0..128 and qh 128..192 of the 210-byte block, the quants
+        // bytes 0..256 of `out` (both asserted).
+        unsafe {
+            let at = |o: usize| _mm256_loadu_si256(wb.as_ptr().add(o) as *const _);
+            let ql0 = at(q6_k::QL + 64 * half);
+            let ql1 = at(q6_k::QL + 64 * half + 32);
+            let h = at(q6_k::QH + 32 * half);
+            // Quant k of lane l: a nibble of ql[l] or ql[l + 32], and bits 2k, 2k + 1 of
+            // qh[l] as its bits 4 and 5 (16-bit shifts, then masks keep each byte's own).
+            let quants = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, low4),
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(h), two_bits),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, low4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(h), two_bits),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4),
+                    _mm256_and_si256(h, two_bits),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(h), two_bits),
+                ),
+            ];
+            for (k, pair) in quants.chunks_exact(2).enumerate() {
+                let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(pair[0]), pair[1]);
+                let o = 128 * half + 64 * k;
+                _mm512_storeu_si512(out.as_mut_ptr().add(o) as *mut _, v);
+                // Sub-block g = o / 32: its lane quad l is dword 8g + l of the corrections.
+                let corr =
+                    _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(quad_sums(v)));
+                _mm512_storeu_si512(
+                    out.as_mut_ptr().add(WQ6K_CORR + 4 * (o / 4)) as *mut _,
+                    corr,
+                );
+            }
+        }
+    }
+    let sc: [i16; 16] = std::array::from_fn(|j| wb[q6_k::SCALES + j] as i8 as i16);
+    for j in 0..16 {
+        // High word zero: `vpdpwssd` multiplies both words of each dword, and the
+        // lane integer's high word is its sign extension.
+        put_pair(out, WQ6K_SC + 4 * j, sc[j], 0);
+    }
+    for l in 0..8 {
+        put_pair(
+            out,
+            WQ6K_BSUMS + 4 * l,
+            -32 * sc[2 * l],
+            -32 * sc[2 * l + 1],
+        );
+    }
+    put_f32(out, WQ6K_D, read_f16(wb, q6_k::D));
 }
 
 /// [`unpack_rows`] for Q4_0 / Q5_0 / Q8_0: per block the 32 quants as signed bytes
@@ -881,5 +1022,58 @@ unsafe fn q6_k_tile<const R: usize>(
     for r in 0..R {
         // SAFETY: `out[r]` is sixteen f32.
         unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), lanes_sum(&acc[r])) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SplitMix64 bytes.
+    fn bytes(seed: u64, n: usize) -> Vec<u8> {
+        let mut state = seed;
+        (0..n)
+            .map(|_| {
+                state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                (z ^ (z >> 31)) as u8
+            })
+            .collect()
+    }
+
+    /// Random blocks with finite f16 scales (the unpackers copy them as they are).
+    fn blocks(seed: u64, block: usize, scale_at: &[usize]) -> Vec<Vec<u8>> {
+        (0..64)
+            .map(|i| {
+                let mut b = bytes(seed + i, block);
+                for &at in scale_at {
+                    b[at..at + 2].copy_from_slice(&0x3c00u16.wrapping_add(i as u16).to_le_bytes());
+                }
+                b
+            })
+            .collect()
+    }
+
+    #[test]
+    fn simd_unpack_is_its_scalar_twin() {
+        if !available() {
+            return;
+        }
+        for wb in blocks(1, Q4_K_BYTES, &[0, q4_k::DMIN]) {
+            let (mut a, mut b) = (vec![0u8; WQ4K_BLOCK], vec![0u8; WQ4K_BLOCK]);
+            unpack_q4_k(&wb, &mut a);
+            // SAFETY: `available` checked the features.
+            unsafe { unpack_q4_k_avx512(&wb, &mut b) };
+            assert_eq!(a, b, "Q4_K");
+        }
+        for wb in blocks(2, Q6_K_BYTES, &[q6_k::D]) {
+            let (mut a, mut b) = (vec![0u8; WQ6K_BLOCK], vec![0u8; WQ6K_BLOCK]);
+            unpack_q6_k(&wb, &mut a);
+            // SAFETY: as above.
+            unsafe { unpack_q6_k_avx512(&wb, &mut b) };
+            assert_eq!(a, b, "Q6_K");
+        }
     }
 }

@@ -1,0 +1,57 @@
+//! Criterion benchmarks of a batched decode step's matmul: 1, 2, 4, 8 and 16 tokens
+//! (one per sequence) through `matmul_pool` on two threads, as a serving step or a draft
+//! verification runs it (narrow tiles for the block-32 formats, four-token kernels for
+//! the K formats), reported as GB/s of weight bytes read per step — the step streams
+//! every weight once, so the ideal is the one-token rate at any width.
+//!
+//! Shapes are Gemma 3 270M's: the tied Q8_0 LM head [640, 262144] (178 MB, streamed
+//! from memory), a Q5_0 and a Q4_0 FFN projection (640 → 2048) and a Q4_K / Q6_K down
+//! projection (2048 → 640). Run: `cargo bench -p nx-benches --bench batched` (a filter
+//! such as `Q8_0` narrows it; `NX_TIER=avx2` for the lower tier).
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use nx_benches::{values, weights};
+use nx_lazy_weight::{matmul_pool, GgmlType, LazyWeight, QuantizedActs};
+use nx_syscalls::ThreadPool;
+
+const WIDTHS: [usize; 5] = [1, 2, 4, 8, 16];
+
+fn bench_batched(c: &mut Criterion) {
+    // (weight type, K = row length, N = rows)
+    let cases = [
+        (GgmlType::Q8_0, 640, 262_144),
+        (GgmlType::Q5_0, 640, 2048),
+        (GgmlType::Q4_0, 640, 2048),
+        (GgmlType::Q4_K, 2048, 640),
+        (GgmlType::Q6_K, 2048, 640),
+    ];
+    let pool = ThreadPool::new(2);
+    for (ty, row_len, n_rows) in cases {
+        let bytes = weights(ty, row_len, n_rows);
+        let w = LazyWeight::from_parts(ty, &[row_len as u64, n_rows as u64], &bytes).unwrap();
+        let mut group = c.benchmark_group(format!("batched/{}/{row_len}x{n_rows}", ty.name()));
+        group.throughput(Throughput::Bytes(bytes.len() as u64));
+        if bytes.len() > 64 << 20 {
+            group.sample_size(10);
+            group.measurement_time(Duration::from_secs(4));
+        }
+        for n_tokens in WIDTHS {
+            let x = values(7, n_tokens * row_len, 1.0);
+            let mut y = vec![0f32; n_tokens * n_rows];
+            let mut scratch = QuantizedActs::new();
+            group.bench_function(BenchmarkId::from_parameter(n_tokens), |b| {
+                b.iter(|| {
+                    matmul_pool(&w, black_box(&x), n_tokens, &mut y, &mut scratch, &pool).unwrap();
+                    black_box(&y);
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, bench_batched);
+criterion_main!(benches);
