@@ -1,6 +1,6 @@
-//! Narrow token tiles: 2 to 16 tokens (padded to a power of two) per 512-bit register,
-//! for batched decode steps and draft verification, where too few tokens fill a
-//! sixteen-token tile of [`crate::tiled`].
+//! Narrow token tiles: 2 to 16 tokens, as one or two tiles of 2, 4 or 8 (padded to a
+//! power of two) per 512-bit register, for batched decode steps and draft verification,
+//! where too few tokens fill a sixteen-token tile of [`crate::tiled`].
 //!
 //! The wide tiles give a register one lane of sixteen tokens. With `T` tokens a
 //! register holds `16 / T` lanes of `T` tokens each, so one `vpdpbusd` still forms
@@ -35,15 +35,32 @@ fn block_bytes(width: usize) -> usize {
     2 * (width / 2) * 64 + 64
 }
 
+/// Widest tile built: sixteen tokens would need 32 accumulator registers for a pair of
+/// rows and spill, so 9 to 16 tokens are two tiles of at most eight (measured by
+/// `benches/batched`: two passes of eight beat one of sixteen for every format).
+const MAX_WIDTH: usize = 8;
+
+/// One tile of a [`NarrowTiles`]: its width `T`, real tokens and bytes in `data`.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tile {
+    width: usize,
+    n_tokens: usize,
+    /// Offset of its first block in `NarrowTiles::data`.
+    at: usize,
+}
+
 /// The quantized Q8_0 activations of up to sixteen tokens, laid out for the narrow
-/// kernels (see the module docs): token `t`, lane `l` sits in register `l / (16 / T)`,
-/// element `(l % (16 / T))·T + t`.
+/// kernels (see the module docs) as one or two tiles of at most [`MAX_WIDTH`] tokens:
+/// in a tile of `T`, token `t`, lane `l` sits in register `l / (16 / T)`, element
+/// `(l % (16 / T))·T + t`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct NarrowTiles {
     data: Vec<u8>,
-    /// Tokens per tile `T` (2, 4, 8 or 16); 0 when empty.
-    width: usize,
-    /// Real tokens (the rest of the tile is padding, whose outputs are never written).
+    /// The tiles in token order (`n_tiles` of them hold tokens).
+    tiles: [Tile; 2],
+    n_tiles: usize,
+    /// Real tokens in all (the rest of each tile is padding, whose outputs are never
+    /// written).
     n_tokens: usize,
     /// First token these tiles hold, counted in the activation rows.
     first: usize,
@@ -62,7 +79,7 @@ impl NarrowTiles {
 
     /// Forgets the contents (keeps the buffer).
     pub(crate) fn clear(&mut self) {
-        self.width = 0;
+        self.n_tiles = 0;
         self.n_tokens = 0;
         self.first = 0;
     }
@@ -79,40 +96,60 @@ impl NarrowTiles {
         {
             return;
         }
-        let width = count.next_power_of_two();
         let n_blocks = row_bytes / Q8_0_BYTES;
-        let bb = block_bytes(width);
-        let nreg = width / 2;
-        let per_reg = 16 / width;
+        // Eight tokens, then the rest (one left over is padded to a tile of two).
+        let counts = [count.min(MAX_WIDTH), count.saturating_sub(MAX_WIDTH)];
         self.data.clear();
-        self.data.resize(n_blocks * bb, 0);
-        for (b, out) in self.data.chunks_exact_mut(bb).enumerate() {
-            for t in 0..width {
-                // Padding tokens: zero quants (their correction is 0) and scale 0.
-                let (quads, dx) = if t < count {
-                    let at = (first + t) * row_bytes + b * Q8_0_BYTES;
-                    let xb = &rows[at..at + Q8_0_BYTES];
-                    (&xb[2..], f16_to_f32(u16::from_le_bytes([xb[0], xb[1]])))
-                } else {
-                    (&[0u8; 32][..], 0.0)
-                };
-                for l in 0..8 {
-                    let e = (l / per_reg) * 16 + (l % per_reg) * width + t;
-                    let quad = &quads[4 * l..4 * l + 4];
-                    out[4 * e..4 * e + 4].copy_from_slice(quad);
-                    let sum: i32 = quad.iter().map(|&q| q as i8 as i32).sum();
-                    let corr = 4 * (nreg * 16 + e);
-                    out[corr..corr + 4].copy_from_slice(&(-128 * sum).to_le_bytes());
-                }
-                for k in 0..per_reg {
-                    let at = 2 * nreg * 64 + 4 * (k * width + t);
-                    out[at..at + 4].copy_from_slice(&dx.to_le_bytes());
-                }
-            }
+        let mut token = first;
+        for (i, &c) in counts.iter().enumerate().filter(|(_, &c)| c > 0) {
+            let width = c.next_power_of_two().max(2);
+            let at = self.data.len();
+            self.data.resize(at + n_blocks * block_bytes(width), 0);
+            lay_out(&mut self.data[at..], rows, token, c, width, row_bytes);
+            self.tiles[i] = Tile {
+                width,
+                n_tokens: c,
+                at,
+            };
+            self.n_tiles = i + 1;
+            token += c;
         }
-        self.width = width;
         self.n_tokens = count;
         self.first = first;
+    }
+}
+
+/// One tile of `width` tokens: rows `first..first + count` of `rows` into `out` (zeroed,
+/// `n_blocks` tile blocks), padding tokens left zero (zero quants, correction and scale).
+fn lay_out(
+    out: &mut [u8],
+    rows: &[u8],
+    first: usize,
+    count: usize,
+    width: usize,
+    row_bytes: usize,
+) {
+    let bb = block_bytes(width);
+    let nreg = width / 2;
+    let per_reg = 16 / width;
+    for (b, out) in out.chunks_exact_mut(bb).enumerate() {
+        for t in 0..count {
+            let at = (first + t) * row_bytes + b * Q8_0_BYTES;
+            let xb = &rows[at..at + Q8_0_BYTES];
+            let (quads, dx) = (&xb[2..], f16_to_f32(u16::from_le_bytes([xb[0], xb[1]])));
+            for l in 0..8 {
+                let e = (l / per_reg) * 16 + (l % per_reg) * width + t;
+                let quad = &quads[4 * l..4 * l + 4];
+                out[4 * e..4 * e + 4].copy_from_slice(quad);
+                let sum: i32 = quad.iter().map(|&q| q as i8 as i32).sum();
+                let corr = 4 * (nreg * 16 + e);
+                out[corr..corr + 4].copy_from_slice(&(-128 * sum).to_le_bytes());
+            }
+            for k in 0..per_reg {
+                let at = 2 * nreg * 64 + 4 * (k * width + t);
+                out[at..at + 4].copy_from_slice(&dx.to_le_bytes());
+            }
+        }
     }
 }
 
@@ -145,27 +182,44 @@ pub(crate) unsafe fn run(
     if tiles.n_tokens == 0 || w_rows.len() < row_bytes || row_bytes == 0 {
         return;
     }
-    let args = (w_rows, row_bytes, &tiles.data[..], tiles.n_tokens);
-    macro_rules! widths {
-        ($fmt:expr) => {
-            // SAFETY: the caller guarantees the CPU features and the output range;
-            // `w_rows` holds whole rows of the tiles' block count.
-            unsafe {
-                match tiles.width {
-                    2 => tile::<2, { $fmt }>(args, out_ptr, out_stride),
-                    4 => tile::<4, { $fmt }>(args, out_ptr, out_stride),
-                    8 => tile::<8, { $fmt }>(args, out_ptr, out_stride),
-                    _ => tile::<16, { $fmt }>(args, out_ptr, out_stride),
+    let mut t0 = 0;
+    for part in &tiles.tiles[..tiles.n_tiles] {
+        let data = &tiles.data[part.at..];
+        let n_blocks = row_bytes_blocks(weight_type, row_bytes);
+        let args = (
+            w_rows,
+            row_bytes,
+            &data[..n_blocks * block_bytes(part.width)],
+            part.n_tokens,
+        );
+        let out = out_ptr.wrapping_add(t0 * out_stride);
+        macro_rules! widths {
+            ($fmt:expr) => {
+                // SAFETY: the caller guarantees the CPU features and the output range
+                // (this tile's tokens start `t0` token rows in); `w_rows` holds whole
+                // rows of the tiles' block count.
+                unsafe {
+                    match part.width {
+                        2 => tile::<2, { $fmt }>(args, out, out_stride),
+                        4 => tile::<4, { $fmt }>(args, out, out_stride),
+                        _ => tile::<8, { $fmt }>(args, out, out_stride),
+                    }
                 }
-            }
-        };
+            };
+        }
+        match format_code(weight_type) {
+            Some(Q8_0) => widths!(Q8_0),
+            Some(Q4_0) => widths!(Q4_0),
+            Some(Q5_0) => widths!(Q5_0),
+            _ => {}
+        }
+        t0 += part.n_tokens;
     }
-    match format_code(weight_type) {
-        Some(Q8_0) => widths!(Q8_0),
-        Some(Q4_0) => widths!(Q4_0),
-        Some(Q5_0) => widths!(Q5_0),
-        _ => {}
-    }
+}
+
+/// Blocks of 32 quants in a weight row of `row_bytes` bytes of `weight_type`.
+fn row_bytes_blocks(weight_type: GgmlType, row_bytes: usize) -> usize {
+    format_code(weight_type).map_or(0, |f| row_bytes / block_bytes_of(f))
 }
 
 /// The weight lane that element `e` of register `i` takes in a tile of `width` tokens.
@@ -184,8 +238,7 @@ const fn lane_index(width: usize) -> [[i32; 16]; 8] {
     idx
 }
 
-static LANE_INDEX: [[[i32; 16]; 8]; 4] =
-    [lane_index(2), lane_index(4), lane_index(8), lane_index(16)];
+static LANE_INDEX: [[[i32; 16]; 8]; 3] = [lane_index(2), lane_index(4), lane_index(8)];
 
 /// One row's lane registers summed as the single-token kernels sum their eight lanes,
 /// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, for the `T` tokens: the result's first `T`
@@ -197,11 +250,6 @@ fn lanes_sum<const T: usize>(a: &[__m512; 8]) -> __m512 {
         let hi_256 = |v: __m512| _mm512_shuffle_f32x4::<0b11_10_11_10>(v, v);
         let hi_128 = |v: __m512| _mm512_shuffle_f32x4::<0b01_01_01_01>(v, v);
         match T {
-            // Register i holds lane i.
-            16 => _mm512_add_ps(
-                _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
-                _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
-            ),
             // Register i: lanes 2i, 2i+1 in its 256-bit halves.
             8 => {
                 let s = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
@@ -315,7 +363,15 @@ mod tests {
         }
         let mut tiles = NarrowTiles::default();
         tiles.build(&rows, 0, 3, Q8_0_BYTES);
-        assert_eq!((tiles.width, tiles.n_tokens, tiles.first), (4, 3, 0));
+        assert_eq!(
+            (
+                tiles.n_tiles,
+                tiles.tiles[0].width,
+                tiles.n_tokens,
+                tiles.first
+            ),
+            (1, 4, 3, 0)
+        );
         let d = &tiles.data;
         let dword = |e: usize| &d[4 * e..4 * e + 4];
         // Register 1 holds lanes 4..8; lane 5 of token 2 is element 16 + 1·4 + 2.
