@@ -89,7 +89,7 @@ pub fn prepare(model: &Model) -> Result<PlanReport> {
         }
     }
     let mut probe = KernelPlan::default_rules(tier);
-    if probe.apply_spec(&spec).context("NX_PLAN")? {
+    if probe.apply_spec(&spec)? {
         plan::install(probe.clone())?;
         return Ok(PlanReport {
             plan: probe,
@@ -124,7 +124,7 @@ pub fn prepare(model: &Model) -> Result<PlanReport> {
             (t.plan, source)
         }
     };
-    tuned.apply_spec(&spec).context("NX_PLAN")?;
+    tuned.apply_spec(&spec)?;
     let plan = merged_with_active(tuned)?;
     plan::install(plan.clone())?;
     Ok(PlanReport {

@@ -166,6 +166,10 @@ pub enum PlanError {
 pub struct KernelPlan {
     tier: CpuTier,
     chosen: Vec<(GgmlType, FormatPlan)>,
+    /// The default rules' kernels of every planned format at `tier`, worked out once:
+    /// [`KernelPlan::get`] runs on every matmul, and the candidate lists (with their
+    /// CPU feature checks) cost allocations there.
+    defaults: Vec<(GgmlType, FormatPlan)>,
 }
 
 /// True when this process may run kernels of `tier`: the scalar ones always, the active
@@ -287,6 +291,19 @@ pub fn planned_formats() -> impl Iterator<Item = GgmlType> {
         .filter(|&t| dot_scalar::dot_kernel(t).is_some())
 }
 
+/// The default rules' kernels of `ty` at `tier`: the first candidate of each role.
+fn default_kernels(tier: CpuTier, ty: GgmlType) -> FormatPlan {
+    let decode = decode_candidates(tier, ty)
+        .first()
+        .copied()
+        .unwrap_or(DecodeKernel::Rows1(CpuTier::Scalar));
+    let prefill = prefill_candidates(tier, ty)
+        .first()
+        .copied()
+        .unwrap_or(PrefillKernel::PerToken);
+    FormatPlan { decode, prefill }
+}
+
 /// True for the formats whose activations are Q8_K, which share one set of tiles.
 fn shares_k_tiles(ty: GgmlType) -> bool {
     vec_dot_type(ty) == Some(GgmlType::Q8_K)
@@ -300,6 +317,9 @@ impl KernelPlan {
         KernelPlan {
             tier,
             chosen: Vec::new(),
+            defaults: planned_formats()
+                .map(|ty| (ty, default_kernels(tier, ty)))
+                .collect(),
         }
     }
 
@@ -310,18 +330,11 @@ impl KernelPlan {
 
     /// The kernels of `ty` (the default rules unless chosen).
     pub fn get(&self, ty: GgmlType) -> FormatPlan {
-        if let Some((_, p)) = self.chosen.iter().find(|(t, _)| *t == ty) {
-            return *p;
+        let mut known = self.chosen.iter().chain(&self.defaults);
+        match known.find(|(t, _)| *t == ty) {
+            Some((_, p)) => *p,
+            None => default_kernels(self.tier, ty),
         }
-        let decode = decode_candidates(self.tier, ty)
-            .first()
-            .copied()
-            .unwrap_or(DecodeKernel::Rows1(CpuTier::Scalar));
-        let prefill = prefill_candidates(self.tier, ty)
-            .first()
-            .copied()
-            .unwrap_or(PrefillKernel::PerToken);
-        FormatPlan { decode, prefill }
     }
 
     /// The formats chosen explicitly, with their kernels.
@@ -485,7 +498,9 @@ fn known_names(role: Role) -> Vec<String> {
     match role {
         Role::Decode => tiers
             .iter()
-            .flat_map(|&t| [DecodeKernel::Rows1(t), DecodeKernel::Rows4(t)])
+            .map(|&t| DecodeKernel::Rows1(t))
+            // AVX-512 VNNI is the only tier with four-row kernels.
+            .chain([DecodeKernel::Rows4(CpuTier::Avx512Vnni)])
             .map(DecodeKernel::name)
             .collect(),
         Role::Prefill => [
