@@ -43,6 +43,12 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     /// The row as f32: the row itself for f32 storage, else widened into `buf`
     /// (`buf.len() >= row.len()`).
     fn row_f32<'a>(row: &'a [Self], buf: &'a mut [f32]) -> &'a [f32];
+    /// The row as f16 when that is the storage (so SIMD code can widen it in
+    /// registers), else `None`.
+    #[inline(always)]
+    fn as_f16(_row: &[Self]) -> Option<&[f16]> {
+        None
+    }
 }
 
 impl KvElem for f32 {
@@ -76,6 +82,10 @@ impl KvElem for f16 {
         let buf = &mut buf[..row.len()];
         crate::f16_to_f32_row(row, buf);
         buf
+    }
+    #[inline(always)]
+    fn as_f16(row: &[Self]) -> Option<&[f16]> {
+        Some(row)
     }
 }
 
