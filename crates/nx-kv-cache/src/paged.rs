@@ -594,6 +594,50 @@ impl PagedKv {
         v_dst: &mut [f32],
     ) -> Result<(), KvError> {
         let w = self.layer_widths(layer)?;
+        self.check_gather(table, layer, &rows, (k_dst.len(), v_dst.len()))?;
+        let first = rows.start;
+        self.walk_runs(table, layer, rows, |ks, vs, run| {
+            let (d0, nr) = (run.start - first, run.len());
+            crate::segments::rows_to_f32(ks, 0..nr, &mut k_dst[d0 * w.k..(d0 + nr) * w.k]);
+            crate::segments::rows_to_f32(vs, 0..nr, &mut v_dst[d0 * w.v..(d0 + nr) * w.v]);
+        })
+    }
+
+    /// Copies rows `rows` of `layer` from `table`'s blocks into `k_dst` / `v_dst` as they
+    /// are stored (f16 storage only: a single-token query reads each row once, so
+    /// widening it beforehand would only add a pass).
+    pub fn gather_f16(
+        &self,
+        table: &BlockTable,
+        layer: usize,
+        rows: Range<usize>,
+        k_dst: &mut [f16],
+        v_dst: &mut [f16],
+    ) -> Result<(), KvError> {
+        if self.dtype() != KvDtype::F16 {
+            return Err(KvError::InvalidShape("f16 gather from an f32 cache"));
+        }
+        let w = self.layer_widths(layer)?;
+        self.check_gather(table, layer, &rows, (k_dst.len(), v_dst.len()))?;
+        let first = rows.start;
+        self.walk_runs(table, layer, rows, |ks, vs, run| {
+            let (d0, nr) = (run.start - first, run.len());
+            if let (KvRows::F16 { data: kd, .. }, KvRows::F16 { data: vd, .. }) = (ks, vs) {
+                k_dst[d0 * w.k..(d0 + nr) * w.k].copy_from_slice(kd);
+                v_dst[d0 * w.v..(d0 + nr) * w.v].copy_from_slice(vd);
+            }
+        })
+    }
+
+    /// Checks a gather of `rows` into destinations of `dst_lens` values (K, V).
+    fn check_gather(
+        &self,
+        table: &BlockTable,
+        layer: usize,
+        rows: &Range<usize>,
+        dst_lens: (usize, usize),
+    ) -> Result<(), KvError> {
+        let w = self.layer_widths(layer)?;
         let capacity = table.blocks.len() * self.block_size;
         if rows.start > rows.end || rows.end > capacity {
             return Err(KvError::NotWritten {
@@ -602,19 +646,29 @@ impl PagedKv {
                 written: capacity,
             });
         }
-        if k_dst.len() != rows.len() * w.k || v_dst.len() != rows.len() * w.v {
+        if dst_lens != (rows.len() * w.k, rows.len() * w.v) {
             return Err(KvError::InvalidShape(
                 "gather destination has the wrong length",
             ));
         }
+        Ok(())
+    }
+
+    /// Calls `copy` with the stored K and V rows of each run of `rows` that lies in one
+    /// block of `table` (rows checked by [`Self::check_gather`]), in order.
+    fn walk_runs(
+        &self,
+        table: &BlockTable,
+        layer: usize,
+        rows: Range<usize>,
+        mut copy: impl FnMut(KvRows<'_>, KvRows<'_>, Range<usize>),
+    ) -> Result<(), KvError> {
+        let w = self.layer_widths(layer)?;
         let bs = self.block_size;
-        let first = rows.start;
         for (b, run) in runs(rows, bs) {
             let id = table.blocks[b] as usize;
             let slot0 = id * bs + (run.start - b * bs);
-            let (d0, nr) = (run.start - first, run.len());
-            let kd = &mut k_dst[d0 * w.k..(d0 + nr) * w.k];
-            let vd = &mut v_dst[d0 * w.v..(d0 + nr) * w.v];
+            let nr = run.len();
             let (ks, vs) = match &self.layers[layer] {
                 Storage::F16 { k, v } => (
                     KvRows::F16 {
@@ -637,8 +691,7 @@ impl PagedKv {
                     },
                 ),
             };
-            crate::segments::rows_to_f32(ks, 0..nr, kd);
-            crate::segments::rows_to_f32(vs, 0..nr, vd);
+            copy(ks, vs, run);
         }
         Ok(())
     }
@@ -738,6 +791,18 @@ impl KvSegments for PagedBatch<'_> {
     ) -> Result<(), KvError> {
         self.pool
             .gather_f32(self.table(seg)?, layer, rows, k_dst, v_dst)
+    }
+
+    fn gather_f16(
+        &self,
+        seg: usize,
+        layer: usize,
+        rows: Range<usize>,
+        k_dst: &mut [f16],
+        v_dst: &mut [f16],
+    ) -> Result<(), KvError> {
+        self.pool
+            .gather_f16(self.table(seg)?, layer, rows, k_dst, v_dst)
     }
 
     fn commit(&mut self, seg: usize, n_new: usize) -> Result<(), KvError> {

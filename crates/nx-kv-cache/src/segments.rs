@@ -54,6 +54,16 @@ pub trait KvSegments {
         k_dst: &mut [f32],
         v_dst: &mut [f32],
     ) -> Result<(), KvError>;
+    /// Copies rows `rows` of `layer` into `k_dst` / `v_dst` as stored, for f16 storage
+    /// (an error for f32 storage), `rows.len()` rows of the layer's widths each.
+    fn gather_f16(
+        &self,
+        seg: usize,
+        layer: usize,
+        rows: Range<usize>,
+        k_dst: &mut [f16],
+        v_dst: &mut [f16],
+    ) -> Result<(), KvError>;
     /// Commits `n_new` written positions of segment `seg`.
     fn commit(&mut self, seg: usize, n_new: usize) -> Result<(), KvError>;
     /// Forgets rows written past the committed ones (after a failed forward pass).
@@ -142,6 +152,33 @@ impl KvSegments for KvCache {
                 "gather destination has the wrong length",
             ));
         }
+        Ok(())
+    }
+
+    fn gather_f16(
+        &self,
+        seg: usize,
+        layer: usize,
+        rows: Range<usize>,
+        k_dst: &mut [f16],
+        v_dst: &mut [f16],
+    ) -> Result<(), KvError> {
+        only_segment_zero(seg)?;
+        let (k, v) = self.layer_rows(layer, rows.end)?;
+        let (KvRows::F16 { data: kd, width: kw }, KvRows::F16 { data: vd, width: vw }) = (k, v)
+        else {
+            return Err(KvError::InvalidShape("f16 gather from an f32 cache"));
+        };
+        if rows.start > rows.end
+            || k_dst.len() != rows.len() * kw
+            || v_dst.len() != rows.len() * vw
+        {
+            return Err(KvError::InvalidShape(
+                "gather destination has the wrong length",
+            ));
+        }
+        k_dst.copy_from_slice(&kd[rows.start * kw..rows.end * kw]);
+        v_dst.copy_from_slice(&vd[rows.start * vw..rows.end * vw]);
         Ok(())
     }
 

@@ -128,12 +128,22 @@ pub struct BlockScratch {
     up: Vec<f32>,     // [n, n_ff]
     /// One attention scratch (probabilities and value lanes) per pool thread.
     probs: Vec<Vec<f32>>,
-    /// A prefill chunk's f16 K and V cache rows widened to f32.
-    widened_k: Vec<f32>,
-    widened_v: Vec<f32>,
+    /// Cache rows gathered for attention (see [`segment_views`]).
+    gathered: GatheredRows,
     projector: Projector,
     moe: MoeScratch,
     rope: Option<(RopeKey, RopeTable)>,
+}
+
+/// Cache rows copied out of non-contiguous (paged) storage for one layer's attention:
+/// widened to f32 where several queries of a segment share each row (a prefill chunk),
+/// as stored where one query reads each row once (a decode step of an f16 cache).
+#[derive(Debug, Default)]
+struct GatheredRows {
+    k32: Vec<f32>,
+    v32: Vec<f32>,
+    k16: Vec<f16>,
+    v16: Vec<f16>,
 }
 
 /// What a cached RoPE table was built for: rotated width, the bits of the base,
@@ -243,7 +253,7 @@ pub fn forward_batch(
     }
     write_cache_rows(cfg, layer, segs, k, v, kv)?;
     let attn = sized(&mut s.attn, n * attn_dim); // [n, n_head · value_dim]
-    let views = segment_views(cfg, layer, segs, &*kv, &mut s.widened_k, &mut s.widened_v)?;
+    let views = segment_views(cfg, layer, segs, &*kv, &mut s.gathered)?;
     let probs = attention_scratch(cfg, segs, &mut s.probs, pool);
     attend_batch(cfg, layer, &views, segs, q, attn, probs, pool)?;
     drop(views);
@@ -506,9 +516,9 @@ impl<'a, T: KvElem> CacheRows<'a, T> {
     }
 }
 
-/// One segment's cache rows for attention: borrowed f16 rows (a decode step over a
-/// contiguous f16 cache), or f32 rows (an f32 cache, or rows gathered and widened once
-/// for the step, keeping the f16 rounding).
+/// One segment's cache rows for attention: f16 rows (a decode step over an f16 cache,
+/// borrowed or gathered from its blocks), or f32 rows (an f32 cache, or rows gathered
+/// and widened once for a prefill chunk, keeping the f16 rounding).
 enum SegmentRows<'a> {
     F16(CacheRows<'a, f16>),
     F32(CacheRows<'a, f32>),
@@ -563,82 +573,148 @@ fn apply_rope(
     Ok(())
 }
 
+/// Where one segment's rows come from in [`segment_views`].
+#[derive(Clone, Copy, PartialEq)]
+enum RowSource {
+    /// Borrowed from contiguous storage.
+    Direct,
+    /// Copied as stored (f16), from this first row.
+    Stored(usize),
+    /// Copied and widened to f32, from this first row.
+    Widened(usize),
+}
+
 /// The cache rows each segment's queries read in `layer`: borrowed where the storage is
-/// contiguous and no widening pays, otherwise gathered (and widened) into `wide_k` /
-/// `wide_v`, from the first row any of the segment's queries sees.
+/// contiguous and no widening pays, otherwise gathered into `gathered` from the first
+/// row any of the segment's queries sees (widened to f32 when several queries share the
+/// rows, as stored when one query reads each once).
 fn segment_views<'a>(
     cfg: &LayerConfig,
     layer: usize,
     segs: &[Segment],
     kv: &'a dyn KvSegments,
-    wide_k: &'a mut Vec<f32>,
-    wide_v: &'a mut Vec<f32>,
+    gathered: &'a mut GatheredRows,
 ) -> Result<Vec<SegmentRows<'a>>, BlockError> {
     let (k_dim, v_dim) = (cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.value_dim);
-    let precision = match kv.dtype() {
-        KvDtype::F16 => KvPrecision::F16,
-        KvDtype::F32 => KvPrecision::F32,
+    let f16_storage = kv.dtype() == KvDtype::F16;
+    let precision = if f16_storage {
+        KvPrecision::F16
+    } else {
+        KvPrecision::F32
     };
-    // Which segments read borrowed rows; the rest are gathered from `first_row`.
-    let first_rows: Vec<Option<usize>> = segs
+    let sources: Vec<RowSource> = segs
         .iter()
         .enumerate()
         .map(|(i, g)| {
             let end = g.pos + g.n;
-            let direct =
-                kv.contiguous(i, layer, end).is_some() && (kv.dtype() == KvDtype::F32 || g.n == 1);
+            let one_query = g.n == 1;
+            if kv.contiguous(i, layer, end).is_some() && (!f16_storage || one_query) {
+                return RowSource::Direct;
+            }
             let first = match cfg.window {
                 Some(wnd) => (g.pos + 1).saturating_sub(wnd),
                 None => 0,
             };
-            (!direct).then_some(first)
+            if f16_storage && one_query {
+                RowSource::Stored(first)
+            } else {
+                RowSource::Widened(first)
+            }
         })
         .collect();
-    let gathered_rows = |i: usize| first_rows[i].map_or(0, |f| segs[i].pos + segs[i].n - f);
-    let total: usize = (0..segs.len()).map(gathered_rows).sum();
-    let mut k_rest = sized(wide_k, total * k_dim);
-    let mut v_rest = sized(wide_v, total * v_dim);
+    let rows_of = |want: fn(RowSource) -> Option<usize>| -> usize {
+        segs.iter()
+            .zip(&sources)
+            .filter_map(|(g, &src)| want(src).map(|first| g.pos + g.n - first))
+            .sum()
+    };
+    let stored = |s: RowSource| match s {
+        RowSource::Stored(f) => Some(f),
+        _ => None,
+    };
+    let widened = |s: RowSource| match s {
+        RowSource::Widened(f) => Some(f),
+        _ => None,
+    };
+    let (n_stored, n_widened) = (rows_of(stored), rows_of(widened));
+    let mut k32 = sized(&mut gathered.k32, n_widened * k_dim);
+    let mut v32 = sized(&mut gathered.v32, n_widened * v_dim);
+    let mut k16 = sized_f16(&mut gathered.k16, n_stored * k_dim);
+    let mut v16 = sized_f16(&mut gathered.v16, n_stored * v_dim);
     let mut views = Vec::with_capacity(segs.len());
-    for (i, g) in segs.iter().enumerate() {
+    for (i, (g, &src)) in segs.iter().zip(&sources).enumerate() {
         let end = g.pos + g.n;
-        let Some(first) = first_rows[i] else {
-            let (keys, values) = kv
-                .contiguous(i, layer, end)
-                .ok_or_else(|| bad_view(layer, "contiguous cache rows"))?;
-            views.push(match (keys, values) {
-                (KvRows::F16 { data: kd, .. }, KvRows::F16 { data: vd, .. }) => {
-                    SegmentRows::F16(CacheRows {
-                        keys: kd,
-                        values: vd,
-                        first_row: 0,
-                        precision: KvPrecision::F16,
-                    })
-                }
-                (KvRows::F32 { data: kd, .. }, KvRows::F32 { data: vd, .. }) => {
-                    SegmentRows::F32(CacheRows {
-                        keys: kd,
-                        values: vd,
-                        first_row: 0,
-                        precision: KvPrecision::F32,
-                    })
-                }
-                _ => return Err(bad_view(layer, "mixed K/V storage types")),
-            });
-            continue;
+        let view = match src {
+            RowSource::Direct => direct_view(kv, i, layer, end)?,
+            RowSource::Stored(first) => {
+                let rows = end - first;
+                let (kh, kt) = std::mem::take(&mut k16).split_at_mut(rows * k_dim);
+                let (vh, vt) = std::mem::take(&mut v16).split_at_mut(rows * v_dim);
+                (k16, v16) = (kt, vt);
+                kv.gather_f16(i, layer, first..end, kh, vh)?;
+                SegmentRows::F16(CacheRows {
+                    keys: kh,
+                    values: vh,
+                    first_row: first,
+                    precision,
+                })
+            }
+            RowSource::Widened(first) => {
+                let rows = end - first;
+                let (kh, kt) = std::mem::take(&mut k32).split_at_mut(rows * k_dim);
+                let (vh, vt) = std::mem::take(&mut v32).split_at_mut(rows * v_dim);
+                (k32, v32) = (kt, vt);
+                kv.gather_f32(i, layer, first..end, kh, vh)?;
+                SegmentRows::F32(CacheRows {
+                    keys: kh,
+                    values: vh,
+                    first_row: first,
+                    precision,
+                })
+            }
         };
-        let rows = end - first;
-        let (kh, kt) = std::mem::take(&mut k_rest).split_at_mut(rows * k_dim);
-        let (vh, vt) = std::mem::take(&mut v_rest).split_at_mut(rows * v_dim);
-        (k_rest, v_rest) = (kt, vt);
-        kv.gather_f32(i, layer, first..end, kh, vh)?;
-        views.push(SegmentRows::F32(CacheRows {
-            keys: kh,
-            values: vh,
-            first_row: first,
-            precision,
-        }));
+        views.push(view);
     }
     Ok(views)
+}
+
+/// Segment `seg`'s rows `0..end` of `layer`, borrowed from contiguous storage.
+fn direct_view<'a>(
+    kv: &'a dyn KvSegments,
+    seg: usize,
+    layer: usize,
+    end: usize,
+) -> Result<SegmentRows<'a>, BlockError> {
+    let (keys, values) = kv
+        .contiguous(seg, layer, end)
+        .ok_or_else(|| bad_view(layer, "contiguous cache rows"))?;
+    match (keys, values) {
+        (KvRows::F16 { data: kd, .. }, KvRows::F16 { data: vd, .. }) => {
+            Ok(SegmentRows::F16(CacheRows {
+                keys: kd,
+                values: vd,
+                first_row: 0,
+                precision: KvPrecision::F16,
+            }))
+        }
+        (KvRows::F32 { data: kd, .. }, KvRows::F32 { data: vd, .. }) => {
+            Ok(SegmentRows::F32(CacheRows {
+                keys: kd,
+                values: vd,
+                first_row: 0,
+                precision: KvPrecision::F32,
+            }))
+        }
+        _ => Err(bad_view(layer, "mixed K/V storage types")),
+    }
+}
+
+/// [`sized`] for f16 buffers.
+fn sized_f16(buf: &mut Vec<f16>, len: usize) -> &mut [f16] {
+    if buf.len() < len {
+        buf.resize(len, f16::ZERO);
+    }
+    &mut buf[..len]
 }
 
 /// One attention scratch (probabilities and value lanes) per thread that will run, sized
