@@ -431,7 +431,8 @@ impl Model {
     ) -> Result<(), StackError> {
         let c = &self.config;
         self.check_batch(items, &*kv)?;
-        logits.clear();
+        // Not cleared: the LM head overwrites every value, and resizing an emptied buffer
+        // would zero megabytes per step first (n_vocab floats a row).
         let segs: Vec<Segment> = items
             .iter()
             .map(|it| Segment {
@@ -441,6 +442,7 @@ impl Model {
             .collect();
         let n: usize = segs.iter().map(|g| g.n).sum();
         if n == 0 {
+            logits.clear();
             return Ok(());
         }
         let tokens = items.iter().flat_map(|it| it.tokens.iter().copied());
@@ -540,6 +542,7 @@ impl Model {
     ) -> Result<(), StackError> {
         let c = &self.config;
         if rows.is_empty() {
+            logits.clear();
             return Ok(());
         }
         let norm = self.vector(self.output_norm)?;
