@@ -165,13 +165,20 @@ impl KvSegments for KvCache {
     ) -> Result<(), KvError> {
         only_segment_zero(seg)?;
         let (k, v) = self.layer_rows(layer, rows.end)?;
-        let (KvRows::F16 { data: kd, width: kw }, KvRows::F16 { data: vd, width: vw }) = (k, v)
+        let (
+            KvRows::F16 {
+                data: kd,
+                width: kw,
+            },
+            KvRows::F16 {
+                data: vd,
+                width: vw,
+            },
+        ) = (k, v)
         else {
             return Err(KvError::InvalidShape("f16 gather from an f32 cache"));
         };
-        if rows.start > rows.end
-            || k_dst.len() != rows.len() * kw
-            || v_dst.len() != rows.len() * vw
+        if rows.start > rows.end || k_dst.len() != rows.len() * kw || v_dst.len() != rows.len() * vw
         {
             return Err(KvError::InvalidShape(
                 "gather destination has the wrong length",

@@ -26,7 +26,7 @@ use nx_gguf::GgmlType;
 use crate::block32_x86::{
     block_bytes as block_bytes_of, format_code, signed_quants, Q4_0, Q5_0, Q8_0,
 };
-use crate::formats::{f16_to_f32, Q8_0_BYTES};
+use crate::formats::{f16_to_f32, q5_0, read_u32, Q8_0_BYTES};
 
 /// Bytes of one 32-quant block of a narrow tile: the lane quads of every token
 /// (`T / 2` registers of 64 bytes), the lane corrections `−128·Σx` (as many again),
@@ -222,6 +222,44 @@ fn row_bytes_blocks(weight_type: GgmlType, row_bytes: usize) -> usize {
     format_code(weight_type).map_or(0, |f| row_bytes / block_bytes_of(f))
 }
 
+/// A weight block's 32 quants plus 128 as unsigned bytes (the signed quants of
+/// [`signed_quants`] with the sign bit flipped) and `d_w`, decoded with AVX-512 BW: the
+/// centring folds into the flip (Q4_0 `n + 120`, Q5_0 `n + 16·h + 112`) and Q5_0's fifth
+/// bits are one masked add.
+///
+/// # Safety
+/// The CPU has AVX-512 BW/VL and F16C; `wb` holds a whole block of `FMT` (asserted).
+#[inline(always)]
+unsafe fn unsigned_quants<const FMT: u8>(wb: &[u8]) -> (__m256i, f32) {
+    if FMT == Q8_0 {
+        // SAFETY: forwarded contract.
+        let (q, dw) = unsafe { signed_quants::<FMT>(wb) };
+        return (_mm256_xor_si256(q, _mm256_set1_epi8(0x80u8 as i8)), dw);
+    }
+    assert!(wb.len() >= block_bytes_of(FMT));
+    // SAFETY: every read is inside the block (asserted); the features per the contract.
+    unsafe {
+        let p = wb.as_ptr();
+        let bits = std::ptr::read_unaligned(p as *const u16);
+        let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
+        let qs_at = if FMT == Q5_0 { q5_0::QS } else { 2 };
+        let qs = _mm_loadu_si128(p.add(qs_at) as *const __m128i);
+        let low4 = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(qs, low4);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
+        let n = _mm256_set_m128i(hi, lo);
+        if FMT == Q4_0 {
+            return (_mm256_add_epi8(n, _mm256_set1_epi8(120)), dw);
+        }
+        let centred = _mm256_add_epi8(n, _mm256_set1_epi8(112));
+        let qh = read_u32(wb, q5_0::QH);
+        (
+            _mm256_mask_add_epi8(centred, qh, centred, _mm256_set1_epi8(16)),
+            dw,
+        )
+    }
+}
+
 /// The weight lane that element `e` of register `i` takes in a tile of `width` tokens.
 const fn lane_index(width: usize) -> [[i32; 16]; 8] {
     let mut idx = [[0i32; 16]; 8];
@@ -312,10 +350,9 @@ unsafe fn tile<const T: usize, const FMT: u8>(
                 crate::avx2::prefetch_ahead(row, b * wb_bytes);
                 // SAFETY: as above.
                 unsafe {
-                    let (quants, dw) = signed_quants::<FMT>(&row[b * wb_bytes..]);
                     // w + 128 as unsigned bytes: Σ(w+128)·x − 128·Σx = Σ w·x exactly.
-                    let flip = _mm256_set1_epi8(0x80u8 as i8);
-                    let wu = _mm512_castsi256_si512(_mm256_xor_si256(quants, flip));
+                    let (wu, dw) = unsigned_quants::<FMT>(&row[b * wb_bytes..]);
+                    let wu = _mm512_castsi256_si512(wu);
                     let d = _mm512_mul_ps(_mm512_set1_ps(dw), dx);
                     for i in 0..nreg {
                         let xq = _mm512_loadu_si512(xt.add(64 * i) as *const _);
