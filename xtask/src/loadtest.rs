@@ -1489,9 +1489,10 @@ pub fn doc_section(report: &Report) -> String {
            {ctx} positions as an nx sequence; everything else at its defaults: continuous \
            batching, flash attention `auto`, f16 KV cache, prompt cache on{repack}).\n\n\
          Peak RSS: `nx serve` sizes its KV pool by `--kv-memory` (256 MiB by default), not \
-         by slots × context, and currently zero-fills all of it at start-up, so its RSS is \
-         the mapped model plus that pool at every level; llama-server allocates KV for its \
-         `-c` positions (fewer on Gemma 3's sliding-window layers).\n\n\
+         by slots × context, and takes it from zeroed memory, so only blocks that have been \
+         written become resident: its RSS is the mapped model plus the blocks the level used; \
+         llama-server allocates KV for its `-c` positions (fewer on Gemma 3's sliding-window \
+         layers).\n\n\
          {errors}\n\
          ### Prefix cache\n\n\
          One more server per engine with one slot: {prefix_n} requests one after another, each \

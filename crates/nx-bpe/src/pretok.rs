@@ -358,17 +358,26 @@ fn split_llama3_rest(
         }
         n_ws += 1;
     }
-    if end_after_crlf > 0 {
-        pos = end_after_crlf;
-    } else if n_ws > 1 && pos + n_ws < hi {
-        pos += n_ws - 1;
-    } else if n_ws > 0 {
-        pos += n_ws;
+    pos = if end_after_crlf > 0 {
+        end_after_crlf
     } else {
-        pos += 1;
-    }
+        after_whitespace(pos, n_ws, hi)
+    };
     emit(start, pos);
     pos
+}
+
+/// Where `\s+(?!\S) | \s+` (or the single code point after no whitespace) ends for a
+/// run of `n_ws` whitespace code points at `pos`: a run followed by more text leaves its
+/// last space to the next word.
+fn after_whitespace(pos: usize, n_ws: usize, hi: usize) -> usize {
+    if n_ws > 1 && pos + n_ws < hi {
+        pos + n_ws - 1
+    } else if n_ws > 0 {
+        pos + n_ws
+    } else {
+        pos + 1
+    }
 }
 
 /// Han ideographs as the reference's Kimi-K2 splitter counts them (the CJK unified
@@ -463,13 +472,7 @@ fn split_gpt2(s: &SplitScratch, lo: usize, hi: usize, emit: &mut impl FnMut(usiz
         while s.class(pos + n_ws, hi) & WHITESPACE != 0 {
             n_ws += 1;
         }
-        if n_ws > 1 && pos + n_ws < hi {
-            pos += n_ws - 1;
-        } else if n_ws > 0 {
-            pos += n_ws;
-        } else {
-            pos += 1;
-        }
+        pos = after_whitespace(pos, n_ws, hi);
         emit(start, pos);
     }
 }
