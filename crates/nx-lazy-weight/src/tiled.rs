@@ -346,11 +346,23 @@ unsafe fn unpack_rows(
     };
     let stride = row_bytes / src * dst;
     out.resize(w_rows.len() / row_bytes * stride, 0);
-    for (row, dst_row) in w_rows
+    for (r, (row, dst_row)) in w_rows
         .chunks_exact(row_bytes)
         .zip(out.chunks_exact_mut(stride))
+        .enumerate()
     {
-        for (wb, ob) in row.chunks_exact(src).zip(dst_row.chunks_exact_mut(dst)) {
+        for (b, (wb, ob)) in row
+            .chunks_exact(src)
+            .zip(dst_row.chunks_exact_mut(dst))
+            .enumerate()
+        {
+            // The chunk's rows are read once, straight from the mapping, and the
+            // hardware prefetcher stops at every 4 KiB page: stream them ahead as
+            // decoding does (the loads took 84 % of this loop without it).
+            let at = r * row_bytes + b * src;
+            for line in (0..src).step_by(64) {
+                crate::avx2::prefetch_ahead(w_rows, at + line);
+            }
             unpack(wb, ob);
         }
     }
