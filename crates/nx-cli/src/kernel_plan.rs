@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use nx_lazy_weight::plan::{self, Timing};
-use nx_lazy_weight::{GgmlType, KernelPlan};
+use nx_lazy_weight::{GgmlType, KernelPlan, LazyWeight};
 use nx_llama_stack::Model;
 
 /// Where the plan in force came from.
@@ -52,7 +52,7 @@ fn fnv1a(text: &str) -> u64 {
 }
 
 /// The cache key of `model` on this machine, as readable text.
-fn cache_key(model: &Model, tier: nx_lazy_weight::CpuTier) -> String {
+fn cache_key(model: &Model, weights: &[LazyWeight<'_>], tier: nx_lazy_weight::CpuTier) -> String {
     let mut key = format!(
         "cpu: {}\nnx: {}\ntier: {tier}\namx: {}\nthreads: {}\n",
         cpu_model(),
@@ -60,8 +60,7 @@ fn cache_key(model: &Model, tier: nx_lazy_weight::CpuTier) -> String {
         std::env::var("NX_AMX").unwrap_or_default(),
         model.threads()
     );
-    let mut shapes: Vec<(GgmlType, usize, usize)> = model
-        .matmul_weights()
+    let mut shapes: Vec<(GgmlType, usize, usize)> = weights
         .iter()
         .map(|w| (w.ggml_type(), w.row_len(), w.n_rows()))
         .collect();
@@ -82,8 +81,10 @@ pub fn prepare(model: &Model) -> Result<PlanReport> {
         Some(rest) => (true, rest.trim_start_matches(',').to_string()),
         None => (false, spec),
     };
+    // Listed once: every tensor of the file is looked at to make it.
+    let weights = model.matmul_weights();
     let mut formats: Vec<GgmlType> = Vec::new();
-    for w in model.matmul_weights() {
+    for w in &weights {
         if !formats.contains(&w.ggml_type()) {
             formats.push(w.ggml_type());
         }
@@ -97,7 +98,7 @@ pub fn prepare(model: &Model) -> Result<PlanReport> {
             formats,
         });
     }
-    let key = cache_key(model, tier);
+    let key = cache_key(model, &weights, tier);
     let path = crate::run::cache_dir()
         .join("plans")
         .join(format!("{:016x}.plan", fnv1a(&key)));
@@ -109,7 +110,7 @@ pub fn prepare(model: &Model) -> Result<PlanReport> {
     let (mut tuned, source) = match cached {
         Some(plan) => (plan, PlanSource::Cached(path)),
         None => {
-            let t = plan::tune(&model.matmul_weights(), model.pool())?;
+            let t = plan::tune(&weights, model.pool())?;
             if let Err(e) = write_cached(&path, &key, &t.plan) {
                 eprintln!(
                     "nx: could not cache the kernel plan in {}: {e:#}",
