@@ -80,7 +80,7 @@ enum Command {
     /// verified against fixtures/synth/sha256.txt and reused when already present.
     Synth {
         /// Shape to generate (repeatable): a tiny shape, or the benchmark-sized
-        /// qwen2.5-0.5b, qwen2.5-1.5b.
+        /// qwen2.5-0.5b, qwen2.5-1.5b, qwen3moe-2b.
         #[arg(long = "shape", value_name = "NAME")]
         shapes: Vec<String>,
         /// Regenerate and record new digests in fixtures/synth/sha256.txt.
@@ -244,7 +244,10 @@ mod tests {
             (reps, quick, threads, no_build, spec),
             (3, false, 2, false, false)
         );
-        assert_eq!(models, ["default", "qwen2.5-0.5b", "qwen2.5-1.5b"]);
+        assert_eq!(
+            models,
+            ["default", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3moe-2b"]
+        );
         let cli =
             Cli::try_parse_from(["cargo xtask", "bench", "--quick", "--models", "a,b"]).unwrap();
         assert!(
