@@ -257,6 +257,21 @@ fn unpack_q4_k(wb: &[u8], out: &mut [u8]) {
             out[64 * chunk + 32 + l] = q >> 4;
         }
     }
+    let sc = put_q4_k_scales(wb, out);
+    for l in 0..8 {
+        let mut corr = 0i32;
+        for g in 0..8 {
+            let quad: i32 = (0..4).map(|k| out[32 * g + 4 * l + k] as i32).sum();
+            corr += sc[g] * quad;
+        }
+        put_i32(out, WQ4K_CORR + 4 * l, -128 * corr);
+    }
+}
+
+/// The scalar part of an unpacked Q4_K super-block, shared by [`unpack_q4_k_avx512`]
+/// and its twin: the eight scales as i32, the mins as i16 pairs, `d` and `−dmin` as f32.
+/// Returns the scales.
+fn put_q4_k_scales(wb: &[u8], out: &mut [u8]) -> [i32; 8] {
     let scales = &wb[q4_k::SCALES..q4_k::SCALES + 12];
     let mut sc = [0i32; 8];
     let mut mn = [0i16; 8];
@@ -269,16 +284,9 @@ fn unpack_q4_k(wb: &[u8], out: &mut [u8]) {
     for m in 0..4 {
         put_pair(out, WQ4K_MINS + 4 * m, mn[2 * m], mn[2 * m + 1]);
     }
-    for l in 0..8 {
-        let mut corr = 0i32;
-        for g in 0..8 {
-            let quad: i32 = (0..4).map(|k| out[32 * g + 4 * l + k] as i32).sum();
-            corr += sc[g] * quad;
-        }
-        put_i32(out, WQ4K_CORR + 4 * l, -128 * corr);
-    }
     put_f32(out, WQ4K_D, read_f16(wb, 0));
     put_f32(out, WQ4K_D + 4, -read_f16(wb, q4_k::DMIN));
+    sc
 }
 
 /// The scalar twin of [`unpack_q6_k_avx512`]: the quants as unsigned 6-bit values, the
@@ -296,17 +304,23 @@ fn unpack_q6_k(wb: &[u8], out: &mut [u8]) {
             }
         }
     }
-    let sc: [i16; 16] = std::array::from_fn(|j| wb[q6_k::SCALES + j] as i8 as i16);
-    for j in 0..16 {
-        // High word zero: `vpdpwssd` multiplies both words of each dword, and the
-        // lane integer's high word is its sign extension.
-        put_pair(out, WQ6K_SC + 4 * j, sc[j], 0);
-    }
     for g in 0..8 {
         for l in 0..8 {
             let quad: i32 = (0..4).map(|k| out[32 * g + 4 * l + k] as i32).sum();
             put_i32(out, WQ6K_CORR + 4 * (8 * g + l), -128 * quad);
         }
+    }
+    put_q6_k_scales(wb, out);
+}
+
+/// The scalar part of an unpacked Q6_K super-block, shared by [`unpack_q6_k_avx512`]
+/// and its twin: the sixteen scales as `(s, 0)` word pairs, the pairs `−32·s`, `d`.
+fn put_q6_k_scales(wb: &[u8], out: &mut [u8]) {
+    let sc: [i16; 16] = std::array::from_fn(|j| wb[q6_k::SCALES + j] as i8 as i16);
+    for j in 0..16 {
+        // High word zero: `vpdpwssd` multiplies both words of each dword, and the
+        // lane integer's high word is its sign extension.
+        put_pair(out, WQ6K_SC + 4 * j, sc[j], 0);
     }
     for l in 0..8 {
         put_pair(
@@ -385,14 +399,7 @@ fn quad_sums(q: __m512i) -> __m512i {
 unsafe fn unpack_q4_k_avx512(wb: &[u8], out: &mut [u8]) {
     assert!(wb.len() >= Q4_K_BYTES && out.len() >= WQ4K_BLOCK);
     let low4 = _mm512_set1_epi8(0x0F);
-    let scales = &wb[q4_k::SCALES..q4_k::SCALES + 12];
-    let mut sc = [0i32; 8];
-    let mut mn = [0i16; 8];
-    for j in 0..8 {
-        let (s, m) = scale_min_k4(j, scales);
-        sc[j] = s as i32;
-        mn[j] = m as i16;
-    }
+    let sc = put_q4_k_scales(wb, out);
     let mut corr = _mm512_setzero_si512();
     for half in 0..2 {
         // SAFETY: qs is bytes 16..144 of the 144-byte block (asserted); `out` holds
@@ -421,14 +428,6 @@ unsafe fn unpack_q4_k_avx512(wb: &[u8], out: &mut [u8]) {
     let corr = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<7>(sum));
     // SAFETY: the corrections are bytes WQ4K_CORR..+32 of `out` (asserted length).
     unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(WQ4K_CORR) as *mut _, corr) };
-    for j in 0..8 {
-        put_i32(out, WQ4K_SC + 4 * j, sc[j]);
-    }
-    for m in 0..4 {
-        put_pair(out, WQ4K_MINS + 4 * m, mn[2 * m], mn[2 * m + 1]);
-    }
-    put_f32(out, WQ4K_D, read_f16(wb, 0));
-    put_f32(out, WQ4K_D + 4, -read_f16(wb, q4_k::DMIN));
 }
 
 /// One Q6_K super-block `wb` unpacked into `out` (the layout of [`unpack_q6_k`], its
@@ -483,21 +482,7 @@ unsafe fn unpack_q6_k_avx512(wb: &[u8], out: &mut [u8]) {
             }
         }
     }
-    let sc: [i16; 16] = std::array::from_fn(|j| wb[q6_k::SCALES + j] as i8 as i16);
-    for j in 0..16 {
-        // High word zero: `vpdpwssd` multiplies both words of each dword, and the
-        // lane integer's high word is its sign extension.
-        put_pair(out, WQ6K_SC + 4 * j, sc[j], 0);
-    }
-    for l in 0..8 {
-        put_pair(
-            out,
-            WQ6K_BSUMS + 4 * l,
-            -32 * sc[2 * l],
-            -32 * sc[2 * l + 1],
-        );
-    }
-    put_f32(out, WQ6K_D, read_f16(wb, q6_k::D));
+    put_q6_k_scales(wb, out);
 }
 
 /// [`unpack_rows`] for Q4_0 / Q5_0 / Q8_0: per block the 32 quants as signed bytes
