@@ -150,11 +150,18 @@ struct GatheredRows {
 /// frequency scale and attention factor, and YaRN's original context.
 type RopeKey = (usize, u32, u32, u32, Option<usize>);
 
-pub(crate) fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+pub(crate) fn sized<T: Copy + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
     if buf.len() < len {
-        buf.resize(len, 0.0);
+        buf.resize(len, T::default());
     }
     &mut buf[..len]
+}
+
+/// The first `len` values of `rest`, which keeps the others.
+fn take_front<'a, T>(rest: &mut &'a mut [T], len: usize) -> &'a mut [T] {
+    let (head, tail) = std::mem::take(rest).split_at_mut(len);
+    *rest = tail;
+    head
 }
 
 fn check(layer: usize, what: &'static str, v: &[f32], expected: usize) -> Result<(), BlockError> {
@@ -639,18 +646,18 @@ fn segment_views<'a>(
     let (n_stored, n_widened) = (rows_of(stored), rows_of(widened));
     let mut k32 = sized(&mut gathered.k32, n_widened * k_dim);
     let mut v32 = sized(&mut gathered.v32, n_widened * v_dim);
-    let mut k16 = sized_f16(&mut gathered.k16, n_stored * k_dim);
-    let mut v16 = sized_f16(&mut gathered.v16, n_stored * v_dim);
+    let mut k16 = sized(&mut gathered.k16, n_stored * k_dim);
+    let mut v16 = sized(&mut gathered.v16, n_stored * v_dim);
     let mut views = Vec::with_capacity(segs.len());
     for (i, (g, &src)) in segs.iter().zip(&sources).enumerate() {
         let end = g.pos + g.n;
         let view = match src {
             RowSource::Direct => direct_view(kv, i, layer, end)?,
             RowSource::Stored(first) => {
-                let rows = end - first;
-                let (kh, kt) = std::mem::take(&mut k16).split_at_mut(rows * k_dim);
-                let (vh, vt) = std::mem::take(&mut v16).split_at_mut(rows * v_dim);
-                (k16, v16) = (kt, vt);
+                let (kh, vh) = (
+                    take_front(&mut k16, (end - first) * k_dim),
+                    take_front(&mut v16, (end - first) * v_dim),
+                );
                 kv.gather_f16(i, layer, first..end, kh, vh)?;
                 SegmentRows::F16(CacheRows {
                     keys: kh,
@@ -660,10 +667,10 @@ fn segment_views<'a>(
                 })
             }
             RowSource::Widened(first) => {
-                let rows = end - first;
-                let (kh, kt) = std::mem::take(&mut k32).split_at_mut(rows * k_dim);
-                let (vh, vt) = std::mem::take(&mut v32).split_at_mut(rows * v_dim);
-                (k32, v32) = (kt, vt);
+                let (kh, vh) = (
+                    take_front(&mut k32, (end - first) * k_dim),
+                    take_front(&mut v32, (end - first) * v_dim),
+                );
                 kv.gather_f32(i, layer, first..end, kh, vh)?;
                 SegmentRows::F32(CacheRows {
                     keys: kh,
@@ -707,14 +714,6 @@ fn direct_view<'a>(
         }
         _ => Err(bad_view(layer, "mixed K/V storage types")),
     }
-}
-
-/// [`sized`] for f16 buffers.
-fn sized_f16(buf: &mut Vec<f16>, len: usize) -> &mut [f16] {
-    if buf.len() < len {
-        buf.resize(len, f16::ZERO);
-    }
-    &mut buf[..len]
 }
 
 /// One attention scratch (probabilities and value lanes) per thread that will run, sized
