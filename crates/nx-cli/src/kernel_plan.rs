@@ -69,6 +69,27 @@ fn cache_key(model: &Model, weights: &[LazyWeight<'_>], tier: nx_lazy_weight::Cp
     for (t, k, n) in shapes {
         let _ = writeln!(key, "shape: {t} {k}x{n}");
     }
+    // The candidates timed: a build with a new kernel (same version number) times again
+    // rather than reading a plan that never saw it.
+    let mut formats: Vec<GgmlType> = weights.iter().map(|w| w.ggml_type()).collect();
+    formats.sort();
+    formats.dedup();
+    for t in formats {
+        let decode: Vec<String> = plan::decode_candidates(tier, t)
+            .into_iter()
+            .map(|k| k.name())
+            .collect();
+        let prefill: Vec<String> = plan::prefill_candidates(tier, t)
+            .into_iter()
+            .map(|k| k.name())
+            .collect();
+        let _ = writeln!(
+            key,
+            "kernels: {t} decode {} prefill {}",
+            decode.join(" "),
+            prefill.join(" ")
+        );
+    }
     key
 }
 

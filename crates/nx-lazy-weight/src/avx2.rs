@@ -66,6 +66,7 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::IQ4_XS => dot_iq4_xs_q8_k,
         GgmlType::Q2_K => dot_q2_k_q8_k,
         GgmlType::Q3_K => dot_q3_k_q8_k,
+        GgmlType::F32 => dot_f32_f32,
         _ => return None,
     };
     Some(k)
@@ -96,6 +97,7 @@ checked_entry! {
     dot_iq4_xs_q8_k => iq4_xs_impl,
     dot_q2_k_q8_k => q2_k_impl,
     dot_q3_k_q8_k => q3_k_impl,
+    dot_f32_f32 => f32_impl,
 }
 
 /// The f16 at `bytes[offset..offset + 2]` as f32, in all eight lanes (F16C).
@@ -332,6 +334,49 @@ unsafe fn q5_0_impl(w: &[u8], x: &[u8]) -> f32 {
         let d = _mm256_mul_ps(f16_splat(wb, 0), f16_splat(xb, 0));
         (d, _mm256_cvtepi32_ps(pair_sums(p16)))
     })
+}
+
+/// F32 × F32 (a MoE router): [`crate::dot_scalar::dot_f32`]'s 64 running fused
+/// multiply-adds as eight 8-lane registers (lane `l` in register `l / 8`), stored and
+/// reduced by the same code, then the tail element by element. Same bits.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f32_impl(w: &[u8], x: &[u8]) -> f32 {
+    const LANES: usize = 64;
+    let n = (w.len() / 4).min(x.len() / 4);
+    let whole = n / LANES * LANES;
+    let mut acc = [_mm256_setzero_ps(); LANES / 8];
+    for (cw, cx) in w[..whole * 4]
+        .chunks_exact(LANES * 4)
+        .zip(x[..whole * 4].chunks_exact(LANES * 4))
+    {
+        for (k, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: both chunks hold 64 f32 (256 bytes); register k reads bytes
+            // 32k..32k+32; unaligned loads.
+            let (a, b) = unsafe {
+                (
+                    _mm256_loadu_ps(cw.as_ptr().add(32 * k).cast()),
+                    _mm256_loadu_ps(cx.as_ptr().add(32 * k).cast()),
+                )
+            };
+            *acc = _mm256_fmadd_ps(a, b, *acc);
+        }
+    }
+    let mut sum = 0.0;
+    if whole > 0 {
+        let mut lanes = [0f32; LANES];
+        for (k, acc) in acc.iter().enumerate() {
+            // SAFETY: `lanes` holds 64 f32; register k fills lanes 8k..8k+8.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * k), *acc) };
+        }
+        sum = nx_f32::scalar::reduce_lanes_64(&lanes);
+    }
+    for i in whole..n {
+        sum += read_f32(w, 4 * i) * read_f32(x, 4 * i);
+    }
+    sum
 }
 
 /// Q8_0 × Q8_0: both sides split into their even and odd bytes, sign-extended in place

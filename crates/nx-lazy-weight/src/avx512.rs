@@ -462,40 +462,108 @@ checked_entry_rows4! {
 }
 
 /// Runs a per-block expression over the whole blocks of four weight rows `$w` and one
-/// activation row `$x`. The activation block is prepared once (`$act`: its quants, the
-/// per-lane correction the kernel subtracts, its scale); `$row` gives each row's integer
-/// lanes and weight scale. Each row keeps its own eight-lane FMA chain with the
+/// activation row `$x`, two rows per 512-bit register (row `2p` in the low 256 bits, row
+/// `2p + 1` in the high ones). The activation block is prepared once, in both halves
+/// (`$act`: its quants and the per-lane correction the kernel subtracts); `$pair` gives a
+/// pair of rows' integer lanes. Each row keeps its own eight-lane FMA chain with the
 /// single-token kernel's exact operations (`d_w·d_x`, then one FMA per block), so output
-/// `r` has the bits of [`lanes8_chain`] on `(w[r], x)`; the four independent chains
-/// also hide the FMA latency a single row waits on.
+/// `r` has the bits of [`lanes8_chain`] on `(w[r], x)`: a 512-bit FMA is eight-lane FMAs
+/// side by side. One instruction serves two rows, which halves the work per byte; the
+/// two independent chains also hide the FMA latency a single row waits on.
 macro_rules! lanes8_rows4 {
     ($w:expr, $x:expr, $wbytes:expr, |$xb:ident| ($xq:ident, $corr:ident) = $act:block,
-     |$wb:ident| $row:block) => {{
+     |$lo:ident, $hi:ident| $pair:block) => {{
         let w = $w;
         let n_blocks = w
             .iter()
             .map(|wr| wr.len() / $wbytes)
             .fold($x.len() / Q8_0_BYTES, usize::min);
-        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut acc = [_mm512_setzero_ps(); 2];
         for b in 0..n_blocks {
             let $xb = &$x[b * Q8_0_BYTES..(b + 1) * Q8_0_BYTES];
-            let ($xq, $corr) = $act;
-            let dx = f16_splat($xb, 0);
-            for r in 0..4 {
-                prefetch_ahead(w[r], b * $wbytes);
-                let $wb = &w[r][b * $wbytes..(b + 1) * $wbytes];
-                let sumi: __m256i = $row;
-                let d = _mm256_mul_ps(f16_splat($wb, 0), dx);
-                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[r]);
+            let ($xq, $corr): (__m512i, __m512i) = $act;
+            let dx = f16_splat512($xb, 0);
+            for (p, acc) in acc.iter_mut().enumerate() {
+                let block = b * $wbytes..(b + 1) * $wbytes;
+                prefetch_ahead(w[2 * p], block.start);
+                prefetch_ahead(w[2 * p + 1], block.start);
+                let $lo = &w[2 * p][block.clone()];
+                let $hi = &w[2 * p + 1][block];
+                let sumi: __m512i = $pair;
+                let d = _mm512_mul_ps(f16_pair($lo, $hi), dx);
+                *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), *acc);
             }
         }
-        [
-            hsum_ps(acc[0]),
-            hsum_ps(acc[1]),
-            hsum_ps(acc[2]),
-            hsum_ps(acc[3]),
-        ]
+        let [low0, high0] = halves_ps(acc[0]);
+        let [low1, high1] = halves_ps(acc[1]);
+        [hsum_ps(low0), hsum_ps(high0), hsum_ps(low1), hsum_ps(high1)]
     }};
+}
+
+/// The f16 at `bytes[offset..offset + 2]` as f32 in all sixteen lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,f16c")]
+fn f16_splat512(bytes: &[u8], offset: usize) -> __m512 {
+    let bits = u16::from_le_bytes([bytes[offset], bytes[offset + 1]]);
+    _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16))
+}
+
+/// The f16 scales at the start of two blocks as f32: `lo`'s in the low eight lanes,
+/// `hi`'s in the high eight.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,f16c")]
+fn f16_pair(lo: &[u8], hi: &[u8]) -> __m512 {
+    let low = u16::from_le_bytes([lo[0], lo[1]]) as i16;
+    let high = u16::from_le_bytes([hi[0], hi[1]]) as i16;
+    _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(high), _mm_set1_epi16(low)))
+}
+
+/// The low and the high eight lanes of `v`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn halves_ps(v: __m512) -> [__m256; 2] {
+    let high = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v));
+    [_mm512_castps512_ps256(v), _mm256_castpd_ps(high)]
+}
+
+/// 32 bytes at `bytes[offset..offset + 32]`, in both halves of a 512-bit register.
+///
+/// # Safety
+/// `offset + 32 <= bytes.len()`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn load32_both(bytes: &[u8], offset: usize) -> __m512i {
+    // SAFETY: the caller's contract.
+    _mm512_broadcast_i64x4(unsafe { load32(bytes, offset) })
+}
+
+/// 32 bytes at `offset` of `lo` (low half) and of `hi` (high half).
+///
+/// # Safety
+/// `offset + 32` is within both.
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn load32_pair(lo: &[u8], hi: &[u8], offset: usize) -> __m512i {
+    // SAFETY: the caller's contract.
+    let (l, h) = unsafe { (load32(lo, offset), load32(hi, offset)) };
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l), h)
+}
+
+/// The 32 nibbles of the 16 bytes at `offset` of `lo` and of `hi` as bytes, each half in
+/// the single-row kernels' order (the low nibbles, then the high ones).
+///
+/// # Safety
+/// `offset + 16` is within both.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2")]
+unsafe fn nibbles_pair(lo: &[u8], hi: &[u8], offset: usize) -> __m512i {
+    // SAFETY: the caller's contract.
+    let (l, h) = unsafe { (load16(lo, offset), load16(hi, offset)) };
+    let both = _mm512_castsi256_si512(_mm256_set_m128i(h, l));
+    // 128-bit lanes [l, l, h, h], shifted right by 0, 4, 0, 4 bits.
+    let spread = _mm512_shuffle_i64x2::<0b01_01_00_00>(both, both);
+    let shifts = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    _mm512_and_si512(_mm512_srlv_epi64(spread, shifts), _mm512_set1_epi8(0x0F))
 }
 
 /// Q4_0 × Q8_0 for four weight rows and one token: [`q4_0_impl`] with the activation's
@@ -505,25 +573,21 @@ macro_rules! lanes8_rows4 {
 /// The CPU has the features of this module.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_0_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
-    let low4 = _mm_set1_epi8(0x0F);
-    let eights = _mm256_set1_epi8(8);
-    let zero = _mm256_setzero_si256();
+    let eights = _mm512_set1_epi8(8);
+    let zero = _mm512_setzero_si512();
     lanes8_rows4!(
         w,
         x,
         Q4_0_BYTES,
         |xb| (xq, corr) = {
             // SAFETY: x quants are bytes 2..34 of a 34-byte block.
-            let xq = unsafe { load32(xb, 2) };
-            (xq, _mm256_dpbusd_epi32(zero, eights, xq))
+            let xq = unsafe { load32_both(xb, 2) };
+            (xq, _mm512_dpbusd_epi32(zero, eights, xq))
         },
-        |wb| {
+        |lo, hi| {
             // SAFETY: qs is bytes 2..18 of an 18-byte block.
-            let qs = unsafe { load16(wb, 2) };
-            let lo = _mm_and_si128(qs, low4);
-            let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
-            let q = _mm256_set_m128i(hi, lo);
-            _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, q, xq), corr)
+            let q = unsafe { nibbles_pair(lo, hi, 2) };
+            _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, xq), corr)
         }
     )
 }
@@ -535,26 +599,24 @@ unsafe fn q4_0_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
 /// The CPU has the features of this module.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q5_0_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
-    let low4 = _mm_set1_epi8(0x0F);
-    let sixteens = _mm256_set1_epi8(16);
-    let zero = _mm256_setzero_si256();
+    let sixteens = _mm512_set1_epi8(16);
+    let zero = _mm512_setzero_si512();
     lanes8_rows4!(
         w,
         x,
         Q5_0_BYTES,
         |xb| (xq, corr) = {
             // SAFETY: x quants are bytes 2..34 of a 34-byte block.
-            let xq = unsafe { load32(xb, 2) };
-            (xq, _mm256_dpbusd_epi32(zero, sixteens, xq))
+            let xq = unsafe { load32_both(xb, 2) };
+            (xq, _mm512_dpbusd_epi32(zero, sixteens, xq))
         },
-        |wb| {
+        |lo, hi| {
             // SAFETY: qs is bytes 6..22 of a 22-byte block.
-            let qs = unsafe { load16(wb, q5_0::QS) };
-            let lo = _mm_and_si128(qs, low4);
-            let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low4);
-            let q4 = _mm256_set_m128i(hi, lo);
-            let q = _mm256_mask_add_epi8(q4, read_u32(wb, q5_0::QH), q4, sixteens);
-            _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, q, xq), corr)
+            let q4 = unsafe { nibbles_pair(lo, hi, q5_0::QS) };
+            // The fifth bits: bit i of each half's qh adds 16 to its quant i.
+            let qh = u64::from(read_u32(lo, q5_0::QH)) | u64::from(read_u32(hi, q5_0::QH)) << 32;
+            let q = _mm512_mask_add_epi8(q4, qh, q4, sixteens);
+            _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, xq), corr)
         }
     )
 }
@@ -566,21 +628,21 @@ unsafe fn q5_0_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
 /// The CPU has the features of this module.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q8_0_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
-    let bias = _mm256_set1_epi8(-128);
-    let zero = _mm256_setzero_si256();
+    let bias = _mm512_set1_epi8(-128);
+    let zero = _mm512_setzero_si512();
     lanes8_rows4!(
         w,
         x,
         Q8_0_BYTES,
         |xb| (xq, corr) = {
             // SAFETY: x quants are bytes 2..34 of a 34-byte block.
-            let xq = unsafe { load32(xb, 2) };
-            (xq, _mm256_dpbusd_epi32(zero, bias, xq))
+            let xq = unsafe { load32_both(xb, 2) };
+            (xq, _mm512_dpbusd_epi32(zero, bias, xq))
         },
-        |wb| {
+        |lo, hi| {
             // SAFETY: quants are bytes 2..34 of a 34-byte block.
-            let wq = _mm256_xor_si256(unsafe { load32(wb, 2) }, bias);
-            _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, wq, xq), corr)
+            let wq = _mm512_xor_si512(unsafe { load32_pair(lo, hi, 2) }, bias);
+            _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, wq, xq), corr)
         }
     )
 }

@@ -609,6 +609,9 @@ struct ChoiceState {
     streamed_bytes: usize,
     /// Tokens received so far (the log line's count for a choice that never finished).
     received_tokens: usize,
+    /// Milliseconds from the request's start to this choice's first token, as the server
+    /// saw it (the log line's time to first token for a choice that never finished).
+    first_token_ms: Option<f64>,
 }
 
 impl ChoiceState {
@@ -698,6 +701,9 @@ impl Generation {
             } => {
                 c.text.push_str(&text);
                 c.received_tokens += 1;
+                if c.first_token_ms.is_none() {
+                    c.first_token_ms = Some(self.start.elapsed().as_secs_f64() * 1e3);
+                }
                 let lp = want_logprobs.then_some(TokenLogprob { id, logprob, top });
                 if let Some(lp) = &lp {
                     c.tokens.push(lp.clone());
@@ -849,11 +855,8 @@ impl Drop for Generation {
             .map(|u| u.cached_prompt_tokens)
             .min()
             .unwrap_or(0);
-        let ttft = usages
-            .iter()
-            .map(|u| u.ttft_ms)
-            .fold(f64::INFINITY, f64::min);
-        let ttft = if ttft.is_finite() { ttft } else { 0.0 };
+        let ttft =
+            first_token_ms(&self.choices).map_or("none".to_string(), |ms| format!("{ms:.1}"));
         let finish: Vec<&str> = self
             .choices
             .iter()
@@ -864,7 +867,7 @@ impl Drop for Generation {
             })
             .collect();
         eprintln!(
-            "{} prompt_tokens={} cached_tokens={} generated_tokens={} ttft_ms={:.1} \
+            "{} prompt_tokens={} cached_tokens={} generated_tokens={} ttft_ms={} \
              total_ms={:.1} finish={}",
             self.envelope.id,
             self.prompt_tokens,
@@ -875,6 +878,23 @@ impl Drop for Generation {
             finish.join(",")
         );
     }
+}
+
+/// The request's time to first token in milliseconds: the earliest over its choices, `None`
+/// when no choice produced a token.
+///
+/// A finished choice reports the engine's own time; one cancelled before it finished (its
+/// client went away) has only the time its first token reached the server.
+fn first_token_ms(choices: &[ChoiceState]) -> Option<f64> {
+    choices
+        .iter()
+        .filter_map(|c| {
+            c.usage
+                .filter(|u| u.generated_tokens > 0)
+                .map(|u| u.ttft_ms)
+                .or(c.first_token_ms)
+        })
+        .reduce(f64::min)
 }
 
 /// What one event changes for its choice.
@@ -952,5 +972,37 @@ impl futures_core::Stream for EventStream {
                 Poll::Pending => return Poll::Pending,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_to_first_token_of_finished_and_cancelled_choices() {
+        let finished = |ttft_ms, generated_tokens| ChoiceState {
+            usage: Some(Usage {
+                ttft_ms,
+                generated_tokens,
+                ..Usage::default()
+            }),
+            ..ChoiceState::default()
+        };
+        let cancelled = |first| ChoiceState {
+            first_token_ms: first,
+            ..ChoiceState::default()
+        };
+        assert_eq!(first_token_ms(&[]), None);
+        // Cancelled before any token: no time, not 0.
+        assert_eq!(first_token_ms(&[cancelled(None)]), None);
+        // Cancelled mid-stream: the server's arrival time.
+        assert_eq!(first_token_ms(&[cancelled(Some(42.5))]), Some(42.5));
+        // The engine's time wins for a finished choice; the earliest choice counts.
+        let mut both = finished(30.0, 4);
+        both.first_token_ms = Some(31.0);
+        assert_eq!(first_token_ms(&[cancelled(Some(50.0)), both]), Some(30.0));
+        // A finished choice that generated nothing reports no time.
+        assert_eq!(first_token_ms(&[finished(0.0, 0)]), None);
     }
 }
