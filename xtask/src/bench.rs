@@ -255,16 +255,36 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         eprintln!("bench: --quick leaves docs/benchmarks.md alone");
     } else {
         let docs = workspace_root().join("docs").join("benchmarks.md");
-        // The loadtest's section (`cargo xtask loadtest --write`) survives a new table.
         let old = std::fs::read_to_string(&docs).unwrap_or_default();
+        if let Some(tier) = crate::bench_spec::pinned_tier()? {
+            // A run pinned to a lower tier keeps the main table: it has a section of its own.
+            let (begin, end) = tier_markers(tier);
+            let section = format!(
+                "{begin}\n## nx on its {tier} tier: `NX_TIER={tier} NX_AMX=0 cargo xtask bench`\n\n\
+                 The same files and method as the main table; only nx is pinned (llama.cpp runs \
+                 as it does there).\n\n{}\n\n{table}{end}\n",
+                summary_lines(&report)
+            );
+            let text = crate::util::replace_doc_section(&old, &begin, &end, &section);
+            std::fs::write(&docs, text)
+                .with_context(|| format!("cannot write {}", docs.display()))?;
+            eprintln!("bench: wrote the {tier} section of {}", docs.display());
+            eprintln!("bench: done in {}", duration_text(started.elapsed()));
+            return Ok(());
+        }
+        // The loadtest's section (`cargo xtask loadtest --write`) survives a new table.
         let mut text = benchmarks_doc(&report, &table);
         if let Some(section) = crate::loadtest::section_of(&old) {
             text = crate::loadtest::update_section(&text, section);
         }
-        // So do `cargo xtask bench --spec`'s, one per tier.
+        // So do `cargo xtask bench --spec`'s, one per tier, and the pinned tiers' tables.
         let tiers = crate::bench_spec::PINNED_TIERS.map(Some);
-        for tier in std::iter::once(None).chain(tiers) {
-            let (begin, end) = crate::bench_spec::markers(tier);
+        let mut sections: Vec<(String, String)> = std::iter::once(None)
+            .chain(tiers)
+            .map(crate::bench_spec::markers)
+            .collect();
+        sections.extend(crate::bench_spec::PINNED_TIERS.map(tier_markers));
+        for (begin, end) in sections {
             if let Some(section) = crate::util::doc_section(&old, &begin, &end) {
                 text = crate::util::replace_doc_section(&text, &begin, &end, section);
             }
@@ -858,6 +878,16 @@ pub fn runs_table(report: &Report) -> String {
         }
     }
     out
+}
+
+/// The markers of the section a run with `NX_TIER` = `tier` writes.
+fn tier_markers(tier: &str) -> (String, String) {
+    (
+        format!(
+            "<!-- bench-{tier}:begin (written by `NX_TIER={tier} NX_AMX=0 cargo xtask bench`) -->"
+        ),
+        format!("<!-- bench-{tier}:end -->"),
+    )
 }
 
 /// The text of `docs/benchmarks.md`.

@@ -37,7 +37,7 @@ pub fn markers(tier: Option<&str>) -> (String, String) {
 }
 
 /// The `NX_TIER` this run is pinned to, if one of [`PINNED_TIERS`].
-fn pinned_tier() -> Result<Option<&'static str>> {
+pub(crate) fn pinned_tier() -> Result<Option<&'static str>> {
     match std::env::var("NX_TIER") {
         Err(_) => Ok(None),
         Ok(t) if t.is_empty() || t == "native" => Ok(None),
@@ -45,7 +45,7 @@ fn pinned_tier() -> Result<Option<&'static str>> {
             .iter()
             .find(|&&p| p == t)
             .map(|&p| Some(p))
-            .with_context(|| format!("NX_TIER={t}: bench --spec pins only {PINNED_TIERS:?}")),
+            .with_context(|| format!("NX_TIER={t}: the bench pins only {PINNED_TIERS:?}")),
     }
 }
 
