@@ -7,17 +7,13 @@
 
 use nx_gguf::GgmlType;
 
-use crate::formats::{
-    bf16_to_f32, f16_to_f32, q4_k, q5_0, q6_k, q8_k, read_f16, read_f32, read_u32, row_bytes,
-    scale_min_k4, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
-    Q8_K_BYTES, QK32, QK_K,
-};
+use crate::formats::{bf16_to_f32, f16_to_f32, read_f32, row_bytes};
 use crate::LazyWeightError;
 
 /// Dequantize one row: `bytes` holds `out.len()` elements of type `ggml_type`.
 ///
-/// Supported: F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K and every
-/// format of [`crate::formats::BLOCK_FORMATS`]. Errors when
+/// Supported: F32, F16, BF16 and every format of [`crate::formats::BLOCK_FORMATS`]
+/// (each module's `dequantize_block`). Errors when
 /// the type is unsupported, `out.len()` is not a whole number of blocks, or
 /// `bytes.len()` is not the row's byte size.
 pub fn dequantize_row(
@@ -63,13 +59,6 @@ pub(crate) fn dequantize_row_unchecked(ggml_type: GgmlType, bytes: &[u8], out: &
                 *y = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
             }
         }
-        GgmlType::Q4_0 => zip_blocks(bytes, Q4_0_BYTES, out, QK32, dequantize_block_q4_0),
-        GgmlType::Q5_0 => zip_blocks(bytes, Q5_0_BYTES, out, QK32, dequantize_block_q5_0),
-        GgmlType::Q8_0 => zip_blocks(bytes, Q8_0_BYTES, out, QK32, dequantize_block_q8_0),
-        GgmlType::Q4_K => zip_blocks(bytes, Q4_K_BYTES, out, QK_K, dequantize_block_q4_k),
-        GgmlType::Q5_K => zip_blocks(bytes, Q5_K_BYTES, out, QK_K, dequantize_block_q5_k),
-        GgmlType::Q6_K => zip_blocks(bytes, Q6_K_BYTES, out, QK_K, dequantize_block_q6_k),
-        GgmlType::Q8_K => zip_blocks(bytes, Q8_K_BYTES, out, QK_K, dequantize_block_q8_k),
         _ => {
             if let Some(f) = crate::formats::block_format(ggml_type) {
                 zip_blocks(bytes, f.block_bytes, out, f.block_len, f.dequantize_block);
@@ -94,126 +83,10 @@ fn zip_blocks(
     }
 }
 
-fn dequantize_block_q4_0(b: &[u8], y: &mut [f32]) {
-    let d = read_f16(b, 0);
-    let qs = &b[2..2 + 16];
-    for j in 0..16 {
-        let lo = (qs[j] & 0x0F) as i32 - 8;
-        let hi = (qs[j] >> 4) as i32 - 8;
-        y[j] = lo as f32 * d;
-        y[j + 16] = hi as f32 * d;
-    }
-}
-
-fn dequantize_block_q5_0(b: &[u8], y: &mut [f32]) {
-    let d = read_f16(b, 0);
-    let qh = read_u32(b, q5_0::QH);
-    let qs = &b[q5_0::QS..q5_0::QS + 16];
-    for j in 0..16 {
-        let hi_bit_lo = (((qh >> j) << 4) & 0x10) as u8;
-        let hi_bit_hi = ((qh >> (j + 12)) & 0x10) as u8;
-        let lo = ((qs[j] & 0x0F) | hi_bit_lo) as i32 - 16;
-        let hi = ((qs[j] >> 4) | hi_bit_hi) as i32 - 16;
-        y[j] = lo as f32 * d;
-        y[j + 16] = hi as f32 * d;
-    }
-}
-
-fn dequantize_block_q8_0(b: &[u8], y: &mut [f32]) {
-    let d = read_f16(b, 0);
-    for (v, &q) in y.iter_mut().zip(&b[2..2 + 32]) {
-        *v = q as i8 as f32 * d;
-    }
-}
-
-fn dequantize_block_q4_k(b: &[u8], y: &mut [f32]) {
-    let d = read_f16(b, 0);
-    let dmin = read_f16(b, q4_k::DMIN);
-    let scales = &b[q4_k::SCALES..q4_k::SCALES + 12];
-    for chunk in 0..4 {
-        let qs = &b[q4_k::QS + 32 * chunk..q4_k::QS + 32 * chunk + 32];
-        let (sc_lo, m_lo) = scale_min_k4(2 * chunk, scales);
-        let (sc_hi, m_hi) = scale_min_k4(2 * chunk + 1, scales);
-        // ggml rounds d·sc and dmin·m to f32 first, then d1·q − m1.
-        let d_lo = d * sc_lo as f32;
-        let min_lo = dmin * m_lo as f32;
-        let d_hi = d * sc_hi as f32;
-        let min_hi = dmin * m_hi as f32;
-        let out = &mut y[64 * chunk..64 * chunk + 64];
-        for l in 0..32 {
-            out[l] = d_lo * (qs[l] & 0x0F) as f32 - min_lo;
-            out[l + 32] = d_hi * (qs[l] >> 4) as f32 - min_hi;
-        }
-    }
-}
-
-fn dequantize_block_q5_k(b: &[u8], y: &mut [f32]) {
-    let d = read_f16(b, 0);
-    let dmin = read_f16(b, q4_k::DMIN);
-    let scales = &b[q4_k::SCALES..q4_k::SCALES + 12];
-    let qh = &b[q4_k::Q5_QH..q4_k::Q5_QH + 32];
-    for chunk in 0..4 {
-        let qs = &b[q4_k::Q5_QS + 32 * chunk..q4_k::Q5_QS + 32 * chunk + 32];
-        let (sc_lo, m_lo) = scale_min_k4(2 * chunk, scales);
-        let (sc_hi, m_hi) = scale_min_k4(2 * chunk + 1, scales);
-        let d_lo = d * sc_lo as f32;
-        let min_lo = dmin * m_lo as f32;
-        let d_hi = d * sc_hi as f32;
-        let min_hi = dmin * m_hi as f32;
-        let bit_lo = 1u8 << (2 * chunk);
-        let bit_hi = 1u8 << (2 * chunk + 1);
-        let out = &mut y[64 * chunk..64 * chunk + 64];
-        for l in 0..32 {
-            let q_lo = (qs[l] & 0x0F) + if qh[l] & bit_lo != 0 { 16 } else { 0 };
-            let q_hi = (qs[l] >> 4) + if qh[l] & bit_hi != 0 { 16 } else { 0 };
-            out[l] = d_lo * q_lo as f32 - min_lo;
-            out[l + 32] = d_hi * q_hi as f32 - min_hi;
-        }
-    }
-}
-
-/// The four signed 6-bit quants (`q − 32`) that Q6_K stores at position `l` (0..32)
-/// of a 128-weight half: weights l, l+32, l+64, l+96 of that half.
-#[inline(always)]
-pub(crate) fn q6_k_quads(ql: &[u8], qh: &[u8], l: usize) -> [i8; 4] {
-    let h = qh[l];
-    [
-        ((ql[l] & 0x0F) | ((h & 3) << 4)) as i8 - 32,
-        ((ql[l + 32] & 0x0F) | (((h >> 2) & 3) << 4)) as i8 - 32,
-        ((ql[l] >> 4) | (((h >> 4) & 3) << 4)) as i8 - 32,
-        ((ql[l + 32] >> 4) | (((h >> 6) & 3) << 4)) as i8 - 32,
-    ]
-}
-
-fn dequantize_block_q6_k(b: &[u8], y: &mut [f32]) {
-    let d = read_f16(b, q6_k::D);
-    for half in 0..2 {
-        let ql = &b[q6_k::QL + 64 * half..q6_k::QL + 64 * half + 64];
-        let qh = &b[q6_k::QH + 32 * half..q6_k::QH + 32 * half + 32];
-        let sc = &b[q6_k::SCALES + 8 * half..q6_k::SCALES + 8 * half + 8];
-        let out = &mut y[128 * half..128 * half + 128];
-        for l in 0..32 {
-            let is = l / 16;
-            let q = q6_k_quads(ql, qh, l);
-            // ggml: d * sc * q, evaluated left to right.
-            for (k, &qk) in q.iter().enumerate() {
-                out[l + 32 * k] = d * (sc[is + 2 * k] as i8) as f32 * qk as f32;
-            }
-        }
-    }
-}
-
-fn dequantize_block_q8_k(b: &[u8], y: &mut [f32]) {
-    let d = read_f32(b, 0);
-    for (v, &q) in y.iter_mut().zip(&b[q8_k::QS..q8_k::QS + QK_K]) {
-        *v = d * q as i8 as f32;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::formats::f32_to_f16;
+    use crate::formats::{f32_to_f16, Q4_0_BYTES, Q5_0_BYTES};
 
     #[test]
     fn q4_0_layout_low_nibbles_first() {

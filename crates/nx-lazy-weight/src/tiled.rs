@@ -30,7 +30,7 @@ use nx_gguf::GgmlType;
 use nx_syscalls::ThreadPool;
 
 #[cfg(test)]
-use crate::dequant::q6_k_quads;
+use crate::formats::q6_k::quads as q6_k_quads;
 use crate::formats::{
     f16_to_f32, q4_k, q5_0, q6_k, q8_k, read_f16, read_i16, read_u32, scale_min_k4, Q4_0_BYTES,
     Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK_K,

@@ -1,5 +1,5 @@
-//! The SIMD kernels of the one-module formats (`formats::BLOCK_FORMATS`) against their
-//! scalar twins, on every tier this CPU supports: bit for bit, since every twin keeps the
+//! The SIMD kernels of every quantized weight format (`formats::BLOCK_FORMATS`) against
+//! their scalar twins, on every tier this CPU supports: bit for bit, since every twin keeps the
 //! reference engine's x86 float order.
 //!
 //! Three kinds of rows per weight type and tier: weights of random bytes with random
@@ -96,7 +96,7 @@ fn check(tier: CpuTier, ty: GgmlType, w: &[u8], x: &[u8], what: &str) {
 #[test]
 fn every_tier_has_its_own_kernel() {
     let types = weight_types();
-    assert_eq!(types.len(), 6, "{types:?}");
+    assert_eq!(types.len(), 12, "{types:?}");
     for tier in simd_tiers() {
         for &ty in &types {
             let scalar = dot_kernel(ty).unwrap();
@@ -159,7 +159,9 @@ fn simd_kernels_are_bit_identical_at_the_byte_extremes() {
 /// meet finite scales).
 fn restore_scale_fields(ty: GgmlType, filled: &[u8], scaled: &[u8]) -> Vec<u8> {
     let fields: &[usize] = match ty {
-        GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+        GgmlType::Q6_K => &[208],
         GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],

@@ -9,10 +9,10 @@
 //! reference engine's x86 float order and a quantizer, gathered in its [`BlockFormat`]
 //! row of [`BLOCK_FORMATS`]. Adding a format is one module and one row; its SIMD kernels
 //! then go beside the others in the tier files, each tested against the scalar twin.
-//! The modules so far: [`q4_1`], [`q5_1`], [`q8_1`], [`q2_k`], [`q3_k`], [`iq4_nl`],
-//! [`iq4_xs`]. The older formats (below) still keep their code in `dequant.rs`,
-//! `dot_scalar.rs` and `quant.rs`, answered by `match` arms; they move into modules of
-//! their own next.
+//! Every quantized format is one: [`q4_0`], [`q5_0`], [`q8_0`], [`q4_k`], [`q5_k`],
+//! [`q6_k`], [`q8_k`], [`q4_1`], [`q5_1`], [`q8_1`], [`q2_k`], [`q3_k`], [`iq4_nl`],
+//! [`iq4_xs`]. The float types (F32, F16, BF16) are the only `match` arms left in
+//! `dequant.rs`, `dot_scalar.rs` and `quant.rs`.
 //!
 //! | type | elements | bytes | fields (byte offsets) |
 //! |---|---|---|---|
@@ -41,17 +41,31 @@ pub mod iq4_nl;
 pub mod iq4_xs;
 pub mod q2_k;
 pub mod q3_k;
+pub mod q4_0;
 pub mod q4_1;
+pub mod q4_k;
+pub mod q5_0;
 pub mod q5_1;
+pub mod q5_k;
+pub mod q6_k;
+pub mod q8_0;
 pub mod q8_1;
+pub mod q8_k;
 
 pub use block::{
     best_index_int8, bf16_to_f32, f16_bits_at_least, f16_to_f32, f32_to_bf16, f32_to_f16,
     nearest_int, read_f16, read_f32, read_i16, read_u32, signed_abs_max, BlockFormat, DotKernel,
 };
 
-/// The formats that are one module each.
+/// The quantized formats, one module each.
 pub const BLOCK_FORMATS: &[BlockFormat] = &[
+    q4_0::FORMAT,
+    q5_0::FORMAT,
+    q8_0::FORMAT,
+    q4_k::FORMAT,
+    q5_k::FORMAT,
+    q6_k::FORMAT,
+    q8_k::FORMAT,
     q4_1::FORMAT,
     q5_1::FORMAT,
     q8_1::FORMAT,
@@ -72,78 +86,24 @@ pub const QK32: usize = 32;
 pub const QK_K: usize = 256;
 
 /// Bytes of one Q4_0 block.
-pub const Q4_0_BYTES: usize = 18;
+pub const Q4_0_BYTES: usize = q4_0::BYTES;
 /// Bytes of one Q5_0 block.
-pub const Q5_0_BYTES: usize = 22;
+pub const Q5_0_BYTES: usize = q5_0::BYTES;
 /// Bytes of one Q8_0 block.
-pub const Q8_0_BYTES: usize = 34;
+pub const Q8_0_BYTES: usize = q8_0::BYTES;
 /// Bytes of one Q4_K super-block.
-pub const Q4_K_BYTES: usize = 144;
+pub const Q4_K_BYTES: usize = q4_k::BYTES;
 /// Bytes of one Q5_K super-block.
-pub const Q5_K_BYTES: usize = 176;
+pub const Q5_K_BYTES: usize = q5_k::BYTES;
 /// Bytes of one Q6_K super-block.
-pub const Q6_K_BYTES: usize = 210;
+pub const Q6_K_BYTES: usize = q6_k::BYTES;
 /// Bytes of one Q8_K super-block.
-pub const Q8_K_BYTES: usize = 292;
-
-/// Byte offsets inside a Q5_0 block.
-pub mod q5_0 {
-    /// `qh`: u32, bit j is the fifth bit of weight j.
-    pub const QH: usize = 2;
-    /// `qs[16]`: low nibbles are weights 0..16, high nibbles 16..32.
-    pub const QS: usize = 6;
-}
-
-/// Byte offsets inside Q4_K and Q5_K super-blocks.
-pub mod q4_k {
-    /// `dmin` f16.
-    pub const DMIN: usize = 2;
-    /// `scales[12]`: eight 6-bit scales and eight 6-bit mins, packed.
-    pub const SCALES: usize = 4;
-    /// Q4_K `qs[128]`: four chunks of 32 bytes; chunk c holds sub-blocks 2c (low
-    /// nibbles) and 2c+1 (high nibbles).
-    pub const QS: usize = 16;
-    /// Q5_K `qh[32]`: bit 2c of byte l is the fifth bit of weight l of sub-block 2c,
-    /// bit 2c+1 that of sub-block 2c+1.
-    pub const Q5_QH: usize = 16;
-    /// Q5_K `qs[128]`, laid out as Q4_K's.
-    pub const Q5_QS: usize = 48;
-}
-
-/// Byte offsets inside a Q6_K super-block.
-pub mod q6_k {
-    /// `ql[128]`: low four bits.
-    pub const QL: usize = 0;
-    /// `qh[64]`: high two bits, four weights per byte.
-    pub const QH: usize = 128;
-    /// `scales[16]` i8, one per 16 weights.
-    pub const SCALES: usize = 192;
-    /// `d` f16.
-    pub const D: usize = 208;
-}
-
-/// Byte offsets inside a Q8_K super-block.
-pub mod q8_k {
-    /// `qs[256]` i8.
-    pub const QS: usize = 4;
-    /// `bsums[16]` i16: sum of each 16 consecutive quants.
-    pub const BSUMS: usize = 260;
-}
+pub const Q8_K_BYTES: usize = q8_k::BYTES;
 
 /// True for the weight types this crate can dequantize and multiply with.
 pub fn is_supported_weight(ggml_type: GgmlType) -> bool {
-    matches!(
-        ggml_type,
-        GgmlType::F32
-            | GgmlType::F16
-            | GgmlType::BF16
-            | GgmlType::Q4_0
-            | GgmlType::Q5_0
-            | GgmlType::Q8_0
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K
-    ) || block_format(ggml_type).is_some_and(|f| f.dot.is_some())
+    matches!(ggml_type, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+        || block_format(ggml_type).is_some_and(|f| f.dot.is_some())
 }
 
 /// The names of the weight types nx computes with, comma-separated, in ggml id order.
@@ -159,9 +119,7 @@ pub fn supported_weight_names() -> String {
 /// True for the types [`crate::dequantize_row`] accepts: the weight types plus the
 /// activation types Q8_K and Q8_1.
 pub fn can_dequantize(ggml_type: GgmlType) -> bool {
-    is_supported_weight(ggml_type)
-        || ggml_type == GgmlType::Q8_K
-        || block_format(ggml_type).is_some()
+    is_supported_weight(ggml_type) || block_format(ggml_type).is_some()
 }
 
 /// The activation type a weight type's dot product consumes, as in ggml's CPU backend:
@@ -175,8 +133,6 @@ pub fn vec_dot_type(weight_type: GgmlType) -> Option<GgmlType> {
         GgmlType::F32 => Some(GgmlType::F32),
         GgmlType::F16 => Some(GgmlType::F16),
         GgmlType::BF16 => Some(GgmlType::BF16),
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => Some(GgmlType::Q8_0),
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Some(GgmlType::Q8_K),
         _ => block_format(weight_type)
             .and_then(|f| f.dot)
             .map(|(act, _)| act),
