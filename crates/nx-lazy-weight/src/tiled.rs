@@ -32,8 +32,8 @@ use nx_syscalls::ThreadPool;
 #[cfg(test)]
 use crate::formats::q6_k::quads as q6_k_quads;
 use crate::formats::{
-    f16_to_f32, q4_k, q5_0, q6_k, q8_k, read_f16, read_i16, read_u32, scale_min_k4, Q4_0_BYTES,
-    Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK_K,
+    f16_to_f32, q4_k, q5_0, q6_k, q8_k, read_f16, read_i16, read_u32, Q4_0_BYTES, Q4_K_BYTES,
+    Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK_K,
 };
 
 /// Tokens per tile: one per f32 / i32 element of a 512-bit register.
@@ -272,17 +272,18 @@ fn unpack_q4_k(wb: &[u8], out: &mut [u8]) {
 /// and its twin: the eight scales as i32, the mins as i16 pairs, `d` and `−dmin` as f32.
 /// Returns the scales.
 fn put_q4_k_scales(wb: &[u8], out: &mut [u8]) -> [i32; 8] {
-    let scales = &wb[q4_k::SCALES..q4_k::SCALES + 12];
-    let mut sc = [0i32; 8];
-    let mut mn = [0i16; 8];
-    for j in 0..8 {
-        let (s, m) = scale_min_k4(j, scales);
-        sc[j] = s as i32;
-        mn[j] = m as i16;
-        put_i32(out, WQ4K_SC + 4 * j, s as i32);
+    let (sc, mn) = q4_k::scales_mins(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
+    for (j, &s) in sc.iter().enumerate() {
+        put_i32(out, WQ4K_SC + 4 * j, s);
     }
     for m in 0..4 {
-        put_pair(out, WQ4K_MINS + 4 * m, mn[2 * m], mn[2 * m + 1]);
+        // Mins are 6-bit, so the i16 pairs hold them exactly.
+        put_pair(
+            out,
+            WQ4K_MINS + 4 * m,
+            mn[2 * m] as i16,
+            mn[2 * m + 1] as i16,
+        );
     }
     put_f32(out, WQ4K_D, read_f16(wb, 0));
     put_f32(out, WQ4K_D + 4, -read_f16(wb, q4_k::DMIN));

@@ -71,7 +71,7 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 
 /// Decoded 6-bit scales and mins of a Q4_K/Q5_K super-block.
 #[inline(always)]
-pub(super) fn scales_mins(scales: &[u8]) -> ([i32; 8], [i32; 8]) {
+pub(crate) fn scales_mins(scales: &[u8]) -> ([i32; 8], [i32; 8]) {
     let mut sc = [0i32; 8];
     let mut mn = [0i32; 8];
     for j in 0..8 {
