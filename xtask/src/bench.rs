@@ -36,6 +36,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// synthetic files and the 2 GB Qwen3-MoE one (`cargo xtask synth --shape ...`, run by
 /// the bench for a file that is missing).
 pub const DEFAULT_MODELS: [&str; 4] = ["default", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3moe-2b"];
+/// The files of `cargo xtask bench --formats`: the Qwen2.5-0.5B shapes in nx's Q4_K_M mix
+/// (the bandwidth yardstick) and as llama-quantize makes five other file types of them.
+pub const FORMAT_MODELS: [&str; 6] = [
+    "qwen2.5-0.5b",
+    "qwen2.5-0.5b-Q4_0",
+    "qwen2.5-0.5b-Q8_0",
+    "qwen2.5-0.5b-Q3_K_M",
+    "qwen2.5-0.5b-Q5_K_M",
+    "qwen2.5-0.5b-IQ4_XS",
+];
 /// Default repetitions per engine and file.
 pub const DEFAULT_REPS: usize = 3;
 /// Default worker threads for both engines (the dev machines have two cores).
@@ -59,6 +69,8 @@ pub struct BenchArgs {
     pub threads: usize,
     /// Use the existing `target/release/nx` instead of building it first.
     pub no_build: bool,
+    /// The file-type comparison ([`FORMAT_MODELS`]) into a section of its own.
+    pub formats: bool,
 }
 
 /// The benchmark parameters that follow from [`BenchArgs`].
@@ -256,13 +268,18 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         let docs = workspace_root().join("docs").join("benchmarks.md");
         let old = std::fs::read_to_string(&docs).unwrap_or_default();
+        if args.formats {
+            write_formats_section(&docs, &old, &report, &table)?;
+            eprintln!("bench: done in {}", duration_text(started.elapsed()));
+            return Ok(());
+        }
         if let Some(tier) = crate::bench_spec::pinned_tier()? {
             // A run pinned to a lower tier keeps the main table: it has a section of its own.
             let (begin, end) = tier_markers(tier);
             let section = format!(
                 "{begin}\n## nx on its {tier} tier: `NX_TIER={tier} NX_AMX=0 cargo xtask bench`\n\n\
-                 The same files and method as the main table; only nx is pinned (llama.cpp runs \
-                 as it does there).\n\n{}\n\n{table}{end}\n",
+                 The same files and method as the main table; llama.cpp: {}.\n\n{}\n\n{table}{end}\n",
+                report.llama_cpp_config,
                 summary_lines(&report)
             );
             let text = crate::util::replace_doc_section(&old, &begin, &end, &section);
@@ -284,6 +301,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .map(crate::bench_spec::markers)
             .collect();
         sections.extend(crate::bench_spec::PINNED_TIERS.map(tier_markers));
+        sections.extend(FORMAT_SECTION_TIERS.map(formats_markers));
         for (begin, end) in sections {
             if let Some(section) = crate::util::doc_section(&old, &begin, &end) {
                 text = crate::util::replace_doc_section(&text, &begin, &end, section);
@@ -409,6 +427,18 @@ pub fn choose_llama_bench(model: &Path, threads: usize) -> Result<LlamaBench> {
     let pinned = llama_bin("llama-bench");
     if !pinned.is_file() {
         ensure_reference(DEFAULT_JOBS)?;
+    }
+    if crate::bench_spec::pinned_tier()? == Some("avx2") {
+        // nx pinned to AVX2 stands in for a CPU without AVX-512: llama.cpp's best there
+        // is its AVX2 build.
+        let bin = crate::reference::ensure_avx2_bench(DEFAULT_JOBS)?;
+        return Ok(LlamaBench {
+            bin,
+            repack: true,
+            config: "the pinned source built for AVX2 only (GGML_NATIVE=OFF with AVX, AVX2, \
+                     FMA, F16C and BMI2; no AVX-512, VNNI or AMX), weight repacking on: \
+                     llama.cpp at its best on a CPU without AVX-512",
+        });
     }
     let runs = |bin: &Path, repack: bool| -> bool {
         let mut cmd = Command::new(bin);
@@ -880,6 +910,77 @@ pub fn runs_table(report: &Report) -> String {
     out
 }
 
+/// The tiers a `--formats` section is kept for: the native one (`None`) and the pinned.
+const FORMAT_SECTION_TIERS: [Option<&str>; 3] = [None, Some("avx2"), Some("scalar")];
+
+/// The markers of the section `cargo xtask bench --formats` writes (one per tier).
+fn formats_markers(tier: Option<&str>) -> (String, String) {
+    let (key, env) = match tier {
+        Some(t) => (format!("formats-{t}"), format!("NX_TIER={t} NX_AMX=0 ")),
+        None => ("formats".to_string(), String::new()),
+    };
+    (
+        format!("<!-- bench-{key}:begin (written by `{env}cargo xtask bench --formats`) -->"),
+        format!("<!-- bench-{key}:end -->"),
+    )
+}
+
+/// Each file's decode bandwidth as a share of the first file's (the Q4_K_M yardstick):
+/// how close a file type comes to the bandwidth bound Q4_K reaches.
+fn decode_share_lines(report: &Report) -> String {
+    let Some(base) = report.models.first() else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for m in &report.models {
+        let share = if base.nx_decode_gbs > 0.0 {
+            m.nx_decode_gbs / base.nx_decode_gbs
+        } else {
+            0.0
+        };
+        out.push_str(&format!(
+            "- `{}`: {:.1} MB read per decode step, nx decodes at {:.1} GB/s = {:.2} of `{}`'s \
+             {:.1} GB/s; llama.cpp at {:.1} GB/s.\n",
+            m.name,
+            m.decode_bytes_per_token as f64 / 1e6,
+            m.nx_decode_gbs,
+            share,
+            base.name,
+            base.nx_decode_gbs,
+            m.llama_cpp_decode_gbs,
+        ));
+    }
+    out
+}
+
+/// Writes (or replaces) the `--formats` section of `docs/benchmarks.md`.
+fn write_formats_section(docs: &Path, old: &str, report: &Report, table: &str) -> Result<()> {
+    let tier = crate::bench_spec::pinned_tier()?;
+    let (begin, end) = formats_markers(tier);
+    let (heading, env) = match tier {
+        Some(t) => (
+            format!(" (nx on its {t} tier)"),
+            format!("NX_TIER={t} NX_AMX=0 "),
+        ),
+        None => (String::new(), String::new()),
+    };
+    let section = format!(
+        "{begin}\n## File types{heading}: `{env}cargo xtask bench --formats`\n\n\
+         The Qwen2.5-0.5B shapes (synthetic weights) in nx's own Q4_K_M mix, and as the pinned \
+         `llama-quantize` makes five other file types of them from an all-Q8_0 source (its own \
+         choice of type per tensor, fallbacks included). Same method as the main table; \
+         llama.cpp: {}.\n\n{}\n\n{table}\nDecode bandwidth (weight bytes one decode step \
+         reads × tg t/s) beside the Q4_K_M file's:\n\n{}{end}\n",
+        report.llama_cpp_config,
+        summary_lines(report),
+        decode_share_lines(report),
+    );
+    let text = crate::util::replace_doc_section(old, &begin, &end, &section);
+    std::fs::write(docs, text).with_context(|| format!("cannot write {}", docs.display()))?;
+    eprintln!("bench: wrote the file-type section of {}", docs.display());
+    Ok(())
+}
+
 /// The markers of the section a run with `NX_TIER` = `tier` writes.
 fn tier_markers(tier: &str) -> (String, String) {
     (
@@ -987,6 +1088,7 @@ mod tests {
             models: DEFAULT_MODELS.iter().map(|s| s.to_string()).collect(),
             threads: 2,
             no_build: false,
+            formats: false,
         }
     }
 
@@ -1261,10 +1363,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn table_has_one_row_per_file_and_marks_derived_ttft() {
-        let model = ModelResult {
-            name: "default".into(),
+    fn model_result(name: &str, nx_decode_gbs: f64) -> ModelResult {
+        ModelResult {
+            name: name.into(),
             path: "/cache/models/gemma.gguf".into(),
             file_bytes: 1,
             decode_bytes_per_token: 1,
@@ -1272,10 +1373,31 @@ mod tests {
             llama_cpp: summary(50.0, 10.0, true),
             pp_ratio: 2.0,
             tg_ratio: 2.0,
-            nx_decode_gbs: 5.0,
+            nx_decode_gbs,
             llama_cpp_decode_gbs: 2.5,
-        };
-        let report = Report {
+        }
+    }
+
+    #[test]
+    fn decode_shares_are_against_the_first_file_and_sections_have_own_markers() {
+        let report = report_of(vec![model_result("q4km", 20.0), model_result("q8", 15.0)]);
+        let lines = decode_share_lines(&report);
+        let lines: Vec<&str> = lines.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(lines[0].contains("= 1.00 of `q4km`'s"), "{}", lines[0]);
+        assert!(
+            lines[1].contains("15.0 GB/s = 0.75 of `q4km`'s 20.0 GB/s"),
+            "{}",
+            lines[1]
+        );
+        let (native, avx2) = (formats_markers(None), formats_markers(Some("avx2")));
+        assert_ne!(native.0, avx2.0);
+        assert_ne!(native.0, tier_markers("avx2").0);
+        assert!(avx2.0.contains("NX_TIER=avx2") && avx2.1.contains("formats-avx2"));
+    }
+
+    fn report_of(models: Vec<ModelResult>) -> Report {
+        Report {
             command: "cargo xtask bench".into(),
             date: "2026-11-30".into(),
             time_utc: "00:00".into(),
@@ -1300,8 +1422,14 @@ mod tests {
                 threads: 2,
                 multi_thread_gbs: 15.0,
             },
-            models: vec![model.clone(), model],
-        };
+            models,
+        }
+    }
+
+    #[test]
+    fn table_has_one_row_per_file_and_marks_derived_ttft() {
+        let model = model_result("default", 5.0);
+        let report = report_of(vec![model.clone(), model]);
         let table = markdown_table(&report);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 4, "{table}");

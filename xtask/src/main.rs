@@ -53,6 +53,10 @@ enum Command {
         /// Parallel build jobs.
         #[arg(long, default_value_t = reference::DEFAULT_JOBS)]
         jobs: u32,
+        /// Also build llama-bench for AVX2 only into $NX_CACHE/llama.cpp/build-avx2 (what
+        /// `NX_TIER=avx2 cargo xtask bench` compares against; built on first need anyway).
+        #[arg(long)]
+        avx2: bool,
     },
     /// Run fmt, clippy, fetch, the workspace tests and every named gate; exit non-zero on
     /// any failure.
@@ -111,6 +115,12 @@ enum Command {
         /// default model, grounded and ordinary prompts, into docs/benchmarks.md.
         #[arg(long)]
         spec: bool,
+        /// Instead of --models: the Qwen2.5-0.5B shapes as Q4_K_M (nx's mix) and as
+        /// llama-quantize makes Q4_0, Q8_0, Q3_K_M, Q5_K_M and IQ4_XS of them, into a
+        /// section of docs/benchmarks.md of their own (with each file's decode bandwidth
+        /// beside the Q4_K_M file's).
+        #[arg(long, conflicts_with_all = ["spec", "models"])]
+        formats: bool,
     },
     /// Drive `nx serve` and `llama-server` with the same concurrent streaming clients.
     ///
@@ -165,7 +175,13 @@ fn main() {
             llama_src,
             openai,
         }),
-        Command::Reference { jobs } => reference::ensure_reference(jobs),
+        Command::Reference { jobs, avx2 } => reference::ensure_reference(jobs).and_then(|()| {
+            if avx2 {
+                let bin = reference::ensure_avx2_bench(jobs)?;
+                eprintln!("reference: AVX2-only llama-bench at {}", bin.display());
+            }
+            Ok(())
+        }),
         Command::Gate { only, list } => match gate::run(only.as_deref(), list) {
             Ok(code) => std::process::exit(code),
             Err(err) => Err(err),
@@ -192,12 +208,18 @@ fn main() {
             threads,
             no_build,
             spec: false,
+            formats,
         } => bench::run(&bench::BenchArgs {
             reps,
             quick,
-            models,
+            models: if formats {
+                bench::FORMAT_MODELS.map(String::from).to_vec()
+            } else {
+                models
+            },
             threads,
             no_build,
+            formats,
         }),
         Command::Loadtest(args) => loadtest::run(&args),
         Command::Fuzz(args) => fuzz::run(&args),
@@ -236,6 +258,7 @@ mod tests {
             threads,
             no_build,
             spec,
+            formats: false,
         } = cli.command
         else {
             panic!("not bench");

@@ -323,6 +323,21 @@ pub const LLAMA_NO_AMX_FLAGS: [&str; 2] = [
     "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
 ];
 
+/// Added to [`LLAMA_CMAKE_FLAGS`] for the benches' AVX2-only build
+/// (`reference::avx2_build_dir`): what llama.cpp's best build is on a CPU without
+/// AVX-512, set beside nx's `NX_TIER=avx2`.
+pub const LLAMA_AVX2_FLAGS: [&str; 9] = [
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+    "-DGGML_AVX512=OFF",
+    "-DGGML_AVX_VNNI=OFF",
+    "-DGGML_AMX_INT8=OFF",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,6 +120,47 @@ pub fn ensure_no_amx_bench(jobs: u32) -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// The AVX2-only build (no AVX-512, VNNI or AMX; [`pins::LLAMA_AVX2_FLAGS`]), for
+/// benches of nx's `NX_TIER=avx2`: llama.cpp as it runs at its best on a CPU without
+/// AVX-512.
+pub fn avx2_build_dir() -> PathBuf {
+    llama_root_dir().join("build-avx2")
+}
+
+/// `llama-bench` of [`avx2_build_dir`], built (once, about five minutes) if missing.
+pub fn ensure_avx2_bench(jobs: u32) -> Result<PathBuf> {
+    let bin = avx2_build_dir().join("bin").join("llama-bench");
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    let source = ensure_llama_src()?;
+    let _lock = lock_file(&llama_root_dir().join("build.lock"))?;
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    eprintln!(
+        "reference: building llama-bench for AVX2 only in {}",
+        avx2_build_dir().display()
+    );
+    let started = Instant::now();
+    cmake_build(
+        &source,
+        &avx2_build_dir(),
+        &pins::LLAMA_AVX2_FLAGS,
+        &["llama-bench"],
+        jobs,
+        "avx2-",
+    )?;
+    if !bin.is_file() {
+        bail!("the build finished but {} is missing", bin.display());
+    }
+    eprintln!(
+        "reference: built llama-bench for AVX2 in {}",
+        duration_text(started.elapsed())
+    );
+    Ok(bin)
+}
+
 /// Configures `build` from `source` with the pinned flags plus `extra` and builds
 /// `tools`; logs go to `<prefix>cmake.log` and `<prefix>build.log` in the llama.cpp root.
 fn cmake_build(

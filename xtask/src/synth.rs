@@ -45,13 +45,18 @@ pub const TINY_SHAPES: [&str; 15] = [
 ];
 
 /// Benchmark-sized shapes, generated only when named with `--shape`.
-pub const BENCH_SHAPES: [&str; 6] = [
+pub const BENCH_SHAPES: [&str; 11] = [
     "qwen2.5-0.5b",
     "qwen3moe-2b",
     "qwen2.5-1.5b",
     "qwen2.5-0.5b-q4_1",
     "qwen2.5-0.5b-q3_k_m",
     "qwen2.5-0.5b-q2_k-iq4_xs",
+    "qwen2.5-0.5b-Q4_0",
+    "qwen2.5-0.5b-Q8_0",
+    "qwen2.5-0.5b-Q3_K_M",
+    "qwen2.5-0.5b-Q5_K_M",
+    "qwen2.5-0.5b-IQ4_XS",
 ];
 
 /// Bumped whenever the generator's output is meant to change; part of every seed.
@@ -355,6 +360,18 @@ const fn with_mix(base: Shape, name: &'static str, mix: TypeMix) -> Shape {
     Shape { name, mix, ..base }
 }
 
+/// `base` as the pinned `llama-quantize` makes file type `ftype` of it (from the all-Q8_0
+/// source), the way published files of that type are made.
+const fn reference_quantized(base: Shape, name: &'static str, ftype: &'static str) -> Shape {
+    Shape {
+        name,
+        mix: TypeMix::Q8,
+        token_embd_type: GgmlType::Q8_0,
+        reference_quant: Some(ftype),
+        ..base
+    }
+}
+
 /// A tiny shape of one of the newer architectures: three or four layers, llama-spm's
 /// 32 000 tokens, the Q4_K_M mix.
 const fn arch_shape(name: &'static str, arch: Arch, n_layer: u64) -> Shape {
@@ -371,7 +388,7 @@ const fn arch_shape(name: &'static str, arch: Arch, n_layer: u64) -> Shape {
 }
 
 /// All known shapes.
-pub const SHAPES: [Shape; 21] = [
+pub const SHAPES: [Shape; 26] = [
     // n_embd 128 is not a multiple of 256: the K-quant matrices fall back to Q5_0/Q8_0,
     // as in real models whose width is not a multiple of 256 (Qwen2.5-0.5B); only
     // ffn_down (K = 512) stays Q4_K/Q6_K.
@@ -495,6 +512,13 @@ pub const SHAPES: [Shape; 21] = [
     with_mix(QWEN25_05B, "qwen2.5-0.5b-q4_1", TypeMix::Legacy32),
     with_mix(QWEN25_05B, "qwen2.5-0.5b-q3_k_m", TypeMix::Q3KM),
     with_mix(QWEN25_05B, "qwen2.5-0.5b-q2_k-iq4_xs", TypeMix::LowBit),
+    // The same shape as llama-quantize makes the file types people download (`cargo xtask
+    // bench --formats`): its own choice of type per tensor, fallbacks included.
+    reference_quantized(QWEN25_05B, "qwen2.5-0.5b-Q4_0", "Q4_0"),
+    reference_quantized(QWEN25_05B, "qwen2.5-0.5b-Q8_0", "Q8_0"),
+    reference_quantized(QWEN25_05B, "qwen2.5-0.5b-Q3_K_M", "Q3_K_M"),
+    reference_quantized(QWEN25_05B, "qwen2.5-0.5b-Q5_K_M", "Q5_K_M"),
+    reference_quantized(QWEN25_05B, "qwen2.5-0.5b-IQ4_XS", "IQ4_XS"),
     Shape {
         name: "qwen2.5-1.5b",
         arch: Arch::Qwen2,
