@@ -32,8 +32,8 @@ use nx_syscalls::ThreadPool;
 #[cfg(test)]
 use crate::formats::q6_k::quads as q6_k_quads;
 use crate::formats::{
-    f16_to_f32, q4_k, q5_0, q6_k, q8_k, read_f16, read_i16, read_u32, Q4_0_BYTES, Q4_K_BYTES,
-    Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK_K,
+    f16_to_f32, iq4_nl, q4_k, q5_0, q6_k, q8_k, read_f16, read_i16, read_u32, Q4_0_BYTES,
+    Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK_K,
 };
 
 /// Tokens per tile: one per f32 / i32 element of a 512-bit register.
@@ -76,7 +76,12 @@ pub(crate) fn available() -> bool {
 pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
     matches!(
         weight_type,
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K
+        GgmlType::Q4_0
+            | GgmlType::Q5_0
+            | GgmlType::Q8_0
+            | GgmlType::IQ4_NL
+            | GgmlType::Q4_K
+            | GgmlType::Q6_K
     )
 }
 
@@ -239,6 +244,7 @@ fn unpacked_block_bytes(weight_type: GgmlType) -> (usize, usize) {
         GgmlType::Q4_0 => (Q4_0_BYTES, W32_BLOCK),
         GgmlType::Q5_0 => (Q5_0_BYTES, W32_BLOCK),
         GgmlType::Q8_0 => (Q8_0_BYTES, W32_BLOCK),
+        GgmlType::IQ4_NL => (iq4_nl::BYTES, W32_BLOCK),
         GgmlType::Q4_K => (Q4_K_BYTES, WQ4K_BLOCK),
         GgmlType::Q6_K => (Q6_K_BYTES, WQ6K_BLOCK),
         _ => (1, 0),
@@ -347,7 +353,7 @@ unsafe fn unpack_rows(
 ) -> usize {
     let (src, dst) = unpacked_block_bytes(weight_type);
     let unpack: fn(&[u8], &mut [u8]) = match weight_type {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => {
             let stride = row_bytes / src * dst;
             out.resize(w_rows.len() / row_bytes * stride, 0);
             // SAFETY: the caller guarantees the features; whole blocks in and out.
@@ -505,6 +511,8 @@ unsafe fn unpack_rows32_avx512(
     let low4 = _mm_set1_epi8(0x0F);
     let ones = _mm256_set1_epi8(1);
     let zero = _mm256_setzero_si256();
+    // SAFETY: sixteen bytes.
+    let levels = unsafe { _mm_loadu_si128(iq4_nl::KVALUES.as_ptr() as *const __m128i) };
     for (row, dst_row) in w_rows
         .chunks_exact(row_bytes)
         .zip(out.chunks_exact_mut(stride))
@@ -518,6 +526,14 @@ unsafe fn unpack_rows32_avx512(
             let w = unsafe {
                 match weight_type {
                     GgmlType::Q8_0 => _mm256_loadu_si256(wb.as_ptr().add(2) as *const __m256i),
+                    GgmlType::IQ4_NL => {
+                        // Each nibble indexes the sixteen levels: one byte shuffle a half.
+                        let qs = _mm_loadu_si128(wb.as_ptr().add(iq4_nl::QS) as *const __m128i);
+                        let lo = _mm_shuffle_epi8(levels, _mm_and_si128(qs, low4));
+                        let hi =
+                            _mm_shuffle_epi8(levels, _mm_and_si128(_mm_srli_epi16::<4>(qs), low4));
+                        _mm256_set_m128i(hi, lo)
+                    }
                     _ => {
                         let qs_at = if weight_type == GgmlType::Q5_0 {
                             q5_0::QS
@@ -651,6 +667,14 @@ unsafe fn run_avx512(
                             (GgmlType::Q6_K, true) => q6_k_tile::<2>(w, stride, x, n_blocks, dst),
                             (GgmlType::Q6_K, false) => {
                                 q6_k_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
+                            }
+                            // Two chains of eight lanes a row: one row at a time.
+                            (GgmlType::IQ4_NL, _) => {
+                                let (first, second) = dst.split_at_mut(1);
+                                iq4_nl_tile(w, x, n_blocks, &mut first[0]);
+                                if pair {
+                                    iq4_nl_tile(&w[stride..], x, n_blocks, &mut second[0]);
+                                }
                             }
                             (_, true) => block32_tile::<2>(w, stride, x, n_blocks, dst),
                             (_, false) => block32_tile::<1>(w, stride, x, n_blocks, first_mut(dst)),
@@ -882,6 +906,60 @@ unsafe fn block32_tile<const R: usize>(
         // SAFETY: `out[r]` is sixteen f32.
         unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), lanes_sum(&acc[r])) };
     }
+}
+
+/// One IQ4_NL row against one token group, in the order of its single-token kernel
+/// (`formats::iq4_nl::dot`): blocks in pairs, even blocks into one set of eight lane
+/// chains and odd blocks into another, the two sets added lane-wise and summed; an odd
+/// last block then joins as one fused multiply-add of `d` with its whole integer sum.
+///
+/// # Safety
+/// As [`block32_tile`] with `R` = 1 (IQ4_NL blocks unpacked to signed levels).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn iq4_nl_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]) {
+    assert!(w.len() >= n_blocks * W32_BLOCK);
+    assert!(x.len() >= n_blocks * ACT32_BLOCK);
+    // [even blocks, odd blocks] × eight lanes, sixteen tokens each.
+    let mut acc = [[_mm512_setzero_ps(); 8]; 2];
+    // One block's lane integers (sixteen tokens a register) and `d_w·d_x`.
+    let block = |b: usize| {
+        let xt = x[b * ACT32_BLOCK..].as_ptr();
+        let wb = w[b * W32_BLOCK..].as_ptr();
+        // SAFETY: inside the tile block and the unpacked block (asserted above).
+        unsafe {
+            let d = _mm512_mul_ps(
+                splat_f32(wb.add(64)),
+                _mm512_loadu_ps(xt.add(512) as *const f32),
+            );
+            let lanes: [__m512i; 8] = std::array::from_fn(|l| {
+                _mm512_dpbusd_epi32(
+                    splat_i32(wb.add(32 + 4 * l)),
+                    _mm512_loadu_si512(xt.add(64 * l) as *const _),
+                    splat_i32(wb.add(4 * l)),
+                )
+            });
+            (lanes, d)
+        }
+    };
+    let paired = n_blocks & !1;
+    for b in 0..paired {
+        let (lanes, d) = block(b);
+        for (a, lane) in acc[b % 2].iter_mut().zip(lanes) {
+            *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), *a);
+        }
+    }
+    let both: [__m512; 8] = std::array::from_fn(|l| _mm512_add_ps(acc[0][l], acc[1][l]));
+    let mut sum = lanes_sum(&both);
+    if paired < n_blocks {
+        let (lanes, d) = block(paired);
+        // Integer adds: exact in any order.
+        let total = lanes
+            .iter()
+            .fold(_mm512_setzero_si512(), |s, &l| _mm512_add_epi32(s, l));
+        sum = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(total), sum);
+    }
+    // SAFETY: `out` is sixteen f32.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sum) };
 }
 
 /// Q4_K rows against one token group (see [`block32_tile`]).

@@ -10,7 +10,10 @@
 
 mod common;
 
-use common::{assert_bits_eq, check_matmul_against_dot_row, weight_row, Rng};
+use common::{
+    assert_bits_eq, check_matmul_against_dot_row, check_matmul_against_dot_row_blocks, weight_row,
+    Rng,
+};
 use nx_lazy_weight::{
     active_tier, dot_kernel4_for, dot_kernel_for, dot_kernel_rows4_for, quantize_row, row_bytes,
     supported_tiers, uses_tiled_kernels, vec_dot_type, CpuTier, GgmlType,
@@ -23,21 +26,22 @@ const MULTI_TYPES: [GgmlType; 11] = [
     GgmlType::Q5_0,
     GgmlType::Q8_0,
     GgmlType::Q4_0,
+    GgmlType::IQ4_NL,
     GgmlType::Q4_1,
     GgmlType::Q5_1,
-    GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
     GgmlType::Q2_K,
     GgmlType::Q3_K,
 ];
 
 /// The types with 16-token tiles on the AVX-512 VNNI tier (the first of [`MULTI_TYPES`]).
-const TILED_TYPES: [GgmlType; 5] = [
+const TILED_TYPES: [GgmlType; 6] = [
     GgmlType::Q4_K,
     GgmlType::Q6_K,
     GgmlType::Q5_0,
     GgmlType::Q8_0,
     GgmlType::Q4_0,
+    GgmlType::IQ4_NL,
 ];
 
 /// An activation row quantized to `ty`'s dot type; the scale varies per row so the four
@@ -194,4 +198,7 @@ fn matmul_with_grouped_tokens_equals_dot_row_per_element() {
     for ty in MULTI_TYPES {
         check_matmul_against_dot_row(ty, &[1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 18, 33, 37]);
     }
+    // IQ4_NL pairs its blocks (an odd last one is added apart): rows of an even count
+    // of blocks too.
+    check_matmul_against_dot_row_blocks(GgmlType::IQ4_NL, &[16, 33], 4);
 }

@@ -139,8 +139,13 @@ pub fn weight_row(rng: &mut Rng, ty: GgmlType, k: usize, via_quantizer: bool) ->
 /// blocks) by `n` tokens for each `n` in `ns`, against `dot_row` element by element,
 /// bit for bit. Tokens carry outliers so some quants reach ±127 / −128.
 pub fn check_matmul_against_dot_row(ty: GgmlType, ns: &[usize]) {
+    check_matmul_against_dot_row_blocks(ty, ns, 3);
+}
+
+/// [`check_matmul_against_dot_row`] with rows of `n_blocks` blocks.
+pub fn check_matmul_against_dot_row_blocks(ty: GgmlType, ns: &[usize], n_blocks: usize) {
     const N_ROWS: usize = 35;
-    let k = 3 * ty.block_size();
+    let k = n_blocks * ty.block_size();
     let mut rng = Rng::new(ty.id() as u64 + 7);
     let w_bytes: Vec<u8> = (0..N_ROWS)
         .flat_map(|r| weight_row(&mut rng, ty, k, r % 2 == 0))
