@@ -10,7 +10,8 @@
 //! which mirrors ggml's `quantize_row_q8_0_ref`; our activation quantizer must produce
 //! the same bytes. `q4_1_quantize.json` and `q5_1_quantize.json` do the same for the
 //! Q4_1 and Q5_1 weight quantizers (ggml's `quantize_row_q4_1_ref` / `q5_1_ref`, what
-//! `llama-quantize` runs for those types without an importance matrix).
+//! `llama-quantize` runs for those types without an importance matrix), and
+//! `mxfp4_quantize.json` for the MXFP4 one (the only quantizer ggml has for it).
 
 mod common;
 
@@ -35,7 +36,7 @@ fn load(name: &str) -> Value {
 fn dequantize_matches_gguf_python_bit_for_bit() {
     let types = [
         "F32", "F16", "BF16", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_1", "Q5_1",
-        "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS",
+        "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4",
     ];
     let mut summary = Vec::new();
     for name in types {
@@ -136,4 +137,9 @@ fn q8_0_activation_quantizer_matches_gguf_python() {
 fn q4_1_and_q5_1_weight_quantizers_match_gguf_python() {
     check_quantize_fixture("q4_1_quantize.json", "quantized_hex", GgmlType::Q4_1);
     check_quantize_fixture("q5_1_quantize.json", "quantized_hex", GgmlType::Q5_1);
+}
+
+#[test]
+fn mxfp4_weight_quantizer_matches_gguf_python() {
+    check_quantize_fixture("mxfp4_quantize.json", "quantized_hex", GgmlType::MXFP4);
 }

@@ -11,7 +11,7 @@
 //! then go beside the others in the tier files, each tested against the scalar twin.
 //! Every quantized format is one: [`q4_0`], [`q5_0`], [`q8_0`], [`q4_k`], [`q5_k`],
 //! [`q6_k`], [`q8_k`], [`q4_1`], [`q5_1`], [`q8_1`], [`q2_k`], [`q3_k`], [`iq4_nl`],
-//! [`iq4_xs`]. The float types (F32, F16, BF16) are the only `match` arms left in
+//! [`iq4_xs`], [`mxfp4`]. The float types (F32, F16, BF16) are the only `match` arms left in
 //! `dequant.rs`, `dot_scalar.rs` and `quant.rs`.
 //!
 //! | type | elements | bytes | fields (byte offsets) |
@@ -31,6 +31,7 @@
 //! | Q3_K | 256 | 110 | `hmask[32]` @0, `qs[64]` @32, `scales[12]` @96, `d` f16 @108 |
 //! | IQ4_NL | 32 | 18 | `d` f16 @0, `qs[16]` @2 (indices into a 16-level table) |
 //! | IQ4_XS | 256 | 136 | `d` f16 @0, `scales_h` u16 @2, `scales_l[4]` @4, `qs[128]` @8 |
+//! | MXFP4 | 32 | 17 | `e` u8 @0 (E8M0 scale), `qs[16]` @1 (E2M1 codes) |
 
 use nx_gguf::GgmlType;
 
@@ -39,6 +40,7 @@ use crate::LazyWeightError;
 mod block;
 pub mod iq4_nl;
 pub mod iq4_xs;
+pub mod mxfp4;
 pub mod q2_k;
 pub mod q3_k;
 pub mod q4_0;
@@ -73,6 +75,7 @@ pub const BLOCK_FORMATS: &[BlockFormat] = &[
     q3_k::FORMAT,
     iq4_nl::FORMAT,
     iq4_xs::FORMAT,
+    mxfp4::FORMAT,
 ];
 
 /// The table row of `ggml_type`, if it is one of [`BLOCK_FORMATS`].
