@@ -49,7 +49,7 @@ impl Rng {
 }
 
 /// The weight types nx computes with.
-pub const WEIGHT_TYPES: [GgmlType; 16] = [
+pub const WEIGHT_TYPES: [GgmlType; 17] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -66,6 +66,7 @@ pub const WEIGHT_TYPES: [GgmlType; 16] = [
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
     GgmlType::MXFP4,
+    GgmlType::TQ2_0,
 ];
 
 /// Offsets of the f16 scale fields inside a block of `ty`.
@@ -77,6 +78,7 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q6_K => &[208],
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
+        GgmlType::TQ2_0 => &[64],
         _ => &[],
     }
 }
