@@ -13,8 +13,8 @@ Also writes `q8_0_quantize.json`: random f32 rows quantized by
 `gguf.quants.quantize(.., Q8_0)`, which mirrors ggml's `quantize_row_q8_0_ref`
 (the activation quantizer our Q4_0/Q5_0/Q8_0 dot products see).
 
-Also writes `q4_1_quantize.json`, `q5_1_quantize.json`, `mxfp4_quantize.json` and
-`tq2_0_quantize.json`: random rows quantized by
+Also writes `q4_1_quantize.json`, `q5_1_quantize.json`, `mxfp4_quantize.json`,
+`tq2_0_quantize.json` and `tq1_0_quantize.json`: random rows quantized by
 `gguf.quants.quantize`, which mirrors ggml's `quantize_row_*_ref` (what
 `llama-quantize` does for those types without an importance matrix); nx's weight
 quantizers must produce the same bytes.
@@ -53,17 +53,18 @@ LAYOUTS = {
     "IQ4_XS": (256, 136, [0]),
     "MXFP4": (32, 17, []),
     "TQ2_0": (256, 66, [64]),
+    "TQ1_0": (256, 54, [52]),
 }
 # Types added after the first fixtures draw their random blocks from streams of their
 # own, so the files of the older types keep their bytes.
-LATER_TYPES = ("Q4_1", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0")
+LATER_TYPES = ("Q4_1", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0", "TQ1_0")
 SYNTHETIC_BLOCKS_PER_ROW = {
     "F32": 96, "F16": 160, "BF16": 160,
     "Q4_0": 8, "Q5_0": 8, "Q8_0": 8,
     "Q4_K": 2, "Q5_K": 2, "Q6_K": 2,
     "Q4_1": 8, "Q5_1": 8, "IQ4_NL": 8,
     "Q2_K": 2, "Q3_K": 2, "IQ4_XS": 2,
-    "MXFP4": 8, "TQ2_0": 2,
+    "MXFP4": 8, "TQ2_0": 2, "TQ1_0": 2,
 }
 SYNTHETIC_ROWS = 3
 
@@ -192,7 +193,7 @@ def weight_quantize_fixture(type_name: str) -> dict:
             x[32:64] = 1.5  # all equal and non-zero
         if i == 1:
             x[32:64] = np.arange(32, dtype=np.float32) * np.float32(0.5)  # exact level halves
-        if type_name == "TQ2_0":  # one 256-weight block per row
+        if type_name in ("TQ1_0", "TQ2_0"):  # one 256-weight block per row
             if i == 2:
                 x[:] = 0.0  # an all-zero block: d = 0
             if i == 3:
@@ -270,10 +271,10 @@ def main() -> int:
         }
         write_json(os.path.join(out_dir, type_name.lower() + ".json"), obj)
     write_json(os.path.join(out_dir, "q8_0_quantize.json"), q8_0_quantize_fixture(rng))
-    for type_name in ("Q4_1", "Q5_1", "MXFP4", "TQ2_0"):
+    for type_name in ("Q4_1", "Q5_1", "MXFP4", "TQ2_0", "TQ1_0"):
         write_json(os.path.join(out_dir, type_name.lower() + "_quantize.json"),
                    weight_quantize_fixture(type_name))
-    print("wrote %d files to %s" % (len(LAYOUTS) + 5, out_dir))
+    print("wrote %d files to %s" % (len(LAYOUTS) + 6, out_dir))
     return 0
 
 

@@ -73,7 +73,7 @@ pub(crate) fn k_quad_lanes(wq: &[i8; 256], xq: &[u8], scales: &[i32], sub_len: u
     lanes
 }
 
-/// Lanes of the ternary formats (TQ2_0) against Q8_K, as ggml's AVX2 kernels form
+/// Lanes of the ternary formats (TQ1_0, TQ2_0) against Q8_K, as ggml's AVX2 kernels form
 /// them: sixteen 16-bit lanes, lane `p` summing `w[e]·x[e]` over the elements `e` with
 /// `e mod 32` in `{2p, 2p+1}` (unsigned levels, so `maddubs` never saturates), minus
 /// `bsums[p]` (the levels are stored `+1`, so `Σ(w−1)·x = Σw·x − Σx`), all modulo 2^16

@@ -50,6 +50,7 @@ const CASES: &[(GgmlType, [usize; 2])] = &[
     (GgmlType::Q6_K, [256, 768]),
     (GgmlType::IQ4_XS, [256, 768]),
     (GgmlType::TQ2_0, [256, 768]),
+    (GgmlType::TQ1_0, [256, 768]),
 ];
 
 /// Cases per row length: weights from the quantizer for the even ones, raw bytes else.
@@ -139,6 +140,7 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q3_K => &[108],
         GgmlType::Q6_K => &[208],
         GgmlType::TQ2_0 => &[64],
+        GgmlType::TQ1_0 => &[52],
         _ => &[],
     }
 }

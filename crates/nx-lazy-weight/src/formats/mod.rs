@@ -11,7 +11,7 @@
 //! then go beside the others in the tier files, each tested against the scalar twin.
 //! Every quantized format is one: [`q4_0`], [`q5_0`], [`q8_0`], [`q4_k`], [`q5_k`],
 //! [`q6_k`], [`q8_k`], [`q4_1`], [`q5_1`], [`q8_1`], [`q2_k`], [`q3_k`], [`iq4_nl`],
-//! [`iq4_xs`], [`mxfp4`], [`tq2_0`]. The float types (F32, F16, BF16) are
+//! [`iq4_xs`], [`mxfp4`], [`tq2_0`], [`tq1_0`]. The float types (F32, F16, BF16) are
 //! the only `match` arms left in `dequant.rs`, `dot_scalar.rs` and `quant.rs`.
 //!
 //! | type | elements | bytes | fields (byte offsets) |
@@ -33,6 +33,7 @@
 //! | IQ4_XS | 256 | 136 | `d` f16 @0, `scales_h` u16 @2, `scales_l[4]` @4, `qs[128]` @8 |
 //! | MXFP4 | 32 | 17 | `e` u8 @0 (E8M0 scale), `qs[16]` @1 (E2M1 codes) |
 //! | TQ2_0 | 256 | 66 | `qs[64]` @0 (2-bit levels), `d` f16 @64 |
+//! | TQ1_0 | 256 | 54 | `qs[48]` @0 (five base-3 digits a byte), `qh[4]` @48 (four), `d` f16 @52 |
 
 use nx_gguf::GgmlType;
 
@@ -54,6 +55,7 @@ pub mod q6_k;
 pub mod q8_0;
 pub mod q8_1;
 pub mod q8_k;
+pub mod tq1_0;
 pub mod tq2_0;
 
 pub use block::{
@@ -79,6 +81,7 @@ pub const BLOCK_FORMATS: &[BlockFormat] = &[
     iq4_xs::FORMAT,
     mxfp4::FORMAT,
     tq2_0::FORMAT,
+    tq1_0::FORMAT,
 ];
 
 /// The table row of `ggml_type`, if it is one of [`BLOCK_FORMATS`].

@@ -71,9 +71,9 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
 }
 
 /// The scale and the ternary level (0, 1, 2 for −1, 0, +1) of every weight, as ggml's
-/// ternary reference quantizers pick them: `d = amax` (stored as f16),
+/// TQ1_0/TQ2_0 reference quantizers pick them: `d = amax` (stored as f16),
 /// `level = round_half_away(x/amax) + 1` with `1/amax` formed once in f32.
-fn ternary_levels(x: &[f32]) -> (u16, [u8; 256]) {
+pub(crate) fn ternary_levels(x: &[f32]) -> (u16, [u8; 256]) {
     let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
     let id = if amax != 0.0 { 1.0 / amax } else { 0.0 };
     let mut q = [0u8; 256];

@@ -49,7 +49,7 @@ impl Rng {
 }
 
 /// The weight types nx computes with.
-pub const WEIGHT_TYPES: [GgmlType; 17] = [
+pub const WEIGHT_TYPES: [GgmlType; 18] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -67,6 +67,7 @@ pub const WEIGHT_TYPES: [GgmlType; 17] = [
     GgmlType::IQ4_XS,
     GgmlType::MXFP4,
     GgmlType::TQ2_0,
+    GgmlType::TQ1_0,
 ];
 
 /// Offsets of the f16 scale fields inside a block of `ty`.
@@ -79,6 +80,7 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
         GgmlType::TQ2_0 => &[64],
+        GgmlType::TQ1_0 => &[52],
         _ => &[],
     }
 }
