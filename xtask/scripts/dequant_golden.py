@@ -13,10 +13,11 @@ Also writes `q8_0_quantize.json`: random f32 rows quantized by
 `gguf.quants.quantize(.., Q8_0)`, which mirrors ggml's `quantize_row_q8_0_ref`
 (the activation quantizer our Q4_0/Q5_0/Q8_0 dot products see).
 
-Also writes `q4_1_quantize.json` and `q5_1_quantize.json`: random rows quantized by
-`gguf.quants.quantize`, which mirrors ggml's `quantize_row_q4_1_ref` /
-`quantize_row_q5_1_ref` (what `llama-quantize` does for those types without an
-importance matrix); nx's weight quantizers must produce the same bytes.
+Also writes `q4_1_quantize.json`, `q5_1_quantize.json`, `mxfp4_quantize.json`,
+`tq2_0_quantize.json` and `tq1_0_quantize.json`: random rows quantized by
+`gguf.quants.quantize`, which mirrors ggml's `quantize_row_*_ref` (what
+`llama-quantize` does for those types without an importance matrix); nx's weight
+quantizers must produce the same bytes.
 
 Usage: dequant_golden.py MODEL_PATH OUT_DIR
 """
@@ -50,16 +51,20 @@ LAYOUTS = {
     "Q3_K": (256, 110, [108]),
     "IQ4_NL": (32, 18, [0]),
     "IQ4_XS": (256, 136, [0]),
+    "MXFP4": (32, 17, []),
+    "TQ2_0": (256, 66, [64]),
+    "TQ1_0": (256, 54, [52]),
 }
 # Types added after the first fixtures draw their random blocks from streams of their
 # own, so the files of the older types keep their bytes.
-LATER_TYPES = ("Q4_1", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
+LATER_TYPES = ("Q4_1", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0", "TQ1_0")
 SYNTHETIC_BLOCKS_PER_ROW = {
     "F32": 96, "F16": 160, "BF16": 160,
     "Q4_0": 8, "Q5_0": 8, "Q8_0": 8,
     "Q4_K": 2, "Q5_K": 2, "Q6_K": 2,
     "Q4_1": 8, "Q5_1": 8, "IQ4_NL": 8,
     "Q2_K": 2, "Q3_K": 2, "IQ4_XS": 2,
+    "MXFP4": 8, "TQ2_0": 2, "TQ1_0": 2,
 }
 SYNTHETIC_ROWS = 3
 
@@ -117,6 +122,11 @@ def synthetic_raw(rng: np.random.Generator, type_name: str, n_blocks: int) -> np
     for off in scale_offsets:
         scales = random_finite_f16(rng, n_blocks, -14, 2)
         raw[:, off:off + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
+    if type_name == "MXFP4":
+        # The E8M0 scale byte: any value but those whose largest level (12·2^(e-128))
+        # overflows f32 (e > 250); the first two blocks take the subnormal scales e = 0, 1.
+        raw[:, 0] = rng.integers(0, 251, size=n_blocks, dtype=np.uint16).astype(np.uint8)
+        raw[:2, 0] = [0, 1]
     return raw.reshape(-1)
 
 
@@ -183,6 +193,12 @@ def weight_quantize_fixture(type_name: str) -> dict:
             x[32:64] = 1.5  # all equal and non-zero
         if i == 1:
             x[32:64] = np.arange(32, dtype=np.float32) * np.float32(0.5)  # exact level halves
+        if type_name in ("TQ1_0", "TQ2_0"):  # one 256-weight block per row
+            if i == 2:
+                x[:] = 0.0  # an all-zero block: d = 0
+            if i == 3:
+                x[0] = 8.0  # amax a power of two, so x/amax = ±1/2 exactly: rounding ties
+                x[1:9] = [4.0, -4.0] * 4
         q = quantize(x.reshape(1, -1), T[type_name]).reshape(-1)
         rows.append({
             "input_f32_bits": f32_bits_hex(x),
@@ -255,10 +271,10 @@ def main() -> int:
         }
         write_json(os.path.join(out_dir, type_name.lower() + ".json"), obj)
     write_json(os.path.join(out_dir, "q8_0_quantize.json"), q8_0_quantize_fixture(rng))
-    for type_name in ("Q4_1", "Q5_1"):
+    for type_name in ("Q4_1", "Q5_1", "MXFP4", "TQ2_0", "TQ1_0"):
         write_json(os.path.join(out_dir, type_name.lower() + "_quantize.json"),
                    weight_quantize_fixture(type_name))
-    print("wrote %d files to %s" % (len(LAYOUTS) + 3, out_dir))
+    print("wrote %d files to %s" % (len(LAYOUTS) + 6, out_dir))
     return 0
 
 

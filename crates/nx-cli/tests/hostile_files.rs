@@ -143,7 +143,8 @@ fn config_that_disagrees_with_the_tensors() {
 #[test]
 fn a_tensor_type_nx_cannot_compute_with() {
     // blk.0.attn_q.weight's tensor info: name, n_dims (u32 = 2), two u64 dims, type id.
-    // MXFP4 (id 39) blocks are smaller than Q8_0's, so the data still fits its extent.
+    // NVFP4 (id 40: 64 weights in 36 bytes) takes less room than Q8_0, so the data still
+    // fits its extent, and the 64-wide rows are one whole block.
     let mut bytes = tiny();
     let name = b"blk.0.attn_q.weight";
     let at = bytes
@@ -154,11 +155,11 @@ fn a_tensor_type_nx_cannot_compute_with() {
         + 4
         + 16;
     assert_eq!(&bytes[at..at + 4], &8u32.to_le_bytes(), "Q8_0 type id");
-    bytes[at..at + 4].copy_from_slice(&39u32.to_le_bytes());
-    let out = nx_run("mxfp4", &bytes, &[]);
+    bytes[at..at + 4].copy_from_slice(&40u32.to_le_bytes());
+    let out = nx_run("nvfp4", &bytes, &[]);
     assert_one_line_error(
-        "MXFP4 tensor",
+        "NVFP4 tensor",
         out,
-        "tensor `blk.0.attn_q.weight` has ggml type MXFP4",
+        "tensor `blk.0.attn_q.weight` has ggml type NVFP4",
     );
 }

@@ -3,8 +3,8 @@
 //! Layout of the crate, one concern per module:
 //! - [`formats`]: block layouts and byte sizes of the supported ggml types, the
 //!   activation type each weight type is multiplied with (`vec_dot_type`), and the
-//!   formats that are one module each (Q4_1, Q5_1, Q8_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS:
-//!   layout, dequantization, scalar dot, quantizer) in one table.
+//!   formats that are one module each (Q4_1, Q5_1, Q8_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS,
+//!   MXFP4, TQ2_0, TQ1_0: layout, dequantization, scalar dot, quantizer) in one table.
 //! - [`dequant`]: `dequantize_row` per type, bit-exact with ggml's dequantizers.
 //! - [`quant`]: activation quantizers (Q8_0, Q8_K, F16, BF16), bit-exact with ggml's
 //!   reference quantizers, and weight quantizers used to build fixtures.

@@ -30,8 +30,8 @@ use crate::LazyWeightError;
 ///
 /// Supported: F32, F16, BF16, Q8_0, Q8_K, Q8_1 (activations: bit-exact with ggml) and
 /// Q4_0, Q5_0, Q4_K, Q5_K, Q6_K and the weight formats of
-/// [`crate::formats::BLOCK_FORMATS`] (weights: Q4_1 and Q5_1 as ggml's reference
-/// quantizers, the others this crate's own simple ones, for fixtures).
+/// [`crate::formats::BLOCK_FORMATS`] (weights: Q4_1, Q5_1, MXFP4, TQ2_0 and TQ1_0 as
+/// ggml's reference quantizers, the others this crate's own simple ones, for fixtures).
 pub fn quantize_row(ggml_type: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), LazyWeightError> {
     let f: fn(&[f32], &mut [u8]) = match ggml_type {
         GgmlType::F32 => quantize_f32,

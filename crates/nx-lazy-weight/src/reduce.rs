@@ -72,3 +72,25 @@ pub(crate) fn k_quad_lanes(wq: &[i8; 256], xq: &[u8], scales: &[i32], sub_len: u
     }
     lanes
 }
+
+/// Lanes of the ternary formats (TQ1_0, TQ2_0) against Q8_K, as ggml's AVX2 kernels form
+/// them: sixteen 16-bit lanes, lane `p` summing `w[e]·x[e]` over the elements `e` with
+/// `e mod 32` in `{2p, 2p+1}` (unsigned levels, so `maddubs` never saturates), minus
+/// `bsums[p]` (the levels are stored `+1`, so `Σ(w−1)·x = Σw·x − Σx`), all modulo 2^16
+/// as `add_epi16`/`sub_epi16` compute it; then pairs of them widened and added into
+/// eight 32-bit lanes (`madd` by ones).
+#[inline(always)]
+pub(crate) fn offset_pair_lanes(wq: &[u8; 256], xq: &[u8], bsums: &[u8]) -> [i32; 8] {
+    let mut s16 = [0i16; 16];
+    for (e, (&w, &x)) in wq.iter().zip(xq).enumerate() {
+        let p = (e % 32) / 2;
+        s16[p] = s16[p].wrapping_add((w as i16) * (x as i8 as i16));
+    }
+    let mut lanes = [0i32; 8];
+    for (p, s) in s16.iter_mut().enumerate() {
+        let bsum = i16::from_le_bytes([bsums[2 * p], bsums[2 * p + 1]]);
+        *s = s.wrapping_sub(bsum);
+        lanes[p / 2] += *s as i32;
+    }
+    lanes
+}

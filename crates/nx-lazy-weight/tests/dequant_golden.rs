@@ -10,7 +10,9 @@
 //! which mirrors ggml's `quantize_row_q8_0_ref`; our activation quantizer must produce
 //! the same bytes. `q4_1_quantize.json` and `q5_1_quantize.json` do the same for the
 //! Q4_1 and Q5_1 weight quantizers (ggml's `quantize_row_q4_1_ref` / `q5_1_ref`, what
-//! `llama-quantize` runs for those types without an importance matrix).
+//! `llama-quantize` runs for those types without an importance matrix), and
+//! `mxfp4_quantize.json`, `tq2_0_quantize.json` and `tq1_0_quantize.json` for the
+//! MXFP4, TQ2_0 and TQ1_0 ones (the only quantizers ggml has for them).
 
 mod common;
 
@@ -35,7 +37,7 @@ fn load(name: &str) -> Value {
 fn dequantize_matches_gguf_python_bit_for_bit() {
     let types = [
         "F32", "F16", "BF16", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_1", "Q5_1",
-        "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS",
+        "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0", "TQ1_0",
     ];
     let mut summary = Vec::new();
     for name in types {
@@ -136,4 +138,11 @@ fn q8_0_activation_quantizer_matches_gguf_python() {
 fn q4_1_and_q5_1_weight_quantizers_match_gguf_python() {
     check_quantize_fixture("q4_1_quantize.json", "quantized_hex", GgmlType::Q4_1);
     check_quantize_fixture("q5_1_quantize.json", "quantized_hex", GgmlType::Q5_1);
+}
+
+#[test]
+fn mxfp4_and_ternary_weight_quantizers_match_gguf_python() {
+    check_quantize_fixture("mxfp4_quantize.json", "quantized_hex", GgmlType::MXFP4);
+    check_quantize_fixture("tq2_0_quantize.json", "quantized_hex", GgmlType::TQ2_0);
+    check_quantize_fixture("tq1_0_quantize.json", "quantized_hex", GgmlType::TQ1_0);
 }

@@ -39,12 +39,18 @@ const CASES: &[(GgmlType, [usize; 2])] = &[
     (GgmlType::Q5_1, [256, 672]),
     (GgmlType::Q8_0, [256, 672]),
     (GgmlType::IQ4_NL, [256, 672]),
+    // Even block counts only: ggml's scalar tail for an odd last block is `sumf += d·sumi`,
+    // which GCC fuses or not depending on -mtune (fused on the machine that recorded
+    // IQ4_NL's K = 672 cases, unfused under znver tuning), so it is no stable oracle.
+    (GgmlType::MXFP4, [256, 640]),
     (GgmlType::Q2_K, [256, 768]),
     (GgmlType::Q3_K, [256, 768]),
     (GgmlType::Q4_K, [256, 768]),
     (GgmlType::Q5_K, [256, 768]),
     (GgmlType::Q6_K, [256, 768]),
     (GgmlType::IQ4_XS, [256, 768]),
+    (GgmlType::TQ2_0, [256, 768]),
+    (GgmlType::TQ1_0, [256, 768]),
 ];
 
 /// Cases per row length: weights from the quantizer for the even ones, raw bytes else.
@@ -123,7 +129,8 @@ struct Output {
     dot: f32,
 }
 
-/// Offsets of the f16 scale fields inside a block of `ty` (random bytes elsewhere).
+/// Offsets of the f16 scale fields inside a block of `ty` (random bytes elsewhere;
+/// MXFP4's byte scale is drawn in `random_blocks`).
 fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
@@ -132,6 +139,8 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
         GgmlType::Q6_K => &[208],
+        GgmlType::TQ2_0 => &[64],
+        GgmlType::TQ1_0 => &[52],
         _ => &[],
     }
 }
@@ -181,6 +190,10 @@ fn random_blocks(rng: &mut SplitMix64, ty: GgmlType, row_len: usize) -> Vec<u8> 
             let sign = if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
             let bits = nx_lazy_weight::formats::f32_to_f16(sign * magnitude);
             block[off..off + 2].copy_from_slice(&bits.to_le_bytes());
+        }
+        if ty == GgmlType::MXFP4 {
+            // The E8M0 scale byte, 2^(e-128) in 2^[-13, 0) like the f16 scales.
+            block[0] = 115 + (rng.next_u64() >> 56) as u8 % 13;
         }
         out.extend_from_slice(&block);
     }

@@ -59,14 +59,34 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// added lane-wise and then summed; an odd last block is added after, as one fused
 /// multiply-add of its scale with its integer sum.
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
+    paired_table_dot(w, x, BYTES, |wb| {
+        (read_f16(wb, 0), levels(&wb[QS..QS + 16]))
+    })
+}
+
+/// The paired-block loop of ggml's AVX2 kernels for 32-weight table formats against
+/// Q8_0 (IQ4_NL, MXFP4): `decode` gives a weight block's scale and its 32 levels; block
+/// `ib` of a pair goes into lane set `ib % 2` as `fma(d_x·d_w, lane)`, the two sets are
+/// added lane-wise and summed (`hsum_float_8`), and an odd last block is added after as
+/// one fused multiply-add of its scale with its integer sum.
+#[inline(always)]
+pub(crate) fn paired_table_dot(
+    w: &[u8],
+    x: &[u8],
+    block_bytes: usize,
+    decode: impl Fn(&[u8]) -> (f32, [i32; 32]),
+) -> f32 {
     let mut acc = [Lanes8::default(); 2];
-    let n_blocks = w.len() / BYTES;
+    let n_blocks = w.len() / block_bytes;
     let paired = n_blocks & !1;
-    let blocks = w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_0_BLOCK_BYTES));
+    let blocks = w
+        .chunks_exact(block_bytes)
+        .zip(x.chunks_exact(Q8_0_BLOCK_BYTES));
     let mut tail = None;
     for (ib, (wb, xb)) in blocks.enumerate() {
-        let d = read_f16(xb, 0) * read_f16(wb, 0);
-        let lanes = quad_lanes(&levels(&wb[QS..QS + 16]), &xb[2..]);
+        let (d_w, q) = decode(wb);
+        let d = read_f16(xb, 0) * d_w;
+        let lanes = quad_lanes(&q, &xb[2..]);
         if ib < paired {
             acc[ib % 2].fma_block(d, &lanes);
         } else {

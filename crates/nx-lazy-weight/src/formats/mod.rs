@@ -11,8 +11,8 @@
 //! then go beside the others in the tier files, each tested against the scalar twin.
 //! Every quantized format is one: [`q4_0`], [`q5_0`], [`q8_0`], [`q4_k`], [`q5_k`],
 //! [`q6_k`], [`q8_k`], [`q4_1`], [`q5_1`], [`q8_1`], [`q2_k`], [`q3_k`], [`iq4_nl`],
-//! [`iq4_xs`]. The float types (F32, F16, BF16) are the only `match` arms left in
-//! `dequant.rs`, `dot_scalar.rs` and `quant.rs`.
+//! [`iq4_xs`], [`mxfp4`], [`tq2_0`], [`tq1_0`]. The float types (F32, F16, BF16) are
+//! the only `match` arms left in `dequant.rs`, `dot_scalar.rs` and `quant.rs`.
 //!
 //! | type | elements | bytes | fields (byte offsets) |
 //! |---|---|---|---|
@@ -31,6 +31,9 @@
 //! | Q3_K | 256 | 110 | `hmask[32]` @0, `qs[64]` @32, `scales[12]` @96, `d` f16 @108 |
 //! | IQ4_NL | 32 | 18 | `d` f16 @0, `qs[16]` @2 (indices into a 16-level table) |
 //! | IQ4_XS | 256 | 136 | `d` f16 @0, `scales_h` u16 @2, `scales_l[4]` @4, `qs[128]` @8 |
+//! | MXFP4 | 32 | 17 | `e` u8 @0 (E8M0 scale), `qs[16]` @1 (E2M1 codes) |
+//! | TQ2_0 | 256 | 66 | `qs[64]` @0 (2-bit levels), `d` f16 @64 |
+//! | TQ1_0 | 256 | 54 | `qs[48]` @0 (five base-3 digits a byte), `qh[4]` @48 (four), `d` f16 @52 |
 
 use nx_gguf::GgmlType;
 
@@ -39,6 +42,7 @@ use crate::LazyWeightError;
 mod block;
 pub mod iq4_nl;
 pub mod iq4_xs;
+pub mod mxfp4;
 pub mod q2_k;
 pub mod q3_k;
 pub mod q4_0;
@@ -51,6 +55,8 @@ pub mod q6_k;
 pub mod q8_0;
 pub mod q8_1;
 pub mod q8_k;
+pub mod tq1_0;
+pub mod tq2_0;
 
 pub use block::{
     best_index_int8, bf16_to_f32, f16_bits_at_least, f16_to_f32, f32_to_bf16, f32_to_f16,
@@ -73,6 +79,9 @@ pub const BLOCK_FORMATS: &[BlockFormat] = &[
     q3_k::FORMAT,
     iq4_nl::FORMAT,
     iq4_xs::FORMAT,
+    mxfp4::FORMAT,
+    tq2_0::FORMAT,
+    tq1_0::FORMAT,
 ];
 
 /// The table row of `ggml_type`, if it is one of [`BLOCK_FORMATS`].
@@ -124,7 +133,7 @@ pub fn can_dequantize(ggml_type: GgmlType) -> bool {
 
 /// The activation type a weight type's dot product consumes, as in ggml's CPU backend:
 /// Q8_0 for the 32-element formats (Q8_1 for Q4_1 and Q5_1, whose offset term needs the
-/// activations' sum), Q8_K for the K formats, and for the float types
+/// activations' sum), Q8_K for the K and ternary formats, and for the float types
 /// the weight's own type (F32 activations stay F32; for F16 and BF16 weights the
 /// activations are rounded to F16 / BF16 first, then multiplied exactly in f32 and
 /// summed in f64 — what ggml's `vec_dot_f16` / `vec_dot_bf16` do without SIMD).

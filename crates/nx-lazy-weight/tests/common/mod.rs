@@ -49,7 +49,7 @@ impl Rng {
 }
 
 /// The weight types nx computes with.
-pub const WEIGHT_TYPES: [GgmlType; 15] = [
+pub const WEIGHT_TYPES: [GgmlType; 18] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -65,6 +65,9 @@ pub const WEIGHT_TYPES: [GgmlType; 15] = [
     GgmlType::Q3_K,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::MXFP4,
+    GgmlType::TQ2_0,
+    GgmlType::TQ1_0,
 ];
 
 /// Offsets of the f16 scale fields inside a block of `ty`.
@@ -76,13 +79,15 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q6_K => &[208],
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
+        GgmlType::TQ2_0 => &[64],
+        GgmlType::TQ1_0 => &[52],
         _ => &[],
     }
 }
 
 /// A row of `row_len` elements of `ty` made of random raw block bytes, with every
-/// f16 scale a finite value of magnitude 2^[-12, 0) (random sign) and float
-/// elements random finite values.
+/// f16 scale a finite value of magnitude 2^[-12, 0) (random sign), an MXFP4 E8M0
+/// scale 2^[-13, 0), and float elements random finite values.
 pub fn random_row_bytes(rng: &mut Rng, ty: GgmlType, row_len: usize) -> Vec<u8> {
     match ty {
         GgmlType::F32 => (0..row_len)
@@ -102,6 +107,10 @@ pub fn random_row_bytes(rng: &mut Rng, ty: GgmlType, row_len: usize) -> Vec<u8> 
                 for &off in scale_offsets(ty) {
                     let s = f32_to_f16(rng.signed_pow2(-12.0, 0.0));
                     block[off..off + 2].copy_from_slice(&s.to_le_bytes());
+                }
+                if ty == GgmlType::MXFP4 {
+                    // The E8M0 scale byte: 2^(e−128) in 2^[−13, 0) like the f16 scales.
+                    block[0] = 115 + rng.byte() % 13;
                 }
                 out.extend_from_slice(&block);
             }
