@@ -87,37 +87,13 @@ pub fn no_amx_build_dir() -> PathBuf {
 
 /// `llama-bench` of [`no_amx_build_dir`], built (once, about five minutes) if missing.
 pub fn ensure_no_amx_bench(jobs: u32) -> Result<PathBuf> {
-    let bin = no_amx_build_dir().join("bin").join("llama-bench");
-    if bin.is_file() {
-        return Ok(bin);
-    }
-    let source = ensure_llama_src()?;
-    let root = llama_root_dir();
-    let _lock = lock_file(&root.join("build.lock"))?;
-    if bin.is_file() {
-        return Ok(bin);
-    }
-    eprintln!(
-        "reference: building llama-bench without AMX in {}",
-        no_amx_build_dir().display()
-    );
-    let started = Instant::now();
-    cmake_build(
-        &source,
+    ensure_extra_bench(
         &no_amx_build_dir(),
         &pins::LLAMA_NO_AMX_FLAGS,
-        &["llama-bench"],
-        jobs,
         "noamx-",
-    )?;
-    if !bin.is_file() {
-        bail!("the build finished but {} is missing", bin.display());
-    }
-    eprintln!(
-        "reference: built llama-bench without AMX in {}",
-        duration_text(started.elapsed())
-    );
-    Ok(bin)
+        "without AMX",
+        jobs,
+    )
 }
 
 /// The AVX2-only build (no AVX-512, VNNI or AMX; [`pins::LLAMA_AVX2_FLAGS`]), for
@@ -129,7 +105,25 @@ pub fn avx2_build_dir() -> PathBuf {
 
 /// `llama-bench` of [`avx2_build_dir`], built (once, about five minutes) if missing.
 pub fn ensure_avx2_bench(jobs: u32) -> Result<PathBuf> {
-    let bin = avx2_build_dir().join("bin").join("llama-bench");
+    ensure_extra_bench(
+        &avx2_build_dir(),
+        &pins::LLAMA_AVX2_FLAGS,
+        "avx2-",
+        "for AVX2 only",
+        jobs,
+    )
+}
+
+/// `llama-bench` of a second build in `dir` with `flags` added to the pinned ones (logs
+/// prefixed `log_prefix`), built once under the build lock if missing.
+fn ensure_extra_bench(
+    dir: &Path,
+    flags: &[&str],
+    log_prefix: &str,
+    what: &str,
+    jobs: u32,
+) -> Result<PathBuf> {
+    let bin = dir.join("bin").join("llama-bench");
     if bin.is_file() {
         return Ok(bin);
     }
@@ -139,23 +133,16 @@ pub fn ensure_avx2_bench(jobs: u32) -> Result<PathBuf> {
         return Ok(bin);
     }
     eprintln!(
-        "reference: building llama-bench for AVX2 only in {}",
-        avx2_build_dir().display()
+        "reference: building llama-bench {what} in {}",
+        dir.display()
     );
     let started = Instant::now();
-    cmake_build(
-        &source,
-        &avx2_build_dir(),
-        &pins::LLAMA_AVX2_FLAGS,
-        &["llama-bench"],
-        jobs,
-        "avx2-",
-    )?;
+    cmake_build(&source, dir, flags, &["llama-bench"], jobs, log_prefix)?;
     if !bin.is_file() {
         bail!("the build finished but {} is missing", bin.display());
     }
     eprintln!(
-        "reference: built llama-bench for AVX2 in {}",
+        "reference: built llama-bench {what} in {}",
         duration_text(started.elapsed())
     );
     Ok(bin)

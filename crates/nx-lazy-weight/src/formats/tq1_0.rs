@@ -14,9 +14,8 @@
 
 use nx_gguf::GgmlType;
 
-use super::block::{read_f16, read_f32, BlockFormat, Q8_K_BLOCK_BYTES, Q8_K_BSUMS, Q8_K_QS};
-use super::tq2_0::ternary_levels;
-use crate::reduce::{offset_pair_lanes, Lanes8};
+use super::block::{read_f16, BlockFormat};
+use super::tq2_0::{ternary_dequantize, ternary_dot, ternary_levels};
 
 /// Bytes of one super-block.
 pub const BYTES: usize = 54;
@@ -70,28 +69,13 @@ fn levels(b: &[u8]) -> [u8; 256] {
 
 /// `y = (t − 1)·d` (ggml's `dequantize_row_tq1_0`).
 pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
-    let d = read_f16(b, D);
-    for (v, q) in y.iter_mut().zip(levels(b)) {
-        *v = (q as i32 - 1) as f32 * d;
-    }
+    ternary_dequantize(read_f16(b, D), &levels(b), y);
 }
 
 /// TQ1_0 × Q8_K in the order of ggml's AVX2 kernel, which decodes the digits to bytes in
-/// weight order and then reduces exactly as TQ2_0's: eight 32-bit lanes of
-/// `Σ t·x − bsums` formed in 16-bit lanes ([`offset_pair_lanes`]), one
-/// `fma(d_x·d_w, lane)` per super-block, `hsum_float_8` at the end.
+/// weight order and then reduces exactly as TQ2_0's ([`ternary_dot`]).
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    let mut acc = Lanes8::default();
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BLOCK_BYTES)) {
-        let d = read_f32(xb, 0) * read_f16(wb, D);
-        let lanes = offset_pair_lanes(
-            &levels(wb),
-            &xb[Q8_K_QS..Q8_K_QS + 256],
-            &xb[Q8_K_BSUMS..Q8_K_BSUMS + 32],
-        );
-        acc.fma_block(d, &lanes);
-    }
-    acc.sum()
+    ternary_dot(w, x, BYTES, |wb| (read_f16(wb, D), levels(wb)))
 }
 
 /// Packs base-3 digits (first most significant) as ggml does: `⌈256·v/243⌉` of their

@@ -47,8 +47,12 @@ fn levels(b: &[u8]) -> [u8; 256] {
 
 /// `y = (q − 1)·d` (ggml's `dequantize_row_tq2_0`).
 pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
-    let d = read_f16(b, D);
-    for (v, q) in y.iter_mut().zip(levels(b)) {
+    ternary_dequantize(read_f16(b, D), &levels(b), y);
+}
+
+/// `y = (t − 1)·d` for the 256 levels `t` of a ternary block (TQ1_0, TQ2_0).
+pub(crate) fn ternary_dequantize(d: f32, levels: &[u8; 256], y: &mut [f32]) {
+    for (v, &q) in y.iter_mut().zip(levels) {
         *v = (q as i32 - 1) as f32 * d;
     }
 }
@@ -57,11 +61,29 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// of `Σ q·x − bsums` formed in 16-bit lanes ([`offset_pair_lanes`]), one
 /// `fma(d_x·d_w, lane)` into eight running lanes, `hsum_float_8` at the end.
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
+    ternary_dot(w, x, BYTES, |wb| (read_f16(wb, D), levels(wb)))
+}
+
+/// The reduction ggml's AVX2 kernels of both ternary formats share once the levels are
+/// decoded (`decode` gives a block's scale and levels): eight 32-bit lanes of
+/// `Σ t·x − bsums` per super-block formed in 16-bit lanes ([`offset_pair_lanes`]), one
+/// `fma(d_x·d_w, lane)` into eight running lanes, `hsum_float_8` at the end.
+#[inline(always)]
+pub(crate) fn ternary_dot(
+    w: &[u8],
+    x: &[u8],
+    block_bytes: usize,
+    decode: impl Fn(&[u8]) -> (f32, [u8; 256]),
+) -> f32 {
     let mut acc = Lanes8::default();
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BLOCK_BYTES)) {
-        let d = read_f32(xb, 0) * read_f16(wb, D);
+    for (wb, xb) in w
+        .chunks_exact(block_bytes)
+        .zip(x.chunks_exact(Q8_K_BLOCK_BYTES))
+    {
+        let (d_w, levels) = decode(wb);
+        let d = read_f32(xb, 0) * d_w;
         let lanes = offset_pair_lanes(
-            &levels(wb),
+            &levels,
             &xb[Q8_K_QS..Q8_K_QS + 256],
             &xb[Q8_K_BSUMS..Q8_K_BSUMS + 32],
         );
