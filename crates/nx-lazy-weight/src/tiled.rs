@@ -32,7 +32,7 @@ use nx_syscalls::ThreadPool;
 #[cfg(test)]
 use crate::formats::q6_k::quads as q6_k_quads;
 use crate::formats::{
-    f16_to_f32, iq4_nl, q4_k, q5_0, q6_k, q8_k, read_f16, read_i16, read_u32, Q4_0_BYTES,
+    f16_to_f32, iq4_nl, iq4_xs, q4_k, q5_0, q6_k, q8_k, read_f16, read_i16, read_u32, Q4_0_BYTES,
     Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK_K,
 };
 
@@ -66,6 +66,12 @@ const WQ6K_SC: usize = 256;
 const WQ6K_CORR: usize = WQ6K_SC + 64;
 const WQ6K_BSUMS: usize = WQ6K_CORR + 256;
 const WQ6K_D: usize = WQ6K_BSUMS + 32;
+/// Unpacked IQ4_XS super-block: 256 levels (i8), the eight scales `ls − 32` (i32), eight
+/// corrections `−128·Σ_g ls_g·(lane quad of sub-block g)` (i32), `d_w` (f32).
+const WIQ4XS_BLOCK: usize = 256 + 32 + 32 + 4;
+const WIQ4XS_SC: usize = 256;
+const WIQ4XS_CORR: usize = WIQ4XS_SC + 32;
+const WIQ4XS_D: usize = WIQ4XS_CORR + 32;
 
 /// True when this CPU can run the tiled kernels (the AVX-512 VNNI tier's features).
 pub(crate) fn available() -> bool {
@@ -73,6 +79,10 @@ pub(crate) fn available() -> bool {
 }
 
 /// Weight types with a tiled kernel.
+///
+/// IQ4_XS only without AMX: there the Q8_K activation tiles hold the raw quants the AMX
+/// kernels of Q4_K / Q6_K read (one layout per matmul's activations), not the `x + 128`
+/// its VNNI tile reads.
 pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
     matches!(
         weight_type,
@@ -82,7 +92,7 @@ pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
             | GgmlType::IQ4_NL
             | GgmlType::Q4_K
             | GgmlType::Q6_K
-    )
+    ) || (weight_type == GgmlType::IQ4_XS && !crate::amx::available())
 }
 
 /// Quantized activations of whole groups of [`TILE`] tokens, interleaved for the tiled
@@ -247,6 +257,7 @@ fn unpacked_block_bytes(weight_type: GgmlType) -> (usize, usize) {
         GgmlType::IQ4_NL => (iq4_nl::BYTES, W32_BLOCK),
         GgmlType::Q4_K => (Q4_K_BYTES, WQ4K_BLOCK),
         GgmlType::Q6_K => (Q6_K_BYTES, WQ6K_BLOCK),
+        GgmlType::IQ4_XS => (iq4_xs::BYTES, WIQ4XS_BLOCK),
         _ => (1, 0),
     }
 }
@@ -363,6 +374,7 @@ unsafe fn unpack_rows(
         // SAFETY (both): the caller guarantees the features (AVX-512 F/BW/VNNI).
         GgmlType::Q4_K => |wb, ob| unsafe { unpack_q4_k_avx512(wb, ob) },
         GgmlType::Q6_K => |wb, ob| unsafe { unpack_q6_k_avx512(wb, ob) },
+        GgmlType::IQ4_XS => unpack_iq4_xs,
         _ => return 0,
     };
     let stride = row_bytes / src * dst;
@@ -388,6 +400,28 @@ unsafe fn unpack_rows(
         }
     }
     stride
+}
+
+/// One IQ4_XS super-block `wb` unpacked into `out` (the [`WIQ4XS_BLOCK`] layout). Plain
+/// code: a row is unpacked once per chunk and then read by every token group.
+fn unpack_iq4_xs(wb: &[u8], out: &mut [u8]) {
+    assert!(wb.len() >= iq4_xs::BYTES && out.len() >= WIQ4XS_BLOCK);
+    let scales = iq4_xs::scales(wb);
+    let mut corr = [0i32; 8];
+    for (g, &ls) in scales.iter().enumerate() {
+        let q = iq4_nl::levels(&wb[iq4_xs::QS + 16 * g..iq4_xs::QS + 16 * g + 16]);
+        for (l, quad) in q.chunks_exact(4).enumerate() {
+            corr[l] += ls * quad.iter().sum::<i32>();
+        }
+        for (o, &v) in out[32 * g..32 * g + 32].iter_mut().zip(&q) {
+            *o = v as i8 as u8;
+        }
+        put_i32(out, WIQ4XS_SC + 4 * g, ls);
+    }
+    for (l, c) in corr.into_iter().enumerate() {
+        put_i32(out, WIQ4XS_CORR + 4 * l, -128 * c);
+    }
+    put_f32(out, WIQ4XS_D, read_f16(wb, 0));
 }
 
 /// Lane quad sums of 64 unsigned quant bytes: dword `i` is the sum of bytes `4i..4i+4`.
@@ -668,6 +702,13 @@ unsafe fn run_avx512(
                             (GgmlType::Q6_K, false) => {
                                 q6_k_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
                             }
+                            (GgmlType::IQ4_XS, _) => {
+                                let (first, second) = dst.split_at_mut(1);
+                                iq4_xs_tile(w, x, n_blocks, &mut first[0]);
+                                if pair {
+                                    iq4_xs_tile(&w[stride..], x, n_blocks, &mut second[0]);
+                                }
+                            }
                             // Two chains of eight lanes a row: one row at a time.
                             (GgmlType::IQ4_NL, _) => {
                                 let (first, second) = dst.split_at_mut(1);
@@ -919,8 +960,10 @@ unsafe fn block32_tile<const R: usize>(
 unsafe fn iq4_nl_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]) {
     assert!(w.len() >= n_blocks * W32_BLOCK);
     assert!(x.len() >= n_blocks * ACT32_BLOCK);
-    // [even blocks, odd blocks] × eight lanes, sixteen tokens each.
-    let mut acc = [[_mm512_setzero_ps(); 8]; 2];
+    // Even and odd blocks' eight lanes, sixteen tokens each (two named sets, so that
+    // they stay in registers: an index by `b % 2` kept them on the stack).
+    let mut even = [_mm512_setzero_ps(); 8];
+    let mut odd = [_mm512_setzero_ps(); 8];
     // One block's lane integers (sixteen tokens a register) and `d_w·d_x`.
     let block = |b: usize| {
         let xt = x[b * ACT32_BLOCK..].as_ptr();
@@ -942,13 +985,15 @@ unsafe fn iq4_nl_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]
         }
     };
     let paired = n_blocks & !1;
-    for b in 0..paired {
-        let (lanes, d) = block(b);
-        for (a, lane) in acc[b % 2].iter_mut().zip(lanes) {
-            *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), *a);
+    for b in (0..paired).step_by(2) {
+        for (acc, b) in [(&mut even, b), (&mut odd, b + 1)] {
+            let (lanes, d) = block(b);
+            for (a, lane) in acc.iter_mut().zip(lanes) {
+                *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), *a);
+            }
         }
     }
-    let both: [__m512; 8] = std::array::from_fn(|l| _mm512_add_ps(acc[0][l], acc[1][l]));
+    let both: [__m512; 8] = std::array::from_fn(|l| _mm512_add_ps(even[l], odd[l]));
     let mut sum = lanes_sum(&both);
     if paired < n_blocks {
         let (lanes, d) = block(paired);
@@ -960,6 +1005,54 @@ unsafe fn iq4_nl_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]
     }
     // SAFETY: `out` is sixteen f32.
     unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sum) };
+}
+
+/// One IQ4_XS row against one token group, in the order of its single-token kernel
+/// (`formats::iq4_xs::dot`): per super-block eight integer lanes `Σ_g ls_g·quad(g, l)`,
+/// one `fma(d_w·d_x, lane)` each, the lanes summed at the end. The levels reach ±127, so
+/// a quad of `(x + 128)·w` does not fit the 16 bits Q4_K's `vpdpwssd` scaling takes:
+/// the scale is a 32-bit multiply. One row at a time (sixteen lane registers a row).
+///
+/// # Safety
+/// As [`block32_tile`] with `R` = 1, IQ4_XS unpacked super-blocks and Q8_K tile
+/// super-blocks (`x + 128`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn iq4_xs_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]) {
+    assert!(w.len() >= n_blocks * WIQ4XS_BLOCK);
+    assert!(x.len() >= n_blocks * ACTK_BLOCK);
+    let mut acc = [_mm512_setzero_ps(); 8];
+    let zero = _mm512_setzero_si512();
+    for b in 0..n_blocks {
+        let xt = x[b * ACTK_BLOCK..].as_ptr();
+        let wb = w[b * WIQ4XS_BLOCK..].as_ptr();
+        // SAFETY (every load below): inside the tile super-block and the unpacked
+        // super-block (asserted above).
+        let mut lanes: [__m512i; 8] =
+            std::array::from_fn(|l| unsafe { splat_i32(wb.add(WIQ4XS_CORR + 4 * l)) });
+        for g in 0..8 {
+            // SAFETY: as above.
+            unsafe {
+                let sc = splat_i32(wb.add(WIQ4XS_SC + 4 * g));
+                for (l, lane) in lanes.iter_mut().enumerate() {
+                    let xl = _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _);
+                    let quad = _mm512_dpbusd_epi32(zero, xl, splat_i32(wb.add(32 * g + 4 * l)));
+                    *lane = _mm512_add_epi32(*lane, _mm512_mullo_epi32(quad, sc));
+                }
+            }
+        }
+        // SAFETY: as above.
+        let d = unsafe {
+            _mm512_mul_ps(
+                _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32),
+                splat_f32(wb.add(WIQ4XS_D)),
+            )
+        };
+        for (a, lane) in acc.iter_mut().zip(lanes) {
+            *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), *a);
+        }
+    }
+    // SAFETY: `out` is sixteen f32.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), lanes_sum(&acc)) };
 }
 
 /// Q4_K rows against one token group (see [`block32_tile`]).

@@ -17,6 +17,8 @@ fn tiled_vnni_kernels_without_amx_equal_dot_row() {
         GgmlType::Q5_0,
         GgmlType::Q8_0,
         GgmlType::Q4_0,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
     ] {
         check_matmul_against_dot_row(ty, &[16, 33, 37]);
     }

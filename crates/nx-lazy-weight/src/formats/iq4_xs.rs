@@ -40,7 +40,7 @@ pub const FORMAT: BlockFormat = BlockFormat {
 
 /// The eight sub-block scales `ls − 32` (−32..31).
 #[inline(always)]
-fn scales(b: &[u8]) -> [i32; 8] {
+pub(crate) fn scales(b: &[u8]) -> [i32; 8] {
     let sh = u16::from_le_bytes([b[SCALES_H], b[SCALES_H + 1]]) as i32;
     let mut ls = [0i32; 8];
     for (j, s) in ls.iter_mut().enumerate() {
