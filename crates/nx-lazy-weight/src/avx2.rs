@@ -986,8 +986,23 @@ unsafe fn iq4_xs_token(block: &Iq4xsBlock, xb: &[u8]) -> (__m256, __m256) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn iq4_xs_impl(w: &[u8], x: &[u8]) -> f32 {
     lanes8_chain!(w, x, iq4_xs::BYTES, Q8_K_BYTES, |wb, xb| {
-        // SAFETY: whole blocks (chunks_exact).
-        unsafe { iq4_xs_token(&iq4_xs_decode(wb), xb) }
+        // One sub-block at a time: a whole decoded super-block (levels widened to i16,
+        // scales, `d`) is 25 registers, more than AVX2 has, and went through memory.
+        let sh = u16::from_le_bytes([wb[iq4_xs::SCALES_H], wb[iq4_xs::SCALES_H + 1]]) as i32;
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..8 {
+            let low = (wb[iq4_xs::SCALES_L + j / 2] >> (4 * (j % 2))) & 0x0F;
+            let ls = (low as i32 | (((sh >> (2 * j)) & 3) << 4)) - 32;
+            // SAFETY: sub-block j's qs are bytes 8+16j..24+16j of 136, its x quants
+            // 4+32j..36+32j of 292 (whole blocks, chunks_exact).
+            let quads = unsafe {
+                let levels = iq4_levels16(load16(wb, iq4_xs::QS + 16 * j));
+                quads16(&levels, xb, q8_k::QS + 32 * j)
+            };
+            sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(quads, _mm256_set1_epi32(ls)));
+        }
+        let d = _mm256_mul_ps(f16_splat(wb, 0), f32_splat(xb, 0));
+        (d, _mm256_cvtepi32_ps(sumi))
     })
 }
 
