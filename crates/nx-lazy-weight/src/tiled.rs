@@ -19,8 +19,10 @@
 //! | weight | lane integer of block / super-block | extra per lane |
 //! |---|---|---|
 //! | Q4_0, Q5_0, Q8_0 | `Σ (x+128)·w − 128·Σ w` (`w` signed) | — |
+//! | IQ4_NL | as Q4_0, `w` the table level | even and odd blocks in two chains, as the scalar twin |
 //! | Q4_K | `Σ_g sc_g·Σ (x+128)·q − 128·Σ_g sc_g·Σ q` | four min lanes, as the scalar twin |
 //! | Q6_K | `Σ_g sc·(Σ (x+128)·q − 128·Σ q) − 32·(b·s + b·s)` | — |
+//! | IQ4_XS | `Σ_g ls_g·Σ (x+128)·w − 128·Σ_g ls_g·Σ w` (`ls_g` by a 32-bit multiply) | — |
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
