@@ -54,10 +54,18 @@ LAYOUTS = {
     "MXFP4": (32, 17, []),
     "TQ2_0": (256, 66, [64]),
     "TQ1_0": (256, 54, [52]),
+    "IQ2_XXS": (256, 66, [0]),
+    "IQ2_XS": (256, 74, [0]),
+    "IQ2_S": (256, 82, [0]),
+    "IQ3_XXS": (256, 98, [0]),
+    "IQ3_S": (256, 110, [0]),
+    "IQ1_S": (256, 50, [0]),
+    "IQ1_M": (256, 56, []),  # its f16 scale is spread over four nibbles: see synthetic_raw
 }
 # Types added after the first fixtures draw their random blocks from streams of their
 # own, so the files of the older types keep their bytes.
-LATER_TYPES = ("Q4_1", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0", "TQ1_0")
+LATER_TYPES = ("Q4_1", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0", "TQ1_0",
+               "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 SYNTHETIC_BLOCKS_PER_ROW = {
     "F32": 96, "F16": 160, "BF16": 160,
     "Q4_0": 8, "Q5_0": 8, "Q8_0": 8,
@@ -65,6 +73,7 @@ SYNTHETIC_BLOCKS_PER_ROW = {
     "Q4_1": 8, "Q5_1": 8, "IQ4_NL": 8,
     "Q2_K": 2, "Q3_K": 2, "IQ4_XS": 2,
     "MXFP4": 8, "TQ2_0": 2, "TQ1_0": 2,
+    "IQ2_XXS": 2, "IQ2_XS": 2, "IQ2_S": 2, "IQ3_XXS": 2, "IQ3_S": 2, "IQ1_S": 2, "IQ1_M": 2,
 }
 SYNTHETIC_ROWS = 3
 
@@ -127,6 +136,12 @@ def synthetic_raw(rng: np.random.Generator, type_name: str, n_blocks: int) -> np
         # overflows f32 (e > 250); the first two blocks take the subnormal scales e = 0, 1.
         raw[:, 0] = rng.integers(0, 251, size=n_blocks, dtype=np.uint16).astype(np.uint8)
         raw[:2, 0] = [0, 1]
+    if type_name == "IQ1_M":
+        # The f16 scale: its four nibbles are the top nibbles of the u16 words at 48..56.
+        bits = random_finite_f16(rng, n_blocks, -14, 2).view(np.uint16)
+        for k in range(4):
+            nibble = ((bits >> (4 * k)) & 0xF).astype(np.uint8)
+            raw[:, 49 + 2 * k] = (raw[:, 49 + 2 * k] & 0x0F) | (nibble << 4)
     return raw.reshape(-1)
 
 

@@ -8,6 +8,7 @@
 pub mod dequant;
 pub mod dot;
 pub mod forward;
+pub mod grids;
 pub mod ppl;
 pub mod pretok;
 pub mod tokenizer;
@@ -36,6 +37,11 @@ pub const GOLDENS: &[Golden] = &[
         name: "dot",
         about: "llama.cpp's own activation quantizers and dot kernels on recorded rows, per type",
         run: dot::run,
+    },
+    Golden {
+        name: "grids",
+        about: "the IQ1-IQ3 lattice tables from ggml-common.h, as nx's generated source",
+        run: grids::run,
     },
     Golden {
         name: "tokenizer",

@@ -130,7 +130,7 @@ mod tests {
             Err(LazyWeightError::NotBlockMultiple { .. })
         ));
         assert!(matches!(
-            dequantize_row(GgmlType::IQ2_XXS, &[0u8; 66], &mut [0f32; 256]),
+            dequantize_row(GgmlType::NVFP4, &[0u8; 36], &mut [0f32; 64]),
             Err(LazyWeightError::UnsupportedType { .. })
         ));
     }

@@ -245,11 +245,11 @@ mod tests {
 
     #[test]
     fn an_unsupported_type_names_the_tensor_and_what_nx_reads() {
-        let bytes = vec![0u8; 66];
-        let err = LazyWeight::new(&info(GgmlType::IQ2_XXS, vec![256, 1], 66), &bytes).unwrap_err();
+        let bytes = vec![0u8; 36];
+        let err = LazyWeight::new(&info(GgmlType::NVFP4, vec![64, 1], 36), &bytes).unwrap_err();
         let text = err.to_string();
         assert!(
-            text.contains("blk.0.test.weight") && text.contains("IQ2_XXS") && text.contains("Q4_1"),
+            text.contains("blk.0.test.weight") && text.contains("NVFP4") && text.contains("IQ1_M"),
             "{text}"
         );
     }
@@ -319,7 +319,7 @@ mod tests {
             Err(LazyWeightError::BadShape { .. })
         ));
         assert!(matches!(
-            LazyWeight::from_parts(GgmlType::IQ2_XXS, &[256], &bytes[..66]),
+            LazyWeight::from_parts(GgmlType::NVFP4, &[64], &bytes[..36]),
             Err(LazyWeightError::UnsupportedType { .. })
         ));
         let w = LazyWeight::from_parts(GgmlType::Q4_K, &[256, 1, 1, 1], &bytes).unwrap();

@@ -37,7 +37,8 @@ fn load(name: &str) -> Value {
 fn dequantize_matches_gguf_python_bit_for_bit() {
     let types = [
         "F32", "F16", "BF16", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_1", "Q5_1",
-        "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0", "TQ1_0",
+        "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0", "TQ1_0", "IQ2_XXS", "IQ2_XS",
+        "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
     ];
     let mut summary = Vec::new();
     for name in types {

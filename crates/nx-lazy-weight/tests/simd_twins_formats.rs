@@ -94,12 +94,23 @@ fn check(tier: CpuTier, ty: GgmlType, w: &[u8], x: &[u8], what: &str) {
 }
 
 /// The formats registered without SIMD kernels (tier 2): every tier hands out the scalar one.
-const SCALAR_ONLY: [GgmlType; 3] = [GgmlType::MXFP4, GgmlType::TQ2_0, GgmlType::TQ1_0];
+const SCALAR_ONLY: [GgmlType; 10] = [
+    GgmlType::MXFP4,
+    GgmlType::TQ2_0,
+    GgmlType::TQ1_0,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+];
 
 #[test]
 fn every_tier_has_its_own_kernel() {
     let types = weight_types();
-    assert_eq!(types.len(), 15, "{types:?}");
+    assert_eq!(types.len(), 22, "{types:?}");
     for tier in simd_tiers() {
         for &ty in &types {
             let scalar = dot_kernel(ty).unwrap();
@@ -177,6 +188,10 @@ fn restore_scale_fields(ty: GgmlType, filled: &[u8], scaled: &[u8]) -> Vec<u8> {
         GgmlType::MXFP4 => &[],
         GgmlType::TQ2_0 => &[64],
         GgmlType::TQ1_0 => &[52],
+        GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S => &[0],
+        GgmlType::IQ3_XXS | GgmlType::IQ3_S | GgmlType::IQ1_S => &[0],
+        // IQ1_M's scale is four nibbles: its scale words are copied whole.
+        GgmlType::IQ1_M => &[48, 50, 52, 54],
         _ => unreachable!("{ty}"),
     };
     let mut out = filled.to_vec();

@@ -51,10 +51,29 @@ const CASES: &[(GgmlType, [usize; 2])] = &[
     (GgmlType::IQ4_XS, [256, 768]),
     (GgmlType::TQ2_0, [256, 768]),
     (GgmlType::TQ1_0, [256, 768]),
+    // The grid formats: nx has no quantizer for them (ggml's need an importance matrix
+    // and a lattice search), so every case is random block bytes.
+    (GgmlType::IQ2_XXS, [256, 768]),
+    (GgmlType::IQ2_XS, [256, 768]),
+    (GgmlType::IQ2_S, [256, 768]),
+    (GgmlType::IQ3_XXS, [256, 768]),
+    (GgmlType::IQ3_S, [256, 768]),
+    (GgmlType::IQ1_S, [768, 2048]),
+    (GgmlType::IQ1_M, [256, 768]),
 ];
 
 /// Cases per row length: weights from the quantizer for the even ones, raw bytes else.
 const CASES_PER_LENGTH: usize = 4;
+
+/// More cases for IQ1_S: whether the reference fuses its scalar `acc += d·sum` of the
+/// offset part shows in the last bit of only some rows.
+fn cases_per_length(ty: GgmlType) -> usize {
+    if ty == GgmlType::IQ1_S {
+        12
+    } else {
+        CASES_PER_LENGTH
+    }
+}
 
 /// Regenerates (or, with `check`, verifies) the dot fixtures.
 pub fn run(check: bool) -> Result<()> {
@@ -135,6 +154,8 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
         GgmlType::IQ4_XS => &[0],
+        GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S => &[0],
+        GgmlType::IQ3_XXS | GgmlType::IQ3_S | GgmlType::IQ1_S => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
@@ -149,8 +170,8 @@ fn inputs_for(ty: GgmlType, lengths: [usize; 2]) -> Vec<Input> {
     let mut rng = SplitMix64(0x00D0_7000 + ty.id() as u64);
     let mut inputs = Vec::new();
     for row_len in lengths {
-        for case in 0..CASES_PER_LENGTH {
-            let scale = 2f32.powi(case as i32 * 3 - 6);
+        for case in 0..cases_per_length(ty) {
+            let scale = 2f32.powi((case % CASES_PER_LENGTH) as i32 * 3 - 6);
             let mut acts: Vec<f32> = (0..row_len).map(|_| rng.normal() * scale).collect();
             acts[1] = 0.0;
             acts[row_len / 3] *= 25.0;
@@ -158,7 +179,9 @@ fn inputs_for(ty: GgmlType, lengths: [usize; 2]) -> Vec<Input> {
                 // An all-zero block: the activation scale is 0.
                 acts[32..64].fill(0.0);
             }
-            let (weights, origin) = if case % 2 == 0 {
+            let has_quantizer = nx_lazy_weight::formats::block_format(ty)
+                .is_some_and(|f| f.quantize_block.is_some());
+            let (weights, origin) = if case % 2 == 0 && has_quantizer {
                 let values: Vec<f32> = (0..row_len).map(|_| rng.normal() * 0.05).collect();
                 let mut bytes = vec![0u8; ty.row_bytes(row_len as u64).unwrap() as usize];
                 nx_lazy_weight::quantize_row(ty, &values, &mut bytes)
@@ -186,7 +209,13 @@ fn random_blocks(rng: &mut SplitMix64, ty: GgmlType, row_len: usize) -> Vec<u8> 
             .map(|_| (rng.next_u64() >> 56) as u8)
             .collect();
         for &off in scale_offsets(ty) {
-            let magnitude = (-12.0 + 12.0 * rng.uniform()).exp2();
+            // IQ1_S's scales stay within one octave, so that no one block outweighs the
+            // others and the last bits of its offset sum stay visible.
+            let magnitude = if ty == GgmlType::IQ1_S {
+                (-7.0 + rng.uniform()).exp2()
+            } else {
+                (-12.0 + 12.0 * rng.uniform()).exp2()
+            };
             let sign = if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
             let bits = nx_lazy_weight::formats::f32_to_f16(sign * magnitude);
             block[off..off + 2].copy_from_slice(&bits.to_le_bytes());
@@ -194,6 +223,16 @@ fn random_blocks(rng: &mut SplitMix64, ty: GgmlType, row_len: usize) -> Vec<u8> 
         if ty == GgmlType::MXFP4 {
             // The E8M0 scale byte, 2^(e-128) in 2^[-13, 0) like the f16 scales.
             block[0] = 115 + (rng.next_u64() >> 56) as u8 % 13;
+        }
+        if ty == GgmlType::IQ1_M {
+            // The f16 scale's four nibbles are the top nibbles of the u16 words at 48..56.
+            let magnitude = (-12.0 + 12.0 * rng.uniform()).exp2();
+            let sign = if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
+            let bits = nx_lazy_weight::formats::f32_to_f16(sign * magnitude);
+            for k in 0..4 {
+                let at = 49 + 2 * k;
+                block[at] = (block[at] & 0x0f) | (((bits >> (4 * k)) & 0xf) as u8) << 4;
+            }
         }
         out.extend_from_slice(&block);
     }
@@ -216,8 +255,14 @@ fn run_harness(harness: &Path, inputs: &[Input]) -> Result<Vec<Output>> {
         .stderr(Stdio::inherit())
         .spawn()
         .with_context(|| format!("run {}", harness.display()))?;
-    child.stdin.take().unwrap().write_all(&stdin)?;
+    // Written from a thread: the harness answers as it reads, and once its answers fill
+    // the pipe it would wait for us while we still wait to write.
+    let mut pipe = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || pipe.write_all(&stdin));
     let out = child.wait_with_output()?;
+    writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("stdin writer panicked"))??;
     if !out.status.success() {
         bail!("{} failed: {}", harness.display(), out.status);
     }

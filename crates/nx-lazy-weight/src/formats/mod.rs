@@ -11,7 +11,9 @@
 //! then go beside the others in the tier files, each tested against the scalar twin.
 //! Every quantized format is one: [`q4_0`], [`q5_0`], [`q8_0`], [`q4_k`], [`q5_k`],
 //! [`q6_k`], [`q8_k`], [`q4_1`], [`q5_1`], [`q8_1`], [`q2_k`], [`q3_k`], [`iq4_nl`],
-//! [`iq4_xs`], [`mxfp4`], [`tq2_0`], [`tq1_0`]. The float types (F32, F16, BF16) are
+//! [`iq4_xs`], [`mxfp4`], [`tq2_0`], [`tq1_0`], and the grid formats [`iq2_xxs`],
+//! [`iq2_xs`], [`iq2_s`], [`iq3_xxs`], [`iq3_s`], [`iq1_s`], [`iq1_m`] (their lattice
+//! tables and shared lane reduction in `grids`). The float types (F32, F16, BF16) are
 //! the only `match` arms left in `dequant.rs`, `dot_scalar.rs` and `quant.rs`.
 //!
 //! | type | elements | bytes | fields (byte offsets) |
@@ -34,12 +36,28 @@
 //! | MXFP4 | 32 | 17 | `e` u8 @0 (E8M0 scale), `qs[16]` @1 (E2M1 codes) |
 //! | TQ2_0 | 256 | 66 | `qs[64]` @0 (2-bit levels), `d` f16 @64 |
 //! | TQ1_0 | 256 | 54 | `qs[48]` @0 (five base-3 digits a byte), `qh[4]` @48 (four), `d` f16 @52 |
+//! | IQ2_XXS | 256 | 66 | `d` f16 @0, `qs[32]` u16 @2 (grid bytes, sign indices, scales) |
+//! | IQ2_XS | 256 | 74 | `d` f16 @0, `qs[32]` u16 @2 (9-bit grid index, 7 sign bits), `scales[8]` @66 |
+//! | IQ2_S | 256 | 82 | `d` f16 @0, `qs[32]` @2, `signs[32]` @34, `qh[8]` @66, `scales[8]` @74 |
+//! | IQ3_XXS | 256 | 98 | `d` f16 @0, `qs[64]` @2, scale-and-sign words `[8]` u32 @66 |
+//! | IQ3_S | 256 | 110 | `d` f16 @0, `qs[64]` @2, `qh[8]` @66, `signs[32]` @74, `scales[4]` @106 |
+//! | IQ1_S | 256 | 50 | `d` f16 @0, `qs[32]` @2, `qh[8]` u16 @34 |
+//! | IQ1_M | 256 | 56 | `qs[32]` @0, `qh[16]` @32, `scales[4]` u16 @48 (with `d` in their top nibbles) |
 
 use nx_gguf::GgmlType;
 
 use crate::LazyWeightError;
 
 mod block;
+mod grid_tables;
+mod grids;
+pub mod iq1_m;
+pub mod iq1_s;
+pub mod iq2_s;
+pub mod iq2_xs;
+pub mod iq2_xxs;
+pub mod iq3_s;
+pub mod iq3_xxs;
 pub mod iq4_nl;
 pub mod iq4_xs;
 pub mod mxfp4;
@@ -82,6 +100,13 @@ pub const BLOCK_FORMATS: &[BlockFormat] = &[
     mxfp4::FORMAT,
     tq2_0::FORMAT,
     tq1_0::FORMAT,
+    iq2_xxs::FORMAT,
+    iq2_xs::FORMAT,
+    iq2_s::FORMAT,
+    iq3_xxs::FORMAT,
+    iq3_s::FORMAT,
+    iq1_s::FORMAT,
+    iq1_m::FORMAT,
 ];
 
 /// The table row of `ggml_type`, if it is one of [`BLOCK_FORMATS`].

@@ -49,7 +49,7 @@ impl Rng {
 }
 
 /// The weight types nx computes with.
-pub const WEIGHT_TYPES: [GgmlType; 18] = [
+pub const WEIGHT_TYPES: [GgmlType; 25] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -68,6 +68,13 @@ pub const WEIGHT_TYPES: [GgmlType; 18] = [
     GgmlType::MXFP4,
     GgmlType::TQ2_0,
     GgmlType::TQ1_0,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
 ];
 
 /// Offsets of the f16 scale fields inside a block of `ty`.
@@ -81,6 +88,8 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q3_K => &[108],
         GgmlType::TQ2_0 => &[64],
         GgmlType::TQ1_0 => &[52],
+        GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S => &[0],
+        GgmlType::IQ3_XXS | GgmlType::IQ3_S | GgmlType::IQ1_S => &[0],
         _ => &[],
     }
 }
@@ -112,10 +121,28 @@ pub fn random_row_bytes(rng: &mut Rng, ty: GgmlType, row_len: usize) -> Vec<u8> 
                     // The E8M0 scale byte: 2^(e−128) in 2^[−13, 0) like the f16 scales.
                     block[0] = 115 + rng.byte() % 13;
                 }
+                if ty == GgmlType::IQ1_M {
+                    set_iq1_m_scale(&mut block, f32_to_f16(rng.signed_pow2(-12.0, 0.0)));
+                }
                 out.extend_from_slice(&block);
             }
             out
         }
+    }
+}
+
+/// True when nx can quantize values to `ty` (the grid formats it only reads).
+pub fn has_quantizer(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+        || nx_lazy_weight::formats::block_format(ty).is_some_and(|f| f.quantize_block.is_some())
+}
+
+/// Writes IQ1_M's f16 super-block scale, whose four nibbles are the top nibbles of the
+/// u16 scale words at bytes 48..56.
+pub fn set_iq1_m_scale(block: &mut [u8], bits: u16) {
+    for k in 0..4 {
+        let at = 49 + 2 * k;
+        block[at] = (block[at] & 0x0f) | (((bits >> (4 * k)) & 0xf) as u8) << 4;
     }
 }
 
@@ -132,9 +159,10 @@ pub fn assert_bits_eq(a: &[f32], b: &[f32], what: &str) {
     }
 }
 
-/// A weight row: raw random block bytes (finite scales), or the quantizer's output.
+/// A weight row: raw random block bytes (finite scales), or the quantizer's output
+/// (random bytes for the types nx cannot quantize to).
 pub fn weight_row(rng: &mut Rng, ty: GgmlType, k: usize, via_quantizer: bool) -> Vec<u8> {
-    if via_quantizer {
+    if via_quantizer && has_quantizer(ty) {
         let x = rng.normals(k, 0.05);
         let mut row = vec![0u8; row_bytes(ty, k).unwrap()];
         quantize_row(ty, &x, &mut row).unwrap();

@@ -1,0 +1,193 @@
+//! What the IQ1–IQ3 grid formats share: their lattice tables expanded to bytes, the
+//! parity-completed sign bytes, and the lane reduction of ggml's AVX2 kernels.
+//!
+//! A grid format stores, per group of 8 (IQ2, IQ1) or 4 (IQ3) weights, an index into a
+//! fixed table of magnitude vectors, plus signs and small scales. The tables are data
+//! from `ggml-common.h` (`grid_tables.rs`, written by `cargo xtask golden grids`, as
+//! level indices); [`expand8`] and [`expand4`] turn them into bytes at compile time.
+
+use super::block::{Q8_K_BLOCK_BYTES, Q8_K_QS};
+use super::grid_tables::{
+    IQ1S_CODES, IQ2S_CODES, IQ2XS_CODES, IQ2XXS_CODES, IQ3S_CODES, IQ3XXS_CODES,
+};
+use crate::reduce::Lanes8;
+
+/// The magnitudes of the IQ2 grids (level indices 0, 1, 2).
+const IQ2_LEVELS: [u8; 3] = [0x08, 0x19, 0x2b];
+/// `iq2xxs_grid`: 256 vectors of 8 magnitudes.
+pub(crate) static IQ2XXS_GRID: [[u8; 8]; 256] = expand8(&IQ2XXS_CODES, IQ2_LEVELS);
+/// `iq2xs_grid`: 512 vectors of 8 magnitudes.
+pub(crate) static IQ2XS_GRID: [[u8; 8]; 512] = expand8(&IQ2XS_CODES, IQ2_LEVELS);
+/// `iq2s_grid`: 1024 vectors of 8 magnitudes.
+pub(crate) static IQ2S_GRID: [[u8; 8]; 1024] = expand8(&IQ2S_CODES, IQ2_LEVELS);
+/// `iq3xxs_grid`: 256 vectors of 4 magnitudes.
+pub(crate) static IQ3XXS_GRID: [[u8; 4]; 256] = expand4(
+    &IQ3XXS_CODES,
+    [0x04, 0x0c, 0x14, 0x1c, 0x24, 0x2c, 0x34, 0x3e],
+);
+/// `iq3s_grid`: 512 vectors of 4 magnitudes.
+pub(crate) static IQ3S_GRID: [[u8; 4]; 512] = expand4(
+    &IQ3S_CODES,
+    [0x01, 0x03, 0x05, 0x07, 0x09, 0x0b, 0x0d, 0x0f],
+);
+/// `iq1s_grid`: 2048 vectors of 8 values in −1, 0, +1 (as the bytes 0xff, 0, 1).
+pub(crate) static IQ1S_GRID: [[u8; 8]; 2048] = expand8(&IQ1S_CODES, [0xff, 0x00, 0x01]);
+
+/// Eight elements at two bits of level index each.
+const fn expand8<const N: usize>(codes: &[u16; N], levels: [u8; 3]) -> [[u8; 8]; N] {
+    let mut out = [[0u8; 8]; N];
+    let mut i = 0;
+    while i < N {
+        let mut j = 0;
+        while j < 8 {
+            out[i][j] = levels[((codes[i] >> (2 * j)) & 3) as usize];
+            j += 1;
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Four elements at three bits of level index each.
+const fn expand4<const N: usize>(codes: &[u16; N], levels: [u8; 8]) -> [[u8; 4]; N] {
+    let mut out = [[0u8; 4]; N];
+    let mut i = 0;
+    while i < N {
+        let mut j = 0;
+        while j < 4 {
+            out[i][j] = levels[((codes[i] >> (3 * j)) & 7) as usize];
+            j += 1;
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The sign byte of a 7-bit sign index (ggml's `ksigns_iq2xs`): bit `j` set means
+/// element `j` is negative; the eighth sign is implied, making the count of negatives
+/// even.
+#[inline(always)]
+pub(crate) fn parity_signs(index: u32) -> u8 {
+    let i = (index & 127) as u8;
+    i | (((i.count_ones() & 1) as u8) << 7)
+}
+
+/// One super-block of a grid format, decoded for the dot product: the unsigned
+/// magnitude of every weight, whether it is negative, and the integer multiplier of
+/// every 16 weights (the `2·ls + 1` of the format's sub-block scale).
+pub(crate) struct GridBlock {
+    /// Magnitudes, in weight order.
+    pub(crate) levels: [u8; 256],
+    /// Bit `e % 32` of word `e / 32` set when weight `e` is negative.
+    pub(crate) negative: [u32; 8],
+    /// Multiplier of weights `16s..16s+16`.
+    pub(crate) scales: [i32; 16],
+}
+
+impl GridBlock {
+    /// All zero: no weight negative, every multiplier 0.
+    pub(crate) fn new() -> Self {
+        GridBlock {
+            levels: [0; 256],
+            negative: [0; 8],
+            scales: [0; 16],
+        }
+    }
+
+    /// Stores eight weights from `first` on: magnitudes `grid`, signs the bits of `signs`.
+    #[inline(always)]
+    pub(crate) fn put8(&mut self, first: usize, grid: &[u8; 8], signs: u8) {
+        self.levels[first..first + 8].copy_from_slice(grid);
+        self.negative[first / 32] |= (signs as u32) << (first % 32);
+    }
+
+    /// Stores four weights from `first` on: magnitudes `grid`, signs the low four bits
+    /// of `signs`.
+    #[inline(always)]
+    pub(crate) fn put4(&mut self, first: usize, grid: &[u8; 4], signs: u8) {
+        self.levels[first..first + 4].copy_from_slice(grid);
+        self.negative[first / 32] |= ((signs & 15) as u32) << (first % 32);
+    }
+
+    /// The eight 32-bit lanes ggml's AVX2 grid kernels form against Q8_K quants `xq`:
+    /// the activation takes the weight's sign (`sign_epi8`, so −(−128) stays −128),
+    /// `maddubs` multiplies it with the magnitude and adds pairs, `madd` by the
+    /// 16-weight multiplier adds pairs of those, so lane `l` collects, over every group
+    /// of 32, the weights at `4l..4l+4`. Every sum is exact in its width.
+    #[inline(always)]
+    pub(crate) fn lanes(&self, xq: &[u8]) -> [i32; 8] {
+        let mut lanes = [0i32; 8];
+        for (g, &neg) in self.negative.iter().enumerate() {
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                let first = 32 * g + 4 * l;
+                let mut quad = 0i32;
+                for k in first..first + 4 {
+                    let x = xq[k] as i8;
+                    let x = if neg >> (k % 32) & 1 != 0 {
+                        x.wrapping_neg()
+                    } else {
+                        x
+                    };
+                    quad += self.levels[k] as i32 * x as i32;
+                }
+                *lane += self.scales[first / 16] * quad;
+            }
+        }
+        lanes
+    }
+}
+
+/// The dot product of ggml's AVX2 IQ2/IQ3 kernels: per super-block the [`GridBlock::lanes`]
+/// times `d_w·d_x` fused into eight running lanes, `hsum_float_8` at the end, times the
+/// format's constant `post_scale` (1/8 for IQ2, 1/4 for IQ3_XXS, 1 for IQ3_S).
+#[inline(always)]
+pub(crate) fn grid_dot(
+    w: &[u8],
+    x: &[u8],
+    block_bytes: usize,
+    post_scale: f32,
+    decode: impl Fn(&[u8], &mut GridBlock) -> f32,
+) -> f32 {
+    let mut acc = Lanes8::default();
+    let mut block = GridBlock::new();
+    for (wb, xb) in w
+        .chunks_exact(block_bytes)
+        .zip(x.chunks_exact(Q8_K_BLOCK_BYTES))
+    {
+        block.negative = [0; 8];
+        let d_w = decode(wb, &mut block);
+        let d = d_w * f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
+        acc.fma_block(d, &block.lanes(&xb[Q8_K_QS..Q8_K_QS + 256]));
+    }
+    post_scale * acc.sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_expand_to_ggml_entries() {
+        // First and last entries of each table as ggml-common.h writes them.
+        assert_eq!(u64::from_le_bytes(IQ2XXS_GRID[0]), 0x0808_0808_0808_0808);
+        assert_eq!(u64::from_le_bytes(IQ2XXS_GRID[255]), 0x2b2b_2b19_0808_1908);
+        assert_eq!(u64::from_le_bytes(IQ2XS_GRID[511]), 0x2b2b_2b2b_2b2b_2b2b);
+        assert_eq!(u64::from_le_bytes(IQ2S_GRID[1023]), 0x2b2b_2b2b_2b2b_2b2b);
+        assert_eq!(u32::from_le_bytes(IQ3XXS_GRID[0]), 0x0404_0404);
+        assert_eq!(u32::from_le_bytes(IQ3XXS_GRID[255]), 0x3e34_1c04);
+        assert_eq!(u32::from_le_bytes(IQ3S_GRID[511]), 0x0f0f_0101);
+        assert_eq!(u64::from_le_bytes(IQ1S_GRID[0]), 0xffff_ffff_ffff_ffff);
+        assert_eq!(u64::from_le_bytes(IQ1S_GRID[2047]), 0x0101_0101_0101_0101);
+    }
+
+    #[test]
+    fn parity_signs_match_ggml_table_ends() {
+        assert_eq!(parity_signs(0), 0x00);
+        assert_eq!(parity_signs(1), 0x81);
+        assert_eq!(parity_signs(3), 0x03);
+        assert_eq!(parity_signs(127), 0xff);
+        for i in 0..128 {
+            assert_eq!(parity_signs(i).count_ones() % 2, 0, "{i}");
+        }
+    }
+}

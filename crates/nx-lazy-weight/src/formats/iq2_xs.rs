@@ -1,0 +1,74 @@
+//! IQ2_XS (2.31 bits a weight): 256 weights; each group of 8 is a u16 holding a 9-bit
+//! index into the 512-entry [`IQ2XS_GRID`] and 7 sign bits (the eighth by parity), with
+//! a 4-bit scale per 16, `w = d·(0.5 + ls)·0.25·grid·sign`; multiplied with Q8_K
+//! activations.
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..2 | `d` f16 |
+//! | 2..66 | `qs[32]` u16: index (bits 0..9) and sign index (bits 9..16) of eight weights |
+//! | 66..74 | `scales[8]`: low nibble the first 16 of group `g`, high nibble the second |
+
+use nx_gguf::GgmlType;
+
+use super::block::{read_f16, BlockFormat};
+use super::grids::{grid_dot, parity_signs, IQ2XS_GRID};
+
+/// Bytes of one super-block.
+pub const BYTES: usize = 74;
+/// `qs[32]` u16.
+pub const QS: usize = 2;
+/// `scales[8]`.
+pub const SCALES: usize = 66;
+const _: () = assert!(SCALES + 8 == BYTES && GgmlType::IQ2_XS.type_size() == BYTES);
+
+/// The table row.
+pub const FORMAT: BlockFormat = BlockFormat {
+    ggml_type: GgmlType::IQ2_XS,
+    block_len: 256,
+    block_bytes: BYTES,
+    dequantize_block,
+    dot: Some((GgmlType::Q8_K, dot)),
+    quantize_block: None,
+};
+
+/// Eight weights `8k..8k+8`: magnitudes and sign byte.
+#[inline(always)]
+fn octet(b: &[u8], k: usize) -> (&'static [u8; 8], u8) {
+    let q = u16::from_le_bytes([b[QS + 2 * k], b[QS + 2 * k + 1]]) as u32;
+    (&IQ2XS_GRID[(q & 511) as usize], parity_signs(q >> 9))
+}
+
+/// The 4-bit scale of weights `16s..16s+16`.
+#[inline(always)]
+pub(crate) fn nibble_scale(scales: &[u8], s: usize) -> u32 {
+    (scales[s / 2] >> (4 * (s % 2)) & 15) as u32
+}
+
+/// `y = (d·(0.5 + ls)·0.25)·grid·(±1)` (ggml's `dequantize_row_iq2_xs`).
+pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
+    let d = read_f16(b, 0);
+    for k in 0..32 {
+        let db = d * (0.5 + nibble_scale(&b[SCALES..], k / 2) as f32) * 0.25;
+        let (mags, signs) = octet(b, k);
+        for j in 0..8 {
+            let sign = if signs >> j & 1 != 0 { -1.0 } else { 1.0 };
+            y[8 * k + j] = db * mags[j] as f32 * sign;
+        }
+    }
+}
+
+/// IQ2_XS × Q8_K in the order of ggml's AVX2 kernel ([`grid_dot`] with multipliers
+/// `2·ls + 1` per 16 and a final `0.125`).
+pub fn dot(w: &[u8], x: &[u8]) -> f32 {
+    grid_dot(w, x, BYTES, 0.125, |b, block| {
+        for k in 0..32 {
+            let (mags, signs) = octet(b, k);
+            block.put8(8 * k, mags, signs);
+        }
+        for s in 0..16 {
+            block.scales[s] = 2 * nibble_scale(&b[SCALES..], s) as i32 + 1;
+        }
+        read_f16(b, 0)
+    })
+}
