@@ -80,7 +80,7 @@ enum Command {
     /// Generate the deterministic random-weight test models into $NX_CACHE/synth.
     ///
     /// Without --shape: the tiny CI shapes (qwen2-tiny, llama-tiny, qwen3-tiny and the
-    /// two-layer file-type shapes llama-q4_1, llama-q3_k_m, llama-q2_k-iq4_xs), each
+    /// two-layer file-type shapes llama-q4_1, llama-q3_k_m, llama-q2_k-iq4_xs, llama-iq-grids), each
     /// verified against fixtures/synth/sha256.txt and reused when already present.
     Synth {
         /// Shape to generate (repeatable): a tiny shape, or the benchmark-sized

@@ -70,13 +70,14 @@ pub const GEMMA: &str = "gemma3-270m";
 /// its own cache cell (cell = position, as in nx's cache) instead of reusing cells, which
 /// changes nothing in the mathematics but keeps the reference's summation lanes (set by
 /// the cell index) the same as nx's.
-pub const SETS: [GoldenSet; 17] = [
+pub const SETS: [GoldenSet; 18] = [
     tiny("qwen2-tiny"),
     tiny("llama-tiny"),
     tiny("qwen3-tiny"),
     tiny("llama-q4_1"),
     tiny("llama-q3_k_m"),
     tiny("llama-q2_k-iq4_xs"),
+    tiny("llama-iq-grids"),
     tiny("granite-tiny"),
     tiny("olmo2-tiny"),
     tiny("smollm3-tiny"),

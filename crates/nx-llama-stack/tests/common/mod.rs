@@ -25,16 +25,18 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// The synthetic fixtures of `cargo xtask synth` (its tiny shapes): three architectures
-/// in a Q4_K_M mix, the tier-1 file types (Q4_1/Q5_1/IQ4_NL, Q3_K_M, Q2_K/IQ4_XS), then
+/// in a Q4_K_M mix, the tier-1 file types (Q4_1/Q5_1/IQ4_NL, Q3_K_M, Q2_K/IQ4_XS), the
+/// seven grid formats (IQ1_S to IQ3_S), then
 /// Granite, OLMo 2, SmolLM3, Gemma 2, Phi-3, a Llama with Llama 3.1 factors and linear
 /// RoPE scaling, Qwen3-MoE and a Llama with YaRN.
-pub const SYNTH_FIXTURES: [&str; 15] = [
+pub const SYNTH_FIXTURES: [&str; 16] = [
     "qwen2-tiny",
     "llama-tiny",
     "qwen3-tiny",
     "llama-q4_1",
     "llama-q3_k_m",
     "llama-q2_k-iq4_xs",
+    "llama-iq-grids",
     "granite-tiny",
     "olmo2-tiny",
     "smollm3-tiny",
