@@ -210,7 +210,7 @@ impl TypeMix {
             TypeMix::Legacy32 => uniform(Q4_1, Q5_1, Q5_1, IQ4_NL),
             TypeMix::Q3KM => uniform(Q3_K, Q5_K, Q4_K, Q3_K),
             TypeMix::Q8 => uniform(Q8_0, Q8_0, Q8_0, Q8_0),
-            TypeMix::Grids if layer % 2 == 0 => LayerTypes {
+            TypeMix::Grids if layer.is_multiple_of(2) => LayerTypes {
                 q: IQ2_XXS,
                 k: IQ2_XS,
                 v: IQ3_S,
