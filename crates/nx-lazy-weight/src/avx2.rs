@@ -34,6 +34,7 @@ use nx_gguf::GgmlType;
 
 use crate::dispatch::DotKernel4;
 use crate::dot_scalar::DotKernel;
+use crate::formats::grids::GridBlock;
 use crate::formats::{
     iq4_nl, iq4_xs, q2_k, q3_k, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32, read_u32,
     scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
@@ -67,9 +68,81 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::Q2_K => dot_q2_k_q8_k,
         GgmlType::Q3_K => dot_q3_k_q8_k,
         GgmlType::F32 => dot_f32_f32,
+        GgmlType::IQ2_XXS => dot_iq2_xxs_q8_k,
+        GgmlType::IQ2_XS => dot_iq2_xs_q8_k,
+        GgmlType::IQ2_S => dot_iq2_s_q8_k,
+        GgmlType::IQ3_XXS => dot_iq3_xxs_q8_k,
+        GgmlType::IQ3_S => dot_iq3_s_q8_k,
+        GgmlType::IQ1_S => dot_iq1_s_q8_k,
+        GgmlType::IQ1_M => dot_iq1_m_q8_k,
         _ => return None,
     };
     Some(k)
+}
+
+/// The grid formats (IQ1–IQ3): each format's own scalar decoder fills a [`GridBlock`],
+/// whose eight lanes come from [`grid_lanes_impl`]. Like the entries of
+/// [`checked_entry!`], these leave this module only through [`kernel`].
+macro_rules! grid_entry {
+    ($($name:ident => $format:ident),* $(,)?) => {$(
+        fn $name(w: &[u8], x: &[u8]) -> f32 {
+            crate::formats::$format::dot_with(w, x, grid_lanes)
+        }
+    )*};
+}
+
+grid_entry! {
+    dot_iq2_xxs_q8_k => iq2_xxs,
+    dot_iq2_xs_q8_k => iq2_xs,
+    dot_iq2_s_q8_k => iq2_s,
+    dot_iq3_xxs_q8_k => iq3_xxs,
+    dot_iq3_s_q8_k => iq3_s,
+    dot_iq1_s_q8_k => iq1_s,
+    dot_iq1_m_q8_k => iq1_m,
+}
+
+fn grid_lanes(block: &GridBlock, xq: &[u8]) -> [i32; 8] {
+    // SAFETY: reachable only through the `grid_entry!` kernels, which leave this module
+    // only through `kernel`, which verified AVX2 on this CPU; `xq` holds a Q8_K block's
+    // 256 quants (the callers slice them out of whole blocks).
+    unsafe { grid_lanes_impl(block, xq) }
+}
+
+/// [`GridBlock::lanes`] in AVX2, per group of 32: the sign bits spread to bytes, the
+/// activations signed by them (`sign_epi8`), `maddubs` with the magnitudes, `madd` by
+/// the two 16-weight multipliers.
+///
+/// # Safety
+/// The CPU has AVX2; `xq` has at least 256 bytes.
+#[target_feature(enable = "avx2")]
+unsafe fn grid_lanes_impl(block: &GridBlock, xq: &[u8]) -> [i32; 8] {
+    assert!(xq.len() >= 256);
+    // Byte i of the spread word is byte i/8 of the sign word, tested against bit i%8.
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = _mm256_setzero_si256();
+    for g in 0..8 {
+        // SAFETY: `levels` has 256 bytes and `xq` at least 256 (asserted): 32g + 32 fits.
+        let levels = _mm256_loadu_si256(block.levels.as_ptr().add(32 * g) as *const __m256i);
+        let x = _mm256_loadu_si256(xq.as_ptr().add(32 * g) as *const __m256i);
+        let word = _mm256_set1_epi32(block.negative[g] as i32);
+        let bits = _mm256_and_si256(_mm256_shuffle_epi8(word, spread), bit);
+        let negative = _mm256_cmpeq_epi8(bits, bit);
+        let signed_x = _mm256_sign_epi8(x, _mm256_or_si256(negative, one));
+        let pairs = _mm256_maddubs_epi16(levels, signed_x);
+        let scales = _mm256_setr_m128i(
+            _mm_set1_epi16(block.scales[2 * g] as i16),
+            _mm_set1_epi16(block.scales[2 * g + 1] as i16),
+        );
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, scales));
+    }
+    let mut lanes = [0i32; 8];
+    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, acc);
+    lanes
 }
 
 /// Safe entry points: fn pointers to them leave this module only through [`kernel`],

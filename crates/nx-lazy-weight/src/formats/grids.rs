@@ -137,6 +137,9 @@ impl GridBlock {
     }
 }
 
+/// Computes a block's eight lanes: [`GridBlock::lanes`] or a SIMD twin of it.
+pub(crate) type LanesFn = fn(&GridBlock, &[u8]) -> [i32; 8];
+
 /// The dot product of ggml's AVX2 IQ2/IQ3 kernels: per super-block the [`GridBlock::lanes`]
 /// times `d_w·d_x` fused into eight running lanes, `hsum_float_8` at the end, times the
 /// format's constant `post_scale` (1/8 for IQ2, 1/4 for IQ3_XXS, 1 for IQ3_S).
@@ -146,6 +149,7 @@ pub(crate) fn grid_dot(
     x: &[u8],
     block_bytes: usize,
     post_scale: f32,
+    lanes: LanesFn,
     decode: impl Fn(&[u8], &mut GridBlock) -> f32,
 ) -> f32 {
     let mut acc = Lanes8::default();
@@ -157,7 +161,7 @@ pub(crate) fn grid_dot(
         block.negative = [0; 8];
         let d_w = decode(wb, &mut block);
         let d = d_w * f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
-        acc.fma_block(d, &block.lanes(&xb[Q8_K_QS..Q8_K_QS + 256]));
+        acc.fma_block(d, &lanes(&block, &xb[Q8_K_QS..Q8_K_QS + 256]));
     }
     post_scale * acc.sum()
 }

@@ -12,7 +12,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{f16_to_f32, read_f32, BlockFormat, Q8_K_BLOCK_BYTES, Q8_K_QS};
-use super::grids::{GridBlock, IQ1S_GRID};
+use super::grids::{GridBlock, LanesFn, IQ1S_GRID};
 use super::iq1_s::{put_ternary8, DELTA};
 use crate::reduce::Lanes8;
 
@@ -83,6 +83,11 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// group's offset sign, same multipliers), each fused into running lanes with
 /// `d_x·d`; at the end `hsum_float_8(grid) + 0.125·hsum_float_8(offsets)`.
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
+    dot_with(w, x, GridBlock::lanes)
+}
+
+/// [`dot`] with both sets of lanes from `lanes` (the tiers' SIMD twins).
+pub(crate) fn dot_with(w: &[u8], x: &[u8], lanes: LanesFn) -> f32 {
     let mut grid_lanes = Lanes8::default();
     let mut offset_lanes = Lanes8::default();
     let mut grid = GridBlock::new();
@@ -104,8 +109,8 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
         }
         let d = read_f32(xb, 0) * super_scale(&sc);
         let xq = &xb[Q8_K_QS..Q8_K_QS + 256];
-        grid_lanes.fma_block(d, &grid.lanes(xq));
-        offset_lanes.fma_block(d, &offsets.lanes(xq));
+        grid_lanes.fma_block(d, &lanes(&grid, xq));
+        offset_lanes.fma_block(d, &lanes(&offsets, xq));
     }
     grid_lanes.sum() + DELTA * offset_lanes.sum()
 }

@@ -12,7 +12,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{read_f16, read_f32, BlockFormat, Q8_K_BLOCK_BYTES, Q8_K_BSUMS, Q8_K_QS};
-use super::grids::{GridBlock, IQ1S_GRID};
+use super::grids::{GridBlock, LanesFn, IQ1S_GRID};
 use crate::reduce::Lanes8;
 
 /// Bytes of one super-block.
@@ -83,6 +83,11 @@ pub(crate) fn put_ternary8(block: &mut GridBlock, first: usize, grid: &[u8; 8]) 
 /// octave, tells apart: unfused, 5 of its 24 cases differ in the last bit); at the end
 /// `hsum_float_8(lanes) + 0.125·acc`.
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
+    dot_with(w, x, GridBlock::lanes)
+}
+
+/// [`dot`] with the grid lanes from `grid_lanes` (the tiers' SIMD twins).
+pub(crate) fn dot_with(w: &[u8], x: &[u8], grid_lanes: LanesFn) -> f32 {
     let mut lanes = Lanes8::default();
     let mut offsets = 0.0f32;
     let mut block = GridBlock::new();
@@ -104,7 +109,7 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
             offset_sum += (bsum(2 * g) + bsum(2 * g + 1)) * sign * mult;
         }
         let d = read_f32(xb, 0) * read_f16(wb, 0);
-        lanes.fma_block(d, &block.lanes(&xb[Q8_K_QS..Q8_K_QS + 256]));
+        lanes.fma_block(d, &grid_lanes(&block, &xb[Q8_K_QS..Q8_K_QS + 256]));
         offsets = d.mul_add(offset_sum as f32, offsets);
     }
     lanes.sum() + DELTA * offsets

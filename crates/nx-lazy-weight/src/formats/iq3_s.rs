@@ -14,7 +14,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{read_f16, BlockFormat};
-use super::grids::{grid_dot, IQ3S_GRID};
+use super::grids::{grid_dot, GridBlock, LanesFn, IQ3S_GRID};
 
 /// Bytes of one super-block.
 pub const BYTES: usize = 110;
@@ -67,7 +67,12 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// IQ3_S × Q8_K in the order of ggml's AVX2 kernel ([`grid_dot`] with multipliers
 /// `2·ls + 1` and no final factor).
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    grid_dot(w, x, BYTES, 1.0, |b, block| {
+    dot_with(w, x, GridBlock::lanes)
+}
+
+/// [`dot`] with the lanes from `lanes` (the tiers' SIMD twins).
+pub(crate) fn dot_with(w: &[u8], x: &[u8], lanes: LanesFn) -> f32 {
+    grid_dot(w, x, BYTES, 1.0, lanes, |b, block| {
         for m in 0..64 {
             block.put4(4 * m, quad(b, m), b[SIGNS + m / 2] >> (4 * (m % 2)));
         }

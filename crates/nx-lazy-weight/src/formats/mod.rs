@@ -50,7 +50,7 @@ use crate::LazyWeightError;
 
 mod block;
 mod grid_tables;
-mod grids;
+pub(crate) mod grids;
 pub mod iq1_m;
 pub mod iq1_s;
 pub mod iq2_s;
