@@ -1,5 +1,5 @@
 //! IQ1_M (1.75 bits a weight): 256 weights; each group of 8 is an 11-bit index into the
-//! 2048-entry [`IQ1S_GRID`] with its own offset sign; a 3-bit scale per 16, and the f16
+//! 2048-entry `IQ1S_GRID` with its own offset sign; a 3-bit scale per 16, and the f16
 //! super-block scale spread over the top nibbles of the scale words,
 //! `w = d·(2·ls + 1)·(grid ± 0.125)`; multiplied with Q8_K activations.
 //!
@@ -79,7 +79,7 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 }
 
 /// IQ1_M × Q8_K in the order of ggml's AVX2 kernel: two sets of eight lanes, the grid
-/// part ([`GridBlock::lanes`]) and the offset part (the activations signed by each
+/// part (`GridBlock::lanes`) and the offset part (the activations signed by each
 /// group's offset sign, same multipliers), each fused into running lanes with
 /// `d_x·d`; at the end `hsum_float_8(grid) + 0.125·hsum_float_8(offsets)`.
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {

@@ -1,5 +1,5 @@
 //! IQ1_S (1.56 bits a weight): 256 weights; each group of 8 is an 11-bit index into the
-//! 2048-entry [`IQ1S_GRID`] of −1/0/+1 vectors; per group of 32 a u16 holds the four
+//! 2048-entry `IQ1S_GRID` of −1/0/+1 vectors; per group of 32 a u16 holds the four
 //! high index parts, a 3-bit scale and the sign of a shared offset,
 //! `w = d·(2·ls + 1)·(grid ± 0.125)`; multiplied with Q8_K activations.
 //!
@@ -76,7 +76,7 @@ pub(crate) fn put_ternary8(block: &mut GridBlock, first: usize, grid: &[u8; 8]) 
 }
 
 /// IQ1_S × Q8_K in the order of ggml's AVX2 kernel: the grid part as eight lanes
-/// ([`GridBlock::lanes`], multipliers `2·ls + 1`) fused into running lanes with
+/// (`GridBlock::lanes`, multipliers `2·ls + 1`) fused into running lanes with
 /// `d_x·d_w`; the offset part as one integer per super-block, `Σ ±(2·ls + 1)·bsum`,
 /// added into a scalar as `acc = fma(d, sum, acc)` (the C source writes `acc += d·sum`;
 /// GCC contracts it, which the IQ1_S dot fixture, with block scales kept within one

@@ -1,5 +1,5 @@
 //! IQ2_S (2.56 bits a weight): 256 weights; each group of 8 has a 10-bit index into the
-//! 1024-entry [`IQ2S_GRID`] (a byte plus two high bits) and a full sign byte, with a
+//! 1024-entry `IQ2S_GRID` (a byte plus two high bits) and a full sign byte, with a
 //! 4-bit scale per 16, `w = d·(0.5 + ls)·0.25·grid·sign`; multiplied with Q8_K
 //! activations.
 //!
@@ -59,7 +59,7 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// IQ2_S × Q8_K in the order of ggml's AVX2 kernel ([`grid_dot`] with multipliers
+/// IQ2_S × Q8_K in the order of ggml's AVX2 kernel (`grid_dot` with multipliers
 /// `2·ls + 1` per 16 and a final `0.125`).
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     dot_with(w, x, GridBlock::lanes)

@@ -1,5 +1,5 @@
 //! IQ2_XXS (2.06 bits a weight): 256 weights in eight groups of 32; each group of 8 is
-//! one byte of index into the 256-entry [`IQ2XXS_GRID`] of magnitudes, with 7 sign bits
+//! one byte of index into the 256-entry `IQ2XXS_GRID` of magnitudes, with 7 sign bits
 //! (the eighth by parity) and one 4-bit scale per 32,
 //! `w = d·(0.5 + ls)·0.25·grid·sign`; multiplied with Q8_K activations.
 //!
@@ -58,7 +58,7 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// IQ2_XXS × Q8_K in the order of ggml's AVX2 kernel ([`grid_dot`] with multipliers
+/// IQ2_XXS × Q8_K in the order of ggml's AVX2 kernel (`grid_dot` with multipliers
 /// `2·ls + 1` and a final `0.125`).
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     dot_with(w, x, GridBlock::lanes)

@@ -1,5 +1,5 @@
 //! IQ3_S (3.44 bits a weight): 256 weights; each group of 4 has a 9-bit index into the
-//! 512-entry [`IQ3S_GRID`] (a byte plus one high bit), every weight a stored sign bit,
+//! 512-entry `IQ3S_GRID` (a byte plus one high bit), every weight a stored sign bit,
 //! and a 4-bit scale per 32, `w = d·(1 + 2·ls)·grid·sign`; multiplied with Q8_K
 //! activations.
 //!
@@ -64,7 +64,7 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// IQ3_S × Q8_K in the order of ggml's AVX2 kernel ([`grid_dot`] with multipliers
+/// IQ3_S × Q8_K in the order of ggml's AVX2 kernel (`grid_dot` with multipliers
 /// `2·ls + 1` and no final factor).
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     dot_with(w, x, GridBlock::lanes)

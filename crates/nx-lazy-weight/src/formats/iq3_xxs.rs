@@ -1,5 +1,5 @@
 //! IQ3_XXS (3.06 bits a weight): 256 weights; each group of 4 is a byte of index into the
-//! 256-entry [`IQ3XXS_GRID`] of magnitudes; per group of 32 one u32 holds four 7-bit
+//! 256-entry `IQ3XXS_GRID` of magnitudes; per group of 32 one u32 holds four 7-bit
 //! sign indices (one per 8 weights, the eighth sign by parity) and a 4-bit scale,
 //! `w = d·(0.5 + ls)·0.5·grid·sign`; multiplied with Q8_K activations.
 //!
@@ -65,7 +65,7 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// IQ3_XXS × Q8_K in the order of ggml's AVX2 kernel ([`grid_dot`] with multipliers
+/// IQ3_XXS × Q8_K in the order of ggml's AVX2 kernel (`grid_dot` with multipliers
 /// `2·ls + 1` and a final `0.25`).
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     dot_with(w, x, GridBlock::lanes)
