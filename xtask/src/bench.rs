@@ -37,14 +37,18 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// the bench for a file that is missing).
 pub const DEFAULT_MODELS: [&str; 4] = ["default", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3moe-2b"];
 /// The files of `cargo xtask bench --formats`: the Qwen2.5-0.5B shapes in nx's Q4_K_M mix
-/// (the bandwidth yardstick) and as llama-quantize makes five other file types of them.
-pub const FORMAT_MODELS: [&str; 6] = [
+/// (the bandwidth yardstick) and as llama-quantize makes five other file types of them,
+/// and the Qwen2.5-1.5B shapes as it makes three grid file types (with an importance matrix).
+pub const FORMAT_MODELS: [&str; 9] = [
     "qwen2.5-0.5b",
     "qwen2.5-0.5b-Q4_0",
     "qwen2.5-0.5b-Q8_0",
     "qwen2.5-0.5b-Q3_K_M",
     "qwen2.5-0.5b-Q5_K_M",
     "qwen2.5-0.5b-IQ4_XS",
+    "qwen2.5-1.5b-IQ2_XXS",
+    "qwen2.5-1.5b-IQ3_S",
+    "qwen2.5-1.5b-IQ1_M",
 ];
 /// Default repetitions per engine and file.
 pub const DEFAULT_REPS: usize = 3;
@@ -968,7 +972,9 @@ fn write_formats_section(docs: &Path, old: &str, report: &Report, table: &str) -
         "{begin}\n## File types{heading}: `{env}cargo xtask bench --formats`\n\n\
          The Qwen2.5-0.5B shapes (synthetic weights) in nx's own Q4_K_M mix, and as the pinned \
          `llama-quantize` makes five other file types of them from an all-Q8_0 source (its own \
-         choice of type per tensor, fallbacks included). Same method as the main table; \
+         choice of type per tensor, fallbacks included), and the Qwen2.5-1.5B shapes (no \
+         fallbacks at their widths) as it makes three grid file types with an importance \
+         matrix from `llama-imatrix`. Same method as the main table; \
          llama.cpp: {}.\n\n{}\n\n{table}\nDecode bandwidth (weight bytes one decode step \
          reads × tg t/s) beside the Q4_K_M file's:\n\n{}{end}\n",
         report.llama_cpp_config,

@@ -300,12 +300,13 @@ pub const OPENAI_WHEELS: [PinnedWheel; 16] = [
 ];
 
 /// The llama.cpp tools `cargo xtask reference` builds.
-pub const LLAMA_TOOLS: [&str; 5] = [
+pub const LLAMA_TOOLS: [&str; 6] = [
     "llama-server",
     "llama-bench",
     "llama-perplexity",
     "llama-tokenize",
     "llama-quantize",
+    "llama-imatrix",
 ];
 
 /// CMake configure flags for the reference build (beyond `-S`/`-B`).

@@ -46,7 +46,7 @@ pub const TINY_SHAPES: [&str; 16] = [
 ];
 
 /// Benchmark-sized shapes, generated only when named with `--shape`.
-pub const BENCH_SHAPES: [&str; 11] = [
+pub const BENCH_SHAPES: [&str; 14] = [
     "qwen2.5-0.5b",
     "qwen3moe-2b",
     "qwen2.5-1.5b",
@@ -58,6 +58,9 @@ pub const BENCH_SHAPES: [&str; 11] = [
     "qwen2.5-0.5b-Q3_K_M",
     "qwen2.5-0.5b-Q5_K_M",
     "qwen2.5-0.5b-IQ4_XS",
+    "qwen2.5-1.5b-IQ2_XXS",
+    "qwen2.5-1.5b-IQ3_S",
+    "qwen2.5-1.5b-IQ1_M",
 ];
 
 /// Bumped whenever the generator's output is meant to change; part of every seed.
@@ -399,6 +402,29 @@ const fn reference_quantized(base: Shape, name: &'static str, ftype: &'static st
     }
 }
 
+/// The Qwen2.5-1.5B dimensions (tied embeddings, as that model), Q4_K_M mix.
+const QWEN25_15B: Shape = Shape {
+    name: "qwen2.5-1.5b",
+    arch: Arch::Qwen2,
+    vocab: "qwen2",
+    n_embd: 1536,
+    n_ff: 8960,
+    n_layer: 28,
+    n_head: 12,
+    n_head_kv: 2,
+    head_dim: 128,
+    context_length: 32768,
+    rope_freq_base: 1.0e6,
+    rms_eps: 1.0e-6,
+    tied_embeddings: true,
+    token_embd_type: GgmlType::Q6_K,
+    logit_std: 6.0,
+    rope_scaling: RopeScaling::None,
+    mix: TypeMix::Q4KM,
+    moe: MOE_TINY,
+    reference_quant: None,
+};
+
 /// A tiny shape of one of the newer architectures: three or four layers, llama-spm's
 /// 32 000 tokens, the Q4_K_M mix.
 const fn arch_shape(name: &'static str, arch: Arch, n_layer: u64) -> Shape {
@@ -415,7 +441,7 @@ const fn arch_shape(name: &'static str, arch: Arch, n_layer: u64) -> Shape {
 }
 
 /// All known shapes.
-pub const SHAPES: [Shape; 27] = [
+pub const SHAPES: [Shape; 30] = [
     // n_embd 128 is not a multiple of 256: the K-quant matrices fall back to Q5_0/Q8_0,
     // as in real models whose width is not a multiple of 256 (Qwen2.5-0.5B); only
     // ffn_down (K = 512) stays Q4_K/Q6_K.
@@ -548,27 +574,13 @@ pub const SHAPES: [Shape; 27] = [
     reference_quantized(QWEN25_05B, "qwen2.5-0.5b-Q3_K_M", "Q3_K_M"),
     reference_quantized(QWEN25_05B, "qwen2.5-0.5b-Q5_K_M", "Q5_K_M"),
     reference_quantized(QWEN25_05B, "qwen2.5-0.5b-IQ4_XS", "IQ4_XS"),
-    Shape {
-        name: "qwen2.5-1.5b",
-        arch: Arch::Qwen2,
-        vocab: "qwen2",
-        n_embd: 1536,
-        n_ff: 8960,
-        n_layer: 28,
-        n_head: 12,
-        n_head_kv: 2,
-        head_dim: 128,
-        context_length: 32768,
-        rope_freq_base: 1.0e6,
-        rms_eps: 1.0e-6,
-        tied_embeddings: true,
-        token_embd_type: GgmlType::Q6_K,
-        logit_std: 6.0,
-        rope_scaling: RopeScaling::None,
-        mix: TypeMix::Q4KM,
-        moe: MOE_TINY,
-        reference_quant: None,
-    },
+    QWEN25_15B,
+    // Real Qwen2.5-1.5B dimensions (every width a multiple of 256, so no fallback) as
+    // llama-quantize makes the grid file types, with an importance matrix from
+    // llama-imatrix on a fixed text, as published IQ files are made.
+    reference_quantized(QWEN25_15B, "qwen2.5-1.5b-IQ2_XXS", "IQ2_XXS"),
+    reference_quantized(QWEN25_15B, "qwen2.5-1.5b-IQ3_S", "IQ3_S"),
+    reference_quantized(QWEN25_15B, "qwen2.5-1.5b-IQ1_M", "IQ1_M"),
     // A mixture of experts of about 2 GB once llama-quantize makes it Q4_K_M: 64 experts
     // of 1024 rows per layer, 8 of them per token, so a decode step reads about an eighth
     // of the expert bytes.
@@ -1489,6 +1501,68 @@ fn ensure_shape(shape: &Shape) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The grid file types: published ones are made with an importance matrix (llama-quantize
+/// refuses IQ1_S, IQ1_M, IQ2_XXS and IQ2_XS without one).
+fn needs_imatrix(ftype: &str) -> bool {
+    ["IQ1_", "IQ2_", "IQ3_"]
+        .iter()
+        .any(|p| ftype.starts_with(p))
+}
+
+/// The text the importance matrices are computed on (the GPL-3 GOLD-PPL scores).
+const IMATRIX_TEXT: &str = crate::golden::ppl::TEXT_PATH;
+
+/// Runs the pinned `llama-imatrix` on `source` over the first chunks of
+/// [`IMATRIX_TEXT`]; returns the matrix file's path (next to `source`).
+fn importance_matrix(shape: &Shape, source: &Path) -> Result<PathBuf> {
+    let imatrix_bin = crate::reference::llama_bin("llama-imatrix");
+    if !imatrix_bin.is_file() {
+        crate::reference::ensure_reference(crate::reference::DEFAULT_JOBS)?;
+    }
+    let out = source.with_extension("imatrix.gguf");
+    let started = Instant::now();
+    eprintln!(
+        "synth: {}: llama-imatrix on 4 chunks of 256 tokens of {IMATRIX_TEXT}",
+        shape.name
+    );
+    let output = std::process::Command::new(&imatrix_bin)
+        .arg("-m")
+        .arg(source)
+        .args([
+            "-f",
+            IMATRIX_TEXT,
+            "-c",
+            "256",
+            "--chunks",
+            "4",
+            "-t",
+            "2",
+            "-o",
+        ])
+        .arg(&out)
+        .output()
+        .with_context(|| format!("could not run {}", imatrix_bin.display()))?;
+    if !output.status.success() || !out.is_file() {
+        bail!(
+            "llama-imatrix on {} failed ({}): {}",
+            shape.name,
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+                .lines()
+                .rev()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+    }
+    eprintln!(
+        "synth: {}: importance matrix in {}",
+        shape.name,
+        duration_text(started.elapsed())
+    );
+    Ok(out)
+}
+
 /// Writes the generated `source` next to `path`, has the pinned `llama-quantize` make the
 /// `ftype` file from it (its own per-tensor choice of types, as for published files) and
 /// renames that into place.
@@ -1511,14 +1585,28 @@ fn quantize_with_reference(
         shape.name,
         bytes_text(source.len() as u64)
     );
-    let output = std::process::Command::new(&quantize)
-        .arg("--allow-requantize")
+    let imatrix = if needs_imatrix(ftype) {
+        Some(importance_matrix(shape, &source_path).inspect_err(|_| {
+            let _ = fs::remove_file(&source_path);
+        })?)
+    } else {
+        None
+    };
+    let mut command = std::process::Command::new(&quantize);
+    command.arg("--allow-requantize");
+    if let Some(imatrix) = &imatrix {
+        command.arg("--imatrix").arg(imatrix);
+    }
+    let output = command
         .arg(&source_path)
         .arg(&partial)
         .arg(ftype)
         .output()
         .with_context(|| format!("could not run {}", quantize.display()))?;
     let _ = fs::remove_file(&source_path);
+    if let Some(imatrix) = &imatrix {
+        let _ = fs::remove_file(imatrix);
+    }
     if !output.status.success() {
         let _ = fs::remove_file(&partial);
         bail!(

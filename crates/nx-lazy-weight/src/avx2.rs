@@ -83,22 +83,26 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
 /// The grid formats (IQ1–IQ3): each format's own scalar decoder fills a [`GridBlock`],
 /// whose eight lanes come from [`grid_lanes_impl`]. Like the entries of
 /// [`checked_entry!`], these leave this module only through [`kernel`].
+/// The four-token ones decode each block once for the four rows.
 macro_rules! grid_entry {
-    ($($name:ident => $format:ident),* $(,)?) => {$(
+    ($($name:ident, $name4:ident => $format:ident),* $(,)?) => {$(
         fn $name(w: &[u8], x: &[u8]) -> f32 {
-            crate::formats::$format::dot_with(w, x, grid_lanes)
+            crate::formats::$format::dot_n(w, [x], grid_lanes)[0]
+        }
+        fn $name4(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+            crate::formats::$format::dot_n(w, x, grid_lanes)
         }
     )*};
 }
 
 grid_entry! {
-    dot_iq2_xxs_q8_k => iq2_xxs,
-    dot_iq2_xs_q8_k => iq2_xs,
-    dot_iq2_s_q8_k => iq2_s,
-    dot_iq3_xxs_q8_k => iq3_xxs,
-    dot_iq3_s_q8_k => iq3_s,
-    dot_iq1_s_q8_k => iq1_s,
-    dot_iq1_m_q8_k => iq1_m,
+    dot_iq2_xxs_q8_k, dot4_iq2_xxs_q8_k => iq2_xxs,
+    dot_iq2_xs_q8_k, dot4_iq2_xs_q8_k => iq2_xs,
+    dot_iq2_s_q8_k, dot4_iq2_s_q8_k => iq2_s,
+    dot_iq3_xxs_q8_k, dot4_iq3_xxs_q8_k => iq3_xxs,
+    dot_iq3_s_q8_k, dot4_iq3_s_q8_k => iq3_s,
+    dot_iq1_s_q8_k, dot4_iq1_s_q8_k => iq1_s,
+    dot_iq1_m_q8_k, dot4_iq1_m_q8_k => iq1_m,
 }
 
 fn grid_lanes(block: &GridBlock, xq: &[u8]) -> [i32; 8] {
@@ -1304,6 +1308,13 @@ pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
         GgmlType::IQ4_XS => dot4_iq4_xs_q8_k,
         GgmlType::Q2_K => dot4_q2_k_q8_k,
         GgmlType::Q3_K => dot4_q3_k_q8_k,
+        GgmlType::IQ2_XXS => dot4_iq2_xxs_q8_k,
+        GgmlType::IQ2_XS => dot4_iq2_xs_q8_k,
+        GgmlType::IQ2_S => dot4_iq2_s_q8_k,
+        GgmlType::IQ3_XXS => dot4_iq3_xxs_q8_k,
+        GgmlType::IQ3_S => dot4_iq3_s_q8_k,
+        GgmlType::IQ1_S => dot4_iq1_s_q8_k,
+        GgmlType::IQ1_M => dot4_iq1_m_q8_k,
         _ => return None,
     };
     Some(k)

@@ -20,7 +20,7 @@ use nx_lazy_weight::{
 };
 
 /// The types with four-token kernels on some tier.
-const MULTI_TYPES: [GgmlType; 11] = [
+const MULTI_TYPES: [GgmlType; 18] = [
     GgmlType::Q4_K,
     GgmlType::Q6_K,
     GgmlType::Q5_0,
@@ -32,6 +32,13 @@ const MULTI_TYPES: [GgmlType; 11] = [
     GgmlType::Q5_1,
     GgmlType::Q2_K,
     GgmlType::Q3_K,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
 ];
 
 /// The types with 16-token tiles on the AVX-512 VNNI tier (the first of [`MULTI_TYPES`]).

@@ -140,30 +140,44 @@ impl GridBlock {
 /// Computes a block's eight lanes: [`GridBlock::lanes`] or a SIMD twin of it.
 pub(crate) type LanesFn = fn(&GridBlock, &[u8]) -> [i32; 8];
 
-/// The dot product of ggml's AVX2 IQ2/IQ3 kernels: per super-block the [`GridBlock::lanes`]
-/// times `d_w·d_x` fused into eight running lanes, `hsum_float_8` at the end, times the
-/// format's constant `post_scale` (1/8 for IQ2, 1/4 for IQ3_XXS, 1 for IQ3_S).
+/// Fills a [`GridBlock`] from one super-block's bytes; returns the block's scale `d_w`.
+pub(crate) type DecodeFn = fn(&[u8], &mut GridBlock) -> f32;
+
+/// Super-blocks every row holds: the weight row's, or fewer if an activation row is
+/// shorter (the kernels' contract is equal lengths; this keeps them from reading past).
 #[inline(always)]
-pub(crate) fn grid_dot(
+fn common_blocks<const N: usize>(w: &[u8], block_bytes: usize, xs: &[&[u8]; N]) -> usize {
+    xs.iter()
+        .map(|x| x.len() / Q8_K_BLOCK_BYTES)
+        .fold(w.len() / block_bytes, usize::min)
+}
+
+/// The dot products of ggml's AVX2 IQ2/IQ3 kernels, for `N` activation rows at once with
+/// each weight block decoded once: per super-block and row the [`GridBlock::lanes`]
+/// times `d_w·d_x` fused into that row's eight running lanes, `hsum_float_8` at the end,
+/// times the format's constant `post_scale` (1/8 for IQ2, 1/4 for IQ3_XXS, 1 for IQ3_S).
+/// Row `t`'s result depends on row `t` alone.
+#[inline(always)]
+pub(crate) fn grid_dot_n<const N: usize>(
     w: &[u8],
-    x: &[u8],
+    xs: [&[u8]; N],
     block_bytes: usize,
     post_scale: f32,
     lanes: LanesFn,
-    decode: impl Fn(&[u8], &mut GridBlock) -> f32,
-) -> f32 {
-    let mut acc = Lanes8::default();
+    decode: DecodeFn,
+) -> [f32; N] {
+    let mut acc = [Lanes8::default(); N];
     let mut block = GridBlock::new();
-    for (wb, xb) in w
-        .chunks_exact(block_bytes)
-        .zip(x.chunks_exact(Q8_K_BLOCK_BYTES))
-    {
+    for i in 0..common_blocks(w, block_bytes, &xs) {
         block.negative = [0; 8];
-        let d_w = decode(wb, &mut block);
-        let d = d_w * f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
-        acc.fma_block(d, &lanes(&block, &xb[Q8_K_QS..Q8_K_QS + 256]));
+        let d_w = decode(&w[i * block_bytes..(i + 1) * block_bytes], &mut block);
+        for (acc, x) in acc.iter_mut().zip(xs) {
+            let xb = &x[i * Q8_K_BLOCK_BYTES..(i + 1) * Q8_K_BLOCK_BYTES];
+            let d = d_w * f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
+            acc.fma_block(d, &lanes(&block, &xb[Q8_K_QS..Q8_K_QS + 256]));
+        }
     }
-    post_scale * acc.sum()
+    acc.map(|a| post_scale * a.sum())
 }
 
 #[cfg(test)]

@@ -83,17 +83,23 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// group's offset sign, same multipliers), each fused into running lanes with
 /// `d_x·d`; at the end `hsum_float_8(grid) + 0.125·hsum_float_8(offsets)`.
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    dot_with(w, x, GridBlock::lanes)
+    dot_n(w, [x], GridBlock::lanes)[0]
 }
 
-/// [`dot`] with both sets of lanes from `lanes` (the tiers' SIMD twins).
-pub(crate) fn dot_with(w: &[u8], x: &[u8], lanes: LanesFn) -> f32 {
-    let mut grid_lanes = Lanes8::default();
-    let mut offset_lanes = Lanes8::default();
+/// [`dot`] of `N` activation rows at once (each block decoded once), with both sets of
+/// lanes from `lanes` (the tiers' SIMD twins).
+pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: LanesFn) -> [f32; N] {
+    let mut grid_lanes = [Lanes8::default(); N];
+    let mut offset_lanes = [Lanes8::default(); N];
     let mut grid = GridBlock::new();
     let mut offsets = GridBlock::new();
     offsets.levels = [1; 256];
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BLOCK_BYTES)) {
+    let n_blocks = xs
+        .iter()
+        .map(|x| x.len() / Q8_K_BLOCK_BYTES)
+        .fold(w.len() / BYTES, usize::min);
+    for i in 0..n_blocks {
+        let wb = &w[i * BYTES..(i + 1) * BYTES];
         grid.negative = [0; 8];
         offsets.negative = [0; 8];
         let sc = scale_words(wb);
@@ -107,10 +113,14 @@ pub(crate) fn dot_with(w: &[u8], x: &[u8], lanes: LanesFn) -> f32 {
             put_ternary8(&mut grid, 8 * k, values);
             offsets.negative[k / 4] |= (negative as u32 * 0xff) << (8 * (k % 4));
         }
-        let d = read_f32(xb, 0) * super_scale(&sc);
-        let xq = &xb[Q8_K_QS..Q8_K_QS + 256];
-        grid_lanes.fma_block(d, &lanes(&grid, xq));
-        offset_lanes.fma_block(d, &lanes(&offsets, xq));
+        let d_w = super_scale(&sc);
+        for t in 0..N {
+            let xb = &xs[t][i * Q8_K_BLOCK_BYTES..(i + 1) * Q8_K_BLOCK_BYTES];
+            let d = read_f32(xb, 0) * d_w;
+            let xq = &xb[Q8_K_QS..Q8_K_QS + 256];
+            grid_lanes[t].fma_block(d, &lanes(&grid, xq));
+            offset_lanes[t].fma_block(d, &lanes(&offsets, xq));
+        }
     }
-    grid_lanes.sum() + DELTA * offset_lanes.sum()
+    std::array::from_fn(|t| grid_lanes[t].sum() + DELTA * offset_lanes[t].sum())
 }

@@ -83,34 +83,46 @@ pub(crate) fn put_ternary8(block: &mut GridBlock, first: usize, grid: &[u8; 8]) 
 /// octave, tells apart: unfused, 5 of its 24 cases differ in the last bit); at the end
 /// `hsum_float_8(lanes) + 0.125·acc`.
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    dot_with(w, x, GridBlock::lanes)
+    dot_n(w, [x], GridBlock::lanes)[0]
 }
 
-/// [`dot`] with the grid lanes from `grid_lanes` (the tiers' SIMD twins).
-pub(crate) fn dot_with(w: &[u8], x: &[u8], grid_lanes: LanesFn) -> f32 {
-    let mut lanes = Lanes8::default();
-    let mut offsets = 0.0f32;
+/// [`dot`] of `N` activation rows at once (each block decoded once), with the grid
+/// lanes from `grid_lanes` (the tiers' SIMD twins).
+pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], grid_lanes: LanesFn) -> [f32; N] {
+    let mut lanes = [Lanes8::default(); N];
+    let mut offsets = [0.0f32; N];
     let mut block = GridBlock::new();
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BLOCK_BYTES)) {
+    let mut signed_scales = [0i32; 8];
+    let n_blocks = xs
+        .iter()
+        .map(|x| x.len() / Q8_K_BLOCK_BYTES)
+        .fold(w.len() / BYTES, usize::min);
+    for i in 0..n_blocks {
+        let wb = &w[i * BYTES..(i + 1) * BYTES];
         block.negative = [0; 8];
-        let mut offset_sum = 0i32;
         for g in 0..8 {
             let h = qh(wb, g);
             let mult = 2 * ((h >> 12) & 7) as i32 + 1;
             block.scales[2 * g] = mult;
             block.scales[2 * g + 1] = mult;
+            signed_scales[g] = if h & 0x8000 != 0 { -mult } else { mult };
             for l in 0..4 {
                 put_ternary8(&mut block, 32 * g + 8 * l, octet(wb, 4 * g + l));
             }
+        }
+        let d_w = read_f16(wb, 0);
+        for t in 0..N {
+            let xb = &xs[t][i * Q8_K_BLOCK_BYTES..(i + 1) * Q8_K_BLOCK_BYTES];
             let bsum = |s: usize| {
                 i16::from_le_bytes([xb[Q8_K_BSUMS + 2 * s], xb[Q8_K_BSUMS + 2 * s + 1]]) as i32
             };
-            let sign = if h & 0x8000 != 0 { -1 } else { 1 };
-            offset_sum += (bsum(2 * g) + bsum(2 * g + 1)) * sign * mult;
+            let offset_sum: i32 = (0..8)
+                .map(|g| (bsum(2 * g) + bsum(2 * g + 1)) * signed_scales[g])
+                .sum();
+            let d = read_f32(xb, 0) * d_w;
+            lanes[t].fma_block(d, &grid_lanes(&block, &xb[Q8_K_QS..Q8_K_QS + 256]));
+            offsets[t] = d.mul_add(offset_sum as f32, offsets[t]);
         }
-        let d = read_f32(xb, 0) * read_f16(wb, 0);
-        lanes.fma_block(d, &grid_lanes(&block, &xb[Q8_K_QS..Q8_K_QS + 256]));
-        offsets = d.mul_add(offset_sum as f32, offsets);
     }
-    lanes.sum() + DELTA * offsets
+    std::array::from_fn(|t| lanes[t].sum() + DELTA * offsets[t])
 }

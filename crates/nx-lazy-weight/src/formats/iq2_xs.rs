@@ -12,7 +12,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{read_f16, BlockFormat};
-use super::grids::{grid_dot, parity_signs, GridBlock, LanesFn, IQ2XS_GRID};
+use super::grids::{grid_dot_n, parity_signs, GridBlock, LanesFn, IQ2XS_GRID};
 
 /// Bytes of one super-block.
 pub const BYTES: usize = 74;
@@ -61,19 +61,23 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// IQ2_XS × Q8_K in the order of ggml's AVX2 kernel (`grid_dot` with multipliers
 /// `2·ls + 1` per 16 and a final `0.125`).
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    dot_with(w, x, GridBlock::lanes)
+    dot_n(w, [x], GridBlock::lanes)[0]
 }
 
-/// [`dot`] with the lanes from `lanes` (the tiers' SIMD twins).
-pub(crate) fn dot_with(w: &[u8], x: &[u8], lanes: LanesFn) -> f32 {
-    grid_dot(w, x, BYTES, 0.125, lanes, |b, block| {
-        for k in 0..32 {
-            let (mags, signs) = octet(b, k);
-            block.put8(8 * k, mags, signs);
-        }
-        for s in 0..16 {
-            block.scales[s] = 2 * nibble_scale(&b[SCALES..], s) as i32 + 1;
-        }
-        read_f16(b, 0)
-    })
+/// [`dot`] of `N` activation rows at once (each block decoded once), with the lanes
+/// from `lanes` (the tiers' SIMD twins).
+pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: LanesFn) -> [f32; N] {
+    grid_dot_n(w, xs, BYTES, 0.125, lanes, decode)
+}
+
+/// Fills `block` from one super-block; returns `d`.
+fn decode(b: &[u8], block: &mut GridBlock) -> f32 {
+    for k in 0..32 {
+        let (mags, signs) = octet(b, k);
+        block.put8(8 * k, mags, signs);
+    }
+    for s in 0..16 {
+        block.scales[s] = 2 * nibble_scale(&b[SCALES..], s) as i32 + 1;
+    }
+    read_f16(b, 0)
 }

@@ -11,7 +11,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{read_f16, read_u32, BlockFormat};
-use super::grids::{grid_dot, parity_signs, GridBlock, LanesFn, IQ2XXS_GRID};
+use super::grids::{grid_dot_n, parity_signs, GridBlock, LanesFn, IQ2XXS_GRID};
 
 /// Bytes of one super-block.
 pub const BYTES: usize = 66;
@@ -61,20 +61,24 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// IQ2_XXS × Q8_K in the order of ggml's AVX2 kernel (`grid_dot` with multipliers
 /// `2·ls + 1` and a final `0.125`).
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    dot_with(w, x, GridBlock::lanes)
+    dot_n(w, [x], GridBlock::lanes)[0]
 }
 
-/// [`dot`] with the lanes from `lanes` (the tiers' SIMD twins).
-pub(crate) fn dot_with(w: &[u8], x: &[u8], lanes: LanesFn) -> f32 {
-    grid_dot(w, x, BYTES, 0.125, lanes, |b, block| {
-        for g in 0..8 {
-            let (mags, signs, ls) = group(b, g);
-            for l in 0..4 {
-                block.put8(32 * g + 8 * l, mags[l], signs[l]);
-            }
-            block.scales[2 * g] = 2 * ls as i32 + 1;
-            block.scales[2 * g + 1] = 2 * ls as i32 + 1;
+/// [`dot`] of `N` activation rows at once (each block decoded once), with the lanes
+/// from `lanes` (the tiers' SIMD twins).
+pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: LanesFn) -> [f32; N] {
+    grid_dot_n(w, xs, BYTES, 0.125, lanes, decode)
+}
+
+/// Fills `block` from one super-block; returns `d`.
+fn decode(b: &[u8], block: &mut GridBlock) -> f32 {
+    for g in 0..8 {
+        let (mags, signs, ls) = group(b, g);
+        for l in 0..4 {
+            block.put8(32 * g + 8 * l, mags[l], signs[l]);
         }
-        read_f16(b, 0)
-    })
+        block.scales[2 * g] = 2 * ls as i32 + 1;
+        block.scales[2 * g + 1] = 2 * ls as i32 + 1;
+    }
+    read_f16(b, 0)
 }

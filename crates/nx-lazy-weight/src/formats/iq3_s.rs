@@ -14,7 +14,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{read_f16, BlockFormat};
-use super::grids::{grid_dot, GridBlock, LanesFn, IQ3S_GRID};
+use super::grids::{grid_dot_n, GridBlock, LanesFn, IQ3S_GRID};
 
 /// Bytes of one super-block.
 pub const BYTES: usize = 110;
@@ -67,20 +67,24 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// IQ3_S × Q8_K in the order of ggml's AVX2 kernel (`grid_dot` with multipliers
 /// `2·ls + 1` and no final factor).
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    dot_with(w, x, GridBlock::lanes)
+    dot_n(w, [x], GridBlock::lanes)[0]
 }
 
-/// [`dot`] with the lanes from `lanes` (the tiers' SIMD twins).
-pub(crate) fn dot_with(w: &[u8], x: &[u8], lanes: LanesFn) -> f32 {
-    grid_dot(w, x, BYTES, 1.0, lanes, |b, block| {
-        for m in 0..64 {
-            block.put4(4 * m, quad(b, m), b[SIGNS + m / 2] >> (4 * (m % 2)));
-        }
-        for g in 0..8 {
-            let mult = 2 * group_scale(b, g) as i32 + 1;
-            block.scales[2 * g] = mult;
-            block.scales[2 * g + 1] = mult;
-        }
-        read_f16(b, 0)
-    })
+/// [`dot`] of `N` activation rows at once (each block decoded once), with the lanes
+/// from `lanes` (the tiers' SIMD twins).
+pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: LanesFn) -> [f32; N] {
+    grid_dot_n(w, xs, BYTES, 1.0, lanes, decode)
+}
+
+/// Fills `block` from one super-block; returns `d`.
+fn decode(b: &[u8], block: &mut GridBlock) -> f32 {
+    for m in 0..64 {
+        block.put4(4 * m, quad(b, m), b[SIGNS + m / 2] >> (4 * (m % 2)));
+    }
+    for g in 0..8 {
+        let mult = 2 * group_scale(b, g) as i32 + 1;
+        block.scales[2 * g] = mult;
+        block.scales[2 * g + 1] = mult;
+    }
+    read_f16(b, 0)
 }

@@ -12,7 +12,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{read_f16, read_u32, BlockFormat};
-use super::grids::{grid_dot, parity_signs, GridBlock, LanesFn, IQ3XXS_GRID};
+use super::grids::{grid_dot_n, parity_signs, GridBlock, LanesFn, IQ3XXS_GRID};
 
 /// Bytes of one super-block.
 pub const BYTES: usize = 98;
@@ -68,22 +68,26 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// IQ3_XXS × Q8_K in the order of ggml's AVX2 kernel (`grid_dot` with multipliers
 /// `2·ls + 1` and a final `0.25`).
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    dot_with(w, x, GridBlock::lanes)
+    dot_n(w, [x], GridBlock::lanes)[0]
 }
 
-/// [`dot`] with the lanes from `lanes` (the tiers' SIMD twins).
-pub(crate) fn dot_with(w: &[u8], x: &[u8], lanes: LanesFn) -> f32 {
-    grid_dot(w, x, BYTES, 0.25, lanes, |b, block| {
-        for k in 0..32 {
-            let (quads, signs) = octet(b, k);
-            block.put4(8 * k, quads[0], signs);
-            block.put4(8 * k + 4, quads[1], signs >> 4);
-        }
-        for g in 0..8 {
-            let m = 2 * group_scale(b, g) as i32 + 1;
-            block.scales[2 * g] = m;
-            block.scales[2 * g + 1] = m;
-        }
-        read_f16(b, 0)
-    })
+/// [`dot`] of `N` activation rows at once (each block decoded once), with the lanes
+/// from `lanes` (the tiers' SIMD twins).
+pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: LanesFn) -> [f32; N] {
+    grid_dot_n(w, xs, BYTES, 0.25, lanes, decode)
+}
+
+/// Fills `block` from one super-block; returns `d`.
+fn decode(b: &[u8], block: &mut GridBlock) -> f32 {
+    for k in 0..32 {
+        let (quads, signs) = octet(b, k);
+        block.put4(8 * k, quads[0], signs);
+        block.put4(8 * k + 4, quads[1], signs >> 4);
+    }
+    for g in 0..8 {
+        let m = 2 * group_scale(b, g) as i32 + 1;
+        block.scales[2 * g] = m;
+        block.scales[2 * g + 1] = m;
+    }
+    read_f16(b, 0)
 }
