@@ -87,7 +87,7 @@ pub fn dot_kernel_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel>
 pub type DotKernel4 = fn(w: &[u8], x: [&[u8]; 4]) -> [f32; 4];
 
 /// The four-token kernel of `weight_type` at `tier`, when the tier has one (Q4_0,
-/// Q5_0, Q8_0, Q4_K, Q6_K and the formats of `formats::BLOCK_FORMATS` on AVX2 and AVX-512
+/// Q5_0, Q8_0, Q4_K, Q5_K, Q6_K and the formats of `formats::BLOCK_FORMATS` on AVX2 and AVX-512
 /// VNNI). `None` otherwise: callers then use
 /// [`dot_kernel_for`] per token, which gives the same bits.
 pub fn dot_kernel4_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel4> {
