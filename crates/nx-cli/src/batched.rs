@@ -69,6 +69,8 @@ pub fn run_level(
                 prompt: p.clone(),
                 max_tokens: n_gen,
                 sampler: SamplerConfig::greedy(),
+                // As a server client that asks for no log-probabilities.
+                token_logprobs: false,
                 ..Request::default()
             })?;
         }

@@ -136,6 +136,11 @@ pub struct Request {
     pub stop_strings: Vec<String>,
     /// How many alternatives each token event reports (0: none).
     pub logprobs: usize,
+    /// Whether token events carry the chosen token's own log-probability. Without it
+    /// (and without alternatives) the event's `logprob` is NaN and no log-sum-exp over
+    /// the vocabulary is computed for the step: a server client that asked for no
+    /// log-probabilities does not pay for them.
+    pub token_logprobs: bool,
     /// Keep generating past end-of-generation tokens.
     pub ignore_eos: bool,
     /// Cap on output bytes (`None`: no cap).
@@ -245,6 +250,7 @@ impl Default for Request {
             sampler: SamplerConfig::default(),
             stop_strings: Vec::new(),
             logprobs: 0,
+            token_logprobs: true,
             ignore_eos: false,
             max_bytes: None,
             speculation: None,
@@ -262,6 +268,7 @@ struct Sequence {
     prompt_len: usize,
     max_tokens: usize,
     logprobs: usize,
+    token_logprobs: bool,
     ignore_eos: bool,
     max_bytes: Option<usize>,
     table: BlockTable,
@@ -512,6 +519,7 @@ impl Engine {
             tokens: request.prompt,
             max_tokens: request.max_tokens,
             logprobs: request.logprobs,
+            token_logprobs: request.token_logprobs || request.logprobs > 0,
             ignore_eos: request.ignore_eos,
             max_bytes: request.max_bytes,
             table: BlockTable::new(),
@@ -1141,13 +1149,13 @@ impl Engine {
             // chosen in order on this one); with several, each thread takes sequences.
             let item = &mut work[0];
             let facts = (!item.1.is_empty() && pool.n_threads() > 1).then(|| {
-                let sampler = &item.0.sampler;
+                let seq = &*item.0;
                 let mut facts: Vec<RowFacts> =
                     (0..=item.1.len()).map(|_| RowFacts::default()).collect();
                 let mut no_state = vec![(); pool.n_threads()];
                 pool.parallel_chunks_mut(&mut facts, 1, 1, &mut no_state, |_, r, out| {
                     for (i, f) in r.zip(out.iter_mut()) {
-                        *f = RowFacts::of(sampler, &item.2[i * n_vocab..(i + 1) * n_vocab]);
+                        *f = RowFacts::of(seq, &item.2[i * n_vocab..(i + 1) * n_vocab]);
                     }
                 });
                 facts
@@ -1245,7 +1253,8 @@ struct RowFacts {
 }
 
 impl RowFacts {
-    fn of(sampler: &Sampler, logits: &[f32]) -> RowFacts {
+    fn of(seq: &Sequence, logits: &[f32]) -> RowFacts {
+        let sampler = &seq.sampler;
         let non_finite = first_non_finite(logits);
         if non_finite.is_some() {
             // `sample_one` stops at the error; nothing else is needed.
@@ -1256,7 +1265,11 @@ impl RowFacts {
         }
         RowFacts {
             non_finite,
-            lse: log_sum_exp(logits),
+            lse: if seq.token_logprobs {
+                log_sum_exp(logits)
+            } else {
+                None
+            },
             choice: sampler.stateless_choice(logits),
         }
     }
@@ -1309,7 +1322,7 @@ fn verify(
         let logits = &rows[i * n_vocab..(i + 1) * n_vocab];
         let fact = match facts {
             Some(f) => f[i].clone(),
-            None => RowFacts::of(&seq.sampler, logits),
+            None => RowFacts::of(seq, logits),
         };
         match sample_one(seq, tokenizer, logits, fact, buf) {
             Ok(Sampled::Continue(event)) => v.events.push(event),
@@ -1363,7 +1376,11 @@ fn sample_one(
         }
     };
     seq.sampler.accept(id);
-    let logprob = log_prob_given(logits, id, facts.lse).unwrap_or(f32::NEG_INFINITY);
+    let logprob = if seq.token_logprobs {
+        log_prob_given(logits, id, facts.lse).unwrap_or(f32::NEG_INFINITY)
+    } else {
+        f32::NAN
+    };
     if seq.generated == 0 {
         seq.ttft_ms = seq.submitted.elapsed().as_secs_f64() * 1e3;
     }

@@ -331,6 +331,7 @@ impl Runner {
             sampler: c.sampler.clone(),
             stop_strings: c.stop_strings.clone(),
             logprobs: c.logprobs,
+            token_logprobs: true,
             ignore_eos: false,
             max_bytes: c.max_bytes,
             speculation: c.speculation,

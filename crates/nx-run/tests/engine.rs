@@ -244,3 +244,35 @@ fn the_draft_model_reads_the_prompt_with_the_target() {
         e.step().unwrap();
     }
 }
+
+#[test]
+fn without_token_logprobs_the_tokens_stay_and_the_logprob_is_nan() {
+    let (model, tok) = load(TinyOptions::default());
+    let tok = Some(tok);
+    let reqs: Vec<Request> = (0..3)
+        .map(|i| request(prompt_ids(12 + 5 * i, i as u32), 6, i == 1, 40 + i as u64))
+        .collect();
+    let quiet: Vec<Request> = reqs
+        .iter()
+        .map(|r| Request {
+            token_logprobs: false,
+            logprobs: 0,
+            ..r.clone()
+        })
+        .collect();
+    let schedule = Schedule {
+        join_at: vec![0; reqs.len()],
+    };
+    let mut e = Engine::new(model.clone(), tok.clone(), engine_config(256, 1 << 20)).unwrap();
+    let with = serve(&mut e, &reqs, &schedule);
+    let mut e = Engine::new(model, tok, engine_config(256, 1 << 20)).unwrap();
+    let without = serve(&mut e, &quiet, &schedule);
+    for (a, b) in with.iter().zip(&without) {
+        assert_eq!(a.ids, b.ids, "the answer changed");
+        assert!(a
+            .logprob_bits
+            .iter()
+            .all(|&l| f32::from_bits(l).is_finite()));
+        assert!(b.logprob_bits.iter().all(|&l| f32::from_bits(l).is_nan()));
+    }
+}

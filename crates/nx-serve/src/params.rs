@@ -415,6 +415,7 @@ pub fn build_requests(
             },
             stop_strings: params.stop.clone(),
             logprobs: params.logprobs.unwrap_or(0),
+            token_logprobs: params.logprobs.is_some(),
             ignore_eos: params.ignore_eos,
             max_bytes: None,
             ..Request::default()
