@@ -80,36 +80,43 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
     Some(k)
 }
 
-/// The grid formats (IQ1–IQ3): each format's own scalar decoder fills a [`GridBlock`],
-/// whose eight lanes come from [`grid_lanes_impl`]. Like the entries of
-/// [`checked_entry!`], these leave this module only through [`kernel`].
-/// The four-token ones decode each block once for the four rows.
+/// The grid formats (IQ1–IQ3): each format's own decoder fills a [`GridBlock`], whose
+/// eight lanes come from [`grid_lanes_impl`]; the format's `dot_n` is inlined into a
+/// function compiled for AVX2 and FMA, so the decoder, the lanes and the multiply-adds
+/// are one loop. The four-token ones decode each block once for the four rows. Like the
+/// entries of [`checked_entry!`], these leave this module only through [`kernel`] and
+/// [`kernel4`].
 macro_rules! grid_entry {
-    ($($name:ident, $name4:ident => $format:ident),* $(,)?) => {$(
+    ($($name:ident, $name4:ident, $imp:ident => $format:ident),* $(,)?) => {$(
+        /// # Safety
+        /// The CPU has AVX2, FMA and F16C.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $imp<const N: usize>(w: &[u8], x: [&[u8]; N]) -> [f32; N] {
+            crate::formats::$format::dot_n(w, x, |block: &GridBlock, xq: &[u8]| {
+                // SAFETY: this function runs only where AVX2 is present (see `kernel`).
+                unsafe { grid_lanes_impl(block, xq) }
+            })
+        }
         fn $name(w: &[u8], x: &[u8]) -> f32 {
-            crate::formats::$format::dot_n(w, [x], grid_lanes)[0]
+            // SAFETY: reachable only through `kernel`, which verified AVX2, FMA and F16C.
+            let [y] = unsafe { $imp(w, [x]) };
+            y
         }
         fn $name4(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-            crate::formats::$format::dot_n(w, x, grid_lanes)
+            // SAFETY: reachable only through `kernel4`, which verified AVX2, FMA and F16C.
+            unsafe { $imp(w, x) }
         }
     )*};
 }
 
 grid_entry! {
-    dot_iq2_xxs_q8_k, dot4_iq2_xxs_q8_k => iq2_xxs,
-    dot_iq2_xs_q8_k, dot4_iq2_xs_q8_k => iq2_xs,
-    dot_iq2_s_q8_k, dot4_iq2_s_q8_k => iq2_s,
-    dot_iq3_xxs_q8_k, dot4_iq3_xxs_q8_k => iq3_xxs,
-    dot_iq3_s_q8_k, dot4_iq3_s_q8_k => iq3_s,
-    dot_iq1_s_q8_k, dot4_iq1_s_q8_k => iq1_s,
-    dot_iq1_m_q8_k, dot4_iq1_m_q8_k => iq1_m,
-}
-
-fn grid_lanes(block: &GridBlock, xq: &[u8]) -> [i32; 8] {
-    // SAFETY: reachable only through the `grid_entry!` kernels, which leave this module
-    // only through `kernel`, which verified AVX2 on this CPU; `xq` holds a Q8_K block's
-    // 256 quants (the callers slice them out of whole blocks).
-    unsafe { grid_lanes_impl(block, xq) }
+    dot_iq2_xxs_q8_k, dot4_iq2_xxs_q8_k, iq2_xxs_impl => iq2_xxs,
+    dot_iq2_xs_q8_k, dot4_iq2_xs_q8_k, iq2_xs_impl => iq2_xs,
+    dot_iq2_s_q8_k, dot4_iq2_s_q8_k, iq2_s_impl => iq2_s,
+    dot_iq3_xxs_q8_k, dot4_iq3_xxs_q8_k, iq3_xxs_impl => iq3_xxs,
+    dot_iq3_s_q8_k, dot4_iq3_s_q8_k, iq3_s_impl => iq3_s,
+    dot_iq1_s_q8_k, dot4_iq1_s_q8_k, iq1_s_impl => iq1_s,
+    dot_iq1_m_q8_k, dot4_iq1_m_q8_k, iq1_m_impl => iq1_m,
 }
 
 /// [`GridBlock::lanes`] in AVX2, per group of 32: the sign bits spread to bytes, the
@@ -118,7 +125,8 @@ fn grid_lanes(block: &GridBlock, xq: &[u8]) -> [i32; 8] {
 ///
 /// # Safety
 /// The CPU has AVX2; `xq` has at least 256 bytes.
-#[target_feature(enable = "avx2")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn grid_lanes_impl(block: &GridBlock, xq: &[u8]) -> [i32; 8] {
     assert!(xq.len() >= 256);
     // Byte i of the spread word is byte i/8 of the sign word, tested against bit i%8.
@@ -130,8 +138,8 @@ unsafe fn grid_lanes_impl(block: &GridBlock, xq: &[u8]) -> [i32; 8] {
     let one = _mm256_set1_epi8(1);
     let mut acc = _mm256_setzero_si256();
     for g in 0..8 {
-        // SAFETY: `levels` has 256 bytes and `xq` at least 256 (asserted): 32g + 32 fits.
-        let levels = _mm256_loadu_si256(block.levels.as_ptr().add(32 * g) as *const __m256i);
+        // SAFETY: `octets` is 256 bytes and `xq` at least 256 (asserted): 32g + 32 fits.
+        let levels = _mm256_loadu_si256(block.octets.as_ptr().add(4 * g) as *const __m256i);
         let x = _mm256_loadu_si256(xq.as_ptr().add(32 * g) as *const __m256i);
         let word = _mm256_set1_epi32(block.negative[g] as i32);
         let bits = _mm256_and_si256(_mm256_shuffle_epi8(word, spread), bit);

@@ -73,11 +73,12 @@ pub(crate) fn parity_signs(index: u32) -> u8 {
 }
 
 /// One super-block of a grid format, decoded for the dot product: the unsigned
-/// magnitude of every weight, whether it is negative, and the integer multiplier of
-/// every 16 weights (the `2·ls + 1` of the format's sub-block scale).
+/// magnitudes of every eight weights as one little-endian word, which weights are
+/// negative, and the integer multiplier of every 16 weights (the `2·ls + 1` of the
+/// format's sub-block scale).
 pub(crate) struct GridBlock {
-    /// Magnitudes, in weight order.
-    pub(crate) levels: [u8; 256],
+    /// Byte `j` of word `k` is the magnitude of weight `8k + j`.
+    pub(crate) octets: [u64; 32],
     /// Bit `e % 32` of word `e / 32` set when weight `e` is negative.
     pub(crate) negative: [u32; 8],
     /// Multiplier of weights `16s..16s+16`.
@@ -88,25 +89,37 @@ impl GridBlock {
     /// All zero: no weight negative, every multiplier 0.
     pub(crate) fn new() -> Self {
         GridBlock {
-            levels: [0; 256],
+            octets: [0; 32],
             negative: [0; 8],
             scales: [0; 16],
         }
     }
 
-    /// Stores eight weights from `first` on: magnitudes `grid`, signs the bits of `signs`.
+    /// Stores weights `8k..8k+8`: magnitudes `grid`, signs the bits of `signs` (call once
+    /// per `k` after clearing `negative`).
     #[inline(always)]
-    pub(crate) fn put8(&mut self, first: usize, grid: &[u8; 8], signs: u8) {
-        self.levels[first..first + 8].copy_from_slice(grid);
-        self.negative[first / 32] |= (signs as u32) << (first % 32);
+    pub(crate) fn put8(&mut self, k: usize, grid: &[u8; 8], signs: u8) {
+        self.put_word(k, u64::from_le_bytes(*grid), signs);
     }
 
-    /// Stores four weights from `first` on: magnitudes `grid`, signs the low four bits
-    /// of `signs`.
+    /// [`GridBlock::put8`] with the magnitudes as one little-endian word.
     #[inline(always)]
-    pub(crate) fn put4(&mut self, first: usize, grid: &[u8; 4], signs: u8) {
-        self.levels[first..first + 4].copy_from_slice(grid);
-        self.negative[first / 32] |= ((signs & 15) as u32) << (first % 32);
+    pub(crate) fn put_word(&mut self, k: usize, magnitudes: u64, signs: u8) {
+        self.octets[k] = magnitudes;
+        self.negative[k / 4] |= (signs as u32) << (8 * (k % 4));
+    }
+
+    /// Stores weights `8k..8k+8` from two quads of magnitudes, signs the bits of `signs`.
+    #[inline(always)]
+    pub(crate) fn put4x2(&mut self, k: usize, low: &[u8; 4], high: &[u8; 4], signs: u8) {
+        self.octets[k] = u32::from_le_bytes(*low) as u64 | (u32::from_le_bytes(*high) as u64) << 32;
+        self.negative[k / 4] |= (signs as u32) << (8 * (k % 4));
+    }
+
+    /// The magnitude of weight `e`.
+    #[inline(always)]
+    fn level(&self, e: usize) -> u8 {
+        (self.octets[e / 8] >> (8 * (e % 8))) as u8
     }
 
     /// The eight 32-bit lanes ggml's AVX2 grid kernels form against Q8_K quants `xq`:
@@ -128,7 +141,7 @@ impl GridBlock {
                     } else {
                         x
                     };
-                    quad += self.levels[k] as i32 * x as i32;
+                    quad += self.level(k) as i32 * x as i32;
                 }
                 *lane += self.scales[first / 16] * quad;
             }
@@ -138,33 +151,37 @@ impl GridBlock {
 }
 
 /// Computes a block's eight lanes: [`GridBlock::lanes`] or a SIMD twin of it.
-pub(crate) type LanesFn = fn(&GridBlock, &[u8]) -> [i32; 8];
-
-/// Fills a [`GridBlock`] from one super-block's bytes; returns the block's scale `d_w`.
-pub(crate) type DecodeFn = fn(&[u8], &mut GridBlock) -> f32;
+pub(crate) trait Lanes: Fn(&GridBlock, &[u8]) -> [i32; 8] {}
+impl<F: Fn(&GridBlock, &[u8]) -> [i32; 8]> Lanes for F {}
 
 /// Super-blocks every row holds: the weight row's, or fewer if an activation row is
 /// shorter (the kernels' contract is equal lengths; this keeps them from reading past).
 #[inline(always)]
-fn common_blocks<const N: usize>(w: &[u8], block_bytes: usize, xs: &[&[u8]; N]) -> usize {
+pub(crate) fn common_blocks<const N: usize>(
+    w: &[u8],
+    block_bytes: usize,
+    xs: &[&[u8]; N],
+) -> usize {
     xs.iter()
         .map(|x| x.len() / Q8_K_BLOCK_BYTES)
         .fold(w.len() / block_bytes, usize::min)
 }
 
 /// The dot products of ggml's AVX2 IQ2/IQ3 kernels, for `N` activation rows at once with
-/// each weight block decoded once: per super-block and row the [`GridBlock::lanes`]
-/// times `d_w·d_x` fused into that row's eight running lanes, `hsum_float_8` at the end,
-/// times the format's constant `post_scale` (1/8 for IQ2, 1/4 for IQ3_XXS, 1 for IQ3_S).
-/// Row `t`'s result depends on row `t` alone.
+/// each weight block decoded once (`decode` fills the block and returns its `d_w`): per
+/// super-block and row the [`GridBlock::lanes`] times `d_w·d_x` fused into that row's
+/// eight running lanes, `hsum_float_8` at the end, times the format's constant
+/// `post_scale` (1/8 for IQ2, 1/4 for IQ3_XXS, 1 for IQ3_S). Row `t`'s result depends on
+/// row `t` alone. Inlined into each tier's entry point, so the lanes and the multiply-adds
+/// compile with that tier's instructions.
 #[inline(always)]
 pub(crate) fn grid_dot_n<const N: usize>(
     w: &[u8],
     xs: [&[u8]; N],
     block_bytes: usize,
     post_scale: f32,
-    lanes: LanesFn,
-    decode: DecodeFn,
+    lanes: impl Lanes,
+    decode: impl Fn(&[u8], &mut GridBlock) -> f32,
 ) -> [f32; N] {
     let mut acc = [Lanes8::default(); N];
     let mut block = GridBlock::new();

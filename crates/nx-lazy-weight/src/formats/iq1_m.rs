@@ -12,7 +12,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{f16_to_f32, read_f32, BlockFormat, Q8_K_BLOCK_BYTES, Q8_K_QS};
-use super::grids::{GridBlock, LanesFn, IQ1S_GRID};
+use super::grids::{GridBlock, Lanes, IQ1S_GRID};
 use super::iq1_s::{put_ternary8, DELTA};
 use crate::reduce::Lanes8;
 
@@ -88,17 +88,19 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
 
 /// [`dot`] of `N` activation rows at once (each block decoded once), with both sets of
 /// lanes from `lanes` (the tiers' SIMD twins).
-pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: LanesFn) -> [f32; N] {
+#[inline(always)]
+pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: impl Lanes) -> [f32; N] {
     let mut grid_lanes = [Lanes8::default(); N];
     let mut offset_lanes = [Lanes8::default(); N];
     let mut grid = GridBlock::new();
     let mut offsets = GridBlock::new();
-    offsets.levels = [1; 256];
+    offsets.octets = [0x0101_0101_0101_0101; 32];
     let n_blocks = xs
         .iter()
         .map(|x| x.len() / Q8_K_BLOCK_BYTES)
         .fold(w.len() / BYTES, usize::min);
     for i in 0..n_blocks {
+        // An exact block: one length check spares one per field read below.
         let wb = &w[i * BYTES..(i + 1) * BYTES];
         grid.negative = [0; 8];
         offsets.negative = [0; 8];
@@ -110,7 +112,7 @@ pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: LanesFn) ->
         }
         for k in 0..32 {
             let (values, negative) = octet(wb, k);
-            put_ternary8(&mut grid, 8 * k, values);
+            put_ternary8(&mut grid, k, values);
             offsets.negative[k / 4] |= (negative as u32 * 0xff) << (8 * (k % 4));
         }
         let d_w = super_scale(&sc);

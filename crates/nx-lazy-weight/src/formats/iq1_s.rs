@@ -12,7 +12,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{read_f16, read_f32, BlockFormat, Q8_K_BLOCK_BYTES, Q8_K_BSUMS, Q8_K_QS};
-use super::grids::{GridBlock, LanesFn, IQ1S_GRID};
+use super::grids::{GridBlock, Lanes, IQ1S_GRID};
 use crate::reduce::Lanes8;
 
 /// Bytes of one super-block.
@@ -65,14 +65,13 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// Stores grid values (bytes of −1, 0, +1) as magnitude and sign (`mul_add_epi8` takes
 /// `|g|` times the activation signed by `g`).
 #[inline(always)]
-pub(crate) fn put_ternary8(block: &mut GridBlock, first: usize, grid: &[u8; 8]) {
-    let mut mags = [0u8; 8];
-    let mut signs = 0u8;
-    for (j, &v) in grid.iter().enumerate() {
-        mags[j] = (v != 0) as u8;
-        signs |= ((v == 0xff) as u8) << j;
-    }
-    block.put8(first, &mags, signs);
+pub(crate) fn put_ternary8(block: &mut GridBlock, k: usize, grid: &[u8; 8]) {
+    let g = u64::from_le_bytes(*grid);
+    // Bytes 0xff, 0, 1: the low bit is the magnitude, the top bit the sign; the multiply
+    // gathers the eight top bits into the top byte (bit j from byte j, no carries).
+    let signs =
+        (((g >> 7) & 0x0101_0101_0101_0101).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8;
+    block.put_word(k, g & 0x0101_0101_0101_0101, signs);
 }
 
 /// IQ1_S × Q8_K in the order of ggml's AVX2 kernel: the grid part as eight lanes
@@ -88,7 +87,8 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
 
 /// [`dot`] of `N` activation rows at once (each block decoded once), with the grid
 /// lanes from `grid_lanes` (the tiers' SIMD twins).
-pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], grid_lanes: LanesFn) -> [f32; N] {
+#[inline(always)]
+pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], grid_lanes: impl Lanes) -> [f32; N] {
     let mut lanes = [Lanes8::default(); N];
     let mut offsets = [0.0f32; N];
     let mut block = GridBlock::new();
@@ -98,6 +98,7 @@ pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], grid_lanes: LanesF
         .map(|x| x.len() / Q8_K_BLOCK_BYTES)
         .fold(w.len() / BYTES, usize::min);
     for i in 0..n_blocks {
+        // An exact block: one length check spares one per field read below.
         let wb = &w[i * BYTES..(i + 1) * BYTES];
         block.negative = [0; 8];
         for g in 0..8 {
@@ -107,7 +108,7 @@ pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], grid_lanes: LanesF
             block.scales[2 * g + 1] = mult;
             signed_scales[g] = if h & 0x8000 != 0 { -mult } else { mult };
             for l in 0..4 {
-                put_ternary8(&mut block, 32 * g + 8 * l, octet(wb, 4 * g + l));
+                put_ternary8(&mut block, 4 * g + l, octet(wb, 4 * g + l));
             }
         }
         let d_w = read_f16(wb, 0);

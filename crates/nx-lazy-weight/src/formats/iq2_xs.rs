@@ -12,7 +12,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{read_f16, BlockFormat};
-use super::grids::{grid_dot_n, parity_signs, GridBlock, LanesFn, IQ2XS_GRID};
+use super::grids::{grid_dot_n, parity_signs, GridBlock, Lanes, IQ2XS_GRID};
 
 /// Bytes of one super-block.
 pub const BYTES: usize = 74;
@@ -66,15 +66,19 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
 
 /// [`dot`] of `N` activation rows at once (each block decoded once), with the lanes
 /// from `lanes` (the tiers' SIMD twins).
-pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: LanesFn) -> [f32; N] {
+#[inline(always)]
+pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: impl Lanes) -> [f32; N] {
     grid_dot_n(w, xs, BYTES, 0.125, lanes, decode)
 }
 
 /// Fills `block` from one super-block; returns `d`.
+#[inline(always)]
 fn decode(b: &[u8], block: &mut GridBlock) -> f32 {
+    // One length check here spares one per field read below.
+    let b = &b[..BYTES];
     for k in 0..32 {
         let (mags, signs) = octet(b, k);
-        block.put8(8 * k, mags, signs);
+        block.put8(k, mags, signs);
     }
     for s in 0..16 {
         block.scales[s] = 2 * nibble_scale(&b[SCALES..], s) as i32 + 1;

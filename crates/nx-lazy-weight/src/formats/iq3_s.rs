@@ -14,7 +14,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{read_f16, BlockFormat};
-use super::grids::{grid_dot_n, GridBlock, LanesFn, IQ3S_GRID};
+use super::grids::{grid_dot_n, GridBlock, Lanes, IQ3S_GRID};
 
 /// Bytes of one super-block.
 pub const BYTES: usize = 110;
@@ -72,14 +72,18 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
 
 /// [`dot`] of `N` activation rows at once (each block decoded once), with the lanes
 /// from `lanes` (the tiers' SIMD twins).
-pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: LanesFn) -> [f32; N] {
+#[inline(always)]
+pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: impl Lanes) -> [f32; N] {
     grid_dot_n(w, xs, BYTES, 1.0, lanes, decode)
 }
 
 /// Fills `block` from one super-block; returns `d`.
+#[inline(always)]
 fn decode(b: &[u8], block: &mut GridBlock) -> f32 {
-    for m in 0..64 {
-        block.put4(4 * m, quad(b, m), b[SIGNS + m / 2] >> (4 * (m % 2)));
+    // One length check here spares one per field read below.
+    let b = &b[..BYTES];
+    for k in 0..32 {
+        block.put4x2(k, quad(b, 2 * k), quad(b, 2 * k + 1), b[SIGNS + k]);
     }
     for g in 0..8 {
         let mult = 2 * group_scale(b, g) as i32 + 1;

@@ -12,7 +12,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{read_f16, read_u32, BlockFormat};
-use super::grids::{grid_dot_n, parity_signs, GridBlock, LanesFn, IQ3XXS_GRID};
+use super::grids::{grid_dot_n, parity_signs, GridBlock, Lanes, IQ3XXS_GRID};
 
 /// Bytes of one super-block.
 pub const BYTES: usize = 98;
@@ -73,16 +73,19 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
 
 /// [`dot`] of `N` activation rows at once (each block decoded once), with the lanes
 /// from `lanes` (the tiers' SIMD twins).
-pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: LanesFn) -> [f32; N] {
+#[inline(always)]
+pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: impl Lanes) -> [f32; N] {
     grid_dot_n(w, xs, BYTES, 0.25, lanes, decode)
 }
 
 /// Fills `block` from one super-block; returns `d`.
+#[inline(always)]
 fn decode(b: &[u8], block: &mut GridBlock) -> f32 {
+    // One length check here spares one per field read below.
+    let b = &b[..BYTES];
     for k in 0..32 {
         let (quads, signs) = octet(b, k);
-        block.put4(8 * k, quads[0], signs);
-        block.put4(8 * k + 4, quads[1], signs >> 4);
+        block.put4x2(k, quads[0], quads[1], signs);
     }
     for g in 0..8 {
         let m = 2 * group_scale(b, g) as i32 + 1;
