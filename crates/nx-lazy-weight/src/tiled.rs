@@ -23,6 +23,7 @@
 //! | Q4_K | `Σ_g sc_g·Σ (x+128)·q − 128·Σ_g sc_g·Σ q` | four min lanes, as the scalar twin |
 //! | Q6_K | `Σ_g sc·(Σ (x+128)·q − 128·Σ q) − 32·(b·s + b·s)` | — |
 //! | IQ4_XS | `Σ_g ls_g·Σ (x+128)·w − 128·Σ_g ls_g·Σ w` (`ls_g` by a 32-bit multiply) | — |
+//! | IQ2_XXS … IQ3_S | as IQ4_XS with a multiplier per 16 weights, times the format's final factor | — |
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -31,6 +32,7 @@ use std::ops::Range;
 use nx_gguf::GgmlType;
 use nx_syscalls::ThreadPool;
 
+use crate::formats::grids::{plain_grid, GridBlock};
 #[cfg(test)]
 use crate::formats::q6_k::quads as q6_k_quads;
 use crate::formats::{
@@ -74,6 +76,14 @@ const WIQ4XS_BLOCK: usize = 256 + 32 + 32 + 4;
 const WIQ4XS_SC: usize = 256;
 const WIQ4XS_CORR: usize = WIQ4XS_SC + 32;
 const WIQ4XS_D: usize = WIQ4XS_CORR + 32;
+/// Unpacked IQ2/IQ3 grid super-block: 256 signed levels (i8), sixteen multipliers (i32,
+/// one per 16 weights), eight corrections `−128·Σ_g Σ m·(lane quad of group g)` (i32),
+/// `d_w` and the format's final factor (f32).
+const WGRID_BLOCK: usize = 256 + 64 + 32 + 8;
+const WGRID_SC: usize = 256;
+const WGRID_CORR: usize = WGRID_SC + 64;
+const WGRID_D: usize = WGRID_CORR + 32;
+const WGRID_POST: usize = WGRID_D + 4;
 
 /// True when this CPU can run the tiled kernels (the AVX-512 VNNI tier's features).
 pub(crate) fn available() -> bool {
@@ -82,9 +92,9 @@ pub(crate) fn available() -> bool {
 
 /// Weight types with a tiled kernel.
 ///
-/// IQ4_XS only without AMX: there the Q8_K activation tiles hold the raw quants the AMX
-/// kernels of Q4_K / Q6_K read (one layout per matmul's activations), not the `x + 128`
-/// its VNNI tile reads.
+/// IQ4_XS and the IQ2/IQ3 grid formats only without AMX: there the Q8_K activation tiles
+/// hold the raw quants the AMX kernels of Q4_K / Q6_K read (one layout per matmul's
+/// activations), not the `x + 128` their VNNI tiles read.
 pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
     matches!(
         weight_type,
@@ -94,7 +104,8 @@ pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
             | GgmlType::IQ4_NL
             | GgmlType::Q4_K
             | GgmlType::Q6_K
-    ) || (weight_type == GgmlType::IQ4_XS && !crate::amx::available())
+    ) || ((weight_type == GgmlType::IQ4_XS || plain_grid(weight_type).is_some())
+        && !crate::amx::available())
 }
 
 /// Quantized activations of whole groups of [`TILE`] tokens, interleaved for the tiled
@@ -260,7 +271,10 @@ fn unpacked_block_bytes(weight_type: GgmlType) -> (usize, usize) {
         GgmlType::Q4_K => (Q4_K_BYTES, WQ4K_BLOCK),
         GgmlType::Q6_K => (Q6_K_BYTES, WQ6K_BLOCK),
         GgmlType::IQ4_XS => (iq4_xs::BYTES, WIQ4XS_BLOCK),
-        _ => (1, 0),
+        t => match plain_grid(t) {
+            Some(grid) => (grid.block_bytes, WGRID_BLOCK),
+            None => (1, 0),
+        },
     }
 }
 
@@ -377,6 +391,11 @@ unsafe fn unpack_rows(
         GgmlType::Q4_K => |wb, ob| unsafe { unpack_q4_k_avx512(wb, ob) },
         GgmlType::Q6_K => |wb, ob| unsafe { unpack_q6_k_avx512(wb, ob) },
         GgmlType::IQ4_XS => unpack_iq4_xs,
+        GgmlType::IQ2_XXS => |wb, ob| unpack_grid(GgmlType::IQ2_XXS, wb, ob),
+        GgmlType::IQ2_XS => |wb, ob| unpack_grid(GgmlType::IQ2_XS, wb, ob),
+        GgmlType::IQ2_S => |wb, ob| unpack_grid(GgmlType::IQ2_S, wb, ob),
+        GgmlType::IQ3_XXS => |wb, ob| unpack_grid(GgmlType::IQ3_XXS, wb, ob),
+        GgmlType::IQ3_S => |wb, ob| unpack_grid(GgmlType::IQ3_S, wb, ob),
         _ => return 0,
     };
     let stride = row_bytes / src * dst;
@@ -424,6 +443,55 @@ fn unpack_iq4_xs(wb: &[u8], out: &mut [u8]) {
         put_i32(out, WIQ4XS_CORR + 4 * l, -128 * c);
     }
     put_f32(out, WIQ4XS_D, read_f16(wb, 0));
+}
+
+/// Byte `j` of entry `s` is 0xff when bit `j` of `s` is set.
+static BYTE_MASKS: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut s = 0;
+    while s < 256 {
+        let mut j = 0;
+        while j < 8 {
+            if s >> j & 1 != 0 {
+                t[s] |= 0xff << (8 * j);
+            }
+            j += 1;
+        }
+        s += 1;
+    }
+    t
+};
+
+/// One IQ2/IQ3 grid super-block `wb` of `ty` unpacked into `out` (the [`WGRID_BLOCK`]
+/// layout) by the format's own decoder.
+fn unpack_grid(ty: GgmlType, wb: &[u8], out: &mut [u8]) {
+    assert!(out.len() >= WGRID_BLOCK);
+    let Some(grid) = plain_grid(ty) else {
+        return;
+    };
+    let mut block = GridBlock::new();
+    let d = (grid.decode)(&wb[..grid.block_bytes], &mut block);
+    let mut corr = [0i32; 8];
+    for (k, &magnitudes) in block.octets.iter().enumerate() {
+        let signs = (block.negative[k / 4] >> (8 * (k % 4))) as u8;
+        // Negate the bytes whose sign bit is set: `(m ^ 0xff) + 1`, never carrying
+        // into the next byte (every magnitude is 1..=62 or 0 with its sign clear).
+        let mask = BYTE_MASKS[signs as usize];
+        let signed = ((magnitudes ^ mask) + (mask & 0x0101_0101_0101_0101)).to_le_bytes();
+        out[8 * k..8 * k + 8].copy_from_slice(&signed);
+        let m = block.scales[k / 2];
+        let quad = |q: &[u8]| q.iter().map(|&b| b as i8 as i32).sum::<i32>();
+        corr[2 * (k % 4)] += m * quad(&signed[..4]);
+        corr[2 * (k % 4) + 1] += m * quad(&signed[4..]);
+    }
+    for (s, &m) in block.scales.iter().enumerate() {
+        put_i32(out, WGRID_SC + 4 * s, m);
+    }
+    for (l, c) in corr.into_iter().enumerate() {
+        put_i32(out, WGRID_CORR + 4 * l, -128 * c);
+    }
+    put_f32(out, WGRID_D, d);
+    put_f32(out, WGRID_POST, grid.post_scale);
 }
 
 /// Lane quad sums of 64 unsigned quant bytes: dword `i` is the sum of bytes `4i..4i+4`.
@@ -709,6 +777,13 @@ unsafe fn run_avx512(
                                 iq4_xs_tile(w, x, n_blocks, &mut first[0]);
                                 if pair {
                                     iq4_xs_tile(&w[stride..], x, n_blocks, &mut second[0]);
+                                }
+                            }
+                            (t, _) if plain_grid(t).is_some() => {
+                                let (first, second) = dst.split_at_mut(1);
+                                grid_tile(w, x, n_blocks, &mut first[0]);
+                                if pair {
+                                    grid_tile(&w[stride..], x, n_blocks, &mut second[0]);
                                 }
                             }
                             // Two chains of eight lanes a row: one row at a time.
@@ -1055,6 +1130,65 @@ unsafe fn iq4_xs_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]
     }
     // SAFETY: `out` is sixteen f32.
     unsafe { _mm512_storeu_ps(out.as_mut_ptr(), lanes_sum(&acc)) };
+}
+
+/// One IQ2/IQ3 grid row against one token group, in the order of its single-token
+/// kernel (`formats::grids::grid_dot_n`): per super-block eight integer lanes
+/// `Σ_g m·quad(g, l)` (the multiplier `m` of the quad's 16 weights), one
+/// `fma(d_w·d_x, lane)` each, the lanes summed at the end and times the format's final
+/// factor. The signed levels (|w| ≤ 62) go into `dpbusd` against `x + 128`, the
+/// correction takes the 128 back off. One row at a time, as IQ4_XS.
+///
+/// # Safety
+/// As [`block32_tile`] with `R` = 1, grid unpacked super-blocks and Q8_K tile
+/// super-blocks (`x + 128`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn grid_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]) {
+    assert!(w.len() >= n_blocks * WGRID_BLOCK);
+    assert!(x.len() >= n_blocks * ACTK_BLOCK);
+    if n_blocks == 0 {
+        *out = [0.0; TILE];
+        return;
+    }
+    let mut acc = [_mm512_setzero_ps(); 8];
+    let zero = _mm512_setzero_si512();
+    for b in 0..n_blocks {
+        let xt = x[b * ACTK_BLOCK..].as_ptr();
+        let wb = w[b * WGRID_BLOCK..].as_ptr();
+        // SAFETY (every load below): inside the tile super-block and the unpacked
+        // super-block (asserted above).
+        let mut lanes: [__m512i; 8] =
+            std::array::from_fn(|l| unsafe { splat_i32(wb.add(WGRID_CORR + 4 * l)) });
+        for g in 0..8 {
+            // SAFETY: as above.
+            unsafe {
+                let scales = [
+                    splat_i32(wb.add(WGRID_SC + 8 * g)),
+                    splat_i32(wb.add(WGRID_SC + 8 * g + 4)),
+                ];
+                for (l, lane) in lanes.iter_mut().enumerate() {
+                    let xl = _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _);
+                    let quad = _mm512_dpbusd_epi32(zero, xl, splat_i32(wb.add(32 * g + 4 * l)));
+                    *lane = _mm512_add_epi32(*lane, _mm512_mullo_epi32(quad, scales[l / 4]));
+                }
+            }
+        }
+        // SAFETY: as above.
+        let d = unsafe {
+            _mm512_mul_ps(
+                _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32),
+                splat_f32(wb.add(WGRID_D)),
+            )
+        };
+        for (a, lane) in acc.iter_mut().zip(lanes) {
+            *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), *a);
+        }
+    }
+    // SAFETY: the last block's factor (every block holds the same); `out` is sixteen f32.
+    unsafe {
+        let post = splat_f32(w[(n_blocks - 1) * WGRID_BLOCK..].as_ptr().add(WGRID_POST));
+        _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(post, lanes_sum(&acc)));
+    }
 }
 
 /// Q4_K rows against one token group (see [`block32_tile`]).

@@ -28,22 +28,22 @@ const MULTI_TYPES: [GgmlType; 19] = [
     GgmlType::Q4_0,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
-    GgmlType::Q4_1,
-    GgmlType::Q5_1,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
     GgmlType::IQ2_XXS,
     GgmlType::IQ2_XS,
     GgmlType::IQ2_S,
     GgmlType::IQ3_XXS,
     GgmlType::IQ3_S,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
     GgmlType::IQ1_S,
     GgmlType::IQ1_M,
     GgmlType::Q5_K,
 ];
 
 /// The types with 16-token tiles on the AVX-512 VNNI tier (the first of [`MULTI_TYPES`]).
-const TILED_TYPES: [GgmlType; 7] = [
+const TILED_TYPES: [GgmlType; 12] = [
     GgmlType::Q4_K,
     GgmlType::Q6_K,
     GgmlType::Q5_0,
@@ -51,6 +51,11 @@ const TILED_TYPES: [GgmlType; 7] = [
     GgmlType::Q4_0,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
 ];
 
 /// An activation row quantized to `ty`'s dot type; the scale varies per row so the four
@@ -184,8 +189,9 @@ fn four_row_kernel_equals_single_token_kernel_bit_for_bit() {
 fn avx512_tier_tiles_every_multi_type() {
     // Keeps the token counts ≥ 16 below from passing without exercising the tiles.
     if active_tier().unwrap() == CpuTier::Avx512Vnni {
-        // Where Q4_K / Q6_K take AMX, the Q8_K tiles hold its layout and IQ4_XS keeps its
-        // four-token kernel (its VNNI tile is tested with `NX_AMX=0`, tests/tiled_vnni.rs).
+        // Where Q4_K / Q6_K take AMX, the Q8_K tiles hold its layout and IQ4_XS and the
+        // grid formats keep their four-token kernels (their VNNI tiles are tested with
+        // `NX_AMX=0`, tests/tiled_vnni.rs).
         let amx = nx_lazy_weight::active_plan()
             .unwrap()
             .get(GgmlType::Q4_K)
@@ -194,7 +200,11 @@ fn avx512_tier_tiles_every_multi_type() {
             == "amx-tiles";
         for ty in TILED_TYPES {
             assert!(
-                uses_tiled_kernels(ty) || (amx && ty == GgmlType::IQ4_XS),
+                uses_tiled_kernels(ty)
+                    || (amx
+                        && ty.block_size() == 256
+                        && ty != GgmlType::Q4_K
+                        && ty != GgmlType::Q6_K),
                 "{ty}"
             );
         }

@@ -19,6 +19,11 @@ fn tiled_vnni_kernels_without_amx_equal_dot_row() {
         GgmlType::Q4_0,
         GgmlType::IQ4_NL,
         GgmlType::IQ4_XS,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ3_S,
     ] {
         check_matmul_against_dot_row(ty, &[16, 33, 37]);
     }

@@ -6,10 +6,13 @@
 //! from `ggml-common.h` (`grid_tables.rs`, written by `cargo xtask golden grids`, as
 //! level indices); [`expand8`] and [`expand4`] turn them into bytes at compile time.
 
+use nx_gguf::GgmlType;
+
 use super::block::{Q8_K_BLOCK_BYTES, Q8_K_QS};
 use super::grid_tables::{
     IQ1S_CODES, IQ2S_CODES, IQ2XS_CODES, IQ2XXS_CODES, IQ3S_CODES, IQ3XXS_CODES,
 };
+use super::{iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs};
 use crate::reduce::Lanes8;
 
 /// The magnitudes of the IQ2 grids (level indices 0, 1, 2).
@@ -148,6 +151,35 @@ impl GridBlock {
         }
         lanes
     }
+}
+
+/// A grid format whose dot product is [`grid_dot_n`] alone (the IQ2 and IQ3 ones; the IQ1
+/// formats add an offset term): block bytes, `post_scale` and decoder.
+pub(crate) struct PlainGrid {
+    /// Bytes of one super-block.
+    pub(crate) block_bytes: usize,
+    /// The factor on the final sum.
+    pub(crate) post_scale: f32,
+    /// Fills a [`GridBlock`]; returns `d_w`.
+    pub(crate) decode: fn(&[u8], &mut GridBlock) -> f32,
+}
+
+/// The [`PlainGrid`] of `ty`, if it is one.
+pub(crate) fn plain_grid(ty: GgmlType) -> Option<PlainGrid> {
+    let (block_bytes, post_scale, decode): (usize, f32, fn(&[u8], &mut GridBlock) -> f32) = match ty
+    {
+        GgmlType::IQ2_XXS => (iq2_xxs::BYTES, iq2_xxs::POST_SCALE, iq2_xxs::decode),
+        GgmlType::IQ2_XS => (iq2_xs::BYTES, iq2_xs::POST_SCALE, iq2_xs::decode),
+        GgmlType::IQ2_S => (iq2_s::BYTES, iq2_s::POST_SCALE, iq2_s::decode),
+        GgmlType::IQ3_XXS => (iq3_xxs::BYTES, iq3_xxs::POST_SCALE, iq3_xxs::decode),
+        GgmlType::IQ3_S => (iq3_s::BYTES, iq3_s::POST_SCALE, iq3_s::decode),
+        _ => return None,
+    };
+    Some(PlainGrid {
+        block_bytes,
+        post_scale,
+        decode,
+    })
 }
 
 /// Computes a block's eight lanes: [`GridBlock::lanes`] or a SIMD twin of it.

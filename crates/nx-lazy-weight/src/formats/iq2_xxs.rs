@@ -19,6 +19,9 @@ pub const BYTES: usize = 66;
 pub const QS: usize = 2;
 const _: () = assert!(QS + 64 == BYTES && GgmlType::IQ2_XXS.type_size() == BYTES);
 
+/// The factor ggml's kernel applies to the final sum.
+pub(crate) const POST_SCALE: f32 = 0.125;
+
 /// The table row.
 pub const FORMAT: BlockFormat = BlockFormat {
     ggml_type: GgmlType::IQ2_XXS,
@@ -68,12 +71,12 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
 /// from `lanes` (the tiers' SIMD twins).
 #[inline(always)]
 pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: impl Lanes) -> [f32; N] {
-    grid_dot_n(w, xs, BYTES, 0.125, lanes, decode)
+    grid_dot_n(w, xs, BYTES, POST_SCALE, lanes, decode)
 }
 
 /// Fills `block` from one super-block; returns `d`.
 #[inline(always)]
-fn decode(b: &[u8], block: &mut GridBlock) -> f32 {
+pub(crate) fn decode(b: &[u8], block: &mut GridBlock) -> f32 {
     // One length check here spares one per field read below.
     let b = &b[..BYTES];
     for g in 0..8 {

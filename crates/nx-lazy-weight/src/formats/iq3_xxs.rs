@@ -22,6 +22,9 @@ pub const QS: usize = 2;
 pub const SCALES_SIGNS: usize = 66;
 const _: () = assert!(SCALES_SIGNS + 32 == BYTES && GgmlType::IQ3_XXS.type_size() == BYTES);
 
+/// The factor ggml's kernel applies to the final sum.
+pub(crate) const POST_SCALE: f32 = 0.25;
+
 /// The table row.
 pub const FORMAT: BlockFormat = BlockFormat {
     ggml_type: GgmlType::IQ3_XXS,
@@ -75,12 +78,12 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
 /// from `lanes` (the tiers' SIMD twins).
 #[inline(always)]
 pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: impl Lanes) -> [f32; N] {
-    grid_dot_n(w, xs, BYTES, 0.25, lanes, decode)
+    grid_dot_n(w, xs, BYTES, POST_SCALE, lanes, decode)
 }
 
 /// Fills `block` from one super-block; returns `d`.
 #[inline(always)]
-fn decode(b: &[u8], block: &mut GridBlock) -> f32 {
+pub(crate) fn decode(b: &[u8], block: &mut GridBlock) -> f32 {
     // One length check here spares one per field read below.
     let b = &b[..BYTES];
     for k in 0..32 {
