@@ -166,19 +166,18 @@ pub(crate) struct PlainGrid {
 
 /// The [`PlainGrid`] of `ty`, if it is one.
 pub(crate) fn plain_grid(ty: GgmlType) -> Option<PlainGrid> {
-    let (block_bytes, post_scale, decode): (usize, f32, fn(&[u8], &mut GridBlock) -> f32) = match ty
-    {
-        GgmlType::IQ2_XXS => (iq2_xxs::BYTES, iq2_xxs::POST_SCALE, iq2_xxs::decode),
-        GgmlType::IQ2_XS => (iq2_xs::BYTES, iq2_xs::POST_SCALE, iq2_xs::decode),
-        GgmlType::IQ2_S => (iq2_s::BYTES, iq2_s::POST_SCALE, iq2_s::decode),
-        GgmlType::IQ3_XXS => (iq3_xxs::BYTES, iq3_xxs::POST_SCALE, iq3_xxs::decode),
-        GgmlType::IQ3_S => (iq3_s::BYTES, iq3_s::POST_SCALE, iq3_s::decode),
-        _ => return None,
-    };
-    Some(PlainGrid {
+    let grid = |block_bytes, post_scale, decode| PlainGrid {
         block_bytes,
         post_scale,
         decode,
+    };
+    Some(match ty {
+        GgmlType::IQ2_XXS => grid(iq2_xxs::BYTES, iq2_xxs::POST_SCALE, iq2_xxs::decode),
+        GgmlType::IQ2_XS => grid(iq2_xs::BYTES, iq2_xs::POST_SCALE, iq2_xs::decode),
+        GgmlType::IQ2_S => grid(iq2_s::BYTES, iq2_s::POST_SCALE, iq2_s::decode),
+        GgmlType::IQ3_XXS => grid(iq3_xxs::BYTES, iq3_xxs::POST_SCALE, iq3_xxs::decode),
+        GgmlType::IQ3_S => grid(iq3_s::BYTES, iq3_s::POST_SCALE, iq3_s::decode),
+        _ => return None,
     })
 }
 
