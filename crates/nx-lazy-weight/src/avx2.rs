@@ -141,7 +141,7 @@ unsafe fn grid_lanes_impl(block: &GridBlock, xq: &[u8]) -> [i32; 8] {
         // SAFETY: `octets` is 256 bytes and `xq` at least 256 (asserted): 32g + 32 fits.
         let levels = _mm256_loadu_si256(block.octets.as_ptr().add(4 * g) as *const __m256i);
         let x = _mm256_loadu_si256(xq.as_ptr().add(32 * g) as *const __m256i);
-        let word = _mm256_set1_epi32(block.negative[g] as i32);
+        let word = _mm256_set1_epi32(block.negative_word(g) as i32);
         let bits = _mm256_and_si256(_mm256_shuffle_epi8(word, spread), bit);
         let negative = _mm256_cmpeq_epi8(bits, bit);
         let signed_x = _mm256_sign_epi8(x, _mm256_or_si256(negative, one));

@@ -473,7 +473,7 @@ fn unpack_grid(ty: GgmlType, wb: &[u8], out: &mut [u8]) {
     let d = (grid.decode)(&wb[..grid.block_bytes], &mut block);
     let mut corr = [0i32; 8];
     for (k, &magnitudes) in block.octets.iter().enumerate() {
-        let signs = (block.negative[k / 4] >> (8 * (k % 4))) as u8;
+        let signs = block.signs[k];
         // Negate the bytes whose sign bit is set: `(m ^ 0xff) + 1`, never carrying
         // into the next byte (every magnitude is 1..=62 or 0 with its sign clear).
         let mask = BYTE_MASKS[signs as usize];

@@ -82,8 +82,9 @@ pub(crate) fn parity_signs(index: u32) -> u8 {
 pub(crate) struct GridBlock {
     /// Byte `j` of word `k` is the magnitude of weight `8k + j`.
     pub(crate) octets: [u64; 32],
-    /// Bit `e % 32` of word `e / 32` set when weight `e` is negative.
-    pub(crate) negative: [u32; 8],
+    /// Bit `j` of byte `k` set when weight `8k + j` is negative (one plain byte store per
+    /// eight weights while decoding: no read-modify-write chain).
+    pub(crate) signs: [u8; 32],
     /// Multiplier of weights `16s..16s+16`.
     pub(crate) scales: [i32; 16],
 }
@@ -93,13 +94,12 @@ impl GridBlock {
     pub(crate) fn new() -> Self {
         GridBlock {
             octets: [0; 32],
-            negative: [0; 8],
+            signs: [0; 32],
             scales: [0; 16],
         }
     }
 
-    /// Stores weights `8k..8k+8`: magnitudes `grid`, signs the bits of `signs` (call once
-    /// per `k` after clearing `negative`).
+    /// Stores weights `8k..8k+8`: magnitudes `grid`, signs the bits of `signs`.
     #[inline(always)]
     pub(crate) fn put8(&mut self, k: usize, grid: &[u8; 8], signs: u8) {
         self.put_word(k, u64::from_le_bytes(*grid), signs);
@@ -109,14 +109,26 @@ impl GridBlock {
     #[inline(always)]
     pub(crate) fn put_word(&mut self, k: usize, magnitudes: u64, signs: u8) {
         self.octets[k] = magnitudes;
-        self.negative[k / 4] |= (signs as u32) << (8 * (k % 4));
+        self.signs[k] = signs;
     }
 
     /// Stores weights `8k..8k+8` from two quads of magnitudes, signs the bits of `signs`.
     #[inline(always)]
     pub(crate) fn put4x2(&mut self, k: usize, low: &[u8; 4], high: &[u8; 4], signs: u8) {
         self.octets[k] = u32::from_le_bytes(*low) as u64 | (u32::from_le_bytes(*high) as u64) << 32;
-        self.negative[k / 4] |= (signs as u32) << (8 * (k % 4));
+        self.signs[k] = signs;
+    }
+
+    /// The sign bits of group of 32 `g`: bit `e % 32` set when weight `32g + e % 32` is
+    /// negative.
+    #[inline(always)]
+    pub(crate) fn negative_word(&self, g: usize) -> u32 {
+        u32::from_le_bytes([
+            self.signs[4 * g],
+            self.signs[4 * g + 1],
+            self.signs[4 * g + 2],
+            self.signs[4 * g + 3],
+        ])
     }
 
     /// The magnitude of weight `e`.
@@ -133,7 +145,8 @@ impl GridBlock {
     #[inline(always)]
     pub(crate) fn lanes(&self, xq: &[u8]) -> [i32; 8] {
         let mut lanes = [0i32; 8];
-        for (g, &neg) in self.negative.iter().enumerate() {
+        for g in 0..8 {
+            let neg = self.negative_word(g);
             for (l, lane) in lanes.iter_mut().enumerate() {
                 let first = 32 * g + 4 * l;
                 let mut quad = 0i32;
@@ -217,7 +230,6 @@ pub(crate) fn grid_dot_n<const N: usize>(
     let mut acc = [Lanes8::default(); N];
     let mut block = GridBlock::new();
     for i in 0..common_blocks(w, block_bytes, &xs) {
-        block.negative = [0; 8];
         let d_w = decode(&w[i * block_bytes..(i + 1) * block_bytes], &mut block);
         for (acc, x) in acc.iter_mut().zip(xs) {
             let xb = &x[i * Q8_K_BLOCK_BYTES..(i + 1) * Q8_K_BLOCK_BYTES];

@@ -102,8 +102,6 @@ pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: impl Lanes)
     for i in 0..n_blocks {
         // An exact block: one length check spares one per field read below.
         let wb = &w[i * BYTES..(i + 1) * BYTES];
-        grid.negative = [0; 8];
-        offsets.negative = [0; 8];
         let sc = scale_words(wb);
         for s in 0..16 {
             let m = multiplier(&sc, s) as i32;
@@ -113,7 +111,7 @@ pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: impl Lanes)
         for k in 0..32 {
             let (values, negative) = octet(wb, k);
             put_ternary8(&mut grid, k, values);
-            offsets.negative[k / 4] |= (negative as u32 * 0xff) << (8 * (k % 4));
+            offsets.signs[k] = if negative { 0xff } else { 0 };
         }
         let d_w = super_scale(&sc);
         for t in 0..N {

@@ -100,7 +100,6 @@ pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], grid_lanes: impl L
     for i in 0..n_blocks {
         // An exact block: one length check spares one per field read below.
         let wb = &w[i * BYTES..(i + 1) * BYTES];
-        block.negative = [0; 8];
         for g in 0..8 {
             let h = qh(wb, g);
             let mult = 2 * ((h >> 12) & 7) as i32 + 1;
