@@ -116,9 +116,10 @@ enum Command {
         #[arg(long)]
         spec: bool,
         /// Instead of --models: the Qwen2.5-0.5B shapes as Q4_K_M (nx's mix) and as
-        /// llama-quantize makes Q4_0, Q8_0, Q3_K_M, Q5_K_M and IQ4_XS of them, into a
-        /// section of docs/benchmarks.md of their own (with each file's decode bandwidth
-        /// beside the Q4_K_M file's).
+        /// llama-quantize makes Q4_0, Q8_0, Q3_K_M, Q5_K_M and IQ4_XS of them, and the
+        /// Qwen2.5-1.5B shapes as it makes IQ2_XXS, IQ3_S and IQ1_M with an importance
+        /// matrix, into a section of docs/benchmarks.md of their own (with each file's
+        /// decode bandwidth beside the Q4_K_M file's).
         #[arg(long, conflicts_with_all = ["spec", "models"])]
         formats: bool,
     },
