@@ -70,15 +70,10 @@ const WQ6K_SC: usize = 256;
 const WQ6K_CORR: usize = WQ6K_SC + 64;
 const WQ6K_BSUMS: usize = WQ6K_CORR + 256;
 const WQ6K_D: usize = WQ6K_BSUMS + 32;
-/// Unpacked IQ4_XS super-block: 256 levels (i8), the eight scales `ls − 32` (i32), eight
-/// corrections `−128·Σ_g ls_g·(lane quad of sub-block g)` (i32), `d_w` (f32).
-const WIQ4XS_BLOCK: usize = 256 + 32 + 32 + 4;
-const WIQ4XS_SC: usize = 256;
-const WIQ4XS_CORR: usize = WIQ4XS_SC + 32;
-const WIQ4XS_D: usize = WIQ4XS_CORR + 32;
-/// Unpacked IQ2/IQ3 grid super-block: 256 signed levels (i8), sixteen multipliers (i32,
-/// one per 16 weights), eight corrections `−128·Σ_g Σ m·(lane quad of group g)` (i32),
-/// `d_w` and the format's final factor (f32).
+/// Unpacked IQ4_XS or IQ2/IQ3 grid super-block: 256 signed levels (i8), sixteen
+/// multipliers (i32, one per 16 weights: IQ4_XS's `ls − 32` twice per 32), eight
+/// corrections `−128·Σ_g Σ m·(lane quad of group g)` (i32), `d_w` and the format's final
+/// factor (f32; 1 for IQ4_XS).
 const WGRID_BLOCK: usize = 256 + 64 + 32 + 8;
 const WGRID_SC: usize = 256;
 const WGRID_CORR: usize = WGRID_SC + 64;
@@ -270,7 +265,7 @@ fn unpacked_block_bytes(weight_type: GgmlType) -> (usize, usize) {
         GgmlType::IQ4_NL => (iq4_nl::BYTES, W32_BLOCK),
         GgmlType::Q4_K => (Q4_K_BYTES, WQ4K_BLOCK),
         GgmlType::Q6_K => (Q6_K_BYTES, WQ6K_BLOCK),
-        GgmlType::IQ4_XS => (iq4_xs::BYTES, WIQ4XS_BLOCK),
+        GgmlType::IQ4_XS => (iq4_xs::BYTES, WGRID_BLOCK),
         t => match plain_grid(t) {
             Some(grid) => (grid.block_bytes, WGRID_BLOCK),
             None => (1, 0),
@@ -423,10 +418,11 @@ unsafe fn unpack_rows(
     stride
 }
 
-/// One IQ4_XS super-block `wb` unpacked into `out` (the [`WIQ4XS_BLOCK`] layout). Plain
-/// code: a row is unpacked once per chunk and then read by every token group.
+/// One IQ4_XS super-block `wb` unpacked into `out` (the [`WGRID_BLOCK`] layout, each
+/// sub-block scale as the multiplier of both its halves, final factor 1). Plain code: a
+/// row is unpacked once per chunk and then read by every token group.
 fn unpack_iq4_xs(wb: &[u8], out: &mut [u8]) {
-    assert!(wb.len() >= iq4_xs::BYTES && out.len() >= WIQ4XS_BLOCK);
+    assert!(wb.len() >= iq4_xs::BYTES && out.len() >= WGRID_BLOCK);
     let scales = iq4_xs::scales(wb);
     let mut corr = [0i32; 8];
     for (g, &ls) in scales.iter().enumerate() {
@@ -437,12 +433,19 @@ fn unpack_iq4_xs(wb: &[u8], out: &mut [u8]) {
         for (o, &v) in out[32 * g..32 * g + 32].iter_mut().zip(&q) {
             *o = v as i8 as u8;
         }
-        put_i32(out, WIQ4XS_SC + 4 * g, ls);
+        put_i32(out, WGRID_SC + 8 * g, ls);
+        put_i32(out, WGRID_SC + 8 * g + 4, ls);
     }
+    finish_grid_block(out, corr, read_f16(wb, 0), 1.0);
+}
+
+/// The tail of a [`WGRID_BLOCK`]: corrections, `d_w` and the final factor.
+fn finish_grid_block(out: &mut [u8], corr: [i32; 8], d: f32, post_scale: f32) {
     for (l, c) in corr.into_iter().enumerate() {
-        put_i32(out, WIQ4XS_CORR + 4 * l, -128 * c);
+        put_i32(out, WGRID_CORR + 4 * l, -128 * c);
     }
-    put_f32(out, WIQ4XS_D, read_f16(wb, 0));
+    put_f32(out, WGRID_D, d);
+    put_f32(out, WGRID_POST, post_scale);
 }
 
 /// Byte `j` of entry `s` is 0xff when bit `j` of `s` is set.
@@ -487,11 +490,7 @@ fn unpack_grid(ty: GgmlType, wb: &[u8], out: &mut [u8]) {
     for (s, &m) in block.scales.iter().enumerate() {
         put_i32(out, WGRID_SC + 4 * s, m);
     }
-    for (l, c) in corr.into_iter().enumerate() {
-        put_i32(out, WGRID_CORR + 4 * l, -128 * c);
-    }
-    put_f32(out, WGRID_D, d);
-    put_f32(out, WGRID_POST, grid.post_scale);
+    finish_grid_block(out, corr, d, grid.post_scale);
 }
 
 /// Lane quad sums of 64 unsigned quant bytes: dword `i` is the sum of bytes `4i..4i+4`.
@@ -772,14 +771,7 @@ unsafe fn run_avx512(
                             (GgmlType::Q6_K, false) => {
                                 q6_k_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
                             }
-                            (GgmlType::IQ4_XS, _) => {
-                                let (first, second) = dst.split_at_mut(1);
-                                iq4_xs_tile(w, x, n_blocks, &mut first[0]);
-                                if pair {
-                                    iq4_xs_tile(&w[stride..], x, n_blocks, &mut second[0]);
-                                }
-                            }
-                            (t, _) if plain_grid(t).is_some() => {
+                            (t, _) if t == GgmlType::IQ4_XS || plain_grid(t).is_some() => {
                                 let (first, second) = dst.split_at_mut(1);
                                 grid_tile(w, x, n_blocks, &mut first[0]);
                                 if pair {
@@ -1084,64 +1076,18 @@ unsafe fn iq4_nl_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]
     unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sum) };
 }
 
-/// One IQ4_XS row against one token group, in the order of its single-token kernel
-/// (`formats::iq4_xs::dot`): per super-block eight integer lanes `Σ_g ls_g·quad(g, l)`,
-/// one `fma(d_w·d_x, lane)` each, the lanes summed at the end. The levels reach ±127, so
-/// a quad of `(x + 128)·w` does not fit the 16 bits Q4_K's `vpdpwssd` scaling takes:
-/// the scale is a 32-bit multiply. One row at a time (sixteen lane registers a row).
+/// One IQ4_XS or IQ2/IQ3 grid row against one token group, in the order of its
+/// single-token kernel (`formats::iq4_xs::dot`, `formats::grids::grid_dot_n`): per
+/// super-block eight integer lanes `Σ_g m·quad(g, l)` (the multiplier `m` of the quad's
+/// 16 weights), one `fma(d_w·d_x, lane)` each, the lanes summed at the end and times the
+/// format's final factor. The signed levels go into `dpbusd` against `x + 128`, the
+/// correction takes the 128 back off. IQ4_XS's levels reach ±127, so a quad of
+/// `(x + 128)·w` does not fit the 16 bits Q4_K's `vpdpwssd` scaling takes: the
+/// multiplier is a 32-bit multiply. One row at a time (sixteen lane registers a row).
 ///
 /// # Safety
-/// As [`block32_tile`] with `R` = 1, IQ4_XS unpacked super-blocks and Q8_K tile
-/// super-blocks (`x + 128`).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-unsafe fn iq4_xs_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]) {
-    assert!(w.len() >= n_blocks * WIQ4XS_BLOCK);
-    assert!(x.len() >= n_blocks * ACTK_BLOCK);
-    let mut acc = [_mm512_setzero_ps(); 8];
-    let zero = _mm512_setzero_si512();
-    for b in 0..n_blocks {
-        let xt = x[b * ACTK_BLOCK..].as_ptr();
-        let wb = w[b * WIQ4XS_BLOCK..].as_ptr();
-        // SAFETY (every load below): inside the tile super-block and the unpacked
-        // super-block (asserted above).
-        let mut lanes: [__m512i; 8] =
-            std::array::from_fn(|l| unsafe { splat_i32(wb.add(WIQ4XS_CORR + 4 * l)) });
-        for g in 0..8 {
-            // SAFETY: as above.
-            unsafe {
-                let sc = splat_i32(wb.add(WIQ4XS_SC + 4 * g));
-                for (l, lane) in lanes.iter_mut().enumerate() {
-                    let xl = _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _);
-                    let quad = _mm512_dpbusd_epi32(zero, xl, splat_i32(wb.add(32 * g + 4 * l)));
-                    *lane = _mm512_add_epi32(*lane, _mm512_mullo_epi32(quad, sc));
-                }
-            }
-        }
-        // SAFETY: as above.
-        let d = unsafe {
-            _mm512_mul_ps(
-                _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32),
-                splat_f32(wb.add(WIQ4XS_D)),
-            )
-        };
-        for (a, lane) in acc.iter_mut().zip(lanes) {
-            *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), *a);
-        }
-    }
-    // SAFETY: `out` is sixteen f32.
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), lanes_sum(&acc)) };
-}
-
-/// One IQ2/IQ3 grid row against one token group, in the order of its single-token
-/// kernel (`formats::grids::grid_dot_n`): per super-block eight integer lanes
-/// `Σ_g m·quad(g, l)` (the multiplier `m` of the quad's 16 weights), one
-/// `fma(d_w·d_x, lane)` each, the lanes summed at the end and times the format's final
-/// factor. The signed levels (|w| ≤ 62) go into `dpbusd` against `x + 128`, the
-/// correction takes the 128 back off. One row at a time, as IQ4_XS.
-///
-/// # Safety
-/// As [`block32_tile`] with `R` = 1, grid unpacked super-blocks and Q8_K tile
-/// super-blocks (`x + 128`).
+/// As [`block32_tile`] with `R` = 1, [`WGRID_BLOCK`] unpacked super-blocks and Q8_K
+/// tile super-blocks (`x + 128`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
 unsafe fn grid_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]) {
     assert!(w.len() >= n_blocks * WGRID_BLOCK);

@@ -166,6 +166,52 @@ impl GridBlock {
     }
 }
 
+/// The IQ2 formats with a 4-bit scale per 16 weights (IQ2_XS, IQ2_S): `octet(k)` gives
+/// the magnitudes and sign byte of weights `8k..8k+8`, `scales` the format's eight scale
+/// bytes (low nibble the first 16 of a group of 32, high nibble the second).
+pub(crate) mod octets16 {
+    use super::GridBlock;
+
+    /// The 4-bit scale of weights `16s..16s+16`.
+    #[inline(always)]
+    pub(crate) fn nibble_scale(scales: &[u8], s: usize) -> u32 {
+        (scales[s / 2] >> (4 * (s % 2)) & 15) as u32
+    }
+
+    /// `y = (d·(0.5 + ls)·0.25)·grid·(±1)` (ggml's `dequantize_row_iq2_xs` and `_iq2_s`).
+    pub(crate) fn dequantize(
+        d: f32,
+        scales: &[u8],
+        y: &mut [f32],
+        octet: impl Fn(usize) -> (&'static [u8; 8], u8),
+    ) {
+        for k in 0..32 {
+            let db = d * (0.5 + nibble_scale(scales, k / 2) as f32) * 0.25;
+            let (mags, signs) = octet(k);
+            for j in 0..8 {
+                let sign = if signs >> j & 1 != 0 { -1.0 } else { 1.0 };
+                y[8 * k + j] = db * mags[j] as f32 * sign;
+            }
+        }
+    }
+
+    /// Fills `block`: the octets, and the multipliers `2·ls + 1`.
+    #[inline(always)]
+    pub(crate) fn decode(
+        scales: &[u8],
+        block: &mut GridBlock,
+        octet: impl Fn(usize) -> (&'static [u8; 8], u8),
+    ) {
+        for k in 0..32 {
+            let (mags, signs) = octet(k);
+            block.put8(k, mags, signs);
+        }
+        for s in 0..16 {
+            block.scales[s] = 2 * nibble_scale(scales, s) as i32 + 1;
+        }
+    }
+}
+
 /// A grid format whose dot product is [`grid_dot_n`] alone (the IQ2 and IQ3 ones; the IQ1
 /// formats add an offset term): block bytes, `post_scale` and decoder.
 pub(crate) struct PlainGrid {

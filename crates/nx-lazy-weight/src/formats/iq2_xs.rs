@@ -12,7 +12,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{read_f16, BlockFormat};
-use super::grids::{grid_dot_n, parity_signs, GridBlock, Lanes, IQ2XS_GRID};
+use super::grids::{grid_dot_n, octets16, parity_signs, GridBlock, Lanes, IQ2XS_GRID};
 
 /// Bytes of one super-block.
 pub const BYTES: usize = 74;
@@ -42,23 +42,9 @@ fn octet(b: &[u8], k: usize) -> (&'static [u8; 8], u8) {
     (&IQ2XS_GRID[(q & 511) as usize], parity_signs(q >> 9))
 }
 
-/// The 4-bit scale of weights `16s..16s+16`.
-#[inline(always)]
-pub(crate) fn nibble_scale(scales: &[u8], s: usize) -> u32 {
-    (scales[s / 2] >> (4 * (s % 2)) & 15) as u32
-}
-
 /// `y = (d·(0.5 + ls)·0.25)·grid·(±1)` (ggml's `dequantize_row_iq2_xs`).
 pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
-    let d = read_f16(b, 0);
-    for k in 0..32 {
-        let db = d * (0.5 + nibble_scale(&b[SCALES..], k / 2) as f32) * 0.25;
-        let (mags, signs) = octet(b, k);
-        for j in 0..8 {
-            let sign = if signs >> j & 1 != 0 { -1.0 } else { 1.0 };
-            y[8 * k + j] = db * mags[j] as f32 * sign;
-        }
-    }
+    octets16::dequantize(read_f16(b, 0), &b[SCALES..SCALES + 8], y, |k| octet(b, k));
 }
 
 /// IQ2_XS × Q8_K in the order of ggml's AVX2 kernel (`grid_dot` with multipliers
@@ -79,12 +65,6 @@ pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: impl Lanes)
 pub(crate) fn decode(b: &[u8], block: &mut GridBlock) -> f32 {
     // One length check here spares one per field read below.
     let b = &b[..BYTES];
-    for k in 0..32 {
-        let (mags, signs) = octet(b, k);
-        block.put8(k, mags, signs);
-    }
-    for s in 0..16 {
-        block.scales[s] = 2 * nibble_scale(&b[SCALES..], s) as i32 + 1;
-    }
+    octets16::decode(&b[SCALES..], block, |k| octet(b, k));
     read_f16(b, 0)
 }
