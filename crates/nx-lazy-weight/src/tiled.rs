@@ -36,8 +36,8 @@ use crate::formats::grids::{plain_grid, GridBlock};
 #[cfg(test)]
 use crate::formats::q6_k::quads as q6_k_quads;
 use crate::formats::{
-    f16_to_f32, iq4_nl, iq4_xs, q4_k, q5_0, q6_k, q8_k, read_f16, read_i16, read_u32, Q4_0_BYTES,
-    Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK_K,
+    f16_to_f32, iq1_m, iq4_nl, iq4_xs, q4_k, q5_0, q6_k, q8_k, read_f16, read_i16, read_u32,
+    Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK_K,
 };
 
 /// Tokens per tile: one per f32 / i32 element of a 512-bit register.
@@ -79,6 +79,15 @@ const WGRID_SC: usize = 256;
 const WGRID_CORR: usize = WGRID_SC + 64;
 const WGRID_D: usize = WGRID_CORR + 32;
 const WGRID_POST: usize = WGRID_D + 4;
+/// Unpacked IQ1_M super-block: the grid's 256 signed values (i8: −1, 0, 1), the 256
+/// offset signs (i8: ±1), sixteen multipliers (i32), eight grid and eight offset
+/// corrections (i32), `d_w` (f32).
+const WIQ1M_BLOCK: usize = 512 + 64 + 64 + 4;
+const WIQ1M_OFFSETS: usize = 256;
+const WIQ1M_SC: usize = 512;
+const WIQ1M_CORR: usize = WIQ1M_SC + 64;
+const WIQ1M_OFFSET_CORR: usize = WIQ1M_CORR + 32;
+const WIQ1M_D: usize = WIQ1M_OFFSET_CORR + 32;
 
 /// True when this CPU can run the tiled kernels (the AVX-512 VNNI tier's features).
 pub(crate) fn available() -> bool {
@@ -99,7 +108,9 @@ pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
             | GgmlType::IQ4_NL
             | GgmlType::Q4_K
             | GgmlType::Q6_K
-    ) || ((weight_type == GgmlType::IQ4_XS || plain_grid(weight_type).is_some())
+    ) || ((weight_type == GgmlType::IQ4_XS
+        || weight_type == GgmlType::IQ1_M
+        || plain_grid(weight_type).is_some())
         && !crate::amx::available())
 }
 
@@ -266,6 +277,7 @@ fn unpacked_block_bytes(weight_type: GgmlType) -> (usize, usize) {
         GgmlType::Q4_K => (Q4_K_BYTES, WQ4K_BLOCK),
         GgmlType::Q6_K => (Q6_K_BYTES, WQ6K_BLOCK),
         GgmlType::IQ4_XS => (iq4_xs::BYTES, WGRID_BLOCK),
+        GgmlType::IQ1_M => (iq1_m::BYTES, WIQ1M_BLOCK),
         t => match plain_grid(t) {
             Some(grid) => (grid.block_bytes, WGRID_BLOCK),
             None => (1, 0),
@@ -386,6 +398,7 @@ unsafe fn unpack_rows(
         GgmlType::Q4_K => |wb, ob| unsafe { unpack_q4_k_avx512(wb, ob) },
         GgmlType::Q6_K => |wb, ob| unsafe { unpack_q6_k_avx512(wb, ob) },
         GgmlType::IQ4_XS => unpack_iq4_xs,
+        GgmlType::IQ1_M => unpack_iq1_m,
         GgmlType::IQ2_XXS => |wb, ob| unpack_grid(GgmlType::IQ2_XXS, wb, ob),
         GgmlType::IQ2_XS => |wb, ob| unpack_grid(GgmlType::IQ2_XS, wb, ob),
         GgmlType::IQ2_S => |wb, ob| unpack_grid(GgmlType::IQ2_S, wb, ob),
@@ -474,12 +487,38 @@ fn unpack_grid(ty: GgmlType, wb: &[u8], out: &mut [u8]) {
     };
     let mut block = GridBlock::new();
     let d = (grid.decode)(&wb[..grid.block_bytes], &mut block);
+    let corr = put_signed_levels(&block, &mut out[..256]);
+    for (s, &m) in block.scales.iter().enumerate() {
+        put_i32(out, WGRID_SC + 4 * s, m);
+    }
+    finish_grid_block(out, corr, d, grid.post_scale);
+}
+
+/// One IQ1_M super-block `wb` unpacked into `out` (the [`WIQ1M_BLOCK`] layout).
+fn unpack_iq1_m(wb: &[u8], out: &mut [u8]) {
+    assert!(out.len() >= WIQ1M_BLOCK);
+    let (mut grid, mut offsets) = (GridBlock::new(), GridBlock::new());
+    let d = iq1_m::decode(wb, &mut grid, &mut offsets);
+    let corr = put_signed_levels(&grid, &mut out[..256]);
+    let offset_corr = put_signed_levels(&offsets, &mut out[WIQ1M_OFFSETS..WIQ1M_OFFSETS + 256]);
+    for (s, &m) in grid.scales.iter().enumerate() {
+        put_i32(out, WIQ1M_SC + 4 * s, m);
+    }
+    for l in 0..8 {
+        put_i32(out, WIQ1M_CORR + 4 * l, -128 * corr[l]);
+        put_i32(out, WIQ1M_OFFSET_CORR + 4 * l, -128 * offset_corr[l]);
+    }
+    put_f32(out, WIQ1M_D, d);
+}
+
+/// Writes a block's 256 signed levels (i8) into `out` and returns the eight lane sums
+/// `Σ_g Σ m·w` over each lane's quads (what `x + 128` adds, once divided by 128).
+fn put_signed_levels(block: &GridBlock, out: &mut [u8]) -> [i32; 8] {
     let mut corr = [0i32; 8];
     for (k, &magnitudes) in block.octets.iter().enumerate() {
-        let signs = block.signs[k];
         // Negate the bytes whose sign bit is set: `(m ^ 0xff) + 1`, never carrying
         // into the next byte (every magnitude is 1..=62 or 0 with its sign clear).
-        let mask = BYTE_MASKS[signs as usize];
+        let mask = BYTE_MASKS[block.signs[k] as usize];
         let signed = ((magnitudes ^ mask) + (mask & 0x0101_0101_0101_0101)).to_le_bytes();
         out[8 * k..8 * k + 8].copy_from_slice(&signed);
         let m = block.scales[k / 2];
@@ -487,10 +526,7 @@ fn unpack_grid(ty: GgmlType, wb: &[u8], out: &mut [u8]) {
         corr[2 * (k % 4)] += m * quad(&signed[..4]);
         corr[2 * (k % 4) + 1] += m * quad(&signed[4..]);
     }
-    for (s, &m) in block.scales.iter().enumerate() {
-        put_i32(out, WGRID_SC + 4 * s, m);
-    }
-    finish_grid_block(out, corr, d, grid.post_scale);
+    corr
 }
 
 /// Lane quad sums of 64 unsigned quant bytes: dword `i` is the sum of bytes `4i..4i+4`.
@@ -770,6 +806,13 @@ unsafe fn run_avx512(
                             (GgmlType::Q6_K, true) => q6_k_tile::<2>(w, stride, x, n_blocks, dst),
                             (GgmlType::Q6_K, false) => {
                                 q6_k_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
+                            }
+                            (GgmlType::IQ1_M, _) => {
+                                let (first, second) = dst.split_at_mut(1);
+                                iq1_m_tile(w, x, n_blocks, &mut first[0]);
+                                if pair {
+                                    iq1_m_tile(&w[stride..], x, n_blocks, &mut second[0]);
+                                }
                             }
                             (t, _) if t == GgmlType::IQ4_XS || plain_grid(t).is_some() => {
                                 let (first, second) = dst.split_at_mut(1);
@@ -1135,6 +1178,70 @@ unsafe fn grid_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]) 
         let post = splat_f32(w[(n_blocks - 1) * WGRID_BLOCK..].as_ptr().add(WGRID_POST));
         _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(post, lanes_sum(&acc)));
     }
+}
+
+/// One IQ1_M row against one token group, in the order of its single-token kernel
+/// (`formats::iq1_m::dot`): per super-block two sets of eight integer lanes, the grid's
+/// and the offsets' (`Σ_g m·quad(g, l)`, as [`grid_tile`]), each fused with `d_w·d_x`
+/// into its own running lanes; at the end `sum(grid) + 0.125·sum(offsets)`.
+///
+/// # Safety
+/// As [`block32_tile`] with `R` = 1, [`WIQ1M_BLOCK`] unpacked super-blocks and Q8_K
+/// tile super-blocks (`x + 128`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn iq1_m_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]) {
+    assert!(w.len() >= n_blocks * WIQ1M_BLOCK);
+    assert!(x.len() >= n_blocks * ACTK_BLOCK);
+    let mut acc_grid = [_mm512_setzero_ps(); 8];
+    let mut acc_offsets = [_mm512_setzero_ps(); 8];
+    let zero = _mm512_setzero_si512();
+    for b in 0..n_blocks {
+        let xt = x[b * ACTK_BLOCK..].as_ptr();
+        let wb = w[b * WIQ1M_BLOCK..].as_ptr();
+        // SAFETY (every load below): inside the tile super-block and the unpacked
+        // super-block (asserted above).
+        let mut grid: [__m512i; 8] =
+            std::array::from_fn(|l| unsafe { splat_i32(wb.add(WIQ1M_CORR + 4 * l)) });
+        let mut offsets: [__m512i; 8] =
+            std::array::from_fn(|l| unsafe { splat_i32(wb.add(WIQ1M_OFFSET_CORR + 4 * l)) });
+        for g in 0..8 {
+            // SAFETY: as above.
+            unsafe {
+                let scales = [
+                    splat_i32(wb.add(WIQ1M_SC + 8 * g)),
+                    splat_i32(wb.add(WIQ1M_SC + 8 * g + 4)),
+                ];
+                for l in 0..8 {
+                    let xl = _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _);
+                    let at = 32 * g + 4 * l;
+                    let q_grid = _mm512_dpbusd_epi32(zero, xl, splat_i32(wb.add(at)));
+                    let q_offsets =
+                        _mm512_dpbusd_epi32(zero, xl, splat_i32(wb.add(WIQ1M_OFFSETS + at)));
+                    let sc = scales[l / 4];
+                    grid[l] = _mm512_add_epi32(grid[l], _mm512_mullo_epi32(q_grid, sc));
+                    offsets[l] = _mm512_add_epi32(offsets[l], _mm512_mullo_epi32(q_offsets, sc));
+                }
+            }
+        }
+        // SAFETY: as above.
+        let d = unsafe {
+            _mm512_mul_ps(
+                _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32),
+                splat_f32(wb.add(WIQ1M_D)),
+            )
+        };
+        for l in 0..8 {
+            acc_grid[l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(grid[l]), acc_grid[l]);
+            acc_offsets[l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(offsets[l]), acc_offsets[l]);
+        }
+    }
+    let delta = _mm512_set1_ps(crate::formats::iq1_s::DELTA);
+    let sum = _mm512_add_ps(
+        lanes_sum(&acc_grid),
+        _mm512_mul_ps(delta, lanes_sum(&acc_offsets)),
+    );
+    // SAFETY: `out` is sixteen f32.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sum) };
 }
 
 /// Q4_K rows against one token group (see [`block32_tile`]).

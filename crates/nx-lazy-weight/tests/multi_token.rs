@@ -33,17 +33,17 @@ const MULTI_TYPES: [GgmlType; 19] = [
     GgmlType::IQ2_S,
     GgmlType::IQ3_XXS,
     GgmlType::IQ3_S,
+    GgmlType::IQ1_M,
     GgmlType::Q4_1,
     GgmlType::Q5_1,
     GgmlType::Q2_K,
     GgmlType::Q3_K,
     GgmlType::IQ1_S,
-    GgmlType::IQ1_M,
     GgmlType::Q5_K,
 ];
 
 /// The types with 16-token tiles on the AVX-512 VNNI tier (the first of [`MULTI_TYPES`]).
-const TILED_TYPES: [GgmlType; 12] = [
+const TILED_TYPES: [GgmlType; 13] = [
     GgmlType::Q4_K,
     GgmlType::Q6_K,
     GgmlType::Q5_0,
@@ -56,6 +56,7 @@ const TILED_TYPES: [GgmlType; 12] = [
     GgmlType::IQ2_S,
     GgmlType::IQ3_XXS,
     GgmlType::IQ3_S,
+    GgmlType::IQ1_M,
 ];
 
 /// An activation row quantized to `ty`'s dot type; the scale varies per row so the four

@@ -24,6 +24,7 @@ fn tiled_vnni_kernels_without_amx_equal_dot_row() {
         GgmlType::IQ2_S,
         GgmlType::IQ3_XXS,
         GgmlType::IQ3_S,
+        GgmlType::IQ1_M,
     ] {
         check_matmul_against_dot_row(ty, &[16, 33, 37]);
     }

@@ -94,26 +94,12 @@ pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: impl Lanes)
     let mut offset_lanes = [Lanes8::default(); N];
     let mut grid = GridBlock::new();
     let mut offsets = GridBlock::new();
-    offsets.octets = [0x0101_0101_0101_0101; 32];
     let n_blocks = xs
         .iter()
         .map(|x| x.len() / Q8_K_BLOCK_BYTES)
         .fold(w.len() / BYTES, usize::min);
     for i in 0..n_blocks {
-        // An exact block: one length check spares one per field read below.
-        let wb = &w[i * BYTES..(i + 1) * BYTES];
-        let sc = scale_words(wb);
-        for s in 0..16 {
-            let m = multiplier(&sc, s) as i32;
-            grid.scales[s] = m;
-            offsets.scales[s] = m;
-        }
-        for k in 0..32 {
-            let (values, negative) = octet(wb, k);
-            put_ternary8(&mut grid, k, values);
-            offsets.signs[k] = if negative { 0xff } else { 0 };
-        }
-        let d_w = super_scale(&sc);
+        let d_w = decode(&w[i * BYTES..(i + 1) * BYTES], &mut grid, &mut offsets);
         for t in 0..N {
             let xb = &xs[t][i * Q8_K_BLOCK_BYTES..(i + 1) * Q8_K_BLOCK_BYTES];
             let d = read_f32(xb, 0) * d_w;
@@ -123,4 +109,25 @@ pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: impl Lanes)
         }
     }
     std::array::from_fn(|t| grid_lanes[t].sum() + DELTA * offset_lanes[t].sum())
+}
+
+/// Fills `grid` (the −1/0/+1 values) and `offsets` (magnitude 1, each group of eight
+/// signed by its offset's sign) from one super-block, both with the multipliers
+/// `2·ls + 1`; returns `d`.
+#[inline(always)]
+pub(crate) fn decode(wb: &[u8], grid: &mut GridBlock, offsets: &mut GridBlock) -> f32 {
+    // One length check here spares one per field read below.
+    let wb = &wb[..BYTES];
+    let sc = scale_words(wb);
+    for s in 0..16 {
+        let m = multiplier(&sc, s) as i32;
+        grid.scales[s] = m;
+        offsets.scales[s] = m;
+    }
+    for k in 0..32 {
+        let (values, negative) = octet(wb, k);
+        put_ternary8(grid, k, values);
+        offsets.put_word(k, 0x0101_0101_0101_0101, if negative { 0xff } else { 0 });
+    }
+    super_scale(&sc)
 }
