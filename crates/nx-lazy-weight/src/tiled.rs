@@ -19,8 +19,11 @@
 //! | weight | lane integer of block / super-block | extra per lane |
 //! |---|---|---|
 //! | Q4_0, Q5_0, Q8_0 | `Σ (x+128)·w − 128·Σ w` (`w` signed) | — |
+//! | Q4_1, Q5_1 (× Q8_1) | as Q4_0 (`w` the levels 0..15 / 0..31) | the offsets `m_w·s_x` in one chain, as the scalar twin |
 //! | IQ4_NL | as Q4_0, `w` the table level | even and odd blocks in two chains, as the scalar twin |
 //! | Q4_K | `Σ_g sc_g·Σ (x+128)·q − 128·Σ_g sc_g·Σ q` | four min lanes, as the scalar twin |
+//! | Q5_K | as Q4_K with 5-bit `q` (a quad of `(x+128)·q` still fits 16 bits) | one min chain, as the scalar twin |
+//! | Q3_K | as IQ4_XS with a multiplier `sc − 32` per 16 weights, levels −4..3 | — |
 //! | Q6_K | `Σ_g sc·(Σ (x+128)·q − 128·Σ q) − 32·(b·s + b·s)` | — |
 //! | IQ4_XS | `Σ_g ls_g·Σ (x+128)·w − 128·Σ_g ls_g·Σ w` (`ls_g` by a 32-bit multiply) | — |
 //! | IQ2_XXS … IQ3_S | as IQ4_XS with a multiplier per 16 weights, times the format's final factor | — |
@@ -36,8 +39,9 @@ use crate::formats::grids::{plain_grid, GridBlock};
 #[cfg(test)]
 use crate::formats::q6_k::quads as q6_k_quads;
 use crate::formats::{
-    f16_to_f32, iq1_m, iq4_nl, iq4_xs, q4_k, q5_0, q6_k, q8_k, read_f16, read_i16, read_u32,
-    Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK_K,
+    f16_to_f32, iq1_m, iq4_nl, iq4_xs, q3_k, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_1, q8_k,
+    read_f16, read_i16, read_u32, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+    Q8_K_BYTES, QK_K,
 };
 
 /// Tokens per tile: one per f32 / i32 element of a 512-bit register.
@@ -46,6 +50,10 @@ pub(crate) const TILE: usize = 16;
 /// Bytes of one 32-quant block of a tile: lane quads (8 × 16 tokens × 4) then the
 /// sixteen block scales (f32).
 const ACT32_BLOCK: usize = 8 * 64 + 64;
+/// Bytes of one 32-quant block of a Q8_1 tile: as [`ACT32_BLOCK`], then the sixteen
+/// `s_x = d_x·Σx` (f32) the offset formats' `m_w·s_x` takes.
+const ACT81_BLOCK: usize = ACT32_BLOCK + 64;
+const ACT81_SUM: usize = ACT32_BLOCK;
 /// Bytes of one super-block of a Q8_K tile: eight 32-quant groups of lane quads, the
 /// scales, the min pairs `(s[2m], s[2m+1])` of 32-quant sums (4 × 16 dwords) and the
 /// bsum pairs `(b[2l], b[2l+1])` (8 × 16 dwords).
@@ -56,6 +64,9 @@ pub(crate) const ACTK_BSUMS: usize = ACTK_MINS + 4 * 64;
 
 /// Unpacked 32-quant weight block: 32 signed quants, eight i32 corrections, `d_w` (f32).
 const W32_BLOCK: usize = 32 + 32 + 4;
+/// Unpacked Q4_1 / Q5_1 block: as [`W32_BLOCK`] (the levels unsigned), then `m_w` (f32).
+const W32M_BLOCK: usize = W32_BLOCK + 4;
+const W32M_M: usize = W32_BLOCK;
 /// Unpacked Q4_K super-block: 256 quants, eight scales (i32), four min pairs, eight
 /// corrections, `d_w` and `−dmin_w` (f32).
 const WQ4K_BLOCK: usize = 256 + 32 + 16 + 32 + 8;
@@ -105,11 +116,15 @@ pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
         GgmlType::Q4_0
             | GgmlType::Q5_0
             | GgmlType::Q8_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_1
             | GgmlType::IQ4_NL
             | GgmlType::Q4_K
             | GgmlType::Q6_K
     ) || ((weight_type == GgmlType::IQ4_XS
         || weight_type == GgmlType::IQ1_M
+        || weight_type == GgmlType::Q5_K
+        || weight_type == GgmlType::Q3_K
         || plain_grid(weight_type).is_some())
         && !crate::amx::available())
 }
@@ -159,6 +174,7 @@ impl ActTiles {
         self.clear();
         let (src_block, tile_block) = match act_type {
             GgmlType::Q8_0 => (Q8_0_BYTES, ACT32_BLOCK),
+            GgmlType::Q8_1 => (q8_1::BYTES, ACT81_BLOCK),
             GgmlType::Q8_K => (Q8_K_BYTES, ACTK_BLOCK),
             _ => return,
         };
@@ -184,6 +200,8 @@ impl ActTiles {
                     {
                         if act_type == GgmlType::Q8_0 {
                             interleave_q8_0(xb, out, t);
+                        } else if act_type == GgmlType::Q8_1 {
+                            interleave_q8_1(xb, out, t);
                         } else {
                             interleave_q8_k(xb, out, t, raw_k);
                         }
@@ -221,6 +239,17 @@ fn interleave_q8_0(xb: &[u8], out: &mut [u8], t: usize) {
     }
     let dx = f16_to_f32(u16::from_le_bytes([xb[0], xb[1]]));
     out[512 + 4 * t..512 + 4 * t + 4].copy_from_slice(&dx.to_le_bytes());
+}
+
+/// Token `t`'s Q8_1 block `xb` into its slots of a tile block: as Q8_0's, then `s_x`.
+fn interleave_q8_1(xb: &[u8], out: &mut [u8], t: usize) {
+    for l in 0..8 {
+        for k in 0..4 {
+            out[64 * l + 4 * t + k] = xb[q8_1::QS + 4 * l + k] ^ 0x80;
+        }
+    }
+    put_f32(out, 512 + 4 * t, read_f16(xb, 0));
+    put_f32(out, ACT81_SUM + 4 * t, read_f16(xb, q8_1::S));
 }
 
 /// Token `t`'s Q8_K super-block `xb` into its slots of a tile super-block: the quants
@@ -273,10 +302,14 @@ fn unpacked_block_bytes(weight_type: GgmlType) -> (usize, usize) {
         GgmlType::Q4_0 => (Q4_0_BYTES, W32_BLOCK),
         GgmlType::Q5_0 => (Q5_0_BYTES, W32_BLOCK),
         GgmlType::Q8_0 => (Q8_0_BYTES, W32_BLOCK),
+        GgmlType::Q4_1 => (q4_1::BYTES, W32M_BLOCK),
+        GgmlType::Q5_1 => (q5_1::BYTES, W32M_BLOCK),
         GgmlType::IQ4_NL => (iq4_nl::BYTES, W32_BLOCK),
         GgmlType::Q4_K => (Q4_K_BYTES, WQ4K_BLOCK),
+        GgmlType::Q5_K => (q5_k::BYTES, WQ4K_BLOCK),
         GgmlType::Q6_K => (Q6_K_BYTES, WQ6K_BLOCK),
         GgmlType::IQ4_XS => (iq4_xs::BYTES, WGRID_BLOCK),
+        GgmlType::Q3_K => (q3_k::BYTES, WGRID_BLOCK),
         GgmlType::IQ1_M => (iq1_m::BYTES, WIQ1M_BLOCK),
         t => match plain_grid(t) {
             Some(grid) => (grid.block_bytes, WGRID_BLOCK),
@@ -397,7 +430,11 @@ unsafe fn unpack_rows(
         // SAFETY (both): the caller guarantees the features (AVX-512 F/BW/VNNI).
         GgmlType::Q4_K => |wb, ob| unsafe { unpack_q4_k_avx512(wb, ob) },
         GgmlType::Q6_K => |wb, ob| unsafe { unpack_q6_k_avx512(wb, ob) },
+        GgmlType::Q5_K => unpack_q5_k,
+        GgmlType::Q4_1 => |wb, ob| unpack_offset32(wb, ob, q4_1::levels),
+        GgmlType::Q5_1 => |wb, ob| unpack_offset32(wb, ob, q5_1::levels),
         GgmlType::IQ4_XS => unpack_iq4_xs,
+        GgmlType::Q3_K => unpack_q3_k,
         GgmlType::IQ1_M => unpack_iq1_m,
         GgmlType::IQ2_XXS => |wb, ob| unpack_grid(GgmlType::IQ2_XXS, wb, ob),
         GgmlType::IQ2_XS => |wb, ob| unpack_grid(GgmlType::IQ2_XS, wb, ob),
@@ -450,6 +487,71 @@ fn unpack_iq4_xs(wb: &[u8], out: &mut [u8]) {
         put_i32(out, WGRID_SC + 8 * g + 4, ls);
     }
     finish_grid_block(out, corr, read_f16(wb, 0), 1.0);
+}
+
+/// One Q4_1 / Q5_1 block `wb` unpacked into `out` (the [`W32M_BLOCK`] layout: its
+/// levels, the lane corrections `−128·Σ quad`, `d_w`, `m_w`). Plain code, as
+/// [`unpack_iq4_xs`].
+fn unpack_offset32(wb: &[u8], out: &mut [u8], levels: fn(&[u8]) -> [i32; 32]) {
+    assert!(out.len() >= W32M_BLOCK);
+    let q = levels(wb);
+    for (l, quad) in q.chunks_exact(4).enumerate() {
+        put_i32(out, 32 + 4 * l, -128 * quad.iter().sum::<i32>());
+    }
+    for (o, &v) in out[..32].iter_mut().zip(&q) {
+        *o = v as u8;
+    }
+    // Q4_1 and Q5_1 keep `d` at 0 and `m` at the same offset.
+    put_f32(out, 64, read_f16(wb, 0));
+    put_f32(out, W32M_M, read_f16(wb, q4_1::M));
+}
+
+/// One Q3_K super-block `wb` unpacked into `out` (the [`WGRID_BLOCK`] layout: levels
+/// −4..3, the sixteen scales `sc − 32` as the multipliers, final factor 1). Plain code,
+/// as [`unpack_iq4_xs`].
+fn unpack_q3_k(wb: &[u8], out: &mut [u8]) {
+    assert!(wb.len() >= q3_k::BYTES && out.len() >= WGRID_BLOCK);
+    let scales = q3_k::scales(&wb[q3_k::SCALES..q3_k::SCALES + 12]);
+    let levels = q3_k::levels(wb);
+    let mut corr = [0i32; 8];
+    for (g, q) in levels.chunks_exact(32).enumerate() {
+        for (l, quad) in q.chunks_exact(4).enumerate() {
+            corr[l] += scales[2 * g + l / 4] * quad.iter().map(|&v| v as i32).sum::<i32>();
+        }
+        for (o, &v) in out[32 * g..32 * g + 32].iter_mut().zip(q) {
+            *o = v as u8;
+        }
+    }
+    for (j, &m) in scales.iter().enumerate() {
+        put_i32(out, WGRID_SC + 4 * j, m);
+    }
+    finish_grid_block(out, corr, read_f16(wb, q3_k::D), 1.0);
+}
+
+/// One Q5_K super-block `wb` unpacked into `out` (the [`WQ4K_BLOCK`] layout of
+/// [`unpack_q4_k`], the quants with their fifth bits: 0..31). Plain code, as
+/// [`unpack_iq4_xs`].
+fn unpack_q5_k(wb: &[u8], out: &mut [u8]) {
+    assert!(wb.len() >= q5_k::BYTES && out.len() >= WQ4K_BLOCK);
+    let qh = &wb[q5_k::QH..q5_k::QH + 32];
+    for chunk in 0..4 {
+        let qs = &wb[q5_k::QS + 32 * chunk..q5_k::QS + 32 * chunk + 32];
+        for l in 0..32 {
+            let fifth = |k: usize| ((qh[l] >> (2 * chunk + k)) & 1) << 4;
+            out[64 * chunk + l] = (qs[l] & 0x0F) | fifth(0);
+            out[64 * chunk + 32 + l] = (qs[l] >> 4) | fifth(1);
+        }
+    }
+    let sc = put_q4_k_scales(wb, out);
+    let mut corr = [0i32; 8];
+    for (g, q) in out[..256].chunks_exact(32).enumerate() {
+        for (l, quad) in q.chunks_exact(4).enumerate() {
+            corr[l] += sc[g] * quad.iter().map(|&v| v as i32).sum::<i32>();
+        }
+    }
+    for (l, c) in corr.into_iter().enumerate() {
+        put_i32(out, WQ4K_CORR + 4 * l, -128 * c);
+    }
 }
 
 /// The tail of a [`WGRID_BLOCK`]: corrections, `d_w` and the final factor.
@@ -799,10 +901,26 @@ unsafe fn run_avx512(
                     // `n_blocks` tile blocks of the same dot type.
                     unsafe {
                         match (weight_type, pair) {
-                            (GgmlType::Q4_K, true) => q4_k_tile::<2>(w, stride, x, n_blocks, dst),
-                            (GgmlType::Q4_K, false) => {
-                                q4_k_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
+                            (GgmlType::Q4_K, true) => {
+                                q4_k_tile::<2, FOUR_MIN_LANES>(w, stride, x, n_blocks, dst)
                             }
+                            (GgmlType::Q4_K, false) => q4_k_tile::<1, FOUR_MIN_LANES>(
+                                w,
+                                stride,
+                                x,
+                                n_blocks,
+                                first_mut(dst),
+                            ),
+                            (GgmlType::Q5_K, true) => {
+                                q4_k_tile::<2, ONE_MIN_CHAIN>(w, stride, x, n_blocks, dst)
+                            }
+                            (GgmlType::Q5_K, false) => q4_k_tile::<1, ONE_MIN_CHAIN>(
+                                w,
+                                stride,
+                                x,
+                                n_blocks,
+                                first_mut(dst),
+                            ),
                             (GgmlType::Q6_K, true) => q6_k_tile::<2>(w, stride, x, n_blocks, dst),
                             (GgmlType::Q6_K, false) => {
                                 q6_k_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
@@ -814,12 +932,22 @@ unsafe fn run_avx512(
                                     iq1_m_tile(&w[stride..], x, n_blocks, &mut second[0]);
                                 }
                             }
-                            (t, _) if t == GgmlType::IQ4_XS || plain_grid(t).is_some() => {
+                            (t, _)
+                                if t == GgmlType::IQ4_XS
+                                    || t == GgmlType::Q3_K
+                                    || plain_grid(t).is_some() =>
+                            {
                                 let (first, second) = dst.split_at_mut(1);
                                 grid_tile(w, x, n_blocks, &mut first[0]);
                                 if pair {
                                     grid_tile(&w[stride..], x, n_blocks, &mut second[0]);
                                 }
+                            }
+                            (GgmlType::Q4_1 | GgmlType::Q5_1, true) => {
+                                offset32_tile::<2>(w, stride, x, n_blocks, dst)
+                            }
+                            (GgmlType::Q4_1 | GgmlType::Q5_1, false) => {
+                                offset32_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
                             }
                             // Two chains of eight lanes a row: one row at a time.
                             (GgmlType::IQ4_NL, _) => {
@@ -1061,6 +1189,62 @@ unsafe fn block32_tile<const R: usize>(
     }
 }
 
+/// Q4_1 or Q5_1 rows against one Q8_1 token group, in the order of their single-token
+/// kernel (`formats::q4_1::offset_dot`): [`block32_tile`]'s lanes, and the offset terms
+/// `m_w·s_x` fused into one running float per token, added after the lane sum.
+///
+/// # Safety
+/// As [`block32_tile`], with [`W32M_BLOCK`] unpacked blocks and [`ACT81_BLOCK`] tile
+/// blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn offset32_tile<const R: usize>(
+    w: &[u8],
+    stride: usize,
+    x: &[u8],
+    n_blocks: usize,
+    out: &mut [[f32; TILE]; R],
+) {
+    assert!(w.len() >= (R - 1) * stride + n_blocks * W32M_BLOCK);
+    assert!(x.len() >= n_blocks * ACT81_BLOCK);
+    let mut acc = [[_mm512_setzero_ps(); 8]; R];
+    let mut offsets = [_mm512_setzero_ps(); R];
+    for b in 0..n_blocks {
+        let xt = x[b * ACT81_BLOCK..].as_ptr();
+        // SAFETY (loads below): inside the tile block and the unpacked blocks (asserted
+        // above).
+        let xl: [__m512i; 8] =
+            std::array::from_fn(|l| unsafe { _mm512_loadu_si512(xt.add(64 * l) as *const _) });
+        // SAFETY: as above.
+        let (dx, sx) = unsafe {
+            (
+                _mm512_loadu_ps(xt.add(512) as *const f32),
+                _mm512_loadu_ps(xt.add(ACT81_SUM) as *const f32),
+            )
+        };
+        for r in 0..R {
+            let wb = w[r * stride + b * W32M_BLOCK..].as_ptr();
+            // SAFETY: as above.
+            unsafe {
+                offsets[r] = _mm512_fmadd_ps(splat_f32(wb.add(W32M_M)), sx, offsets[r]);
+                let d = _mm512_mul_ps(splat_f32(wb.add(64)), dx);
+                for l in 0..8 {
+                    let lane = _mm512_dpbusd_epi32(
+                        splat_i32(wb.add(32 + 4 * l)),
+                        xl[l],
+                        splat_i32(wb.add(4 * l)),
+                    );
+                    acc[r][l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), acc[r][l]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        let sum = _mm512_add_ps(lanes_sum(&acc[r]), offsets[r]);
+        // SAFETY: `out[r]` is sixteen f32.
+        unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), sum) };
+    }
+}
+
 /// One IQ4_NL row against one token group, in the order of its single-token kernel
 /// (`formats::iq4_nl::dot`): blocks in pairs, even blocks into one set of eight lane
 /// chains and odd blocks into another, the two sets added lane-wise and summed; an odd
@@ -1244,12 +1428,22 @@ unsafe fn iq1_m_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE])
     unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sum) };
 }
 
-/// Q4_K rows against one token group (see [`block32_tile`]).
+/// [`q4_k_tile`]'s min term as Q4_K's single-token kernel keeps it: four lanes of
+/// `−dmin·(m·s + m·s)`, summed `(m0 + m2) + (m1 + m3)` at the end.
+const FOUR_MIN_LANES: bool = false;
+/// [`q4_k_tile`]'s min term as Q5_K's single-token kernel keeps it: the whole integer
+/// `Σ m·s` of a super-block, fused with `−dmin` into one running float.
+const ONE_MIN_CHAIN: bool = true;
+
+/// Q4_K or Q5_K rows against one token group (see [`block32_tile`]): the two share the
+/// lane integers (levels 0..15 or 0..31, sub-block scales by `vpdpwssd`) and differ in
+/// how the min term is summed (`MIN_CHAIN`: [`FOUR_MIN_LANES`] or [`ONE_MIN_CHAIN`]).
 ///
 /// # Safety
-/// As [`block32_tile`], with Q4_K unpacked super-blocks and Q8_K tile super-blocks.
+/// As [`block32_tile`], with Q4_K / Q5_K unpacked super-blocks and Q8_K tile
+/// super-blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-unsafe fn q4_k_tile<const R: usize>(
+unsafe fn q4_k_tile<const R: usize, const MIN_CHAIN: bool>(
     w: &[u8],
     stride: usize,
     x: &[u8],
@@ -1295,19 +1489,31 @@ unsafe fn q4_k_tile<const R: usize>(
                     acc[r][l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes[r][l]), acc[r][l]);
                 }
                 let neg_dmin = _mm512_mul_ps(dx, splat_f32(wbs[r].add(WQ4K_D + 4)));
-                for m in 0..4 {
+                let min_sum = |m: usize, acc: __m512i| {
                     let sums = _mm512_loadu_si512(xt.add(ACTK_MINS + 64 * m) as *const _);
-                    let prod =
-                        _mm512_dpwssd_epi32(zero, sums, splat_i32(wbs[r].add(WQ4K_MINS + 4 * m)));
-                    acc_min[r][m] =
-                        _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(prod), acc_min[r][m]);
+                    _mm512_dpwssd_epi32(acc, sums, splat_i32(wbs[r].add(WQ4K_MINS + 4 * m)))
+                };
+                if MIN_CHAIN == ONE_MIN_CHAIN {
+                    let total = (0..4).fold(zero, |acc, m| min_sum(m, acc));
+                    acc_min[r][0] =
+                        _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(total), acc_min[r][0]);
+                } else {
+                    for m in 0..4 {
+                        let prod = min_sum(m, zero);
+                        acc_min[r][m] =
+                            _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(prod), acc_min[r][m]);
+                    }
                 }
             }
         }
     }
     for r in 0..R {
         let m = &acc_min[r];
-        let mins = _mm512_add_ps(_mm512_add_ps(m[0], m[2]), _mm512_add_ps(m[1], m[3]));
+        let mins = if MIN_CHAIN == ONE_MIN_CHAIN {
+            m[0]
+        } else {
+            _mm512_add_ps(_mm512_add_ps(m[0], m[2]), _mm512_add_ps(m[1], m[3]))
+        };
         // SAFETY: `out[r]` is sixteen f32.
         unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), _mm512_add_ps(lanes_sum(&acc[r]), mins)) };
     }

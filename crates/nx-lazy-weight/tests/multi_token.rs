@@ -34,16 +34,16 @@ const MULTI_TYPES: [GgmlType; 19] = [
     GgmlType::IQ3_XXS,
     GgmlType::IQ3_S,
     GgmlType::IQ1_M,
+    GgmlType::Q3_K,
+    GgmlType::Q5_K,
     GgmlType::Q4_1,
     GgmlType::Q5_1,
     GgmlType::Q2_K,
-    GgmlType::Q3_K,
     GgmlType::IQ1_S,
-    GgmlType::Q5_K,
 ];
 
 /// The types with 16-token tiles on the AVX-512 VNNI tier (the first of [`MULTI_TYPES`]).
-const TILED_TYPES: [GgmlType; 13] = [
+const TILED_TYPES: [GgmlType; 17] = [
     GgmlType::Q4_K,
     GgmlType::Q6_K,
     GgmlType::Q5_0,
@@ -57,6 +57,10 @@ const TILED_TYPES: [GgmlType; 13] = [
     GgmlType::IQ3_XXS,
     GgmlType::IQ3_S,
     GgmlType::IQ1_M,
+    GgmlType::Q3_K,
+    GgmlType::Q5_K,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
 ];
 
 /// An activation row quantized to `ty`'s dot type; the scale varies per row so the four
@@ -190,8 +194,8 @@ fn four_row_kernel_equals_single_token_kernel_bit_for_bit() {
 fn avx512_tier_tiles_every_multi_type() {
     // Keeps the token counts ≥ 16 below from passing without exercising the tiles.
     if active_tier().unwrap() == CpuTier::Avx512Vnni {
-        // Where Q4_K / Q6_K take AMX, the Q8_K tiles hold its layout and IQ4_XS and the
-        // grid formats keep their four-token kernels (their VNNI tiles are tested with
+        // Where Q4_K / Q6_K take AMX, the Q8_K tiles hold its layout and Q3_K, Q5_K,
+        // IQ4_XS and the grid formats keep their four-token kernels (their VNNI tiles are tested with
         // `NX_AMX=0`, tests/tiled_vnni.rs).
         let amx = nx_lazy_weight::active_plan()
             .unwrap()
@@ -214,7 +218,6 @@ fn avx512_tier_tiles_every_multi_type() {
     for ty in &MULTI_TYPES[TILED_TYPES.len()..] {
         assert!(!uses_tiled_kernels(*ty), "{ty}");
     }
-    assert!(!uses_tiled_kernels(GgmlType::Q5_K));
     assert!(!uses_tiled_kernels(GgmlType::F32));
 }
 

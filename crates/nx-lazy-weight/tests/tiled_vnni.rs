@@ -25,6 +25,10 @@ fn tiled_vnni_kernels_without_amx_equal_dot_row() {
         GgmlType::IQ3_XXS,
         GgmlType::IQ3_S,
         GgmlType::IQ1_M,
+        GgmlType::Q3_K,
+        GgmlType::Q5_K,
+        GgmlType::Q4_1,
+        GgmlType::Q5_1,
     ] {
         check_matmul_against_dot_row(ty, &[16, 33, 37]);
     }

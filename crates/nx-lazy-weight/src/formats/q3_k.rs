@@ -56,7 +56,7 @@ pub fn scales(packed: &[u8]) -> [i32; 16] {
 
 /// The 256 levels (−4..3), in weight order.
 #[inline(always)]
-fn levels(b: &[u8]) -> [i8; 256] {
+pub(crate) fn levels(b: &[u8]) -> [i8; 256] {
     let mut q = [0i8; 256];
     for h in 0..2 {
         for k in 0..4 {

@@ -35,7 +35,7 @@ pub const FORMAT: BlockFormat = BlockFormat {
 
 /// The 32 levels of a block, in weight order.
 #[inline(always)]
-fn levels(b: &[u8]) -> [i32; 32] {
+pub(crate) fn levels(b: &[u8]) -> [i32; 32] {
     let qh = read_u32(b, QH);
     let mut q = [0i32; 32];
     for j in 0..16 {
