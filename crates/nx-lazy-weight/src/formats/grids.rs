@@ -257,6 +257,30 @@ pub(crate) fn common_blocks<const N: usize>(
         .fold(w.len() / block_bytes, usize::min)
 }
 
+/// A grid format's block decoder as a type: [`grid_dot_n`] calls it statically, so the
+/// kernels inline it (a decoder passed as a function value stayed a call, and half the
+/// decode time went to it).
+pub(crate) trait Decoder {
+    /// Fills `block` from one super-block `b`; returns `d_w`.
+    fn decode(b: &[u8], block: &mut GridBlock) -> f32;
+}
+
+/// Implements [`Decoder`] for a format module's `Grid` by its `decode`.
+macro_rules! grid_decoder {
+    () => {
+        /// This format's decoder as a type (see [`super::grids::Decoder`]).
+        pub(crate) struct Grid;
+
+        impl super::grids::Decoder for Grid {
+            #[inline(always)]
+            fn decode(b: &[u8], block: &mut GridBlock) -> f32 {
+                decode(b, block)
+            }
+        }
+    };
+}
+pub(crate) use grid_decoder;
+
 /// The dot products of ggml's AVX2 IQ2/IQ3 kernels, for `N` activation rows at once with
 /// each weight block decoded once (`decode` fills the block and returns its `d_w`): per
 /// super-block and row the [`GridBlock::lanes`] times `d_w·d_x` fused into that row's
@@ -265,18 +289,18 @@ pub(crate) fn common_blocks<const N: usize>(
 /// row `t` alone. Inlined into each tier's entry point, so the lanes and the multiply-adds
 /// compile with that tier's instructions.
 #[inline(always)]
-pub(crate) fn grid_dot_n<const N: usize>(
+pub(crate) fn grid_dot_n<const N: usize, D: Decoder>(
     w: &[u8],
     xs: [&[u8]; N],
     block_bytes: usize,
     post_scale: f32,
     lanes: impl Lanes,
-    decode: impl Fn(&[u8], &mut GridBlock) -> f32,
+    _decoder: D,
 ) -> [f32; N] {
     let mut acc = [Lanes8::default(); N];
     let mut block = GridBlock::new();
     for i in 0..common_blocks(w, block_bytes, &xs) {
-        let d_w = decode(&w[i * block_bytes..(i + 1) * block_bytes], &mut block);
+        let d_w = D::decode(&w[i * block_bytes..(i + 1) * block_bytes], &mut block);
         for (acc, x) in acc.iter_mut().zip(xs) {
             let xb = &x[i * Q8_K_BLOCK_BYTES..(i + 1) * Q8_K_BLOCK_BYTES];
             let d = d_w * f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);

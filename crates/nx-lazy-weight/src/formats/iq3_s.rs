@@ -77,8 +77,10 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
 /// from `lanes` (the tiers' SIMD twins).
 #[inline(always)]
 pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: impl Lanes) -> [f32; N] {
-    grid_dot_n(w, xs, BYTES, POST_SCALE, lanes, decode)
+    grid_dot_n(w, xs, BYTES, POST_SCALE, lanes, Grid)
 }
+
+super::grids::grid_decoder!();
 
 /// Fills `block` from one super-block; returns `d`.
 #[inline(always)]
