@@ -112,7 +112,6 @@ macro_rules! grid_entry {
 grid_entry! {
     dot_iq2_xs_q8_k, dot4_iq2_xs_q8_k, iq2_xs_impl => iq2_xs,
     dot_iq2_s_q8_k, dot4_iq2_s_q8_k, iq2_s_impl => iq2_s,
-    dot_iq3_xxs_q8_k, dot4_iq3_xxs_q8_k, iq3_xxs_impl => iq3_xxs,
     dot_iq3_s_q8_k, dot4_iq3_s_q8_k, iq3_s_impl => iq3_s,
     dot_iq1_s_q8_k, dot4_iq1_s_q8_k, iq1_s_impl => iq1_s,
     dot_iq1_m_q8_k, dot4_iq1_m_q8_k, iq1_m_impl => iq1_m,
@@ -124,7 +123,7 @@ static IQ2_SIGN_BYTES: [u64; 128] = {
     let mut table = [0u64; 128];
     let mut i = 0;
     while i < 128 {
-        let signs = i as u32 | (i as u32).count_ones() % 2 << 7;
+        let signs = i as u32 | ((i as u32).count_ones() % 2) << 7;
         let mut j = 0;
         while j < 8 {
             let byte: u64 = if signs >> j & 1 != 0 { 0xff } else { 0x01 };
@@ -136,71 +135,129 @@ static IQ2_SIGN_BYTES: [u64; 128] = {
     table
 };
 
-/// IQ2_XXS × Q8_K for `N` activation rows, each weight block decoded once and straight
-/// into registers (ggml's way: four grid words and four sign words a group of 32), not
-/// through a [`GridBlock`]: the same lane integers as [`grid_lanes_impl`] on the decoded
-/// block (so the same bits as `formats::iq2_xxs::dot_n`), in about half the
+/// A grid format's kernel for `N` activation rows that decodes each weight block once
+/// and straight into registers (ggml's way), not through a [`GridBlock`]: per group of
+/// 32, `$group` (with the block `$b` and the group index `$g` in scope) gives the
+/// magnitudes, the ±1 sign bytes and the multiplier (i16, both halves); the lanes are
+/// [`grid_lanes_impl`]'s integers on the decoded block, and the float part is
+/// `grids::grid_dot_n`'s, so the bits are the format's `dot_n`'s, in about half the
 /// instructions.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq2_xxs_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    use crate::formats::iq2_xxs::{BYTES, POST_SCALE, QS};
-    use crate::formats::{q8_k::QS as Q8_K_QS, read_f16, Q8_K_BYTES as Q8_K_BLOCK_BYTES};
-    let n_blocks = xs
-        .iter()
-        .map(|x| x.len() / Q8_K_BLOCK_BYTES)
-        .fold(w.len() / BYTES, usize::min);
-    let mut acc = [crate::reduce::Lanes8::default(); N];
-    for i in 0..n_blocks {
-        // One length check for the block and one per activation block.
-        let b = &w[i * BYTES..(i + 1) * BYTES];
-        let xb: [&[u8]; N] =
-            std::array::from_fn(|t| &xs[t][i * Q8_K_BLOCK_BYTES..(i + 1) * Q8_K_BLOCK_BYTES]);
-        let mut lanes = [_mm256_setzero_si256(); N];
-        for g in 0..8 {
-            let grid = read_u32(b, QS + 8 * g);
-            let aux = read_u32(b, QS + 8 * g + 4);
-            let magnitudes = |l: u32| {
-                u64::from_le_bytes(
-                    crate::formats::grids::IQ2XXS_GRID[(grid >> (8 * l)) as usize & 255],
-                ) as i64
-            };
-            let signs = |l: u32| IQ2_SIGN_BYTES[(aux >> (7 * l)) as usize & 127] as i64;
-            let q = _mm256_set_epi64x(magnitudes(3), magnitudes(2), magnitudes(1), magnitudes(0));
-            let s = _mm256_set_epi64x(signs(3), signs(2), signs(1), signs(0));
-            let m = _mm256_set1_epi16((2 * (aux >> 28) + 1) as i16);
-            for (lanes, xb) in lanes.iter_mut().zip(&xb) {
-                // SAFETY: 32 bytes at Q8_K_QS + 32g + 32 ≤ 260 inside the 292-byte block.
-                let x = unsafe {
-                    _mm256_loadu_si256(xb.as_ptr().add(Q8_K_QS + 32 * g) as *const __m256i)
-                };
-                let pairs = _mm256_maddubs_epi16(q, _mm256_sign_epi8(x, s));
-                *lanes = _mm256_add_epi32(*lanes, _mm256_madd_epi16(pairs, m));
+macro_rules! direct_grid_kernel {
+    ($imp:ident, $dot:ident, $dot4:ident, $format:ident, |$b:ident, $g:ident| $group:block) => {
+        /// # Safety
+        /// The CPU has AVX2, FMA and F16C.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $imp<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+            use crate::formats::$format::{BYTES, POST_SCALE};
+            use crate::formats::{q8_k::QS as Q8_K_QS, read_f16, Q8_K_BYTES};
+            let n_blocks = xs
+                .iter()
+                .map(|x| x.len() / Q8_K_BYTES)
+                .fold(w.len() / BYTES, usize::min);
+            let mut acc = [crate::reduce::Lanes8::default(); N];
+            for i in 0..n_blocks {
+                // One length check for the block and one per activation block.
+                let $b = &w[i * BYTES..(i + 1) * BYTES];
+                let xb: [&[u8]; N] =
+                    std::array::from_fn(|t| &xs[t][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES]);
+                let mut lanes = [_mm256_setzero_si256(); N];
+                for $g in 0..8 {
+                    let (q, s, m): (__m256i, __m256i, __m256i) = $group;
+                    for (lanes, xb) in lanes.iter_mut().zip(&xb) {
+                        // SAFETY: 32 bytes at Q8_K_QS + 32g + 32 ≤ 260, inside the
+                        // 292-byte block.
+                        let x = unsafe {
+                            _mm256_loadu_si256(xb.as_ptr().add(Q8_K_QS + 32 * $g) as *const __m256i)
+                        };
+                        let pairs = _mm256_maddubs_epi16(q, _mm256_sign_epi8(x, s));
+                        *lanes = _mm256_add_epi32(*lanes, _mm256_madd_epi16(pairs, m));
+                    }
+                }
+                let d_w = read_f16($b, 0);
+                for t in 0..N {
+                    let mut ints = [0i32; 8];
+                    // SAFETY: eight i32.
+                    unsafe { _mm256_storeu_si256(ints.as_mut_ptr() as *mut __m256i, lanes[t]) };
+                    acc[t].fma_block(d_w * read_f32(xb[t], 0), &ints);
+                }
             }
+            acc.map(|a| POST_SCALE * a.sum())
         }
-        let d_w = read_f16(b, 0);
-        for t in 0..N {
-            let mut ints = [0i32; 8];
-            // SAFETY: eight i32.
-            unsafe { _mm256_storeu_si256(ints.as_mut_ptr() as *mut __m256i, lanes[t]) };
-            acc[t].fma_block(d_w * read_f32(xb[t], 0), &ints);
+
+        fn $dot(w: &[u8], x: &[u8]) -> f32 {
+            // SAFETY: reachable only through `kernel`, which verified AVX2, FMA and F16C.
+            let [y] = unsafe { $imp(w, [x]) };
+            y
         }
+
+        fn $dot4(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+            // SAFETY: reachable only through `kernel4`, which verified AVX2, FMA and F16C.
+            unsafe { $imp(w, x) }
+        }
+    };
+}
+
+/// The ±1 sign bytes of octets `0..4` of a 32-bit word of four 7-bit IQ2/IQ3 sign
+/// indices.
+#[inline(always)]
+fn sign_words(aux: u32) -> __m256i {
+    let signs = |l: u32| IQ2_SIGN_BYTES[(aux >> (7 * l)) as usize & 127] as i64;
+    // SAFETY (features): `_mm256_set_epi64x` is AVX; only inlined into the AVX2 kernels.
+    unsafe { _mm256_set_epi64x(signs(3), signs(2), signs(1), signs(0)) }
+}
+
+// IQ2_XXS: a group of 32 is four grid indices (a byte each) and a word of four sign
+// indices and the 4-bit scale.
+direct_grid_kernel!(
+    iq2_xxs_impl,
+    dot_iq2_xxs_q8_k,
+    dot4_iq2_xxs_q8_k,
+    iq2_xxs,
+    |b, g| {
+        use crate::formats::{grids::IQ2XXS_GRID, iq2_xxs::QS};
+        let grid = read_u32(b, QS + 8 * g);
+        let aux = read_u32(b, QS + 8 * g + 4);
+        let magnitudes =
+            |l: u32| u64::from_le_bytes(IQ2XXS_GRID[(grid >> (8 * l)) as usize & 255]) as i64;
+        (
+            _mm256_set_epi64x(magnitudes(3), magnitudes(2), magnitudes(1), magnitudes(0)),
+            sign_words(aux),
+            _mm256_set1_epi16((2 * (aux >> 28) + 1) as i16),
+        )
     }
-    acc.map(|a| POST_SCALE * a.sum())
-}
+);
 
-fn dot_iq2_xxs_q8_k(w: &[u8], x: &[u8]) -> f32 {
-    // SAFETY: reachable only through `kernel`, which verified AVX2, FMA and F16C.
-    let [y] = unsafe { iq2_xxs_impl(w, [x]) };
-    y
-}
-
-fn dot4_iq2_xxs_q8_k(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-    // SAFETY: reachable only through `kernel4`, which verified AVX2, FMA and F16C.
-    unsafe { iq2_xxs_impl(w, x) }
-}
+// IQ3_XXS: a group of 32 is eight grid indices (a byte per four weights) and a word of
+// four sign indices and the 4-bit scale at the end of the block.
+direct_grid_kernel!(
+    iq3_xxs_impl,
+    dot_iq3_xxs_q8_k,
+    dot4_iq3_xxs_q8_k,
+    iq3_xxs,
+    |b, g| {
+        use crate::formats::{
+            grids::IQ3XXS_GRID,
+            iq3_xxs::{QS, SCALES_SIGNS},
+        };
+        let index = &b[QS + 8 * g..QS + 8 * g + 8];
+        let aux = read_u32(b, SCALES_SIGNS + 4 * g);
+        let magnitudes = |j: usize| u32::from_le_bytes(IQ3XXS_GRID[index[j] as usize]) as i32;
+        (
+            _mm256_setr_epi32(
+                magnitudes(0),
+                magnitudes(1),
+                magnitudes(2),
+                magnitudes(3),
+                magnitudes(4),
+                magnitudes(5),
+                magnitudes(6),
+                magnitudes(7),
+            ),
+            sign_words(aux),
+            _mm256_set1_epi16((2 * (aux >> 28) + 1) as i16),
+        )
+    }
+);
 
 /// [`GridBlock::lanes`] in AVX2, per group of 32: the sign bits spread to bytes, the
 /// activations signed by them (`sign_epi8`), `maddubs` with the magnitudes, `madd` by
