@@ -112,7 +112,6 @@ macro_rules! grid_entry {
 grid_entry! {
     dot_iq2_xs_q8_k, dot4_iq2_xs_q8_k, iq2_xs_impl => iq2_xs,
     dot_iq2_s_q8_k, dot4_iq2_s_q8_k, iq2_s_impl => iq2_s,
-    dot_iq3_s_q8_k, dot4_iq3_s_q8_k, iq3_s_impl => iq3_s,
     dot_iq1_s_q8_k, dot4_iq1_s_q8_k, iq1_s_impl => iq1_s,
     dot_iq1_m_q8_k, dot4_iq1_m_q8_k, iq1_m_impl => iq1_m,
 }
@@ -255,6 +254,61 @@ direct_grid_kernel!(
             ),
             sign_words(aux),
             _mm256_set1_epi16((2 * (aux >> 28) + 1) as i16),
+        )
+    }
+);
+
+/// The ±1 bytes of 32 sign bits (bit `e` set: weight `e` negative), as `sign_epi8`
+/// takes them.
+#[inline(always)]
+fn sign_bits_to_bytes(word: u32) -> __m256i {
+    // SAFETY (features): AVX2 intrinsics, only inlined into the AVX2 kernels.
+    unsafe {
+        // Byte i takes byte i/8 of the word and tests bit i%8.
+        let spread = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+            3, 3, 3,
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let bits = _mm256_and_si256(
+            _mm256_shuffle_epi8(_mm256_set1_epi32(word as i32), spread),
+            bit,
+        );
+        _mm256_or_si256(_mm256_cmpeq_epi8(bits, bit), _mm256_set1_epi8(1))
+    }
+}
+
+// IQ3_S: a group of 32 is eight 9-bit grid indices (a byte each and one bit of a high
+// byte), four sign bytes, and a 4-bit scale.
+direct_grid_kernel!(
+    iq3_s_impl,
+    dot_iq3_s_q8_k,
+    dot4_iq3_s_q8_k,
+    iq3_s,
+    |b, g| {
+        use crate::formats::{
+            grids::IQ3S_GRID,
+            iq3_s::{QH, QS, SCALES, SIGNS},
+        };
+        let index = &b[QS + 8 * g..QS + 8 * g + 8];
+        let high = b[QH + g] as usize;
+        let magnitudes = |j: usize| {
+            u32::from_le_bytes(IQ3S_GRID[index[j] as usize | (high >> j & 1) << 8]) as i32
+        };
+        let scale = (b[SCALES + g / 2] >> (4 * (g % 2)) & 15) as i16;
+        (
+            _mm256_setr_epi32(
+                magnitudes(0),
+                magnitudes(1),
+                magnitudes(2),
+                magnitudes(3),
+                magnitudes(4),
+                magnitudes(5),
+                magnitudes(6),
+                magnitudes(7),
+            ),
+            sign_bits_to_bytes(read_u32(b, SIGNS + 4 * g)),
+            _mm256_set1_epi16(2 * scale + 1),
         )
     }
 );
