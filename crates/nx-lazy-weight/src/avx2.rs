@@ -110,8 +110,6 @@ macro_rules! grid_entry {
 }
 
 grid_entry! {
-    dot_iq2_xs_q8_k, dot4_iq2_xs_q8_k, iq2_xs_impl => iq2_xs,
-    dot_iq2_s_q8_k, dot4_iq2_s_q8_k, iq2_s_impl => iq2_s,
     dot_iq1_s_q8_k, dot4_iq1_s_q8_k, iq1_s_impl => iq1_s,
     dot_iq1_m_q8_k, dot4_iq1_m_q8_k, iq1_m_impl => iq1_m,
 }
@@ -309,6 +307,66 @@ direct_grid_kernel!(
             ),
             sign_bits_to_bytes(read_u32(b, SIGNS + 4 * g)),
             _mm256_set1_epi16(2 * scale + 1),
+        )
+    }
+);
+
+/// The multipliers `2·ls + 1` of the two 16-weight halves of group `g`, from the 4-bit
+/// scales of IQ2_XS / IQ2_S (low nibble first), one per 128-bit half.
+#[inline(always)]
+fn half_multipliers(scales: u8) -> __m256i {
+    // SAFETY (features): AVX intrinsics, only inlined into the AVX2 kernels.
+    unsafe {
+        let m = |ls: u8| _mm_set1_epi16(2 * ls as i16 + 1);
+        _mm256_setr_m128i(m(scales & 15), m(scales >> 4))
+    }
+}
+
+// IQ2_XS: a group of 32 is four 16-bit words, each a 9-bit grid index and a 7-bit sign
+// index; a scale per 16 weights.
+direct_grid_kernel!(
+    iq2_xs_impl,
+    dot_iq2_xs_q8_k,
+    dot4_iq2_xs_q8_k,
+    iq2_xs,
+    |b, g| {
+        use crate::formats::{
+            grids::IQ2XS_GRID,
+            iq2_xs::{QS, SCALES},
+        };
+        let word =
+            |l: usize| u16::from_le_bytes([b[QS + 8 * g + 2 * l], b[QS + 8 * g + 2 * l + 1]]);
+        let magnitudes = |l: usize| u64::from_le_bytes(IQ2XS_GRID[(word(l) & 511) as usize]) as i64;
+        let signs = |l: usize| IQ2_SIGN_BYTES[(word(l) >> 9) as usize] as i64;
+        (
+            _mm256_set_epi64x(magnitudes(3), magnitudes(2), magnitudes(1), magnitudes(0)),
+            _mm256_set_epi64x(signs(3), signs(2), signs(1), signs(0)),
+            half_multipliers(b[SCALES + g]),
+        )
+    }
+);
+
+// IQ2_S: a group of 32 is four 10-bit grid indices (a byte each, two bits of a high
+// byte), four sign bytes, and a scale per 16 weights.
+direct_grid_kernel!(
+    iq2_s_impl,
+    dot_iq2_s_q8_k,
+    dot4_iq2_s_q8_k,
+    iq2_s,
+    |b, g| {
+        use crate::formats::{
+            grids::IQ2S_GRID,
+            iq2_s::{QH, QS, SCALES, SIGNS},
+        };
+        let high = b[QH + g] as usize;
+        let magnitudes = |l: usize| {
+            let index = b[QS + 4 * g + l] as usize | (high >> (2 * l) & 3) << 8;
+            u64::from_le_bytes(IQ2S_GRID[index]) as i64
+        };
+        (
+            _mm256_set_epi64x(magnitudes(3), magnitudes(2), magnitudes(1), magnitudes(0)),
+            sign_bits_to_bytes(read_u32(b, SIGNS + 4 * g)),
+            half_multipliers(b[SCALES + g]),
         )
     }
 );
