@@ -111,7 +111,6 @@ macro_rules! grid_entry {
 
 grid_entry! {
     dot_iq1_s_q8_k, dot4_iq1_s_q8_k, iq1_s_impl => iq1_s,
-    dot_iq1_m_q8_k, dot4_iq1_m_q8_k, iq1_m_impl => iq1_m,
 }
 
 /// The ±1 bytes of each 7-bit IQ2 sign index (its eighth sign completing even parity,
@@ -155,8 +154,10 @@ macro_rules! direct_grid_kernel {
             for i in 0..n_blocks {
                 // One length check for the block and one per activation block.
                 let $b = &w[i * BYTES..(i + 1) * BYTES];
-                let xb: [&[u8]; N] =
-                    std::array::from_fn(|t| &xs[t][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES]);
+                let mut xb: [&[u8]; N] = [&[]; N];
+                for t in 0..N {
+                    xb[t] = &xs[t][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
+                }
                 let mut lanes = [_mm256_setzero_si256(); N];
                 for $g in 0..8 {
                     let (q, s, m): (__m256i, __m256i, __m256i) = $group;
@@ -370,6 +371,90 @@ direct_grid_kernel!(
         )
     }
 );
+
+/// IQ1_M × Q8_K for `N` activation rows, each weight block decoded once and straight
+/// into registers: per group of 32 the grid values (−1, 0, 1 bytes) and the offset signs
+/// (±1 bytes per eight weights) sign the activations, `maddubs` by ones pairs them, and
+/// `madd` by the two 16-weight multipliers gives the two sets of lanes of
+/// `formats::iq1_m::dot_n` (the same integers as [`grid_lanes_impl`] on its decoded
+/// blocks), fused and summed as there: the same bits.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq1_m_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    use crate::formats::iq1_m::{multiplier, octet, scale_words, super_scale, BYTES};
+    use crate::formats::iq1_s::DELTA;
+    use crate::formats::{q8_k::QS as Q8_K_QS, Q8_K_BYTES};
+    let n_blocks = xs
+        .iter()
+        .map(|x| x.len() / Q8_K_BYTES)
+        .fold(w.len() / BYTES, usize::min);
+    let mut grid_acc = [crate::reduce::Lanes8::default(); N];
+    let mut offset_acc = [crate::reduce::Lanes8::default(); N];
+    let ones = _mm256_set1_epi8(1);
+    for i in 0..n_blocks {
+        // One length check for the block and one per activation block.
+        let b = &w[i * BYTES..(i + 1) * BYTES];
+        let mut xb: [&[u8]; N] = [&[]; N];
+        for t in 0..N {
+            xb[t] = &xs[t][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
+        }
+        let sc = scale_words(b);
+        let mut grid_lanes = [_mm256_setzero_si256(); N];
+        let mut offset_lanes = [_mm256_setzero_si256(); N];
+        for g in 0..8 {
+            // Plain loops, not closures: a closure here is compiled apart from this
+            // function's target features and stays a call.
+            let (mut values, mut offsets) = ([0i64; 4], [0i64; 4]);
+            for l in 0..4 {
+                let (grid, negative) = octet(b, 4 * g + l);
+                values[l] = u64::from_le_bytes(*grid) as i64;
+                offsets[l] = if negative { -1 } else { 0x0101_0101_0101_0101 };
+            }
+            let q = _mm256_set_epi64x(values[3], values[2], values[1], values[0]);
+            let s = _mm256_set_epi64x(offsets[3], offsets[2], offsets[1], offsets[0]);
+            let m = _mm256_setr_m128i(
+                _mm_set1_epi16(multiplier(&sc, 2 * g) as i16),
+                _mm_set1_epi16(multiplier(&sc, 2 * g + 1) as i16),
+            );
+            for t in 0..N {
+                // SAFETY: 32 bytes at Q8_K_QS + 32g + 32 ≤ 260, inside the 292-byte block.
+                let x = unsafe {
+                    _mm256_loadu_si256(xb[t].as_ptr().add(Q8_K_QS + 32 * g) as *const __m256i)
+                };
+                let grid = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(x, q));
+                let offsets = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(x, s));
+                grid_lanes[t] = _mm256_add_epi32(grid_lanes[t], _mm256_madd_epi16(grid, m));
+                offset_lanes[t] = _mm256_add_epi32(offset_lanes[t], _mm256_madd_epi16(offsets, m));
+            }
+        }
+        let d_w = super_scale(&sc);
+        for t in 0..N {
+            let d = read_f32(xb[t], 0) * d_w;
+            let (mut grid, mut offsets) = ([0i32; 8], [0i32; 8]);
+            // SAFETY: eight i32 each.
+            unsafe {
+                _mm256_storeu_si256(grid.as_mut_ptr() as *mut __m256i, grid_lanes[t]);
+                _mm256_storeu_si256(offsets.as_mut_ptr() as *mut __m256i, offset_lanes[t]);
+            }
+            grid_acc[t].fma_block(d, &grid);
+            offset_acc[t].fma_block(d, &offsets);
+        }
+    }
+    std::array::from_fn(|t| grid_acc[t].sum() + DELTA * offset_acc[t].sum())
+}
+
+fn dot_iq1_m_q8_k(w: &[u8], x: &[u8]) -> f32 {
+    // SAFETY: reachable only through `kernel`, which verified AVX2, FMA and F16C.
+    let [y] = unsafe { iq1_m_impl(w, [x]) };
+    y
+}
+
+fn dot4_iq1_m_q8_k(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    // SAFETY: reachable only through `kernel4`, which verified AVX2, FMA and F16C.
+    unsafe { iq1_m_impl(w, x) }
+}
 
 /// [`GridBlock::lanes`] in AVX2, per group of 32: the sign bits spread to bytes, the
 /// activations signed by them (`sign_epi8`), `maddubs` with the magnitudes, `madd` by

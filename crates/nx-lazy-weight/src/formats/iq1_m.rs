@@ -38,27 +38,27 @@ pub const FORMAT: BlockFormat = BlockFormat {
 
 /// The four scale words.
 #[inline(always)]
-fn scale_words(b: &[u8]) -> [u32; 4] {
+pub(crate) fn scale_words(b: &[u8]) -> [u32; 4] {
     std::array::from_fn(|k| u16::from_le_bytes([b[SCALES + 2 * k], b[SCALES + 2 * k + 1]]) as u32)
 }
 
 /// The super-block scale, from the top nibbles of the scale words.
 #[inline(always)]
-fn super_scale(sc: &[u32; 4]) -> f32 {
+pub(crate) fn super_scale(sc: &[u32; 4]) -> f32 {
     let bits = (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
     f16_to_f32(bits as u16)
 }
 
 /// The multiplier `2·ls + 1` of weights `16s..16s+16`.
 #[inline(always)]
-fn multiplier(sc: &[u32; 4], s: usize) -> u32 {
+pub(crate) fn multiplier(sc: &[u32; 4], s: usize) -> u32 {
     let g = s / 2;
     2 * ((sc[g / 2] >> (6 * (g % 2) + 3 * (s % 2))) & 7) + 1
 }
 
 /// Weights `8k..8k+8`: grid values, and whether their offset is negative.
 #[inline(always)]
-fn octet(b: &[u8], k: usize) -> (&'static [u8; 8], bool) {
+pub(crate) fn octet(b: &[u8], k: usize) -> (&'static [u8; 8], bool) {
     let nibble = (b[QH + k / 2] >> (4 * (k % 2))) & 15;
     let index = b[QS + k] as usize | ((nibble as usize & 7) << 8);
     (&IQ1S_GRID[index], nibble & 8 != 0)
