@@ -34,7 +34,6 @@ use nx_gguf::GgmlType;
 
 use crate::dispatch::DotKernel4;
 use crate::dot_scalar::DotKernel;
-use crate::formats::grids::GridBlock;
 use crate::formats::{
     iq4_nl, iq4_xs, q2_k, q3_k, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32, read_u32,
     scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
@@ -80,39 +79,6 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
     Some(k)
 }
 
-/// The grid formats (IQ1–IQ3): each format's own decoder fills a [`GridBlock`], whose
-/// eight lanes come from [`grid_lanes_impl`]; the format's `dot_n` is inlined into a
-/// function compiled for AVX2 and FMA, so the decoder, the lanes and the multiply-adds
-/// are one loop. The four-token ones decode each block once for the four rows. Like the
-/// entries of [`checked_entry!`], these leave this module only through [`kernel`] and
-/// [`kernel4`].
-macro_rules! grid_entry {
-    ($($name:ident, $name4:ident, $imp:ident => $format:ident),* $(,)?) => {$(
-        /// # Safety
-        /// The CPU has AVX2, FMA and F16C.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $imp<const N: usize>(w: &[u8], x: [&[u8]; N]) -> [f32; N] {
-            crate::formats::$format::dot_n(w, x, |block: &GridBlock, xq: &[u8]| {
-                // SAFETY: this function runs only where AVX2 is present (see `kernel`).
-                unsafe { grid_lanes_impl(block, xq) }
-            })
-        }
-        fn $name(w: &[u8], x: &[u8]) -> f32 {
-            // SAFETY: reachable only through `kernel`, which verified AVX2, FMA and F16C.
-            let [y] = unsafe { $imp(w, [x]) };
-            y
-        }
-        fn $name4(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-            // SAFETY: reachable only through `kernel4`, which verified AVX2, FMA and F16C.
-            unsafe { $imp(w, x) }
-        }
-    )*};
-}
-
-grid_entry! {
-    dot_iq1_s_q8_k, dot4_iq1_s_q8_k, iq1_s_impl => iq1_s,
-}
-
 /// The ±1 bytes of each 7-bit IQ2 sign index (its eighth sign completing even parity,
 /// as [`crate::formats::grids::parity_signs`]), the form `sign_epi8` takes.
 static IQ2_SIGN_BYTES: [u64; 128] = {
@@ -132,10 +98,10 @@ static IQ2_SIGN_BYTES: [u64; 128] = {
 };
 
 /// A grid format's kernel for `N` activation rows that decodes each weight block once
-/// and straight into registers (ggml's way), not through a [`GridBlock`]: per group of
+/// and straight into registers (ggml's way), not through a [`crate::formats::grids::GridBlock`]: per group of
 /// 32, `$group` (with the block `$b` and the group index `$g` in scope) gives the
 /// magnitudes, the ±1 sign bytes and the multiplier (i16, both halves); the lanes are
-/// [`grid_lanes_impl`]'s integers on the decoded block, and the float part is
+/// `GridBlock::lanes`'s integers on the decoded block, and the float part is
 /// `grids::grid_dot_n`'s, so the bits are the format's `dot_n`'s, in about half the
 /// instructions.
 macro_rules! direct_grid_kernel {
@@ -376,7 +342,7 @@ direct_grid_kernel!(
 /// into registers: per group of 32 the grid values (−1, 0, 1 bytes) and the offset signs
 /// (±1 bytes per eight weights) sign the activations, `maddubs` by ones pairs them, and
 /// `madd` by the two 16-weight multipliers gives the two sets of lanes of
-/// `formats::iq1_m::dot_n` (the same integers as [`grid_lanes_impl`] on its decoded
+/// `formats::iq1_m::dot_n` (the same integers as `GridBlock::lanes` on its decoded
 /// blocks), fused and summed as there: the same bits.
 ///
 /// # Safety
@@ -456,42 +422,82 @@ fn dot4_iq1_m_q8_k(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
     unsafe { iq1_m_impl(w, x) }
 }
 
-/// [`GridBlock::lanes`] in AVX2, per group of 32: the sign bits spread to bytes, the
-/// activations signed by them (`sign_epi8`), `maddubs` with the magnitudes, `madd` by
-/// the two 16-weight multipliers.
+/// IQ1_S × Q8_K for `N` activation rows, each weight block decoded once and straight
+/// into registers: per group of 32 the grid values (−1, 0, 1 bytes) sign the
+/// activations, `maddubs` by ones pairs them and `madd` by the group's multiplier gives
+/// the lanes of `formats::iq1_s::dot_n` (`GridBlock::lanes`' integers on its decoded
+/// block); the offset term is its integer from the bsums, fused as there: the same bits.
 ///
 /// # Safety
-/// The CPU has AVX2; `xq` has at least 256 bytes.
-#[inline]
+/// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn grid_lanes_impl(block: &GridBlock, xq: &[u8]) -> [i32; 8] {
-    assert!(xq.len() >= 256);
-    // Byte i of the spread word is byte i/8 of the sign word, tested against bit i%8.
-    let spread = _mm256_setr_epi8(
-        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
-        3, 3,
-    );
-    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let one = _mm256_set1_epi8(1);
-    let mut acc = _mm256_setzero_si256();
-    for g in 0..8 {
-        // SAFETY: `octets` is 256 bytes and `xq` at least 256 (asserted): 32g + 32 fits.
-        let levels = _mm256_loadu_si256(block.octets.as_ptr().add(4 * g) as *const __m256i);
-        let x = _mm256_loadu_si256(xq.as_ptr().add(32 * g) as *const __m256i);
-        let word = _mm256_set1_epi32(block.negative_word(g) as i32);
-        let bits = _mm256_and_si256(_mm256_shuffle_epi8(word, spread), bit);
-        let negative = _mm256_cmpeq_epi8(bits, bit);
-        let signed_x = _mm256_sign_epi8(x, _mm256_or_si256(negative, one));
-        let pairs = _mm256_maddubs_epi16(levels, signed_x);
-        let scales = _mm256_setr_m128i(
-            _mm_set1_epi16(block.scales[2 * g] as i16),
-            _mm_set1_epi16(block.scales[2 * g + 1] as i16),
-        );
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, scales));
+unsafe fn iq1_s_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    use crate::formats::iq1_s::{octet, qh, BYTES, DELTA};
+    use crate::formats::{q8_k::BSUMS, q8_k::QS as Q8_K_QS, read_f16, read_i16, Q8_K_BYTES};
+    let n_blocks = xs
+        .iter()
+        .map(|x| x.len() / Q8_K_BYTES)
+        .fold(w.len() / BYTES, usize::min);
+    let mut acc = [crate::reduce::Lanes8::default(); N];
+    let mut offsets = [0.0f32; N];
+    let ones = _mm256_set1_epi8(1);
+    for i in 0..n_blocks {
+        // One length check for the block and one per activation block.
+        let b = &w[i * BYTES..(i + 1) * BYTES];
+        let mut xb: [&[u8]; N] = [&[]; N];
+        for t in 0..N {
+            xb[t] = &xs[t][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
+        }
+        let mut lanes = [_mm256_setzero_si256(); N];
+        let mut signed_scales = [0i32; 8];
+        for g in 0..8 {
+            let h = qh(b, g);
+            let mult = 2 * ((h >> 12) & 7) as i32 + 1;
+            signed_scales[g] = if h & 0x8000 != 0 { -mult } else { mult };
+            // Loops, not closures (see `iq1_m_impl`).
+            let mut values = [0i64; 4];
+            for l in 0..4 {
+                values[l] = u64::from_le_bytes(*octet(b, 4 * g + l)) as i64;
+            }
+            let q = _mm256_set_epi64x(values[3], values[2], values[1], values[0]);
+            let m = _mm256_set1_epi16(mult as i16);
+            for t in 0..N {
+                // SAFETY: 32 bytes at Q8_K_QS + 32g + 32 ≤ 260, inside the 292-byte block.
+                let x = unsafe {
+                    _mm256_loadu_si256(xb[t].as_ptr().add(Q8_K_QS + 32 * g) as *const __m256i)
+                };
+                let pairs = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(x, q));
+                lanes[t] = _mm256_add_epi32(lanes[t], _mm256_madd_epi16(pairs, m));
+            }
+        }
+        let d_w = read_f16(b, 0);
+        for t in 0..N {
+            let mut offset_sum = 0i32;
+            for g in 0..8 {
+                let pair = read_i16(xb[t], BSUMS + 4 * g) as i32
+                    + read_i16(xb[t], BSUMS + 4 * g + 2) as i32;
+                offset_sum += pair * signed_scales[g];
+            }
+            let d = read_f32(xb[t], 0) * d_w;
+            let mut ints = [0i32; 8];
+            // SAFETY: eight i32.
+            unsafe { _mm256_storeu_si256(ints.as_mut_ptr() as *mut __m256i, lanes[t]) };
+            acc[t].fma_block(d, &ints);
+            offsets[t] = d.mul_add(offset_sum as f32, offsets[t]);
+        }
     }
-    let mut lanes = [0i32; 8];
-    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, acc);
-    lanes
+    std::array::from_fn(|t| acc[t].sum() + DELTA * offsets[t])
+}
+
+fn dot_iq1_s_q8_k(w: &[u8], x: &[u8]) -> f32 {
+    // SAFETY: reachable only through `kernel`, which verified AVX2, FMA and F16C.
+    let [y] = unsafe { iq1_s_impl(w, [x]) };
+    y
+}
+
+fn dot4_iq1_s_q8_k(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    // SAFETY: reachable only through `kernel4`, which verified AVX2, FMA and F16C.
+    unsafe { iq1_s_impl(w, x) }
 }
 
 /// Safe entry points: fn pointers to them leave this module only through [`kernel`],

@@ -38,13 +38,13 @@ pub const FORMAT: BlockFormat = BlockFormat {
 
 /// The `qh` word of group of 32 `g`.
 #[inline(always)]
-fn qh(b: &[u8], g: usize) -> u32 {
+pub(crate) fn qh(b: &[u8], g: usize) -> u32 {
     u16::from_le_bytes([b[QH + 2 * g], b[QH + 2 * g + 1]]) as u32
 }
 
 /// The values (−1, 0, 1 as bytes) of weights `8k..8k+8`.
 #[inline(always)]
-fn octet(b: &[u8], k: usize) -> &'static [u8; 8] {
+pub(crate) fn octet(b: &[u8], k: usize) -> &'static [u8; 8] {
     let high = ((qh(b, k / 4) >> (3 * (k % 4))) & 7) as usize;
     &IQ1S_GRID[b[QS + k] as usize | high << 8]
 }
