@@ -7,6 +7,7 @@
 
 pub mod dequant;
 pub mod dot;
+pub mod filetypes;
 pub mod forward;
 pub mod grids;
 pub mod ppl;
@@ -42,6 +43,12 @@ pub const GOLDENS: &[Golden] = &[
         name: "grids",
         about: "the IQ1-IQ3 lattice tables from ggml-common.h, as nx's generated source",
         run: grids::run,
+    },
+    Golden {
+        name: "filetypes",
+        about:
+            "the tensor types llama-quantize picks for each tier-1 file type (llama-ft-* shapes)",
+        run: filetypes::run,
     },
     Golden {
         name: "tokenizer",

@@ -80,8 +80,10 @@ enum Command {
     /// Generate the deterministic random-weight test models into $NX_CACHE/synth.
     ///
     /// Without --shape: the tiny CI shapes (qwen2-tiny, llama-tiny, qwen3-tiny and the
-    /// two-layer file-type shapes llama-q4_1, llama-q3_k_m, llama-q2_k-iq4_xs, llama-iq-grids), each
-    /// verified against fixtures/synth/sha256.txt and reused when already present.
+    /// two-layer file-type shapes llama-q4_1, llama-q3_k_m, llama-q2_k-iq4_xs, llama-iq-grids,
+    /// and llama-ft-Q4_0 ... llama-ft-IQ4_XS in the tensor types llama-quantize picks for
+    /// each tier-1 file type), each verified against fixtures/synth/sha256.txt and reused
+    /// when already present.
     Synth {
         /// Shape to generate (repeatable): a tiny shape, or the benchmark-sized
         /// qwen2.5-0.5b, qwen2.5-1.5b, qwen3moe-2b.

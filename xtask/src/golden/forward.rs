@@ -70,7 +70,7 @@ pub const GEMMA: &str = "gemma3-270m";
 /// its own cache cell (cell = position, as in nx's cache) instead of reusing cells, which
 /// changes nothing in the mathematics but keeps the reference's summation lanes (set by
 /// the cell index) the same as nx's.
-pub const SETS: [GoldenSet; 18] = [
+pub const SETS: [GoldenSet; 34] = [
     tiny("qwen2-tiny"),
     tiny("llama-tiny"),
     tiny("qwen3-tiny"),
@@ -91,6 +91,23 @@ pub const SETS: [GoldenSet; 18] = [
     tiny("llama-rope-scaled"),
     tiny("qwen3moe-tiny"),
     tiny("llama-yarn"),
+    // The tier-1 file types, in the tensor types llama-quantize picks for each.
+    tiny("llama-ft-Q4_0"),
+    tiny("llama-ft-Q4_1"),
+    tiny("llama-ft-Q5_0"),
+    tiny("llama-ft-Q5_1"),
+    tiny("llama-ft-Q8_0"),
+    tiny("llama-ft-Q2_K"),
+    tiny("llama-ft-Q3_K_S"),
+    tiny("llama-ft-Q3_K_M"),
+    tiny("llama-ft-Q3_K_L"),
+    tiny("llama-ft-Q4_K_S"),
+    tiny("llama-ft-Q4_K_M"),
+    tiny("llama-ft-Q5_K_S"),
+    tiny("llama-ft-Q5_K_M"),
+    tiny("llama-ft-Q6_K"),
+    tiny("llama-ft-IQ4_NL"),
+    tiny("llama-ft-IQ4_XS"),
     GoldenSet {
         name: GEMMA,
         prompts: "fixtures/prompts/forward-gemma.json",

@@ -28,8 +28,9 @@ pub fn repo_root() -> PathBuf {
 /// in a Q4_K_M mix, the tier-1 file types (Q4_1/Q5_1/IQ4_NL, Q3_K_M, Q2_K/IQ4_XS), the
 /// seven grid formats (IQ1_S to IQ3_S), then
 /// Granite, OLMo 2, SmolLM3, Gemma 2, Phi-3, a Llama with Llama 3.1 factors and linear
-/// RoPE scaling, Qwen3-MoE and a Llama with YaRN.
-pub const SYNTH_FIXTURES: [&str; 16] = [
+/// RoPE scaling, Qwen3-MoE and a Llama with YaRN; then the sixteen tier-1 file types of
+/// llama-quantize (`llama-ft-*`: the tensor types it picks, nx's quantization).
+pub const SYNTH_FIXTURES: [&str; 32] = [
     "qwen2-tiny",
     "llama-tiny",
     "qwen3-tiny",
@@ -46,6 +47,22 @@ pub const SYNTH_FIXTURES: [&str; 16] = [
     "llama-rope-scaled",
     "qwen3moe-tiny",
     "llama-yarn",
+    "llama-ft-Q4_0",
+    "llama-ft-Q4_1",
+    "llama-ft-Q5_0",
+    "llama-ft-Q5_1",
+    "llama-ft-Q8_0",
+    "llama-ft-Q2_K",
+    "llama-ft-Q3_K_S",
+    "llama-ft-Q3_K_M",
+    "llama-ft-Q3_K_L",
+    "llama-ft-Q4_K_S",
+    "llama-ft-Q4_K_M",
+    "llama-ft-Q5_K_S",
+    "llama-ft-Q5_K_M",
+    "llama-ft-Q6_K",
+    "llama-ft-IQ4_NL",
+    "llama-ft-IQ4_XS",
 ];
 
 pub fn synth_model(name: &str) -> PathBuf {
