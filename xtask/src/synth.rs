@@ -664,58 +664,22 @@ pub const SHAPES: [Shape; 62] = [
     // The llama-quantize file types of tier 1 on the two-layer shape (256-wide rows take
     // the K formats, ffn_down's 672 the fallbacks): the types llama-quantize picks, with
     // nx's quantization, generated anywhere (CI has no reference build)...
-    mix_shape("llama-ft-Q4_0", GgmlType::Q8_0, TypeMix::FileType("Q4_0")),
-    mix_shape("llama-ft-Q4_1", GgmlType::Q8_0, TypeMix::FileType("Q4_1")),
-    mix_shape("llama-ft-Q5_0", GgmlType::Q8_0, TypeMix::FileType("Q5_0")),
-    mix_shape("llama-ft-Q5_1", GgmlType::Q8_0, TypeMix::FileType("Q5_1")),
-    mix_shape("llama-ft-Q8_0", GgmlType::Q8_0, TypeMix::FileType("Q8_0")),
-    mix_shape("llama-ft-Q2_K", GgmlType::Q8_0, TypeMix::FileType("Q2_K")),
-    mix_shape(
-        "llama-ft-Q3_K_S",
-        GgmlType::Q8_0,
-        TypeMix::FileType("Q3_K_S"),
-    ),
-    mix_shape(
-        "llama-ft-Q3_K_M",
-        GgmlType::Q8_0,
-        TypeMix::FileType("Q3_K_M"),
-    ),
-    mix_shape(
-        "llama-ft-Q3_K_L",
-        GgmlType::Q8_0,
-        TypeMix::FileType("Q3_K_L"),
-    ),
-    mix_shape(
-        "llama-ft-Q4_K_S",
-        GgmlType::Q8_0,
-        TypeMix::FileType("Q4_K_S"),
-    ),
-    mix_shape(
-        "llama-ft-Q4_K_M",
-        GgmlType::Q8_0,
-        TypeMix::FileType("Q4_K_M"),
-    ),
-    mix_shape(
-        "llama-ft-Q5_K_S",
-        GgmlType::Q8_0,
-        TypeMix::FileType("Q5_K_S"),
-    ),
-    mix_shape(
-        "llama-ft-Q5_K_M",
-        GgmlType::Q8_0,
-        TypeMix::FileType("Q5_K_M"),
-    ),
-    mix_shape("llama-ft-Q6_K", GgmlType::Q8_0, TypeMix::FileType("Q6_K")),
-    mix_shape(
-        "llama-ft-IQ4_NL",
-        GgmlType::Q8_0,
-        TypeMix::FileType("IQ4_NL"),
-    ),
-    mix_shape(
-        "llama-ft-IQ4_XS",
-        GgmlType::Q8_0,
-        TypeMix::FileType("IQ4_XS"),
-    ),
+    file_type_shape("llama-ft-Q4_0", "Q4_0"),
+    file_type_shape("llama-ft-Q4_1", "Q4_1"),
+    file_type_shape("llama-ft-Q5_0", "Q5_0"),
+    file_type_shape("llama-ft-Q5_1", "Q5_1"),
+    file_type_shape("llama-ft-Q8_0", "Q8_0"),
+    file_type_shape("llama-ft-Q2_K", "Q2_K"),
+    file_type_shape("llama-ft-Q3_K_S", "Q3_K_S"),
+    file_type_shape("llama-ft-Q3_K_M", "Q3_K_M"),
+    file_type_shape("llama-ft-Q3_K_L", "Q3_K_L"),
+    file_type_shape("llama-ft-Q4_K_S", "Q4_K_S"),
+    file_type_shape("llama-ft-Q4_K_M", "Q4_K_M"),
+    file_type_shape("llama-ft-Q5_K_S", "Q5_K_S"),
+    file_type_shape("llama-ft-Q5_K_M", "Q5_K_M"),
+    file_type_shape("llama-ft-Q6_K", "Q6_K"),
+    file_type_shape("llama-ft-IQ4_NL", "IQ4_NL"),
+    file_type_shape("llama-ft-IQ4_XS", "IQ4_XS"),
     // ... and as llama-quantize itself makes them, from which `cargo xtask golden
     // filetypes` records those types.
     reference_quantized(FILE_TYPE_SOURCE, "llama-ftref-Q4_0", "Q4_0"),
@@ -735,6 +699,11 @@ pub const SHAPES: [Shape; 62] = [
     reference_quantized(FILE_TYPE_SOURCE, "llama-ftref-IQ4_NL", "IQ4_NL"),
     reference_quantized(FILE_TYPE_SOURCE, "llama-ftref-IQ4_XS", "IQ4_XS"),
 ];
+
+/// The two-layer shape in the types llama-quantize picks for file type `ftype`.
+const fn file_type_shape(name: &'static str, ftype: &'static str) -> Shape {
+    mix_shape(name, GgmlType::Q8_0, TypeMix::FileType(ftype))
+}
 
 /// The all-Q8_0 source llama-quantize makes the `llama-ftref-*` files from.
 const FILE_TYPE_SOURCE: Shape = mix_shape("llama-ftref", GgmlType::Q8_0, TypeMix::Q8);
@@ -1794,6 +1763,24 @@ fn generate_timed(shape: &Shape) -> Result<(Vec<u8>, String)> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_file_type_has_its_ci_shape_its_reference_shape_and_recorded_types() {
+        for ftype in FILE_TYPES {
+            let ci = shape(&format!("llama-ft-{ftype}")).unwrap();
+            assert!(ci.is_tiny(), "{ftype}");
+            assert_eq!(ci.mix, TypeMix::FileType(ftype));
+            let reference = shape(&format!("llama-ftref-{ftype}")).unwrap();
+            assert_eq!(reference.reference_quant, Some(ftype));
+            let (_, types) = file_type_table(ftype).expect("recorded");
+            assert!(
+                types
+                    .iter()
+                    .any(|(name, _)| *name == "blk.0.ffn_down.weight"),
+                "{ftype}"
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -97,12 +97,30 @@ static IQ2_SIGN_BYTES: [u64; 128] = {
     table
 };
 
+/// Safe one-token and four-token entry points of an `N`-row kernel `$imp`: fn pointers
+/// to them leave this module only through [`kernel`] / [`kernel4`], which first check
+/// the CPU features it is compiled for.
+macro_rules! n_row_entries {
+    ($imp:ident => $dot:ident, $dot4:ident) => {
+        fn $dot(w: &[u8], x: &[u8]) -> f32 {
+            // SAFETY: reachable only through `kernel`, which verified AVX2, FMA and F16C.
+            let [y] = unsafe { $imp(w, [x]) };
+            y
+        }
+
+        fn $dot4(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+            // SAFETY: reachable only through `kernel4`, which verified AVX2, FMA and F16C.
+            unsafe { $imp(w, x) }
+        }
+    };
+}
+
 /// A grid format's kernel for `N` activation rows that decodes each weight block once
-/// and straight into registers (ggml's way), not through a [`crate::formats::grids::GridBlock`]: per group of
-/// 32, `$group` (with the block `$b` and the group index `$g` in scope) gives the
-/// magnitudes, the ±1 sign bytes and the multiplier (i16, both halves); the lanes are
+/// and straight into registers (ggml's way), not through a `GridBlock`: per group of 32,
+/// `$group` (with the block `$b` and the group index `$g` in scope) gives the magnitudes,
+/// the ±1 sign bytes and the multiplier (i16, both halves); the lanes are
 /// `GridBlock::lanes`'s integers on the decoded block, and the float part is
-/// `grids::grid_dot_n`'s, so the bits are the format's `dot_n`'s, in about half the
+/// `grids::grid_dot`'s, so the bits are the format's scalar `dot`'s, in about half the
 /// instructions.
 macro_rules! direct_grid_kernel {
     ($imp:ident, $dot:ident, $dot4:ident, $format:ident, |$b:ident, $g:ident| $group:block) => {
@@ -112,18 +130,12 @@ macro_rules! direct_grid_kernel {
         unsafe fn $imp<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
             use crate::formats::$format::{BYTES, POST_SCALE};
             use crate::formats::{q8_k::QS as Q8_K_QS, read_f16, Q8_K_BYTES};
-            let n_blocks = xs
-                .iter()
-                .map(|x| x.len() / Q8_K_BYTES)
-                .fold(w.len() / BYTES, usize::min);
+            let n_blocks = common_blocks(w, &xs, BYTES, Q8_K_BYTES);
             let mut acc = [crate::reduce::Lanes8::default(); N];
             for i in 0..n_blocks {
                 // One length check for the block and one per activation block.
                 let $b = &w[i * BYTES..(i + 1) * BYTES];
-                let mut xb: [&[u8]; N] = [&[]; N];
-                for t in 0..N {
-                    xb[t] = &xs[t][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
-                }
+                let xb = block_of_each(&xs, i, Q8_K_BYTES);
                 let mut lanes = [_mm256_setzero_si256(); N];
                 for $g in 0..8 {
                     let (q, s, m): (__m256i, __m256i, __m256i) = $group;
@@ -139,25 +151,13 @@ macro_rules! direct_grid_kernel {
                 }
                 let d_w = read_f16($b, 0);
                 for t in 0..N {
-                    let mut ints = [0i32; 8];
-                    // SAFETY: eight i32.
-                    unsafe { _mm256_storeu_si256(ints.as_mut_ptr() as *mut __m256i, lanes[t]) };
-                    acc[t].fma_block(d_w * read_f32(xb[t], 0), &ints);
+                    acc[t].fma_block(d_w * read_f32(xb[t], 0), &lane_ints(lanes[t]));
                 }
             }
             acc.map(|a| POST_SCALE * a.sum())
         }
 
-        fn $dot(w: &[u8], x: &[u8]) -> f32 {
-            // SAFETY: reachable only through `kernel`, which verified AVX2, FMA and F16C.
-            let [y] = unsafe { $imp(w, [x]) };
-            y
-        }
-
-        fn $dot4(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-            // SAFETY: reachable only through `kernel4`, which verified AVX2, FMA and F16C.
-            unsafe { $imp(w, x) }
-        }
+        n_row_entries!($imp => $dot, $dot4);
     };
 }
 
@@ -342,7 +342,7 @@ direct_grid_kernel!(
 /// into registers: per group of 32 the grid values (−1, 0, 1 bytes) and the offset signs
 /// (±1 bytes per eight weights) sign the activations, `maddubs` by ones pairs them, and
 /// `madd` by the two 16-weight multipliers gives the two sets of lanes of
-/// `formats::iq1_m::dot_n` (the same integers as `GridBlock::lanes` on its decoded
+/// `formats::iq1_m::dot` (the same integers as `GridBlock::lanes` on its decoded
 /// blocks), fused and summed as there: the same bits.
 ///
 /// # Safety
@@ -352,20 +352,14 @@ unsafe fn iq1_m_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     use crate::formats::iq1_m::{multiplier, octet, scale_words, super_scale, BYTES};
     use crate::formats::iq1_s::DELTA;
     use crate::formats::{q8_k::QS as Q8_K_QS, Q8_K_BYTES};
-    let n_blocks = xs
-        .iter()
-        .map(|x| x.len() / Q8_K_BYTES)
-        .fold(w.len() / BYTES, usize::min);
+    let n_blocks = common_blocks(w, &xs, BYTES, Q8_K_BYTES);
     let mut grid_acc = [crate::reduce::Lanes8::default(); N];
     let mut offset_acc = [crate::reduce::Lanes8::default(); N];
     let ones = _mm256_set1_epi8(1);
     for i in 0..n_blocks {
         // One length check for the block and one per activation block.
         let b = &w[i * BYTES..(i + 1) * BYTES];
-        let mut xb: [&[u8]; N] = [&[]; N];
-        for t in 0..N {
-            xb[t] = &xs[t][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
-        }
+        let xb = block_of_each(&xs, i, Q8_K_BYTES);
         let sc = scale_words(b);
         let mut grid_lanes = [_mm256_setzero_si256(); N];
         let mut offset_lanes = [_mm256_setzero_si256(); N];
@@ -398,34 +392,19 @@ unsafe fn iq1_m_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
         let d_w = super_scale(&sc);
         for t in 0..N {
             let d = read_f32(xb[t], 0) * d_w;
-            let (mut grid, mut offsets) = ([0i32; 8], [0i32; 8]);
-            // SAFETY: eight i32 each.
-            unsafe {
-                _mm256_storeu_si256(grid.as_mut_ptr() as *mut __m256i, grid_lanes[t]);
-                _mm256_storeu_si256(offsets.as_mut_ptr() as *mut __m256i, offset_lanes[t]);
-            }
-            grid_acc[t].fma_block(d, &grid);
-            offset_acc[t].fma_block(d, &offsets);
+            grid_acc[t].fma_block(d, &lane_ints(grid_lanes[t]));
+            offset_acc[t].fma_block(d, &lane_ints(offset_lanes[t]));
         }
     }
     std::array::from_fn(|t| grid_acc[t].sum() + DELTA * offset_acc[t].sum())
 }
 
-fn dot_iq1_m_q8_k(w: &[u8], x: &[u8]) -> f32 {
-    // SAFETY: reachable only through `kernel`, which verified AVX2, FMA and F16C.
-    let [y] = unsafe { iq1_m_impl(w, [x]) };
-    y
-}
-
-fn dot4_iq1_m_q8_k(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-    // SAFETY: reachable only through `kernel4`, which verified AVX2, FMA and F16C.
-    unsafe { iq1_m_impl(w, x) }
-}
+n_row_entries!(iq1_m_impl => dot_iq1_m_q8_k, dot4_iq1_m_q8_k);
 
 /// IQ1_S × Q8_K for `N` activation rows, each weight block decoded once and straight
 /// into registers: per group of 32 the grid values (−1, 0, 1 bytes) sign the
 /// activations, `maddubs` by ones pairs them and `madd` by the group's multiplier gives
-/// the lanes of `formats::iq1_s::dot_n` (`GridBlock::lanes`' integers on its decoded
+/// the lanes of `formats::iq1_s::dot` (`GridBlock::lanes`' integers on its decoded
 /// block); the offset term is its integer from the bsums, fused as there: the same bits.
 ///
 /// # Safety
@@ -434,20 +413,14 @@ fn dot4_iq1_m_q8_k(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
 unsafe fn iq1_s_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     use crate::formats::iq1_s::{octet, qh, BYTES, DELTA};
     use crate::formats::{q8_k::BSUMS, q8_k::QS as Q8_K_QS, read_f16, read_i16, Q8_K_BYTES};
-    let n_blocks = xs
-        .iter()
-        .map(|x| x.len() / Q8_K_BYTES)
-        .fold(w.len() / BYTES, usize::min);
+    let n_blocks = common_blocks(w, &xs, BYTES, Q8_K_BYTES);
     let mut acc = [crate::reduce::Lanes8::default(); N];
     let mut offsets = [0.0f32; N];
     let ones = _mm256_set1_epi8(1);
     for i in 0..n_blocks {
         // One length check for the block and one per activation block.
         let b = &w[i * BYTES..(i + 1) * BYTES];
-        let mut xb: [&[u8]; N] = [&[]; N];
-        for t in 0..N {
-            xb[t] = &xs[t][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
-        }
+        let xb = block_of_each(&xs, i, Q8_K_BYTES);
         let mut lanes = [_mm256_setzero_si256(); N];
         let mut signed_scales = [0i32; 8];
         for g in 0..8 {
@@ -479,26 +452,14 @@ unsafe fn iq1_s_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
                 offset_sum += pair * signed_scales[g];
             }
             let d = read_f32(xb[t], 0) * d_w;
-            let mut ints = [0i32; 8];
-            // SAFETY: eight i32.
-            unsafe { _mm256_storeu_si256(ints.as_mut_ptr() as *mut __m256i, lanes[t]) };
-            acc[t].fma_block(d, &ints);
+            acc[t].fma_block(d, &lane_ints(lanes[t]));
             offsets[t] = d.mul_add(offset_sum as f32, offsets[t]);
         }
     }
     std::array::from_fn(|t| acc[t].sum() + DELTA * offsets[t])
 }
 
-fn dot_iq1_s_q8_k(w: &[u8], x: &[u8]) -> f32 {
-    // SAFETY: reachable only through `kernel`, which verified AVX2, FMA and F16C.
-    let [y] = unsafe { iq1_s_impl(w, [x]) };
-    y
-}
-
-fn dot4_iq1_s_q8_k(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-    // SAFETY: reachable only through `kernel4`, which verified AVX2, FMA and F16C.
-    unsafe { iq1_s_impl(w, x) }
-}
+n_row_entries!(iq1_s_impl => dot_iq1_s_q8_k, dot4_iq1_s_q8_k);
 
 /// Safe entry points: fn pointers to them leave this module only through [`kernel`],
 /// which first checks the CPU features the implementations are compiled for.
@@ -634,10 +595,15 @@ macro_rules! lanes8_chain {
 }
 pub(crate) use lanes8_chain;
 
-/// The number of whole blocks the single-token kernels would visit for each of the four
-/// pairs `(w, x[t])`; the four-token kernels visit the smallest (all equal in a matmul).
+/// The number of whole blocks the single-token kernels would visit for each of the `N`
+/// pairs `(w, x[t])`; the multi-token kernels visit the smallest (all equal in a matmul).
 #[inline]
-pub(crate) fn common_blocks(w: &[u8], x: &[&[u8]; 4], w_bytes: usize, x_bytes: usize) -> usize {
+pub(crate) fn common_blocks<const N: usize>(
+    w: &[u8],
+    x: &[&[u8]; N],
+    w_bytes: usize,
+    x_bytes: usize,
+) -> usize {
     x.iter()
         .map(|xt| xt.len() / x_bytes)
         .fold(w.len() / w_bytes, usize::min)
@@ -1699,17 +1665,26 @@ checked_entry4! {
     dot4_q6_k_q8_k => q6_k_x4_impl,
 }
 
-/// Block `b` (of `block_bytes` bytes) of each of four rows. Written out rather than
-/// with `array::from_fn`, which the compiler left as a call inside the kernels' loops.
+/// Block `b` (of `block_bytes` bytes) of each of `N` rows. A plain loop rather than
+/// `array::from_fn`, which the compiler left as a call inside the kernels' loops.
 #[inline(always)]
-pub(crate) fn block_of_each<'a>(x: &[&'a [u8]; 4], b: usize, block_bytes: usize) -> [&'a [u8]; 4] {
-    let r = b * block_bytes..(b + 1) * block_bytes;
-    [
-        &x[0][r.clone()],
-        &x[1][r.clone()],
-        &x[2][r.clone()],
-        &x[3][r],
-    ]
+pub(crate) fn block_of_each<'a, const N: usize>(
+    x: &[&'a [u8]; N],
+    b: usize,
+    block_bytes: usize,
+) -> [&'a [u8]; N] {
+    let mut blocks: [&[u8]; N] = [&[]; N];
+    for (block, row) in blocks.iter_mut().zip(x) {
+        *block = &row[b * block_bytes..(b + 1) * block_bytes];
+    }
+    blocks
+}
+
+/// The eight i32 lanes of `v`.
+#[inline(always)]
+fn lane_ints(v: __m256i) -> [i32; 8] {
+    // SAFETY: both are 32 bytes of plain integers.
+    unsafe { std::mem::transmute::<__m256i, [i32; 8]>(v) }
 }
 
 /// Q4_0 × Q8_0 for four tokens: [`q4_0_impl`] with the nibbles unpacked once per block.

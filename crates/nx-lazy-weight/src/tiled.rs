@@ -1304,7 +1304,7 @@ unsafe fn iq4_nl_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]
 }
 
 /// One IQ4_XS or IQ2/IQ3 grid row against one token group, in the order of its
-/// single-token kernel (`formats::iq4_xs::dot`, `formats::grids::grid_dot_n`): per
+/// single-token kernel (`formats::iq4_xs::dot`, `formats::grids::grid_dot`): per
 /// super-block eight integer lanes `Σ_g m·quad(g, l)` (the multiplier `m` of the quad's
 /// 16 weights), one `fma(d_w·d_x, lane)` each, the lanes summed at the end and times the
 /// format's final factor. The signed levels go into `dpbusd` against `x + 128`, the

@@ -212,7 +212,7 @@ pub(crate) mod octets16 {
     }
 }
 
-/// A grid format whose dot product is [`grid_dot_n`] alone (the IQ2 and IQ3 ones; the IQ1
+/// A grid format whose dot product is [`grid_dot`] alone (the IQ2 and IQ3 ones; the IQ1
 /// formats add an offset term): block bytes, `post_scale` and decoder.
 pub(crate) struct PlainGrid {
     /// Bytes of one super-block.
@@ -240,10 +240,6 @@ pub(crate) fn plain_grid(ty: GgmlType) -> Option<PlainGrid> {
     })
 }
 
-/// Computes a block's eight lanes: [`GridBlock::lanes`] or a SIMD twin of it.
-pub(crate) trait Lanes: Fn(&GridBlock, &[u8]) -> [i32; 8] {}
-impl<F: Fn(&GridBlock, &[u8]) -> [i32; 8]> Lanes for F {}
-
 /// Super-blocks every row holds: the weight row's, or fewer if an activation row is
 /// shorter (the kernels' contract is equal lengths; this keeps them from reading past).
 #[inline(always)]
@@ -257,7 +253,7 @@ pub(crate) fn common_blocks<const N: usize>(
         .fold(w.len() / block_bytes, usize::min)
 }
 
-/// A grid format's block decoder as a type: [`grid_dot_n`] calls it statically, so the
+/// A grid format's block decoder as a type: [`grid_dot`] calls it statically, so the
 /// kernels inline it (a decoder passed as a function value stayed a call, and half the
 /// decode time went to it).
 pub(crate) trait Decoder {
@@ -281,33 +277,28 @@ macro_rules! grid_decoder {
 }
 pub(crate) use grid_decoder;
 
-/// The dot products of ggml's AVX2 IQ2/IQ3 kernels, for `N` activation rows at once with
-/// each weight block decoded once (`decode` fills the block and returns its `d_w`): per
-/// super-block and row the [`GridBlock::lanes`] times `d_w·d_x` fused into that row's
-/// eight running lanes, `hsum_float_8` at the end, times the format's constant
-/// `post_scale` (1/8 for IQ2, 1/4 for IQ3_XXS, 1 for IQ3_S). Row `t`'s result depends on
-/// row `t` alone. Inlined into each tier's entry point, so the lanes and the multiply-adds
-/// compile with that tier's instructions.
+/// The dot product of ggml's AVX2 IQ2/IQ3 kernels, the scalar twin of the SIMD tiers'
+/// (`decoder` fills the block and returns its `d_w`): per super-block the
+/// [`GridBlock::lanes`] times `d_w·d_x` fused into eight running lanes, `hsum_float_8` at
+/// the end, times the format's constant `post_scale` (1/8 for IQ2, 1/4 for IQ3_XXS, 1
+/// for IQ3_S).
 #[inline(always)]
-pub(crate) fn grid_dot_n<const N: usize, D: Decoder>(
+pub(crate) fn grid_dot<D: Decoder>(
     w: &[u8],
-    xs: [&[u8]; N],
+    x: &[u8],
     block_bytes: usize,
     post_scale: f32,
-    lanes: impl Lanes,
     _decoder: D,
-) -> [f32; N] {
-    let mut acc = [Lanes8::default(); N];
+) -> f32 {
+    let mut acc = Lanes8::default();
     let mut block = GridBlock::new();
-    for i in 0..common_blocks(w, block_bytes, &xs) {
+    for i in 0..common_blocks(w, block_bytes, &[x]) {
         let d_w = D::decode(&w[i * block_bytes..(i + 1) * block_bytes], &mut block);
-        for (acc, x) in acc.iter_mut().zip(xs) {
-            let xb = &x[i * Q8_K_BLOCK_BYTES..(i + 1) * Q8_K_BLOCK_BYTES];
-            let d = d_w * f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
-            acc.fma_block(d, &lanes(&block, &xb[Q8_K_QS..Q8_K_QS + 256]));
-        }
+        let xb = &x[i * Q8_K_BLOCK_BYTES..(i + 1) * Q8_K_BLOCK_BYTES];
+        let d = d_w * f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
+        acc.fma_block(d, &block.lanes(&xb[Q8_K_QS..Q8_K_QS + 256]));
     }
-    acc.map(|a| post_scale * a.sum())
+    post_scale * acc.sum()
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{f16_to_f32, read_f32, BlockFormat, Q8_K_BLOCK_BYTES, Q8_K_QS};
-use super::grids::{GridBlock, Lanes, IQ1S_GRID};
+use super::grids::{common_blocks, GridBlock, IQ1S_GRID};
 use super::iq1_s::{put_ternary8, DELTA};
 use crate::reduce::Lanes8;
 
@@ -83,32 +83,19 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// group's offset sign, same multipliers), each fused into running lanes with
 /// `d_x·d`; at the end `hsum_float_8(grid) + 0.125·hsum_float_8(offsets)`.
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    dot_n(w, [x], GridBlock::lanes)[0]
-}
-
-/// [`dot`] of `N` activation rows at once (each block decoded once), with both sets of
-/// lanes from `lanes` (the tiers' SIMD twins).
-#[inline(always)]
-pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: impl Lanes) -> [f32; N] {
-    let mut grid_lanes = [Lanes8::default(); N];
-    let mut offset_lanes = [Lanes8::default(); N];
+    let mut grid_lanes = Lanes8::default();
+    let mut offset_lanes = Lanes8::default();
     let mut grid = GridBlock::new();
     let mut offsets = GridBlock::new();
-    let n_blocks = xs
-        .iter()
-        .map(|x| x.len() / Q8_K_BLOCK_BYTES)
-        .fold(w.len() / BYTES, usize::min);
-    for i in 0..n_blocks {
+    for i in 0..common_blocks(w, BYTES, &[x]) {
         let d_w = decode(&w[i * BYTES..(i + 1) * BYTES], &mut grid, &mut offsets);
-        for t in 0..N {
-            let xb = &xs[t][i * Q8_K_BLOCK_BYTES..(i + 1) * Q8_K_BLOCK_BYTES];
-            let d = read_f32(xb, 0) * d_w;
-            let xq = &xb[Q8_K_QS..Q8_K_QS + 256];
-            grid_lanes[t].fma_block(d, &lanes(&grid, xq));
-            offset_lanes[t].fma_block(d, &lanes(&offsets, xq));
-        }
+        let xb = &x[i * Q8_K_BLOCK_BYTES..(i + 1) * Q8_K_BLOCK_BYTES];
+        let d = read_f32(xb, 0) * d_w;
+        let xq = &xb[Q8_K_QS..Q8_K_QS + 256];
+        grid_lanes.fma_block(d, &grid.lanes(xq));
+        offset_lanes.fma_block(d, &offsets.lanes(xq));
     }
-    std::array::from_fn(|t| grid_lanes[t].sum() + DELTA * offset_lanes[t].sum())
+    grid_lanes.sum() + DELTA * offset_lanes.sum()
 }
 
 /// Fills `grid` (the −1/0/+1 values) and `offsets` (magnitude 1, each group of eight

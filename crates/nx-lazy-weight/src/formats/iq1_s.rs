@@ -12,7 +12,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{read_f16, read_f32, BlockFormat, Q8_K_BLOCK_BYTES, Q8_K_BSUMS, Q8_K_QS};
-use super::grids::{GridBlock, Lanes, IQ1S_GRID};
+use super::grids::{common_blocks, GridBlock, IQ1S_GRID};
 use crate::reduce::Lanes8;
 
 /// Bytes of one super-block.
@@ -82,22 +82,11 @@ pub(crate) fn put_ternary8(block: &mut GridBlock, k: usize, grid: &[u8; 8]) {
 /// octave, tells apart: unfused, 5 of its 24 cases differ in the last bit); at the end
 /// `hsum_float_8(lanes) + 0.125·acc`.
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    dot_n(w, [x], GridBlock::lanes)[0]
-}
-
-/// [`dot`] of `N` activation rows at once (each block decoded once), with the grid
-/// lanes from `grid_lanes` (the tiers' SIMD twins).
-#[inline(always)]
-pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], grid_lanes: impl Lanes) -> [f32; N] {
-    let mut lanes = [Lanes8::default(); N];
-    let mut offsets = [0.0f32; N];
+    let mut lanes = Lanes8::default();
+    let mut offsets = 0.0f32;
     let mut block = GridBlock::new();
     let mut signed_scales = [0i32; 8];
-    let n_blocks = xs
-        .iter()
-        .map(|x| x.len() / Q8_K_BLOCK_BYTES)
-        .fold(w.len() / BYTES, usize::min);
-    for i in 0..n_blocks {
+    for i in 0..common_blocks(w, BYTES, &[x]) {
         // An exact block: one length check spares one per field read below.
         let wb = &w[i * BYTES..(i + 1) * BYTES];
         for g in 0..8 {
@@ -110,19 +99,16 @@ pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], grid_lanes: impl L
                 put_ternary8(&mut block, 4 * g + l, octet(wb, 4 * g + l));
             }
         }
-        let d_w = read_f16(wb, 0);
-        for t in 0..N {
-            let xb = &xs[t][i * Q8_K_BLOCK_BYTES..(i + 1) * Q8_K_BLOCK_BYTES];
-            let bsum = |s: usize| {
-                i16::from_le_bytes([xb[Q8_K_BSUMS + 2 * s], xb[Q8_K_BSUMS + 2 * s + 1]]) as i32
-            };
-            let offset_sum: i32 = (0..8)
-                .map(|g| (bsum(2 * g) + bsum(2 * g + 1)) * signed_scales[g])
-                .sum();
-            let d = read_f32(xb, 0) * d_w;
-            lanes[t].fma_block(d, &grid_lanes(&block, &xb[Q8_K_QS..Q8_K_QS + 256]));
-            offsets[t] = d.mul_add(offset_sum as f32, offsets[t]);
-        }
+        let xb = &x[i * Q8_K_BLOCK_BYTES..(i + 1) * Q8_K_BLOCK_BYTES];
+        let bsum = |s: usize| {
+            i16::from_le_bytes([xb[Q8_K_BSUMS + 2 * s], xb[Q8_K_BSUMS + 2 * s + 1]]) as i32
+        };
+        let offset_sum: i32 = (0..8)
+            .map(|g| (bsum(2 * g) + bsum(2 * g + 1)) * signed_scales[g])
+            .sum();
+        let d = read_f32(xb, 0) * read_f16(wb, 0);
+        lanes.fma_block(d, &block.lanes(&xb[Q8_K_QS..Q8_K_QS + 256]));
+        offsets = d.mul_add(offset_sum as f32, offsets);
     }
-    std::array::from_fn(|t| lanes[t].sum() + DELTA * offsets[t])
+    lanes.sum() + DELTA * offsets
 }

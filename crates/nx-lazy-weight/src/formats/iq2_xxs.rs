@@ -11,7 +11,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{read_f16, read_u32, BlockFormat};
-use super::grids::{grid_dot_n, parity_signs, GridBlock, Lanes, IQ2XXS_GRID};
+use super::grids::{grid_dot, parity_signs, GridBlock, IQ2XXS_GRID};
 
 /// Bytes of one super-block.
 pub const BYTES: usize = 66;
@@ -64,14 +64,7 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// IQ2_XXS × Q8_K in the order of ggml's AVX2 kernel (`grid_dot` with multipliers
 /// `2·ls + 1` and a final `0.125`).
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    dot_n(w, [x], GridBlock::lanes)[0]
-}
-
-/// [`dot`] of `N` activation rows at once (each block decoded once), with the lanes
-/// from `lanes` (the tiers' SIMD twins).
-#[inline(always)]
-pub(crate) fn dot_n<const N: usize>(w: &[u8], xs: [&[u8]; N], lanes: impl Lanes) -> [f32; N] {
-    grid_dot_n(w, xs, BYTES, POST_SCALE, lanes, Grid)
+    grid_dot(w, x, BYTES, POST_SCALE, Grid)
 }
 
 super::grids::grid_decoder!();
