@@ -25,6 +25,11 @@ fn bench_gemv(c: &mut Criterion) {
         (GgmlType::Q5_K, 2048, 640),
         (GgmlType::Q6_K, 2048, 640),
         (GgmlType::Q8_0, 640, 262_144),
+        // The tier-2 formats without a model in `cargo xtask bench`: gpt-oss's MXFP4 and
+        // the BitNet ternary types.
+        (GgmlType::MXFP4, 2048, 640),
+        (GgmlType::TQ2_0, 2048, 640),
+        (GgmlType::TQ1_0, 2048, 640),
     ];
     for (ty, row_len, n_rows) in cases {
         let act = vec_dot_type(ty).unwrap();

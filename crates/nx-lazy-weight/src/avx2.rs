@@ -15,6 +15,8 @@
 //! | IQ4_NL / IQ4_XS | `Σ KVALUES[i]·x` (XS: `Σ ls·…`) | table by `pshufb`, i16 `madd`, `hadd` |
 //! | Q2_K | `Σ sc·Σ q·x`; mins `Σ m·bsum` in the same lanes | `maddubs`, `madd` by the scale |
 //! | Q3_K | `Σ sc·Σ (low − 4·!high)·x` | two `maddubs`, difference, `madd` by the scale |
+//! | MXFP4 | `Σ KVALUES[i]·x` | as IQ4_NL with its own table and the E8M0 scale |
+//! | TQ2_0 / TQ1_0 | `Σ t·x − bsums` (`t` 0..2) | `maddubs` into i16, bsums off in i16, `madd` by ones |
 //!
 //! `maddubs` adds two u8×i8 products into an i16 with saturation; with the unsigned
 //! weight ranges above (at most 63·128·2 = 16128) it never saturates, whatever the
@@ -35,9 +37,9 @@ use nx_gguf::GgmlType;
 use crate::dispatch::DotKernel4;
 use crate::dot_scalar::DotKernel;
 use crate::formats::{
-    iq4_nl, iq4_xs, q2_k, q3_k, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32, read_u32,
-    scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
-    Q8_K_BYTES,
+    iq4_nl, iq4_xs, mxfp4, q2_k, q3_k, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32,
+    read_u32, scales_mins_k4_packed, tq1_0, tq2_0, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES,
+    Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES,
 };
 
 /// True when this CPU can run the kernels of this module.
@@ -74,6 +76,9 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::IQ3_S => dot_iq3_s_q8_k,
         GgmlType::IQ1_S => dot_iq1_s_q8_k,
         GgmlType::IQ1_M => dot_iq1_m_q8_k,
+        GgmlType::MXFP4 => dot_mxfp4_q8_0,
+        GgmlType::TQ2_0 => dot_tq2_0_q8_k,
+        GgmlType::TQ1_0 => dot_tq1_0_q8_k,
         _ => return None,
     };
     Some(k)
@@ -483,6 +488,9 @@ checked_entry! {
     dot_q4_1_q8_1 => q4_1_impl,
     dot_q5_1_q8_1 => q5_1_impl,
     dot_iq4_nl_q8_0 => iq4_nl_impl,
+    dot_mxfp4_q8_0 => mxfp4_impl,
+    dot_tq2_0_q8_k => tq2_0_impl,
+    dot_tq1_0_q8_k => tq1_0_impl,
     dot_iq4_xs_q8_k => iq4_xs_impl,
     dot_q2_k_q8_k => q2_k_impl,
     dot_q3_k_q8_k => q3_k_impl,
@@ -1198,14 +1206,22 @@ unsafe fn q5_1_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
     unsafe { offset32_dot4(w, x, q5_1::BYTES, q5_1_levels) }
 }
 
-/// 32 table-coded weights (a 16-byte nibble field) as two vectors of i16 levels:
+/// 32 IQ4_NL-coded weights (a 16-byte nibble field) as two vectors of i16 levels:
 /// weights 0..16 and 16..32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq4_levels16(qs: __m128i) -> [__m256i; 2] {
+    table_levels16(qs, &iq4_nl::KVALUES)
+}
+
+/// 32 weights of a 16-byte nibble field, each nibble an index into `table`, as two
+/// vectors of i16 levels: weights 0..16 and 16..32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn table_levels16(qs: __m128i, table: &[i8; 16]) -> [__m256i; 2] {
     let low4 = _mm_set1_epi8(0x0F);
-    // SAFETY: KVALUES is 16 bytes; unaligned load.
-    let table = unsafe { _mm_loadu_si128(iq4_nl::KVALUES.as_ptr() as *const __m128i) };
+    // SAFETY: the table is 16 bytes; unaligned load.
+    let table = unsafe { _mm_loadu_si128(table.as_ptr() as *const __m128i) };
     let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, low4));
     let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(qs), low4));
     [_mm256_cvtepi8_epi16(lo), _mm256_cvtepi8_epi16(hi)]
@@ -1325,6 +1341,208 @@ unsafe fn iq4_nl_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
         }
     }
     std::array::from_fn(|t| acc[t].finish())
+}
+
+/// MXFP4 × Q8_0: IQ4_NL's kernel with MXFP4's table and the block scale
+/// `d_x·2^(e−128)` (the scalar twin shares IQ4_NL's order, `paired_table_dot`).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mxfp4_impl(w: &[u8], x: &[u8]) -> f32 {
+    let n_blocks = (w.len() / mxfp4::BYTES).min(x.len() / Q8_0_BYTES);
+    let paired = n_blocks & !1;
+    let mut acc = Iq4nlAcc::new();
+    for ib in 0..n_blocks {
+        prefetch_ahead(w, ib * mxfp4::BYTES);
+        let wb = &w[ib * mxfp4::BYTES..(ib + 1) * mxfp4::BYTES];
+        let xb = &x[ib * Q8_0_BYTES..(ib + 1) * Q8_0_BYTES];
+        // SAFETY: qs is bytes 1..17 of a 17-byte block; x quants 2..34 of 34.
+        let levels = table_levels16(unsafe { load16(wb, mxfp4::QS) }, &mxfp4::KVALUES);
+        // SAFETY: as above.
+        let lanes = unsafe { quads16(&levels, xb, 2) };
+        let d = f16_scalar(xb, 0) * mxfp4::e8m0_to_f32_half(wb[mxfp4::E]);
+        acc.add(ib, paired, d, lanes);
+    }
+    acc.finish()
+}
+
+/// MXFP4 × Q8_0 for four tokens, each weight block decoded once.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mxfp4_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let n_blocks = common_blocks(w, &x, mxfp4::BYTES, Q8_0_BYTES);
+    let paired = n_blocks & !1;
+    let mut acc = [
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+    ];
+    for ib in 0..n_blocks {
+        let wb = &w[ib * mxfp4::BYTES..(ib + 1) * mxfp4::BYTES];
+        // SAFETY: qs is bytes 1..17 of a 17-byte block.
+        let levels = table_levels16(unsafe { load16(wb, mxfp4::QS) }, &mxfp4::KVALUES);
+        let d_w = mxfp4::e8m0_to_f32_half(wb[mxfp4::E]);
+        for (t, xb) in block_of_each(&x, ib, Q8_0_BYTES).into_iter().enumerate() {
+            // SAFETY: x quants 2..34 of 34.
+            let lanes = unsafe { quads16(&levels, xb, 2) };
+            acc[t].add(ib, paired, f16_scalar(xb, 0) * d_w, lanes);
+        }
+    }
+    std::array::from_fn(|t| acc[t].finish())
+}
+
+/// A ternary super-block decoded: the 256 levels (0..=3, the weight plus one) as eight
+/// vectors of 32 bytes in weight order, and `d_w`.
+struct TernaryBlock {
+    levels: [__m256i; 8],
+    d: __m256,
+}
+
+/// Digit `n` of each of 32 bytes packed as TQ1_0 packs them, `((byte·3^n mod 256)·3) >>
+/// 8`, with `pow3` holding `3^n` in every 16-bit lane (both bytes of a lane take the same
+/// power). The products are formed per byte in 16-bit lanes: the low byte from the
+/// lane's product, the high byte from its own.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn ternary_digits(bytes: __m256i, pow3: __m256i) -> __m256i {
+    let low = _mm256_set1_epi16(0x00FF);
+    let high = _mm256_set1_epi16(0xFF00u16 as i16);
+    let three = _mm256_set1_epi16(3);
+    let q_lo = _mm256_and_si256(_mm256_mullo_epi16(bytes, pow3), low);
+    let q_hi = _mm256_and_si256(
+        _mm256_mullo_epi16(_mm256_and_si256(bytes, high), pow3),
+        high,
+    );
+    // (q·3) >> 8 for q < 256 is the high half of (q << 8)·3.
+    let d_lo = _mm256_mulhi_epu16(_mm256_slli_epi16::<8>(q_lo), three);
+    let d_hi = _mm256_slli_epi16::<8>(_mm256_mulhi_epu16(q_hi, three));
+    _mm256_or_si256(d_lo, d_hi)
+}
+
+/// # Safety
+/// `wb` is a whole TQ2_0 super-block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tq2_0_decode(wb: &[u8]) -> TernaryBlock {
+    let three = _mm256_set1_epi8(3);
+    // SAFETY: qs is bytes 0..64 of 66.
+    let halves = unsafe { [load32(wb, tq2_0::QS), load32(wb, tq2_0::QS + 32)] };
+    // Weight 128h + 32k + m is bits 2k..2k+2 of byte 32h + m.
+    let mut levels = [_mm256_setzero_si256(); 8];
+    for (h, &half) in halves.iter().enumerate() {
+        levels[4 * h] = _mm256_and_si256(half, three);
+        levels[4 * h + 1] = _mm256_and_si256(_mm256_srli_epi16::<2>(half), three);
+        levels[4 * h + 2] = _mm256_and_si256(_mm256_srli_epi16::<4>(half), three);
+        levels[4 * h + 3] = _mm256_and_si256(_mm256_srli_epi16::<6>(half), three);
+    }
+    TernaryBlock {
+        levels,
+        d: _mm256_set1_ps(f16_scalar(wb, tq2_0::D)),
+    }
+}
+
+/// # Safety
+/// `wb` is a whole TQ1_0 super-block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tq1_0_decode(wb: &[u8]) -> TernaryBlock {
+    const POW3: [i16; 5] = [1, 3, 9, 27, 81];
+    // SAFETY: qs is bytes 0..48 of 54.
+    let (head, tail) = unsafe { (load32(wb, tq1_0::QS), load16(wb, tq1_0::QS + 32)) };
+    let qh = read_u32(wb, tq1_0::QH) as i32;
+    let mut levels = [_mm256_setzero_si256(); 8];
+    // Weights 0..160: digit n of byte m is weight 32n + m.
+    for (n, &p) in POW3.iter().enumerate() {
+        levels[n] = ternary_digits(head, _mm256_set1_epi16(p));
+    }
+    // Weights 160..240: digit n of byte 32 + m is weight 160 + 16n + m, so each vector's
+    // halves take two digits of the same sixteen bytes. Weights 240..256: digit n of qh
+    // byte j is weight 240 + 4n + j.
+    let tail2 = _mm256_set_m128i(tail, tail);
+    let halves = |lo: i16, hi: i16| _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
+    levels[5] = ternary_digits(tail2, halves(POW3[0], POW3[1]));
+    levels[6] = ternary_digits(tail2, halves(POW3[2], POW3[3]));
+    let qh_pow3 = _mm_set_epi16(27, 27, 9, 9, 3, 3, 1, 1);
+    levels[7] = ternary_digits(
+        _mm256_set_m128i(_mm_set1_epi32(qh), tail),
+        _mm256_set_m128i(qh_pow3, _mm_set1_epi16(POW3[4])),
+    );
+    TernaryBlock {
+        levels,
+        d: _mm256_set1_ps(f16_scalar(wb, tq1_0::D)),
+    }
+}
+
+/// One token's step of a ternary super-block: the lanes of `Σ t·x − bsums`, formed in
+/// 16-bit lanes as the scalar twin (`reduce::offset_pair_lanes`) forms them (exact: at
+/// most 8·2·3·128 + 16·128 in magnitude), and `d_x·d_w`.
+///
+/// # Safety
+/// `xb` is a whole Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn ternary_token(block: &TernaryBlock, xb: &[u8]) -> (__m256, __m256) {
+    let mut s16 = _mm256_setzero_si256();
+    for (c, &levels) in block.levels.iter().enumerate() {
+        // SAFETY: chunk c's x quants are 4+32c..36+32c of 292.
+        let xq = unsafe { load32(xb, q8_k::QS + 32 * c) };
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(levels, xq));
+    }
+    // SAFETY: bsums are bytes 260..292 of 292.
+    let s16 = _mm256_sub_epi16(s16, unsafe { load32(xb, q8_k::BSUMS) });
+    let lanes = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    (
+        _mm256_mul_ps(f32_splat(xb, 0), block.d),
+        _mm256_cvtepi32_ps(lanes),
+    )
+}
+
+/// TQ2_0 × Q8_K: one `fma(d_x·d_w, lanes)` per super-block.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tq2_0_impl(w: &[u8], x: &[u8]) -> f32 {
+    lanes8_chain!(w, x, tq2_0::BYTES, Q8_K_BYTES, |wb, xb| {
+        // SAFETY: whole blocks (chunks_exact).
+        unsafe { ternary_token(&tq2_0_decode(wb), xb) }
+    })
+}
+
+/// TQ2_0 × Q8_K for four tokens.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tq2_0_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    // SAFETY: same features; the decoder and the step read whole blocks only.
+    decoded_chain4!(w, x, tq2_0::BYTES, tq2_0_decode, ternary_token)
+}
+
+/// TQ1_0 × Q8_K: TQ2_0's step once the digits are decoded.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tq1_0_impl(w: &[u8], x: &[u8]) -> f32 {
+    lanes8_chain!(w, x, tq1_0::BYTES, Q8_K_BYTES, |wb, xb| {
+        // SAFETY: whole blocks (chunks_exact).
+        unsafe { ternary_token(&tq1_0_decode(wb), xb) }
+    })
+}
+
+/// TQ1_0 × Q8_K for four tokens.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tq1_0_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    // SAFETY: same features; the decoder and the step read whole blocks only.
+    decoded_chain4!(w, x, tq1_0::BYTES, tq1_0_decode, ternary_token)
 }
 
 /// An IQ4_XS super-block decoded: the eight sub-blocks' i16 levels and scales `ls − 32`.
@@ -1633,6 +1851,9 @@ pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
         GgmlType::IQ3_S => dot4_iq3_s_q8_k,
         GgmlType::IQ1_S => dot4_iq1_s_q8_k,
         GgmlType::IQ1_M => dot4_iq1_m_q8_k,
+        GgmlType::MXFP4 => dot4_mxfp4_q8_0,
+        GgmlType::TQ2_0 => dot4_tq2_0_q8_k,
+        GgmlType::TQ1_0 => dot4_tq1_0_q8_k,
         _ => return None,
     };
     Some(k)
@@ -1655,6 +1876,9 @@ checked_entry4! {
     dot4_q4_1_q8_1 => q4_1_x4_impl,
     dot4_q5_1_q8_1 => q5_1_x4_impl,
     dot4_iq4_nl_q8_0 => iq4_nl_x4_impl,
+    dot4_mxfp4_q8_0 => mxfp4_x4_impl,
+    dot4_tq2_0_q8_k => tq2_0_x4_impl,
+    dot4_tq1_0_q8_k => tq1_0_x4_impl,
     dot4_iq4_xs_q8_k => iq4_xs_x4_impl,
     dot4_q2_k_q8_k => q2_k_x4_impl,
     dot4_q3_k_q8_k => q3_k_x4_impl,

@@ -20,7 +20,7 @@ use nx_lazy_weight::{
 };
 
 /// The types with four-token kernels on some tier.
-const MULTI_TYPES: [GgmlType; 19] = [
+const MULTI_TYPES: [GgmlType; 22] = [
     GgmlType::Q4_K,
     GgmlType::Q6_K,
     GgmlType::Q5_0,
@@ -40,6 +40,9 @@ const MULTI_TYPES: [GgmlType; 19] = [
     GgmlType::Q5_1,
     GgmlType::Q2_K,
     GgmlType::IQ1_S,
+    GgmlType::MXFP4,
+    GgmlType::TQ2_0,
+    GgmlType::TQ1_0,
 ];
 
 /// The types with 16-token tiles on the AVX-512 VNNI tier (the first of [`MULTI_TYPES`]).

@@ -93,9 +93,6 @@ fn check(tier: CpuTier, ty: GgmlType, w: &[u8], x: &[u8], what: &str) {
     );
 }
 
-/// The formats registered without SIMD kernels (tier 2): every tier hands out the scalar one.
-const SCALAR_ONLY: [GgmlType; 3] = [GgmlType::MXFP4, GgmlType::TQ2_0, GgmlType::TQ1_0];
-
 #[test]
 fn every_tier_has_its_own_kernel() {
     let types = weight_types();
@@ -104,12 +101,7 @@ fn every_tier_has_its_own_kernel() {
         for &ty in &types {
             let scalar = dot_kernel(ty).unwrap();
             let simd = dot_kernel_for(tier, ty).unwrap();
-            if SCALAR_ONLY.contains(&ty) {
-                assert_eq!(
-                    scalar as usize, simd as usize,
-                    "{tier} {ty}: not the scalar kernel"
-                );
-            } else if matches!(tier, CpuTier::Avx2 | CpuTier::Avx512Vnni) {
+            if matches!(tier, CpuTier::Avx2 | CpuTier::Avx512Vnni) {
                 assert_ne!(
                     scalar as usize, simd as usize,
                     "{tier} {ty}: the scalar kernel"
