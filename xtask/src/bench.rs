@@ -38,8 +38,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub const DEFAULT_MODELS: [&str; 4] = ["default", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3moe-2b"];
 /// The files of `cargo xtask bench --formats`: the Qwen2.5-0.5B shapes in nx's Q4_K_M mix
 /// (the bandwidth yardstick) and as llama-quantize makes five other file types of them,
-/// and the Qwen2.5-1.5B shapes as it makes three grid file types (with an importance matrix).
-pub const FORMAT_MODELS: [&str; 9] = [
+/// and the Qwen2.5-1.5B shapes as it makes three grid file types (with an importance matrix)
+/// and Q2_K.
+pub const FORMAT_MODELS: [&str; 10] = [
     "qwen2.5-0.5b",
     "qwen2.5-0.5b-Q4_0",
     "qwen2.5-0.5b-Q8_0",
@@ -49,6 +50,7 @@ pub const FORMAT_MODELS: [&str; 9] = [
     "qwen2.5-1.5b-IQ2_XXS",
     "qwen2.5-1.5b-IQ3_S",
     "qwen2.5-1.5b-IQ1_M",
+    "qwen2.5-1.5b-Q2_K",
 ];
 /// Default repetitions per engine and file.
 pub const DEFAULT_REPS: usize = 3;

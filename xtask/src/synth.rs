@@ -493,7 +493,7 @@ const fn arch_shape(name: &'static str, arch: Arch, n_layer: u64) -> Shape {
 }
 
 /// All known shapes.
-pub const SHAPES: [Shape; 62] = [
+pub const SHAPES: [Shape; 63] = [
     // n_embd 128 is not a multiple of 256: the K-quant matrices fall back to Q5_0/Q8_0,
     // as in real models whose width is not a multiple of 256 (Qwen2.5-0.5B); only
     // ffn_down (K = 512) stays Q4_K/Q6_K.
@@ -633,6 +633,8 @@ pub const SHAPES: [Shape; 62] = [
     reference_quantized(QWEN25_15B, "qwen2.5-1.5b-IQ2_XXS", "IQ2_XXS"),
     reference_quantized(QWEN25_15B, "qwen2.5-1.5b-IQ3_S", "IQ3_S"),
     reference_quantized(QWEN25_15B, "qwen2.5-1.5b-IQ1_M", "IQ1_M"),
+    // And Q2_K (Q2_K, Q3_K and Q4_K tensors), without an importance matrix.
+    reference_quantized(QWEN25_15B, "qwen2.5-1.5b-Q2_K", "Q2_K"),
     // A mixture of experts of about 2 GB once llama-quantize makes it Q4_K_M: 64 experts
     // of 1024 rows per layer, 8 of them per token, so a decode step reads about an eighth
     // of the expert bytes.

@@ -1628,18 +1628,6 @@ unsafe fn iq4_xs_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
     decoded_chain4!(w, x, iq4_xs::BYTES, iq4_xs_decode, iq4_xs_token)
 }
 
-/// The scales of 16-weight sub-blocks `2g` (lanes 0..4) and `2g + 1` (lanes 4..8) as
-/// i16 words for `madd` after `maddubs`: the low 128 bits hold the pair sums of weights
-/// 0..16 of group `g`, the high 128 bits those of 16..32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn scale_pair(scales: &[i16; 16], g: usize) -> __m256i {
-    _mm256_set_m128i(
-        _mm_set1_epi16(scales[2 * g + 1]),
-        _mm_set1_epi16(scales[2 * g]),
-    )
-}
-
 /// The 2-bit field `k` (bits `2k..2k+2`) of every byte of `bits`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1671,10 +1659,17 @@ unsafe fn q2_k_decode(wb: &[u8]) -> Q2kBlock {
             [load32(wb, q2_k::QS), load32(wb, q2_k::QS + 32)],
         )
     };
-    let sc: [i16; 16] = std::array::from_fn(|j| (wb[j] & 0x0F) as i16);
+    let halves = scale_halves(_mm256_cvtepu8_epi16(_mm_and_si128(packed, low4)));
+    let masks = group_scale_masks();
+    let mut levels = [_mm256_setzero_si256(); 8];
+    let mut scales = [_mm256_setzero_si256(); 8];
+    for g in 0..8 {
+        levels[g] = crumb(bits[g / 4], g % 4);
+        scales[g] = group_scales(&halves, &masks, g);
+    }
     Q2kBlock {
-        levels: std::array::from_fn(|g| crumb(bits[g / 4], g % 4)),
-        scales: std::array::from_fn(|g| scale_pair(&sc, g)),
+        levels,
+        scales,
         mins: _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), low4)),
         d: f16_scalar(wb, q2_k::D),
         dmin: f16_scalar(wb, q2_k::DMIN),
@@ -1709,18 +1704,81 @@ unsafe fn q2_k_token(block: &Q2kBlock, xb: &[u8], acc: &mut __m256) {
     *acc = _mm256_fmadd_ps(_mm256_set1_ps(dx * block.d), _mm256_cvtepi32_ps(sumi), *acc);
 }
 
-/// Q2_K × Q8_K.
+/// The byte shuffles [`group_scales`] takes: mask `k` puts i16 scale `2k` of a
+/// 128-bit half in the low half's eight words and scale `2k + 1` in the high half's.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn group_scale_masks() -> [__m256i; 4] {
+    std::array::from_fn(|k| {
+        let j = 4 * k as i8;
+        let low = _mm_set1_epi16(i16::from_le_bytes([j as u8, j as u8 + 1]));
+        let high = _mm_set1_epi16(i16::from_le_bytes([j as u8 + 2, j as u8 + 3]));
+        _mm256_set_m128i(high, low)
+    })
+}
+
+/// The two i16 scales of group `g` from `halves` (`halves[0]`: scales 0..8 in both
+/// 128-bit halves, `halves[1]`: 8..16) as a `madd` operand: the low 128 bits scale
+/// `2g`, the high ones `2g + 1`. One in-lane byte shuffle by a mask of `masks`
+/// ([`group_scale_masks`]).
+#[inline(always)]
+fn group_scales(halves: &[__m256i; 2], masks: &[__m256i; 4], g: usize) -> __m256i {
+    // SAFETY (features): only called from functions enabling AVX2.
+    unsafe { _mm256_shuffle_epi8(halves[g / 4], masks[g % 4]) }
+}
+
+/// Sixteen i16 scales as [`group_scales`] takes them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_halves(scales: __m256i) -> [__m256i; 2] {
+    [
+        _mm256_permute2x128_si256::<0x00>(scales, scales),
+        _mm256_permute2x128_si256::<0x11>(scales, scales),
+    ]
+}
+
+/// Q2_K × Q8_K, decoding in registers: per super-block first the min lanes (`madd` of
+/// the 16 mins with the 16 bsums, lane `l` = `m[2l]·b[2l] + m[2l+1]·b[2l+1]`) fused with
+/// `−d_x·dmin_w`, then the scaled level sums (`maddubs`, `madd` by the sub-block scales)
+/// with `d_x·d_w`, both into one set of eight lanes.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q2_k_impl(w: &[u8], x: &[u8]) -> f32 {
+    let low4 = _mm_set1_epi8(0x0F);
+    let masks = group_scale_masks();
     let mut acc = _mm256_setzero_ps();
     let blocks = w.chunks_exact(q2_k::BYTES).zip(x.chunks_exact(Q8_K_BYTES));
     for (b, (wb, xb)) in blocks.enumerate() {
         prefetch_ahead(w, b * q2_k::BYTES);
-        // SAFETY: whole blocks (chunks_exact).
-        unsafe { q2_k_token(&q2_k_decode(wb), xb, &mut acc) };
+        let dx = read_f32(xb, 0);
+        // SAFETY: scales are bytes 0..16 of 84, qs 16..80; bsums 260..292 of 292.
+        let (packed, bits, bsums) = unsafe {
+            (
+                load16(wb, 0),
+                [load32(wb, q2_k::QS), load32(wb, q2_k::QS + 32)],
+                load32(xb, q8_k::BSUMS),
+            )
+        };
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), low4));
+        let min_lanes = _mm256_madd_epi16(mins, bsums);
+        let neg_dmin = _mm256_set1_ps(-dx * f16_scalar(wb, q2_k::DMIN));
+        acc = _mm256_fmadd_ps(neg_dmin, _mm256_cvtepi32_ps(min_lanes), acc);
+        let scales = scale_halves(_mm256_cvtepu8_epi16(_mm_and_si128(packed, low4)));
+        let mut sumi = _mm256_setzero_si256();
+        for g in 0..8 {
+            // SAFETY: group g's x quants are 4+32g..36+32g of 292.
+            let xq = unsafe { load32(xb, q8_k::QS + 32 * g) };
+            let levels = crumb(bits[g / 4], g % 4);
+            let p16 = _mm256_maddubs_epi16(levels, xq);
+            sumi = _mm256_add_epi32(
+                sumi,
+                _mm256_madd_epi16(p16, group_scales(&scales, &masks, g)),
+            );
+        }
+        let d = _mm256_set1_ps(dx * f16_scalar(wb, q2_k::D));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc)
 }
@@ -1759,8 +1817,8 @@ struct Q3kBlock {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q3_k_decode(wb: &[u8]) -> Q3kBlock {
     let ones = _mm256_set1_epi8(1);
-    let sc = q3_k::scales(&wb[q3_k::SCALES..q3_k::SCALES + 12]);
-    let sc16: [i16; 16] = std::array::from_fn(|j| sc[j] as i16);
+    let halves = scale_halves(q3_k_scales16(wb));
+    let masks = group_scale_masks();
     // SAFETY: hmask is bytes 0..32 of 110; qs halves 32..64 and 64..96.
     let (hmask, bits) = unsafe {
         (
@@ -1768,15 +1826,20 @@ unsafe fn q3_k_decode(wb: &[u8]) -> Q3kBlock {
             [load32(wb, q3_k::QS), load32(wb, q3_k::QS + 32)],
         )
     };
-    Q3kBlock {
-        low: std::array::from_fn(|g| crumb(bits[g / 4], g % 4)),
-        minus4: std::array::from_fn(|g| {
-            let high = _mm256_and_si256(_mm256_srl_epi16(hmask, _mm_cvtsi32_si128(g as i32)), ones);
-            _mm256_slli_epi16::<2>(_mm256_xor_si256(high, ones))
-        }),
-        scales: std::array::from_fn(|g| scale_pair(&sc16, g)),
+    // Plain loops: `array::from_fn` closures are compiled without the target features.
+    let mut block = Q3kBlock {
+        low: [_mm256_setzero_si256(); 8],
+        minus4: [_mm256_setzero_si256(); 8],
+        scales: [_mm256_setzero_si256(); 8],
         d: f16_splat(wb, q3_k::D),
+    };
+    for g in 0..8 {
+        block.low[g] = crumb(bits[g / 4], g % 4);
+        let high = _mm256_and_si256(_mm256_srl_epi16(hmask, _mm_cvtsi32_si128(g as i32)), ones);
+        block.minus4[g] = _mm256_slli_epi16::<2>(_mm256_xor_si256(high, ones));
+        block.scales[g] = group_scales(&halves, &masks, g);
     }
+    block
 }
 
 /// One decoded Q3_K super-block against one Q8_K block: `(d_x·d_w, lanes)` with lane
@@ -1803,15 +1866,67 @@ unsafe fn q3_k_token(block: &Q3kBlock, xb: &[u8]) -> (__m256, __m256) {
     )
 }
 
-/// Q3_K × Q8_K: one `fma(d_x·d_w, lanes)` per super-block.
+/// Q3_K's sixteen 6-bit scales minus 32 as i16, from its 12 packed bytes as words: the
+/// low nibbles of words 0 and 1 are scales 0..8, their high nibbles 8..16, and word 2
+/// holds the top two bits of every scale, byte `j % 4` at bits `2·(j / 4)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q3_k_scales16(wb: &[u8]) -> __m256i {
+    let word = |i: usize| read_u32(wb, q3_k::SCALES + 4 * i);
+    let (a0, a1, top) = (word(0), word(1), word(2));
+    let (nibbles, crumbs) = (0x0F0F_0F0Fu32, 0x0303_0303u32);
+    let quarters = [
+        (a0 & nibbles) | ((top & crumbs) << 4),
+        (a1 & nibbles) | (((top >> 2) & crumbs) << 4),
+        ((a0 >> 4) & nibbles) | (((top >> 4) & crumbs) << 4),
+        ((a1 >> 4) & nibbles) | (((top >> 6) & crumbs) << 4),
+    ];
+    let bytes = _mm_setr_epi32(
+        quarters[0] as i32,
+        quarters[1] as i32,
+        quarters[2] as i32,
+        quarters[3] as i32,
+    );
+    _mm256_sub_epi16(_mm256_cvtepu8_epi16(bytes), _mm256_set1_epi16(32))
+}
+
+/// Q3_K × Q8_K, decoding in registers: one `fma(d_x·d_w, lanes)` per super-block, lane
+/// integers `Σ sc·(maddubs(low, x) − maddubs(4·!high, x))` (as [`q3_k_token`]).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q3_k_impl(w: &[u8], x: &[u8]) -> f32 {
+    let ones = _mm256_set1_epi8(1);
+    let masks = group_scale_masks();
     lanes8_chain!(w, x, q3_k::BYTES, Q8_K_BYTES, |wb, xb| {
-        // SAFETY: whole blocks (chunks_exact).
-        unsafe { q3_k_token(&q3_k_decode(wb), xb) }
+        // SAFETY: hmask is bytes 0..32 of 110, qs 32..96.
+        let (hmask, bits) = unsafe {
+            (
+                load32(wb, 0),
+                [load32(wb, q3_k::QS), load32(wb, q3_k::QS + 32)],
+            )
+        };
+        let scales = scale_halves(q3_k_scales16(wb));
+        let mut sumi = _mm256_setzero_si256();
+        for g in 0..8 {
+            // SAFETY: group g's x quants are 4+32g..36+32g of 292.
+            let xq = unsafe { load32(xb, q8_k::QS + 32 * g) };
+            let high = _mm256_and_si256(_mm256_srl_epi16(hmask, _mm_cvtsi32_si128(g as i32)), ones);
+            let minus4 = _mm256_slli_epi16::<2>(_mm256_xor_si256(high, ones));
+            let p16 = _mm256_sub_epi16(
+                _mm256_maddubs_epi16(crumb(bits[g / 4], g % 4), xq),
+                _mm256_maddubs_epi16(minus4, xq),
+            );
+            sumi = _mm256_add_epi32(
+                sumi,
+                _mm256_madd_epi16(p16, group_scales(&scales, &masks, g)),
+            );
+        }
+        (
+            _mm256_mul_ps(f32_splat(xb, 0), f16_splat(wb, q3_k::D)),
+            _mm256_cvtepi32_ps(sumi),
+        )
     })
 }
 

@@ -39,7 +39,7 @@ use crate::formats::grids::{plain_grid, GridBlock};
 #[cfg(test)]
 use crate::formats::q6_k::quads as q6_k_quads;
 use crate::formats::{
-    f16_to_f32, iq1_m, iq4_nl, iq4_xs, q3_k, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_1, q8_k,
+    f16_to_f32, iq1_m, iq4_nl, iq4_xs, q2_k, q3_k, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_1, q8_k,
     read_f16, read_i16, read_u32, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES,
     Q8_K_BYTES, QK_K,
 };
@@ -74,6 +74,14 @@ const WQ4K_SC: usize = 256;
 const WQ4K_MINS: usize = WQ4K_SC + 32;
 const WQ4K_CORR: usize = WQ4K_MINS + 16;
 const WQ4K_D: usize = WQ4K_CORR + 32;
+/// Unpacked Q2_K super-block: 256 levels (0..3), sixteen sub-block scales as `(sc, 0)`
+/// word pairs, eight lane corrections, eight min pairs `(m[2l], m[2l+1])`, then `d` and
+/// `−dmin` (f32).
+const WQ2K_BLOCK: usize = WQ2K_D + 8;
+const WQ2K_SC: usize = 256;
+const WQ2K_CORR: usize = WQ2K_SC + 64;
+const WQ2K_MINS: usize = WQ2K_CORR + 32;
+const WQ2K_D: usize = WQ2K_MINS + 32;
 /// Unpacked Q6_K super-block: 256 quants, sixteen scales (i32), 64 corrections (one per
 /// group and lane), eight bsum-scale pairs, `d_w` (f32).
 const WQ6K_BLOCK: usize = 256 + 64 + 256 + 32 + 4;
@@ -125,6 +133,7 @@ pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
         || weight_type == GgmlType::IQ1_M
         || weight_type == GgmlType::Q5_K
         || weight_type == GgmlType::Q3_K
+        || weight_type == GgmlType::Q2_K
         || plain_grid(weight_type).is_some())
         && !crate::amx::available())
 }
@@ -310,6 +319,7 @@ fn unpacked_block_bytes(weight_type: GgmlType) -> (usize, usize) {
         GgmlType::Q6_K => (Q6_K_BYTES, WQ6K_BLOCK),
         GgmlType::IQ4_XS => (iq4_xs::BYTES, WGRID_BLOCK),
         GgmlType::Q3_K => (q3_k::BYTES, WGRID_BLOCK),
+        GgmlType::Q2_K => (q2_k::BYTES, WQ2K_BLOCK),
         GgmlType::IQ1_M => (iq1_m::BYTES, WIQ1M_BLOCK),
         t => match plain_grid(t) {
             Some(grid) => (grid.block_bytes, WGRID_BLOCK),
@@ -435,6 +445,7 @@ unsafe fn unpack_rows(
         GgmlType::Q5_1 => |wb, ob| unpack_offset32(wb, ob, q5_1::levels),
         GgmlType::IQ4_XS => unpack_iq4_xs,
         GgmlType::Q3_K => unpack_q3_k,
+        GgmlType::Q2_K => unpack_q2_k,
         GgmlType::IQ1_M => unpack_iq1_m,
         GgmlType::IQ2_XXS => |wb, ob| unpack_grid(GgmlType::IQ2_XXS, wb, ob),
         GgmlType::IQ2_XS => |wb, ob| unpack_grid(GgmlType::IQ2_XS, wb, ob),
@@ -526,6 +537,35 @@ fn unpack_q3_k(wb: &[u8], out: &mut [u8]) {
         put_i32(out, WGRID_SC + 4 * j, m);
     }
     finish_grid_block(out, corr, read_f16(wb, q3_k::D), 1.0);
+}
+
+/// One Q2_K super-block `wb` unpacked into `out` (the [`WQ2K_BLOCK`] layout). Plain
+/// code, as [`unpack_iq4_xs`].
+fn unpack_q2_k(wb: &[u8], out: &mut [u8]) {
+    assert!(wb.len() >= q2_k::BYTES && out.len() >= WQ2K_BLOCK);
+    let levels = q2_k::levels(wb);
+    let scale = |j: usize| (wb[j] & 0x0F) as i32;
+    let min = |j: usize| (wb[j] >> 4) as i16;
+    let mut corr = [0i32; 8];
+    for (g, q) in levels.chunks_exact(32).enumerate() {
+        for (l, quad) in q.chunks_exact(4).enumerate() {
+            corr[l] += scale(2 * g + l / 4) * quad.iter().map(|&v| v as i32).sum::<i32>();
+        }
+        for (o, &v) in out[32 * g..32 * g + 32].iter_mut().zip(q) {
+            *o = v as u8;
+        }
+    }
+    for j in 0..16 {
+        // A 4-bit scale in the low word, 0 in the high one: `vpdpwssd` multiplies the
+        // lane's quad sum (at most 4·255·3, a non-negative word) by it alone.
+        put_i32(out, WQ2K_SC + 4 * j, scale(j));
+    }
+    for (l, c) in corr.into_iter().enumerate() {
+        put_i32(out, WQ2K_CORR + 4 * l, -128 * c);
+        put_pair(out, WQ2K_MINS + 4 * l, min(2 * l), min(2 * l + 1));
+    }
+    put_f32(out, WQ2K_D, read_f16(wb, q2_k::D));
+    put_f32(out, WQ2K_D + 4, -read_f16(wb, q2_k::DMIN));
 }
 
 /// One Q5_K super-block `wb` unpacked into `out` (the [`WQ4K_BLOCK`] layout of
@@ -921,6 +961,10 @@ unsafe fn run_avx512(
                                 n_blocks,
                                 first_mut(dst),
                             ),
+                            (GgmlType::Q2_K, true) => q2_k_tile::<2>(w, stride, x, n_blocks, dst),
+                            (GgmlType::Q2_K, false) => {
+                                q2_k_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
+                            }
                             (GgmlType::Q6_K, true) => q6_k_tile::<2>(w, stride, x, n_blocks, dst),
                             (GgmlType::Q6_K, false) => {
                                 q6_k_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
@@ -1516,6 +1560,80 @@ unsafe fn q4_k_tile<const R: usize, const MIN_CHAIN: bool>(
         };
         // SAFETY: `out[r]` is sixteen f32.
         unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), _mm512_add_ps(lanes_sum(&acc[r]), mins)) };
+    }
+}
+
+/// Q2_K rows against one token group, in the order of its single-token kernel
+/// (`formats::q2_k::dot`): per super-block first the min lanes `m[2l]·s[2l] +
+/// m[2l+1]·s[2l+1]` fused with `−d_x·dmin`, then the level lanes `Σ_g sc·Σ (x+128)·q −
+/// 128·Σ_g sc·Σ q` (the scale of each lane's sub-block of 16 by `vpdpwssd`, as Q4_K's)
+/// fused with `d_x·d_w`, into the same eight running lanes.
+///
+/// # Safety
+/// As [`block32_tile`], with [`WQ2K_BLOCK`] unpacked super-blocks and Q8_K tile
+/// super-blocks (`x + 128`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn q2_k_tile<const R: usize>(
+    w: &[u8],
+    stride: usize,
+    x: &[u8],
+    n_blocks: usize,
+    out: &mut [[f32; TILE]; R],
+) {
+    assert!(w.len() >= (R - 1) * stride + n_blocks * WQ2K_BLOCK);
+    assert!(x.len() >= n_blocks * ACTK_BLOCK);
+    let mut acc = [[_mm512_setzero_ps(); 8]; R];
+    let zero = _mm512_setzero_si512();
+    for b in 0..n_blocks {
+        let xt = x[b * ACTK_BLOCK..].as_ptr();
+        let wbs: [*const u8; R] =
+            std::array::from_fn(|r| w[r * stride + b * WQ2K_BLOCK..].as_ptr());
+        // SAFETY (every load below): inside the tile super-block and the unpacked
+        // super-blocks (asserted above).
+        let mut lanes: [[__m512i; 8]; R] = std::array::from_fn(|r| {
+            std::array::from_fn(|l| unsafe { splat_i32(wbs[r].add(WQ2K_CORR + 4 * l)) })
+        });
+        for g in 0..8 {
+            // SAFETY: as above.
+            let xl: [__m512i; 8] = std::array::from_fn(|l| unsafe {
+                _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _)
+            });
+            for r in 0..R {
+                // SAFETY: as above.
+                unsafe {
+                    let sc = [
+                        splat_i32(wbs[r].add(WQ2K_SC + 8 * g)),
+                        splat_i32(wbs[r].add(WQ2K_SC + 8 * g + 4)),
+                    ];
+                    for l in 0..8 {
+                        let quad =
+                            _mm512_dpbusd_epi32(zero, xl[l], splat_i32(wbs[r].add(32 * g + 4 * l)));
+                        lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], quad, sc[l / 4]);
+                    }
+                }
+            }
+        }
+        // SAFETY: as above.
+        unsafe {
+            let dx = _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32);
+            for r in 0..R {
+                let neg_dmin = _mm512_mul_ps(dx, splat_f32(wbs[r].add(WQ2K_D + 4)));
+                for l in 0..8 {
+                    let sums = _mm512_loadu_si512(xt.add(ACTK_BSUMS + 64 * l) as *const _);
+                    let mins =
+                        _mm512_dpwssd_epi32(zero, sums, splat_i32(wbs[r].add(WQ2K_MINS + 4 * l)));
+                    acc[r][l] = _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(mins), acc[r][l]);
+                }
+                let d = _mm512_mul_ps(dx, splat_f32(wbs[r].add(WQ2K_D)));
+                for l in 0..8 {
+                    acc[r][l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes[r][l]), acc[r][l]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        // SAFETY: `out[r]` is sixteen f32.
+        unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), lanes_sum(&acc[r])) };
     }
 }
 

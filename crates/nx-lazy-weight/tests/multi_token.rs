@@ -46,7 +46,7 @@ const MULTI_TYPES: [GgmlType; 22] = [
 ];
 
 /// The types with 16-token tiles on the AVX-512 VNNI tier (the first of [`MULTI_TYPES`]).
-const TILED_TYPES: [GgmlType; 17] = [
+const TILED_TYPES: [GgmlType; 18] = [
     GgmlType::Q4_K,
     GgmlType::Q6_K,
     GgmlType::Q5_0,
@@ -64,6 +64,7 @@ const TILED_TYPES: [GgmlType; 17] = [
     GgmlType::Q5_K,
     GgmlType::Q4_1,
     GgmlType::Q5_1,
+    GgmlType::Q2_K,
 ];
 
 /// An activation row quantized to `ty`'s dot type; the scale varies per row so the four

@@ -29,6 +29,7 @@ fn tiled_vnni_kernels_without_amx_equal_dot_row() {
         GgmlType::Q5_K,
         GgmlType::Q4_1,
         GgmlType::Q5_1,
+        GgmlType::Q2_K,
     ] {
         check_matmul_against_dot_row(ty, &[16, 33, 37]);
     }

@@ -38,7 +38,7 @@ pub const FORMAT: BlockFormat = BlockFormat {
 
 /// The 256 levels (0..3), in weight order.
 #[inline(always)]
-fn levels(b: &[u8]) -> [i8; 256] {
+pub(crate) fn levels(b: &[u8]) -> [i8; 256] {
     let mut q = [0i8; 256];
     for h in 0..2 {
         for k in 0..4 {
