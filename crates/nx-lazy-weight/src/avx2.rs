@@ -1247,7 +1247,7 @@ unsafe fn quads16(w: &[__m256i; 2], x: &[u8], at: usize) -> __m256i {
 /// The sum of eight i32 lanes (exact for block sums).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum_epi32_8(v: __m256i) -> i32 {
+pub(crate) fn hsum_epi32_8(v: __m256i) -> i32 {
     hsum_epi32(_mm_add_epi32(
         _mm256_castsi256_si128(v),
         _mm256_extracti128_si256::<1>(v),
@@ -1256,9 +1256,12 @@ fn hsum_epi32_8(v: __m256i) -> i32 {
 
 /// IQ4_NL's float order for one token: paired blocks alternate between two accumulators
 /// (added lane-wise, then summed), an odd last block is one fused multiply-add of its
-/// scale with its integer sum.
+/// scale with its integer sum. The two accumulators are named fields chosen by a branch,
+/// not an array indexed by `ib % 2`: a dynamic index kept them in memory, a store and a
+/// reload on every block's chain.
 pub(crate) struct Iq4nlAcc {
-    acc: [__m256; 2],
+    even: __m256,
+    odd: __m256,
     tail: Option<(f32, i32)>,
 }
 
@@ -1267,7 +1270,8 @@ impl Iq4nlAcc {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn new() -> Iq4nlAcc {
         Iq4nlAcc {
-            acc: [_mm256_setzero_ps(); 2],
+            even: _mm256_setzero_ps(),
+            odd: _mm256_setzero_ps(),
             tail: None,
         }
     }
@@ -1277,8 +1281,13 @@ impl Iq4nlAcc {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn add(&mut self, ib: usize, paired: usize, d: f32, lanes: __m256i) {
         if ib < paired {
-            let slot = &mut self.acc[ib % 2];
-            *slot = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), *slot);
+            let d = _mm256_set1_ps(d);
+            let lanes = _mm256_cvtepi32_ps(lanes);
+            if ib.is_multiple_of(2) {
+                self.even = _mm256_fmadd_ps(d, lanes, self.even);
+            } else {
+                self.odd = _mm256_fmadd_ps(d, lanes, self.odd);
+            }
         } else {
             self.tail = Some((d, hsum_epi32_8(lanes)));
         }
@@ -1287,7 +1296,7 @@ impl Iq4nlAcc {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn finish(&self) -> f32 {
-        let sumf = hsum_ps(_mm256_add_ps(self.acc[0], self.acc[1]));
+        let sumf = hsum_ps(_mm256_add_ps(self.even, self.odd));
         match self.tail {
             Some((d, sumi)) => d.mul_add(sumi as f32, sumf),
             None => sumf,

@@ -22,15 +22,16 @@ use std::arch::x86_64::*;
 use nx_gguf::GgmlType;
 
 use crate::avx2::{
-    block_of_each, common_blocks, f16_scalar, f16_splat, f32_splat, hsum4_ps, hsum_epi32, hsum_ps,
-    k4_min_lanes, lanes8_chain, lanes8_chain4, load16, load32, prefetch_ahead, q4_1_levels,
-    q5_1_levels, Iq4nlAcc,
+    block_of_each, common_blocks, f16_scalar, f16_splat, f32_splat, hsum4_ps, hsum_epi32,
+    hsum_epi32_8, hsum_ps, k4_min_lanes, lanes8_chain, lanes8_chain4, load16, load32,
+    prefetch_ahead, q4_1_levels, q5_1_levels, Iq4nlAcc,
 };
 use crate::dispatch::{DotKernel4, DotKernelRows4};
 use crate::dot_scalar::DotKernel;
 use crate::formats::{
-    iq4_nl, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32, read_u32, scales_mins_k4_packed,
-    Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES,
+    iq4_nl, iq4_xs, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32, read_u32,
+    scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+    Q8_K_BYTES,
 };
 
 /// True when this CPU can run the kernels of this module.
@@ -58,6 +59,7 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::Q4_1 => dot_q4_1_q8_1,
         GgmlType::Q5_1 => dot_q5_1_q8_1,
         GgmlType::IQ4_NL => dot_iq4_nl_q8_0,
+        GgmlType::IQ4_XS => dot_iq4_xs_q8_k,
         _ => return None,
     };
     Some(k)
@@ -86,6 +88,7 @@ checked_entry! {
     dot_q4_1_q8_1 => q4_1_impl,
     dot_q5_1_q8_1 => q5_1_impl,
     dot_iq4_nl_q8_0 => iq4_nl_impl,
+    dot_iq4_xs_q8_k => iq4_xs_impl,
 }
 
 /// 64 bytes at `bytes[offset..offset + 64]`.
@@ -435,6 +438,7 @@ pub(crate) fn kernel_rows4(weight_type: GgmlType) -> Option<DotKernelRows4> {
         GgmlType::Q4_1 => dot_rows4_q4_1_q8_1,
         GgmlType::Q5_1 => dot_rows4_q5_1_q8_1,
         GgmlType::IQ4_NL => dot_rows4_iq4_nl_q8_0,
+        GgmlType::IQ4_XS => dot_rows4_iq4_xs_q8_k,
         _ => return None,
     };
     Some(k)
@@ -459,6 +463,7 @@ checked_entry_rows4! {
     dot_rows4_q4_1_q8_1 => q4_1_rows4_impl,
     dot_rows4_q5_1_q8_1 => q5_1_rows4_impl,
     dot_rows4_iq4_nl_q8_0 => iq4_nl_rows4_impl,
+    dot_rows4_iq4_xs_q8_k => iq4_xs_rows4_impl,
 }
 
 /// Runs a per-block expression over the whole blocks of four weight rows `$w` and one
@@ -1142,24 +1147,203 @@ unsafe fn iq4_quads(biased: __m256i, x: &[u8], at: usize) -> __m256i {
     )
 }
 
-/// IQ4_NL × Q8_0 (the float order of `avx2::Iq4nlAcc`).
+/// Two consecutive IQ4_NL blocks' biased levels `v + 128` in one register, 128-bit
+/// lanes `[block 0 weights 0..16, 16..32, block 1 weights 0..16, 16..32]`.
+///
+/// # Safety
+/// `w0` and `w1` are whole IQ4_NL blocks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4_biased_pair(w0: &[u8], w1: &[u8], table: __m512i) -> __m512i {
+    let low4 = _mm256_set1_epi8(0x0F);
+    // SAFETY: qs is bytes 2..18 of each 18-byte block.
+    let qs = unsafe { _mm256_set_m128i(load16(w1, iq4_nl::QS), load16(w0, iq4_nl::QS)) };
+    let lo = _mm256_and_si256(qs, low4);
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), low4);
+    // [lo0, lo1, hi0, hi1] → [lo0, hi0, lo1, hi1].
+    let halves = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+    let ordered = _mm512_shuffle_i64x2::<0b11_01_10_00>(halves, halves);
+    _mm512_shuffle_epi8(table, ordered)
+}
+
+/// `[a; 8]` in the low 256 bits, `[b; 8]` in the high ones.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn splat_pair(a: f32, b: f32) -> __m512 {
+    let low = _mm512_castps256_ps512(_mm256_set1_ps(a));
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+        _mm512_castps_pd(low),
+        _mm256_castps_pd(_mm256_set1_ps(b)),
+    ))
+}
+
+/// IQ4_NL × Q8_0 for `R` weight rows and one token, in the order of `avx2::Iq4nlAcc`
+/// with each pair of blocks in one 512-bit register: the even block's eight lanes in
+/// the low half, the odd one's in the high half, so one FMA advances both chains (each
+/// half its own, as the two accumulators of the order), and the halves are added
+/// lane-wise at the end. An odd last block joins as one fused multiply-add of its scale
+/// with its integer sum.
+///
+/// # Safety
+/// The CPU has the features of this module; every row holds `n_blocks` blocks and `x`
+/// as many Q8_0 blocks (see the callers).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4_nl_pairs<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) -> [f32; R] {
+    const B: usize = iq4_nl::BYTES;
+    // SAFETY: the table is 16 bytes; unaligned load.
+    let table = _mm512_broadcast_i32x4(unsafe {
+        _mm_loadu_si128(KVALUES_BIASED.as_ptr() as *const __m128i)
+    });
+    let minus128 = _mm512_set1_epi8(-128);
+    let zero = _mm512_setzero_si512();
+    let paired = n_blocks & !1;
+    let mut acc = [_mm512_setzero_ps(); R];
+    for ib in (0..paired).step_by(2) {
+        let (x0, x1) = (&x[ib * Q8_0_BYTES..], &x[(ib + 1) * Q8_0_BYTES..]);
+        // SAFETY: x quants are bytes 2..34 of each 34-byte block.
+        let xq = unsafe {
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load32(x0, 2)), load32(x1, 2))
+        };
+        // −128·Σx per quad, shared by the rows.
+        let corr = _mm512_dpbusd_epi32(zero, minus128, xq);
+        let (dx0, dx1) = (f16_scalar(x0, 0), f16_scalar(x1, 0));
+        for r in 0..R {
+            prefetch_ahead(w[r], ib * B);
+            let (w0, w1) = (
+                &w[r][ib * B..(ib + 1) * B],
+                &w[r][(ib + 1) * B..(ib + 2) * B],
+            );
+            // SAFETY: whole blocks.
+            let biased = unsafe { iq4_biased_pair(w0, w1, table) };
+            let lanes = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, biased, xq), corr);
+            let d = splat_pair(dx0 * f16_scalar(w0, 0), dx1 * f16_scalar(w1, 0));
+            acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes), acc[r]);
+        }
+    }
+    let mut out = [0f32; R];
+    for r in 0..R {
+        let even = _mm512_castps512_ps256(acc[r]);
+        let odd = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[r])));
+        let sumf = hsum_ps(_mm256_add_ps(even, odd));
+        if paired < n_blocks {
+            let xb = &x[paired * Q8_0_BYTES..];
+            let wb = &w[r][paired * B..];
+            // SAFETY: the last whole blocks.
+            let lanes = unsafe { iq4_quads(iq4_biased(load16(wb, iq4_nl::QS)), xb, 2) };
+            let sumi = hsum_epi32_8(lanes);
+            out[r] = (f16_scalar(xb, 0) * f16_scalar(wb, 0)).mul_add(sumi as f32, sumf);
+        } else {
+            out[r] = sumf;
+        }
+    }
+    out
+}
+
+/// IQ4_NL × Q8_0 (the float order of `avx2::Iq4nlAcc`, see [`iq4_nl_pairs`]).
 ///
 /// # Safety
 /// The CPU has the features of this module.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn iq4_nl_impl(w: &[u8], x: &[u8]) -> f32 {
     let n_blocks = (w.len() / iq4_nl::BYTES).min(x.len() / Q8_0_BYTES);
-    let paired = n_blocks & !1;
-    let mut acc = Iq4nlAcc::new();
-    for ib in 0..n_blocks {
-        prefetch_ahead(w, ib * iq4_nl::BYTES);
-        let wb = &w[ib * iq4_nl::BYTES..(ib + 1) * iq4_nl::BYTES];
-        let xb = &x[ib * Q8_0_BYTES..(ib + 1) * Q8_0_BYTES];
-        // SAFETY: qs is bytes 2..18 of an 18-byte block; x quants 2..34 of 34.
-        let lanes = unsafe { iq4_quads(iq4_biased(load16(wb, iq4_nl::QS)), xb, 2) };
-        acc.add(ib, paired, f16_scalar(xb, 0) * f16_scalar(wb, 0), lanes);
+    // SAFETY: the same features; whole blocks.
+    let [sum] = unsafe { iq4_nl_pairs([w], x, n_blocks) };
+    sum
+}
+
+/// Sub-block `j`'s scale `ls − 32` of an IQ4_XS super-block (`sh` its high-bit word).
+#[inline(always)]
+fn iq4_xs_scale(wb: &[u8], sh: i32, j: usize) -> i32 {
+    let low = (wb[iq4_xs::SCALES_L + j / 2] >> (4 * (j % 2))) & 0x0F;
+    (low as i32 | (((sh >> (2 * j)) & 3) << 4)) - 32
+}
+
+/// IQ4_XS × Q8_K for `R` weight rows and one token, in the order of its single-token
+/// kernel (`avx2::iq4_xs_impl`): per super-block eight exact integer lanes
+/// `Σ_j ls_j·quad_j,l`, one `fma(d_w·d_x, lanes)`. Two sub-blocks share a 512-bit
+/// register (their 32 level bytes and 64 activation bytes are contiguous); the integer
+/// halves are added at the end of the super-block (exact in any order).
+///
+/// # Safety
+/// The CPU has the features of this module; every row holds `n_blocks` super-blocks and
+/// `x` as many Q8_K blocks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4_xs_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) -> [f32; R] {
+    const B: usize = iq4_xs::BYTES;
+    // SAFETY: the table is 16 bytes; unaligned load.
+    let table = _mm512_broadcast_i32x4(unsafe {
+        _mm_loadu_si128(KVALUES_BIASED.as_ptr() as *const __m128i)
+    });
+    let low4 = _mm256_set1_epi8(0x0F);
+    let minus128 = _mm512_set1_epi8(-128);
+    let zero = _mm512_setzero_si512();
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..n_blocks {
+        let xb = &x[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
+        // SAFETY (loads): x quants are bytes 4..260 of 292; each pair of sub-blocks'
+        // levels 32 bytes of 8..136 of 136.
+        let xq: [__m512i; 4] = [0, 1, 2, 3].map(|p| unsafe { load64(xb, q8_k::QS + 64 * p) });
+        let corr: [__m512i; 4] = [0, 1, 2, 3].map(|p| _mm512_dpbusd_epi32(zero, minus128, xq[p]));
+        let dx = f32_splat(xb, 0);
+        for r in 0..R {
+            let wb = &w[r][b * B..(b + 1) * B];
+            prefetch_ahead(w[r], b * B);
+            let sh = u16::from_le_bytes([wb[iq4_xs::SCALES_H], wb[iq4_xs::SCALES_H + 1]]) as i32;
+            let mut sumi = zero;
+            for p in 0..4 {
+                // SAFETY: as above.
+                let qs = unsafe { load32(wb, iq4_xs::QS + 32 * p) };
+                let lo = _mm256_and_si256(qs, low4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), low4);
+                // [lo j, lo j+1, hi j, hi j+1] → [lo j, hi j, lo j+1, hi j+1].
+                let halves = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                let ordered = _mm512_shuffle_i64x2::<0b11_01_10_00>(halves, halves);
+                let biased = _mm512_shuffle_epi8(table, ordered);
+                let quads = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, biased, xq[p]), corr[p]);
+                let scales = _mm512_inserti64x4::<1>(
+                    _mm512_set1_epi32(iq4_xs_scale(wb, sh, 2 * p)),
+                    _mm256_set1_epi32(iq4_xs_scale(wb, sh, 2 * p + 1)),
+                );
+                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(quads, scales));
+            }
+            let lanes = _mm256_add_epi32(
+                _mm512_castsi512_si256(sumi),
+                _mm512_extracti64x4_epi64::<1>(sumi),
+            );
+            let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[r]);
+        }
     }
-    acc.finish()
+    let mut out = [0f32; R];
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]);
+    }
+    out
+}
+
+/// IQ4_XS × Q8_K (see [`iq4_xs_rows`]).
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4_xs_impl(w: &[u8], x: &[u8]) -> f32 {
+    let n_blocks = (w.len() / iq4_xs::BYTES).min(x.len() / Q8_K_BYTES);
+    // SAFETY: the same features; whole blocks.
+    let [sum] = unsafe { iq4_xs_rows([w], x, n_blocks) };
+    sum
+}
+
+/// IQ4_XS × Q8_K for four weight rows and one token.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4_xs_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+    let n_blocks = rows4_blocks(&w, x, iq4_xs::BYTES, Q8_K_BYTES);
+    // SAFETY: the same features; whole blocks of every row.
+    unsafe { iq4_xs_rows(w, x, n_blocks) }
 }
 
 /// IQ4_NL × Q8_0 for four tokens.
@@ -1197,23 +1381,6 @@ unsafe fn iq4_nl_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn iq4_nl_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     let n_blocks = rows4_blocks(&w, x, iq4_nl::BYTES, Q8_0_BYTES);
-    let paired = n_blocks & !1;
-    let mut acc = [
-        Iq4nlAcc::new(),
-        Iq4nlAcc::new(),
-        Iq4nlAcc::new(),
-        Iq4nlAcc::new(),
-    ];
-    for ib in 0..n_blocks {
-        let xb = &x[ib * Q8_0_BYTES..(ib + 1) * Q8_0_BYTES];
-        let d_x = f16_scalar(xb, 0);
-        for r in 0..4 {
-            prefetch_ahead(w[r], ib * iq4_nl::BYTES);
-            let wb = &w[r][ib * iq4_nl::BYTES..(ib + 1) * iq4_nl::BYTES];
-            // SAFETY: qs is bytes 2..18 of an 18-byte block; x quants 2..34 of 34.
-            let lanes = unsafe { iq4_quads(iq4_biased(load16(wb, iq4_nl::QS)), xb, 2) };
-            acc[r].add(ib, paired, d_x * f16_scalar(wb, 0), lanes);
-        }
-    }
-    std::array::from_fn(|r| acc[r].finish())
+    // SAFETY: the same features; whole blocks of every row.
+    unsafe { iq4_nl_pairs(w, x, n_blocks) }
 }
