@@ -993,13 +993,11 @@ unsafe fn run_avx512(
                             (GgmlType::Q4_1 | GgmlType::Q5_1, false) => {
                                 offset32_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
                             }
-                            // Two chains of eight lanes a row: one row at a time.
-                            (GgmlType::IQ4_NL, _) => {
-                                let (first, second) = dst.split_at_mut(1);
-                                iq4_nl_tile(w, x, n_blocks, &mut first[0]);
-                                if pair {
-                                    iq4_nl_tile(&w[stride..], x, n_blocks, &mut second[0]);
-                                }
+                            (GgmlType::IQ4_NL, true) => {
+                                iq4_nl_tile::<2>(w, stride, x, n_blocks, dst)
+                            }
+                            (GgmlType::IQ4_NL, false) => {
+                                iq4_nl_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
                             }
                             (_, true) => block32_tile::<2>(w, stride, x, n_blocks, dst),
                             (_, false) => block32_tile::<1>(w, stride, x, n_blocks, first_mut(dst)),
@@ -1201,10 +1199,34 @@ unsafe fn block32_tile<const R: usize>(
     n_blocks: usize,
     out: &mut [[f32; TILE]; R],
 ) {
+    // SAFETY: the caller's contract.
+    let acc = unsafe { block32_chains::<R>(w, stride, x, n_blocks, 0, 1) };
+    for r in 0..R {
+        // SAFETY: `out[r]` is sixteen f32.
+        unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), lanes_sum(&acc[r])) };
+    }
+}
+
+/// The eight lane chains of `R` rows over the blocks `first, first + step, …` below
+/// `n_blocks`: per block `acc = fma(d_w·d_x, lane, acc)` for each lane, as the
+/// single-token kernels.
+///
+/// # Safety
+/// As [`block32_tile`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn block32_chains<const R: usize>(
+    w: &[u8],
+    stride: usize,
+    x: &[u8],
+    n_blocks: usize,
+    first: usize,
+    step: usize,
+) -> [[__m512; 8]; R] {
     assert!(w.len() >= (R - 1) * stride + n_blocks * W32_BLOCK);
     assert!(x.len() >= n_blocks * ACT32_BLOCK);
     let mut acc = [[_mm512_setzero_ps(); 8]; R];
-    for b in 0..n_blocks {
+    for b in (first..n_blocks).step_by(step) {
         let xt = x[b * ACT32_BLOCK..].as_ptr();
         // SAFETY: inside the tile block (asserted above).
         let xl: [__m512i; 8] =
@@ -1227,10 +1249,7 @@ unsafe fn block32_tile<const R: usize>(
             }
         }
     }
-    for r in 0..R {
-        // SAFETY: `out[r]` is sixteen f32.
-        unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), lanes_sum(&acc[r])) };
-    }
+    acc
 }
 
 /// Q4_1 or Q5_1 rows against one Q8_1 token group, in the order of their single-token
@@ -1289,62 +1308,61 @@ unsafe fn offset32_tile<const R: usize>(
     }
 }
 
-/// One IQ4_NL row against one token group, in the order of its single-token kernel
+/// IQ4_NL rows against one token group, in the order of their single-token kernel
 /// (`formats::iq4_nl::dot`): blocks in pairs, even blocks into one set of eight lane
 /// chains and odd blocks into another, the two sets added lane-wise and summed; an odd
 /// last block then joins as one fused multiply-add of `d` with its whole integer sum.
+/// The two sets are independent chains, so they are run one after the other: eight
+/// lane registers a row at a time, which leaves room for two rows.
 ///
 /// # Safety
-/// As [`block32_tile`] with `R` = 1 (IQ4_NL blocks unpacked to signed levels).
+/// As [`block32_tile`] (IQ4_NL blocks unpacked to signed levels).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-unsafe fn iq4_nl_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]) {
-    assert!(w.len() >= n_blocks * W32_BLOCK);
+unsafe fn iq4_nl_tile<const R: usize>(
+    w: &[u8],
+    stride: usize,
+    x: &[u8],
+    n_blocks: usize,
+    out: &mut [[f32; TILE]; R],
+) {
+    assert!(w.len() >= (R - 1) * stride + n_blocks * W32_BLOCK);
     assert!(x.len() >= n_blocks * ACT32_BLOCK);
-    // Even and odd blocks' eight lanes, sixteen tokens each (two named sets, so that
-    // they stay in registers: an index by `b % 2` kept them on the stack).
-    let mut even = [_mm512_setzero_ps(); 8];
-    let mut odd = [_mm512_setzero_ps(); 8];
-    // One block's lane integers (sixteen tokens a register) and `d_w·d_x`.
-    let block = |b: usize| {
-        let xt = x[b * ACT32_BLOCK..].as_ptr();
-        let wb = w[b * W32_BLOCK..].as_ptr();
-        // SAFETY: inside the tile block and the unpacked block (asserted above).
-        unsafe {
-            let d = _mm512_mul_ps(
-                splat_f32(wb.add(64)),
-                _mm512_loadu_ps(xt.add(512) as *const f32),
-            );
-            let lanes: [__m512i; 8] = std::array::from_fn(|l| {
-                _mm512_dpbusd_epi32(
-                    splat_i32(wb.add(32 + 4 * l)),
-                    _mm512_loadu_si512(xt.add(64 * l) as *const _),
-                    splat_i32(wb.add(4 * l)),
-                )
-            });
-            (lanes, d)
-        }
-    };
     let paired = n_blocks & !1;
-    for b in (0..paired).step_by(2) {
-        for (acc, b) in [(&mut even, b), (&mut odd, b + 1)] {
-            let (lanes, d) = block(b);
-            for (a, lane) in acc.iter_mut().zip(lanes) {
-                *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), *a);
+    // SAFETY: the caller's contract, for the first `paired` blocks.
+    let (even, odd) = unsafe {
+        (
+            block32_chains::<R>(w, stride, x, paired, 0, 2),
+            block32_chains::<R>(w, stride, x, paired, 1, 2),
+        )
+    };
+    for r in 0..R {
+        let both: [__m512; 8] = std::array::from_fn(|l| _mm512_add_ps(even[r][l], odd[r][l]));
+        let mut sum = lanes_sum(&both);
+        if paired < n_blocks {
+            let xt = x[paired * ACT32_BLOCK..].as_ptr();
+            let wb = w[r * stride + paired * W32_BLOCK..].as_ptr();
+            // SAFETY: the last block of row r and of the tile (asserted above).
+            unsafe {
+                let d = _mm512_mul_ps(
+                    splat_f32(wb.add(64)),
+                    _mm512_loadu_ps(xt.add(512) as *const f32),
+                );
+                // Integer adds: exact in any order.
+                let mut total = _mm512_setzero_si512();
+                for l in 0..8 {
+                    let lane = _mm512_dpbusd_epi32(
+                        splat_i32(wb.add(32 + 4 * l)),
+                        _mm512_loadu_si512(xt.add(64 * l) as *const _),
+                        splat_i32(wb.add(4 * l)),
+                    );
+                    total = _mm512_add_epi32(total, lane);
+                }
+                sum = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(total), sum);
             }
         }
+        // SAFETY: `out[r]` is sixteen f32.
+        unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), sum) };
     }
-    let both: [__m512; 8] = std::array::from_fn(|l| _mm512_add_ps(even[l], odd[l]));
-    let mut sum = lanes_sum(&both);
-    if paired < n_blocks {
-        let (lanes, d) = block(paired);
-        // Integer adds: exact in any order.
-        let total = lanes
-            .iter()
-            .fold(_mm512_setzero_si512(), |s, &l| _mm512_add_epi32(s, l));
-        sum = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(total), sum);
-    }
-    // SAFETY: `out` is sixteen f32.
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sum) };
 }
 
 /// One IQ4_XS or IQ2/IQ3 grid row against one token group, in the order of its
