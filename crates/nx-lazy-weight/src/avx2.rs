@@ -136,7 +136,9 @@ macro_rules! direct_grid_kernel {
             use crate::formats::$format::{BYTES, POST_SCALE};
             use crate::formats::{q8_k::QS as Q8_K_QS, read_f16, Q8_K_BYTES};
             let n_blocks = common_blocks(w, &xs, BYTES, Q8_K_BYTES);
-            let mut acc = [crate::reduce::Lanes8::default(); N];
+            // The lanes' float chains in registers: `fma_block`'s per-lane FMAs, and
+            // `hsum_ps` is `Lanes8::sum`'s order.
+            let mut acc = [_mm256_setzero_ps(); N];
             for i in 0..n_blocks {
                 // One length check for the block and one per activation block.
                 let $b = &w[i * BYTES..(i + 1) * BYTES];
@@ -156,10 +158,15 @@ macro_rules! direct_grid_kernel {
                 }
                 let d_w = read_f16($b, 0);
                 for t in 0..N {
-                    acc[t].fma_block(d_w * read_f32(xb[t], 0), &lane_ints(lanes[t]));
+                    let d = _mm256_set1_ps(d_w * read_f32(xb[t], 0));
+                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes[t]), acc[t]);
                 }
             }
-            acc.map(|a| POST_SCALE * a.sum())
+            let mut out = [0f32; N];
+            for t in 0..N {
+                out[t] = POST_SCALE * hsum_ps(acc[t]);
+            }
+            out
         }
 
         n_row_entries!($imp => $dot, $dot4);
@@ -358,8 +365,9 @@ unsafe fn iq1_m_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     use crate::formats::iq1_s::DELTA;
     use crate::formats::{q8_k::QS as Q8_K_QS, Q8_K_BYTES};
     let n_blocks = common_blocks(w, &xs, BYTES, Q8_K_BYTES);
-    let mut grid_acc = [crate::reduce::Lanes8::default(); N];
-    let mut offset_acc = [crate::reduce::Lanes8::default(); N];
+    // In registers, as `direct_grid_kernel!`'s.
+    let mut grid_acc = [_mm256_setzero_ps(); N];
+    let mut offset_acc = [_mm256_setzero_ps(); N];
     let ones = _mm256_set1_epi8(1);
     for i in 0..n_blocks {
         // One length check for the block and one per activation block.
@@ -396,12 +404,16 @@ unsafe fn iq1_m_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
         }
         let d_w = super_scale(&sc);
         for t in 0..N {
-            let d = read_f32(xb[t], 0) * d_w;
-            grid_acc[t].fma_block(d, &lane_ints(grid_lanes[t]));
-            offset_acc[t].fma_block(d, &lane_ints(offset_lanes[t]));
+            let d = _mm256_set1_ps(read_f32(xb[t], 0) * d_w);
+            grid_acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(grid_lanes[t]), grid_acc[t]);
+            offset_acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(offset_lanes[t]), offset_acc[t]);
         }
     }
-    std::array::from_fn(|t| grid_acc[t].sum() + DELTA * offset_acc[t].sum())
+    let mut out = [0f32; N];
+    for t in 0..N {
+        out[t] = hsum_ps(grid_acc[t]) + DELTA * hsum_ps(offset_acc[t]);
+    }
+    out
 }
 
 n_row_entries!(iq1_m_impl => dot_iq1_m_q8_k, dot4_iq1_m_q8_k);
@@ -419,7 +431,8 @@ unsafe fn iq1_s_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     use crate::formats::iq1_s::{octet, qh, BYTES, DELTA};
     use crate::formats::{q8_k::BSUMS, q8_k::QS as Q8_K_QS, read_f16, read_i16, Q8_K_BYTES};
     let n_blocks = common_blocks(w, &xs, BYTES, Q8_K_BYTES);
-    let mut acc = [crate::reduce::Lanes8::default(); N];
+    // In registers, as `direct_grid_kernel!`'s.
+    let mut acc = [_mm256_setzero_ps(); N];
     let mut offsets = [0.0f32; N];
     let ones = _mm256_set1_epi8(1);
     for i in 0..n_blocks {
@@ -457,11 +470,15 @@ unsafe fn iq1_s_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
                 offset_sum += pair * signed_scales[g];
             }
             let d = read_f32(xb[t], 0) * d_w;
-            acc[t].fma_block(d, &lane_ints(lanes[t]));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes[t]), acc[t]);
             offsets[t] = d.mul_add(offset_sum as f32, offsets[t]);
         }
     }
-    std::array::from_fn(|t| acc[t].sum() + DELTA * offsets[t])
+    let mut out = [0f32; N];
+    for t in 0..N {
+        out[t] = hsum_ps(acc[t]) + DELTA * offsets[t];
+    }
+    out
 }
 
 n_row_entries!(iq1_s_impl => dot_iq1_s_q8_k, dot4_iq1_s_q8_k);
@@ -2026,13 +2043,6 @@ pub(crate) fn block_of_each<'a, const N: usize>(
         *block = &row[b * block_bytes..(b + 1) * block_bytes];
     }
     blocks
-}
-
-/// The eight i32 lanes of `v`.
-#[inline(always)]
-fn lane_ints(v: __m256i) -> [i32; 8] {
-    // SAFETY: both are 32 bytes of plain integers.
-    unsafe { std::mem::transmute::<__m256i, [i32; 8]>(v) }
 }
 
 /// Q4_0 × Q8_0 for four tokens: [`q4_0_impl`] with the nibbles unpacked once per block.
