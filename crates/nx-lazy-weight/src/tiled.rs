@@ -23,7 +23,8 @@
 //! | IQ4_NL | as Q4_0, `w` the table level | even and odd blocks in two chains, as the scalar twin |
 //! | Q4_K | `Σ_g sc_g·Σ (x+128)·q − 128·Σ_g sc_g·Σ q` | four min lanes, as the scalar twin |
 //! | Q5_K | as Q4_K with 5-bit `q` (a quad of `(x+128)·q` still fits 16 bits) | one min chain, as the scalar twin |
-//! | Q3_K | as IQ4_XS with a multiplier `sc − 32` per 16 weights, levels −4..3 | — |
+//! | Q2_K | `Σ_g sc·Σ (x+128)·q − 128·Σ_g sc·Σ q` (a scale per 16 weights, by `vpdpwssd`) | the min lanes `m·s + m·s` first, into the same chains |
+//! | Q3_K | as Q2_K with levels −4..3 and scales `sc − 32`, no min term | — |
 //! | Q6_K | `Σ_g sc·(Σ (x+128)·q − 128·Σ q) − 32·(b·s + b·s)` | — |
 //! | IQ4_XS | `Σ_g ls_g·Σ (x+128)·w − 128·Σ_g ls_g·Σ w` (`ls_g` by a 32-bit multiply) | — |
 //! | IQ2_XXS … IQ3_S | as IQ4_XS with a multiplier per 16 weights, times the format's final factor | — |
@@ -74,9 +75,9 @@ const WQ4K_SC: usize = 256;
 const WQ4K_MINS: usize = WQ4K_SC + 32;
 const WQ4K_CORR: usize = WQ4K_MINS + 16;
 const WQ4K_D: usize = WQ4K_CORR + 32;
-/// Unpacked Q2_K super-block: 256 levels (0..3), sixteen sub-block scales as `(sc, 0)`
-/// word pairs, eight lane corrections, eight min pairs `(m[2l], m[2l+1])`, then `d` and
-/// `−dmin` (f32).
+/// Unpacked Q2_K or Q3_K super-block: 256 levels (0..3, or −4..3), sixteen sub-block
+/// scales as `(sc, 0)` word pairs, eight lane corrections, eight min pairs `(m[2l],
+/// m[2l+1])` (Q2_K), then `d` and `−dmin` (f32, Q2_K).
 const WQ2K_BLOCK: usize = WQ2K_D + 8;
 const WQ2K_SC: usize = 256;
 const WQ2K_CORR: usize = WQ2K_SC + 64;
@@ -318,7 +319,7 @@ fn unpacked_block_bytes(weight_type: GgmlType) -> (usize, usize) {
         GgmlType::Q5_K => (q5_k::BYTES, WQ4K_BLOCK),
         GgmlType::Q6_K => (Q6_K_BYTES, WQ6K_BLOCK),
         GgmlType::IQ4_XS => (iq4_xs::BYTES, WGRID_BLOCK),
-        GgmlType::Q3_K => (q3_k::BYTES, WGRID_BLOCK),
+        GgmlType::Q3_K => (q3_k::BYTES, WQ2K_BLOCK),
         GgmlType::Q2_K => (q2_k::BYTES, WQ2K_BLOCK),
         GgmlType::IQ1_M => (iq1_m::BYTES, WIQ1M_BLOCK),
         t => match plain_grid(t) {
@@ -517,11 +518,11 @@ fn unpack_offset32(wb: &[u8], out: &mut [u8], levels: fn(&[u8]) -> [i32; 32]) {
     put_f32(out, W32M_M, read_f16(wb, q4_1::M));
 }
 
-/// One Q3_K super-block `wb` unpacked into `out` (the [`WGRID_BLOCK`] layout: levels
-/// −4..3, the sixteen scales `sc − 32` as the multipliers, final factor 1). Plain code,
-/// as [`unpack_iq4_xs`].
+/// One Q3_K super-block `wb` unpacked into `out` (the [`WQ2K_BLOCK`] layout without
+/// the min terms: levels −4..3, the sixteen scales `sc − 32`). Plain code, as
+/// [`unpack_iq4_xs`].
 fn unpack_q3_k(wb: &[u8], out: &mut [u8]) {
-    assert!(wb.len() >= q3_k::BYTES && out.len() >= WGRID_BLOCK);
+    assert!(wb.len() >= q3_k::BYTES && out.len() >= WQ2K_BLOCK);
     let scales = q3_k::scales(&wb[q3_k::SCALES..q3_k::SCALES + 12]);
     let levels = q3_k::levels(wb);
     let mut corr = [0i32; 8];
@@ -534,9 +535,14 @@ fn unpack_q3_k(wb: &[u8], out: &mut [u8]) {
         }
     }
     for (j, &m) in scales.iter().enumerate() {
-        put_i32(out, WGRID_SC + 4 * j, m);
+        // −32..31 in the low word, 0 in the high one (see `unpack_q2_k`); a quad of
+        // `(x+128)·q` with q in −4..3 is a word too.
+        put_pair(out, WQ2K_SC + 4 * j, m as i16, 0);
     }
-    finish_grid_block(out, corr, read_f16(wb, q3_k::D), 1.0);
+    for (l, c) in corr.into_iter().enumerate() {
+        put_i32(out, WQ2K_CORR + 4 * l, -128 * c);
+    }
+    put_f32(out, WQ2K_D, read_f16(wb, q3_k::D));
 }
 
 /// One Q2_K super-block `wb` unpacked into `out` (the [`WQ2K_BLOCK`] layout). Plain
@@ -961,9 +967,17 @@ unsafe fn run_avx512(
                                 n_blocks,
                                 first_mut(dst),
                             ),
-                            (GgmlType::Q2_K, true) => q2_k_tile::<2>(w, stride, x, n_blocks, dst),
+                            (GgmlType::Q2_K, true) => {
+                                q2_k_tile::<2, WITH_MINS>(w, stride, x, n_blocks, dst)
+                            }
                             (GgmlType::Q2_K, false) => {
-                                q2_k_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
+                                q2_k_tile::<1, WITH_MINS>(w, stride, x, n_blocks, first_mut(dst))
+                            }
+                            (GgmlType::Q3_K, true) => {
+                                q2_k_tile::<2, NO_MINS>(w, stride, x, n_blocks, dst)
+                            }
+                            (GgmlType::Q3_K, false) => {
+                                q2_k_tile::<1, NO_MINS>(w, stride, x, n_blocks, first_mut(dst))
                             }
                             (GgmlType::Q6_K, true) => q6_k_tile::<2>(w, stride, x, n_blocks, dst),
                             (GgmlType::Q6_K, false) => {
@@ -976,11 +990,7 @@ unsafe fn run_avx512(
                                     iq1_m_tile(&w[stride..], x, n_blocks, &mut second[0]);
                                 }
                             }
-                            (t, _)
-                                if t == GgmlType::IQ4_XS
-                                    || t == GgmlType::Q3_K
-                                    || plain_grid(t).is_some() =>
-                            {
+                            (t, _) if t == GgmlType::IQ4_XS || plain_grid(t).is_some() => {
                                 let (first, second) = dst.split_at_mut(1);
                                 grid_tile(w, x, n_blocks, &mut first[0]);
                                 if pair {
@@ -1581,7 +1591,13 @@ unsafe fn q4_k_tile<const R: usize, const MIN_CHAIN: bool>(
     }
 }
 
-/// Q2_K rows against one token group, in the order of its single-token kernel
+/// [`q2_k_tile`] with Q2_K's min term.
+const WITH_MINS: bool = true;
+/// [`q2_k_tile`] for Q3_K: the same lanes without a min term (`formats::q3_k::dot`).
+const NO_MINS: bool = false;
+
+/// Q2_K (or, without `MINS`, Q3_K) rows against one token group, in the order of its
+/// single-token kernel
 /// (`formats::q2_k::dot`): per super-block first the min lanes `m[2l]·s[2l] +
 /// m[2l+1]·s[2l+1]` fused with `−d_x·dmin`, then the level lanes `Σ_g sc·Σ (x+128)·q −
 /// 128·Σ_g sc·Σ q` (the scale of each lane's sub-block of 16 by `vpdpwssd`, as Q4_K's)
@@ -1591,7 +1607,7 @@ unsafe fn q4_k_tile<const R: usize, const MIN_CHAIN: bool>(
 /// As [`block32_tile`], with [`WQ2K_BLOCK`] unpacked super-blocks and Q8_K tile
 /// super-blocks (`x + 128`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-unsafe fn q2_k_tile<const R: usize>(
+unsafe fn q2_k_tile<const R: usize, const MINS: bool>(
     w: &[u8],
     stride: usize,
     x: &[u8],
@@ -1636,7 +1652,7 @@ unsafe fn q2_k_tile<const R: usize>(
             let dx = _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32);
             for r in 0..R {
                 let neg_dmin = _mm512_mul_ps(dx, splat_f32(wbs[r].add(WQ2K_D + 4)));
-                for l in 0..8 {
+                for l in (0..8).filter(|_| MINS) {
                     let sums = _mm512_loadu_si512(xt.add(ACTK_BSUMS + 64 * l) as *const _);
                     let mins =
                         _mm512_dpwssd_epi32(zero, sums, splat_i32(wbs[r].add(WQ2K_MINS + 4 * l)));
