@@ -1584,17 +1584,19 @@ struct Iq4xsBlock {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn iq4_xs_decode(wb: &[u8]) -> Iq4xsBlock {
     let sh = u16::from_le_bytes([wb[iq4_xs::SCALES_H], wb[iq4_xs::SCALES_H + 1]]) as i32;
-    let scales = std::array::from_fn(|j| {
-        let low = (wb[iq4_xs::SCALES_L + j / 2] >> (4 * (j % 2))) & 0x0F;
-        _mm256_set1_epi32((low as i32 | (((sh >> (2 * j)) & 3) << 4)) - 32)
-    });
-    // SAFETY: sub-block j's qs are bytes 8+16j..24+16j of 136.
-    let levels = std::array::from_fn(|j| iq4_levels16(unsafe { load16(wb, iq4_xs::QS + 16 * j) }));
-    Iq4xsBlock {
-        levels,
-        scales,
+    // Plain loops: `array::from_fn` closures are compiled without the target features.
+    let mut block = Iq4xsBlock {
+        levels: [[_mm256_setzero_si256(); 2]; 8],
+        scales: [_mm256_setzero_si256(); 8],
         d: f16_splat(wb, 0),
+    };
+    for j in 0..8 {
+        let low = (wb[iq4_xs::SCALES_L + j / 2] >> (4 * (j % 2))) & 0x0F;
+        block.scales[j] = _mm256_set1_epi32((low as i32 | (((sh >> (2 * j)) & 3) << 4)) - 32);
+        // SAFETY: sub-block j's qs are bytes 8+16j..24+16j of 136.
+        block.levels[j] = iq4_levels16(unsafe { load16(wb, iq4_xs::QS + 16 * j) });
     }
+    block
 }
 
 /// One decoded IQ4_XS super-block against one Q8_K block: `(d_w·d_x, lanes)`, lane `l` =

@@ -29,7 +29,7 @@ use crate::avx2::{
 use crate::dispatch::{DotKernel4, DotKernelRows4};
 use crate::dot_scalar::DotKernel;
 use crate::formats::{
-    iq4_nl, iq4_xs, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32, read_u32,
+    iq4_nl, iq4_xs, mxfp4, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32, read_u32,
     scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
     Q8_K_BYTES,
 };
@@ -60,6 +60,7 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::Q5_1 => dot_q5_1_q8_1,
         GgmlType::IQ4_NL => dot_iq4_nl_q8_0,
         GgmlType::IQ4_XS => dot_iq4_xs_q8_k,
+        GgmlType::MXFP4 => dot_mxfp4_q8_0,
         _ => return None,
     };
     Some(k)
@@ -89,6 +90,7 @@ checked_entry! {
     dot_q5_1_q8_1 => q5_1_impl,
     dot_iq4_nl_q8_0 => iq4_nl_impl,
     dot_iq4_xs_q8_k => iq4_xs_impl,
+    dot_mxfp4_q8_0 => mxfp4_impl,
 }
 
 /// 64 bytes at `bytes[offset..offset + 64]`.
@@ -439,6 +441,7 @@ pub(crate) fn kernel_rows4(weight_type: GgmlType) -> Option<DotKernelRows4> {
         GgmlType::Q5_1 => dot_rows4_q5_1_q8_1,
         GgmlType::IQ4_NL => dot_rows4_iq4_nl_q8_0,
         GgmlType::IQ4_XS => dot_rows4_iq4_xs_q8_k,
+        GgmlType::MXFP4 => dot_rows4_mxfp4_q8_0,
         _ => return None,
     };
     Some(k)
@@ -464,6 +467,7 @@ checked_entry_rows4! {
     dot_rows4_q5_1_q8_1 => q5_1_rows4_impl,
     dot_rows4_iq4_nl_q8_0 => iq4_nl_rows4_impl,
     dot_rows4_iq4_xs_q8_k => iq4_xs_rows4_impl,
+    dot_rows4_mxfp4_q8_0 => mxfp4_rows4_impl,
 }
 
 /// Runs a per-block expression over the whole blocks of four weight rows `$w` and one
@@ -1106,25 +1110,37 @@ macro_rules! offset32_rows4 {
 offset32_rows4!(q4_1_rows4_impl, q4_1::BYTES, q4_1_levels);
 offset32_rows4!(q5_1_rows4_impl, q5_1::BYTES, q5_1_levels);
 
-/// IQ4_NL's levels plus 128 (1..241): unsigned, so `dpbusd` can take them.
-const KVALUES_BIASED: [u8; 16] = {
+/// A level table plus 128: unsigned, so `dpbusd` can take it.
+const fn biased(levels: &[i8; 16]) -> [u8; 16] {
     let mut t = [0u8; 16];
     let mut i = 0;
     while i < 16 {
-        t[i] = (iq4_nl::KVALUES[i] as i16 + 128) as u8;
+        t[i] = (levels[i] as i16 + 128) as u8;
         i += 1;
     }
     t
-};
+}
+
+/// IQ4_NL's levels plus 128 (1..241).
+const KVALUES_BIASED: [u8; 16] = biased(&iq4_nl::KVALUES);
+/// MXFP4's (doubled E2M1) levels plus 128 (116..140).
+const MXFP4_BIASED: [u8; 16] = biased(&mxfp4::KVALUES);
 
 /// 32 table-coded weights (a 16-byte nibble field) as biased levels `v + 128`, weights
 /// 0..16 in the low 128 bits.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn iq4_biased(qs: __m128i) -> __m256i {
+    table_biased(qs, &KVALUES_BIASED)
+}
+
+/// [`iq4_biased`] with the biased table `levels`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn table_biased(qs: __m128i, levels: &[u8; 16]) -> __m256i {
     let low4 = _mm_set1_epi8(0x0F);
     // SAFETY: the table is 16 bytes; unaligned load.
-    let table = unsafe { _mm_loadu_si128(KVALUES_BIASED.as_ptr() as *const __m128i) };
+    let table = unsafe { _mm_loadu_si128(levels.as_ptr() as *const __m128i) };
     let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, low4));
     let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(qs), low4));
     _mm256_set_m128i(hi, lo)
@@ -1147,17 +1163,18 @@ unsafe fn iq4_quads(biased: __m256i, x: &[u8], at: usize) -> __m256i {
     )
 }
 
-/// Two consecutive IQ4_NL blocks' biased levels `v + 128` in one register, 128-bit
-/// lanes `[block 0 weights 0..16, 16..32, block 1 weights 0..16, 16..32]`.
+/// Two consecutive table-coded blocks' biased levels `v + 128` in one register, 128-bit
+/// lanes `[block 0 weights 0..16, 16..32, block 1 weights 0..16, 16..32]`, the nibbles
+/// at `qs_at` of each block.
 ///
 /// # Safety
-/// `w0` and `w1` are whole IQ4_NL blocks.
+/// `w0` and `w1` hold 16 bytes at `qs_at`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn iq4_biased_pair(w0: &[u8], w1: &[u8], table: __m512i) -> __m512i {
+unsafe fn biased_pair(w0: &[u8], w1: &[u8], qs_at: usize, table: __m512i) -> __m512i {
     let low4 = _mm256_set1_epi8(0x0F);
-    // SAFETY: qs is bytes 2..18 of each 18-byte block.
-    let qs = unsafe { _mm256_set_m128i(load16(w1, iq4_nl::QS), load16(w0, iq4_nl::QS)) };
+    // SAFETY: the caller's contract.
+    let qs = unsafe { _mm256_set_m128i(load16(w1, qs_at), load16(w0, qs_at)) };
     let lo = _mm256_and_si256(qs, low4);
     let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), low4);
     // [lo0, lo1, hi0, hi1] → [lo0, hi0, lo1, hi1].
@@ -1177,8 +1194,13 @@ fn splat_pair(a: f32, b: f32) -> __m512 {
     ))
 }
 
-/// IQ4_NL × Q8_0 for `R` weight rows and one token, in the order of `avx2::Iq4nlAcc`
-/// with each pair of blocks in one 512-bit register: the even block's eight lanes in
+/// The table formats paired with Q8_0 in IQ4_NL's order: `MX` false for IQ4_NL (f16
+/// scale), true for MXFP4 (E8M0 scale, its own table).
+const IQ4_NL: bool = false;
+const MXFP4: bool = true;
+
+/// IQ4_NL (or MXFP4, `MX`) × Q8_0 for `R` weight rows and one token, in the order of
+/// `avx2::Iq4nlAcc` with each pair of blocks in one 512-bit register: the even block's eight lanes in
 /// the low half, the odd one's in the high half, so one FMA advances both chains (each
 /// half its own, as the two accumulators of the order), and the halves are added
 /// lane-wise at the end. An odd last block joins as one fused multiply-add of its scale
@@ -1189,12 +1211,26 @@ fn splat_pair(a: f32, b: f32) -> __m512 {
 /// as many Q8_0 blocks (see the callers).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn iq4_nl_pairs<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) -> [f32; R] {
-    const B: usize = iq4_nl::BYTES;
+unsafe fn table_pairs<const R: usize, const MX: bool>(
+    w: [&[u8]; R],
+    x: &[u8],
+    n_blocks: usize,
+) -> [f32; R] {
+    let (b, qs_at, levels) = if MX {
+        (mxfp4::BYTES, mxfp4::QS, &MXFP4_BIASED)
+    } else {
+        (iq4_nl::BYTES, iq4_nl::QS, &KVALUES_BIASED)
+    };
+    let d_w = |wb: &[u8]| {
+        if MX {
+            mxfp4::e8m0_to_f32_half(wb[mxfp4::E])
+        } else {
+            f16_scalar(wb, 0)
+        }
+    };
     // SAFETY: the table is 16 bytes; unaligned load.
-    let table = _mm512_broadcast_i32x4(unsafe {
-        _mm_loadu_si128(KVALUES_BIASED.as_ptr() as *const __m128i)
-    });
+    let table =
+        _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(levels.as_ptr() as *const __m128i) });
     let minus128 = _mm512_set1_epi8(-128);
     let zero = _mm512_setzero_si512();
     let paired = n_blocks & !1;
@@ -1209,15 +1245,15 @@ unsafe fn iq4_nl_pairs<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize)
         let corr = _mm512_dpbusd_epi32(zero, minus128, xq);
         let (dx0, dx1) = (f16_scalar(x0, 0), f16_scalar(x1, 0));
         for r in 0..R {
-            prefetch_ahead(w[r], ib * B);
+            prefetch_ahead(w[r], ib * b);
             let (w0, w1) = (
-                &w[r][ib * B..(ib + 1) * B],
-                &w[r][(ib + 1) * B..(ib + 2) * B],
+                &w[r][ib * b..(ib + 1) * b],
+                &w[r][(ib + 1) * b..(ib + 2) * b],
             );
-            // SAFETY: whole blocks.
-            let biased = unsafe { iq4_biased_pair(w0, w1, table) };
+            // SAFETY: whole blocks (qs is 16 bytes at `qs_at`).
+            let biased = unsafe { biased_pair(w0, w1, qs_at, table) };
             let lanes = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, biased, xq), corr);
-            let d = splat_pair(dx0 * f16_scalar(w0, 0), dx1 * f16_scalar(w1, 0));
+            let d = splat_pair(dx0 * d_w(w0), dx1 * d_w(w1));
             acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes), acc[r]);
         }
     }
@@ -1228,11 +1264,11 @@ unsafe fn iq4_nl_pairs<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize)
         let sumf = hsum_ps(_mm256_add_ps(even, odd));
         if paired < n_blocks {
             let xb = &x[paired * Q8_0_BYTES..];
-            let wb = &w[r][paired * B..];
+            let wb = &w[r][paired * b..];
             // SAFETY: the last whole blocks.
-            let lanes = unsafe { iq4_quads(iq4_biased(load16(wb, iq4_nl::QS)), xb, 2) };
+            let lanes = unsafe { iq4_quads(table_biased(load16(wb, qs_at), levels), xb, 2) };
             let sumi = hsum_epi32_8(lanes);
-            out[r] = (f16_scalar(xb, 0) * f16_scalar(wb, 0)).mul_add(sumi as f32, sumf);
+            out[r] = (f16_scalar(xb, 0) * d_w(wb)).mul_add(sumi as f32, sumf);
         } else {
             out[r] = sumf;
         }
@@ -1240,7 +1276,7 @@ unsafe fn iq4_nl_pairs<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize)
     out
 }
 
-/// IQ4_NL × Q8_0 (the float order of `avx2::Iq4nlAcc`, see [`iq4_nl_pairs`]).
+/// IQ4_NL × Q8_0 (the float order of `avx2::Iq4nlAcc`, see [`table_pairs`]).
 ///
 /// # Safety
 /// The CPU has the features of this module.
@@ -1248,8 +1284,31 @@ unsafe fn iq4_nl_pairs<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize)
 unsafe fn iq4_nl_impl(w: &[u8], x: &[u8]) -> f32 {
     let n_blocks = (w.len() / iq4_nl::BYTES).min(x.len() / Q8_0_BYTES);
     // SAFETY: the same features; whole blocks.
-    let [sum] = unsafe { iq4_nl_pairs([w], x, n_blocks) };
+    let [sum] = unsafe { table_pairs::<1, IQ4_NL>([w], x, n_blocks) };
     sum
+}
+
+/// MXFP4 × Q8_0 (IQ4_NL's order, see [`table_pairs`]).
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn mxfp4_impl(w: &[u8], x: &[u8]) -> f32 {
+    let n_blocks = (w.len() / mxfp4::BYTES).min(x.len() / Q8_0_BYTES);
+    // SAFETY: the same features; whole blocks.
+    let [sum] = unsafe { table_pairs::<1, MXFP4>([w], x, n_blocks) };
+    sum
+}
+
+/// MXFP4 × Q8_0 for four weight rows and one token.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn mxfp4_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+    let n_blocks = rows4_blocks(&w, x, mxfp4::BYTES, Q8_0_BYTES);
+    // SAFETY: the same features; whole blocks of every row.
+    unsafe { table_pairs::<4, MXFP4>(w, x, n_blocks) }
 }
 
 /// Sub-block `j`'s scale `ls − 32` of an IQ4_XS super-block (`sh` its high-bit word).
@@ -1382,5 +1441,5 @@ unsafe fn iq4_nl_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
 unsafe fn iq4_nl_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     let n_blocks = rows4_blocks(&w, x, iq4_nl::BYTES, Q8_0_BYTES);
     // SAFETY: the same features; whole blocks of every row.
-    unsafe { iq4_nl_pairs(w, x, n_blocks) }
+    unsafe { table_pairs::<4, IQ4_NL>(w, x, n_blocks) }
 }

@@ -158,6 +158,8 @@ fn four_row_kernel_equals_single_token_kernel_bit_for_bit() {
                 GgmlType::Q4_1,
                 GgmlType::Q5_1,
                 GgmlType::IQ4_NL,
+                GgmlType::IQ4_XS,
+                GgmlType::MXFP4,
             ] {
                 assert!(dot_kernel_rows4_for(tier, ty).is_some(), "{tier} {ty}");
             }
