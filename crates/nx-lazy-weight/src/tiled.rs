@@ -637,7 +637,8 @@ fn unpack_grid(ty: GgmlType, wb: &[u8], out: &mut [u8]) {
     let d = (grid.decode)(&wb[..grid.block_bytes], &mut block);
     let corr = put_signed_levels(&block, &mut out[..256]);
     for (s, &m) in block.scales.iter().enumerate() {
-        put_i32(out, WGRID_SC + 4 * s, m);
+        // `(m, m)` word pairs for `vpdpwssd` over `vpmaddubsw`'s pair sums (m ≤ 31).
+        put_pair(out, WGRID_SC + 4 * s, m as i16, m as i16);
     }
     finish_grid_block(out, corr, d, grid.post_scale);
 }
@@ -650,7 +651,9 @@ fn unpack_iq1_m(wb: &[u8], out: &mut [u8]) {
     let corr = put_signed_levels(&grid, &mut out[..256]);
     let offset_corr = put_signed_levels(&offsets, &mut out[WIQ1M_OFFSETS..WIQ1M_OFFSETS + 256]);
     for (s, &m) in grid.scales.iter().enumerate() {
-        put_i32(out, WIQ1M_SC + 4 * s, m);
+        // `(m, 0)` word pairs: a quad of `(x+128)·w` with |w| ≤ 1 is a word, which
+        // `vpdpwssd` multiplies by `m` alone.
+        put_pair(out, WIQ1M_SC + 4 * s, m as i16, 0);
     }
     for l in 0..8 {
         put_i32(out, WIQ1M_CORR + 4 * l, -128 * corr[l]);
@@ -990,12 +993,19 @@ unsafe fn run_avx512(
                                     iq1_m_tile(&w[stride..], x, n_blocks, &mut second[0]);
                                 }
                             }
-                            (t, _) if t == GgmlType::IQ4_XS || plain_grid(t).is_some() => {
-                                let (first, second) = dst.split_at_mut(1);
-                                grid_tile(w, x, n_blocks, &mut first[0]);
-                                if pair {
-                                    grid_tile(&w[stride..], x, n_blocks, &mut second[0]);
-                                }
+                            (GgmlType::IQ4_XS, true) => {
+                                grid_tile::<QUAD_PRODUCTS, 2>(w, stride, x, n_blocks, dst)
+                            }
+                            (GgmlType::IQ4_XS, false) => {
+                                let one = first_mut(dst);
+                                grid_tile::<QUAD_PRODUCTS, 1>(w, stride, x, n_blocks, one)
+                            }
+                            (t, true) if plain_grid(t).is_some() => {
+                                grid_tile::<PAIR_SUMS, 2>(w, stride, x, n_blocks, dst)
+                            }
+                            (t, false) if plain_grid(t).is_some() => {
+                                let one = first_mut(dst);
+                                grid_tile::<PAIR_SUMS, 1>(w, stride, x, n_blocks, one)
                             }
                             (GgmlType::Q4_1 | GgmlType::Q5_1, true) => {
                                 offset32_tile::<2>(w, stride, x, n_blocks, dst)
@@ -1375,64 +1385,92 @@ unsafe fn iq4_nl_tile<const R: usize>(
     }
 }
 
-/// One IQ4_XS or IQ2/IQ3 grid row against one token group, in the order of its
-/// single-token kernel (`formats::iq4_xs::dot`, `formats::grids::grid_dot`): per
+/// [`grid_tile`] for IQ4_XS: its levels reach ±127, so even a pair of `(x+128)·w`
+/// overflows 16 bits: quad sums by `vpdpbusd`, times the multiplier by a 32-bit multiply.
+const QUAD_PRODUCTS: bool = false;
+/// [`grid_tile`] for the IQ2/IQ3 grids (magnitudes ≤ 62): pair sums by `vpmaddubsw`,
+/// times the multiplier and added by one `vpdpwssd`.
+const PAIR_SUMS: bool = true;
+
+/// IQ4_XS or IQ2/IQ3 grid rows against one token group, in the order of their
+/// single-token kernels (`formats::iq4_xs::dot`, `formats::grids::grid_dot`): per
 /// super-block eight integer lanes `Σ_g m·quad(g, l)` (the multiplier `m` of the quad's
 /// 16 weights), one `fma(d_w·d_x, lane)` each, the lanes summed at the end and times the
-/// format's final factor. The signed levels go into `dpbusd` against `x + 128`, the
-/// correction takes the 128 back off. IQ4_XS's levels reach ±127, so a quad of
-/// `(x + 128)·w` does not fit the 16 bits Q4_K's `vpdpwssd` scaling takes: the
-/// multiplier is a 32-bit multiply. One row at a time (sixteen lane registers a row).
+/// format's final factor. The signed levels meet `x + 128`, the correction takes the 128
+/// back off; the multiplier goes in as [`PAIR_SUMS`] or [`QUAD_PRODUCTS`] says. `R` rows
+/// share each activation load (their float lanes wait in memory while the integer ones
+/// run).
 ///
 /// # Safety
-/// As [`block32_tile`] with `R` = 1, [`WGRID_BLOCK`] unpacked super-blocks and Q8_K
-/// tile super-blocks (`x + 128`).
+/// As [`block32_tile`], with [`WGRID_BLOCK`] unpacked super-blocks and Q8_K tile
+/// super-blocks (`x + 128`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-unsafe fn grid_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE]) {
-    assert!(w.len() >= n_blocks * WGRID_BLOCK);
+unsafe fn grid_tile<const PAIR_SUMS: bool, const R: usize>(
+    w: &[u8],
+    stride: usize,
+    x: &[u8],
+    n_blocks: usize,
+    out: &mut [[f32; TILE]; R],
+) {
+    assert!(w.len() >= (R - 1) * stride + n_blocks * WGRID_BLOCK);
     assert!(x.len() >= n_blocks * ACTK_BLOCK);
     if n_blocks == 0 {
-        *out = [0.0; TILE];
+        *out = [[0.0; TILE]; R];
         return;
     }
-    let mut acc = [_mm512_setzero_ps(); 8];
+    let mut acc = [[_mm512_setzero_ps(); 8]; R];
     let zero = _mm512_setzero_si512();
     for b in 0..n_blocks {
         let xt = x[b * ACTK_BLOCK..].as_ptr();
-        let wb = w[b * WGRID_BLOCK..].as_ptr();
+        let wbs: [*const u8; R] =
+            std::array::from_fn(|r| w[r * stride + b * WGRID_BLOCK..].as_ptr());
         // SAFETY (every load below): inside the tile super-block and the unpacked
-        // super-block (asserted above).
-        let mut lanes: [__m512i; 8] =
-            std::array::from_fn(|l| unsafe { splat_i32(wb.add(WGRID_CORR + 4 * l)) });
+        // super-blocks (asserted above).
+        let mut lanes: [[__m512i; 8]; R] = std::array::from_fn(|r| {
+            std::array::from_fn(|l| unsafe { splat_i32(wbs[r].add(WGRID_CORR + 4 * l)) })
+        });
         for g in 0..8 {
-            // SAFETY: as above.
-            unsafe {
-                let scales = [
-                    splat_i32(wb.add(WGRID_SC + 8 * g)),
-                    splat_i32(wb.add(WGRID_SC + 8 * g + 4)),
-                ];
-                for (l, lane) in lanes.iter_mut().enumerate() {
+            for l in 0..8 {
+                // SAFETY: as above.
+                unsafe {
+                    // One activation load for every row.
                     let xl = _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _);
-                    let quad = _mm512_dpbusd_epi32(zero, xl, splat_i32(wb.add(32 * g + 4 * l)));
-                    *lane = _mm512_add_epi32(*lane, _mm512_mullo_epi32(quad, scales[l / 4]));
+                    for r in 0..R {
+                        let wq = splat_i32(wbs[r].add(32 * g + 4 * l));
+                        let m = splat_i32(wbs[r].add(WGRID_SC + 8 * g + 4 * (l / 4)));
+                        if PAIR_SUMS {
+                            // Pairs of `(x+128)·w` with |w| ≤ 62 stay inside 16 bits
+                            // (2·255·62), so `vpmaddubsw` never saturates; `vpdpwssd`
+                            // by `(m, m)` adds both pairs times `m`.
+                            let pairs = _mm512_maddubs_epi16(xl, wq);
+                            lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], pairs, m);
+                        } else {
+                            let quad = _mm512_dpbusd_epi32(zero, xl, wq);
+                            lanes[r][l] =
+                                _mm512_add_epi32(lanes[r][l], _mm512_mullo_epi32(quad, m));
+                        }
+                    }
                 }
             }
         }
         // SAFETY: as above.
-        let d = unsafe {
-            _mm512_mul_ps(
-                _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32),
-                splat_f32(wb.add(WGRID_D)),
-            )
-        };
-        for (a, lane) in acc.iter_mut().zip(lanes) {
-            *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), *a);
+        let dx = unsafe { _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32) };
+        for r in 0..R {
+            // SAFETY: as above.
+            let d = _mm512_mul_ps(dx, unsafe { splat_f32(wbs[r].add(WGRID_D)) });
+            for (a, &lane) in acc[r].iter_mut().zip(&lanes[r]) {
+                *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), *a);
+            }
         }
     }
-    // SAFETY: the last block's factor (every block holds the same); `out` is sixteen f32.
-    unsafe {
-        let post = splat_f32(w[(n_blocks - 1) * WGRID_BLOCK..].as_ptr().add(WGRID_POST));
-        _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(post, lanes_sum(&acc)));
+    for r in 0..R {
+        // SAFETY: the last block's factor (every block holds the same); `out[r]` is
+        // sixteen f32.
+        unsafe {
+            let last = w[r * stride + (n_blocks - 1) * WGRID_BLOCK..].as_ptr();
+            let post = splat_f32(last.add(WGRID_POST));
+            _mm512_storeu_ps(out[r].as_mut_ptr(), _mm512_mul_ps(post, lanes_sum(&acc[r])));
+        }
     }
 }
 
@@ -1474,8 +1512,8 @@ unsafe fn iq1_m_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE])
                     let q_offsets =
                         _mm512_dpbusd_epi32(zero, xl, splat_i32(wb.add(WIQ1M_OFFSETS + at)));
                     let sc = scales[l / 4];
-                    grid[l] = _mm512_add_epi32(grid[l], _mm512_mullo_epi32(q_grid, sc));
-                    offsets[l] = _mm512_add_epi32(offsets[l], _mm512_mullo_epi32(q_offsets, sc));
+                    grid[l] = _mm512_dpwssd_epi32(grid[l], q_grid, sc);
+                    offsets[l] = _mm512_dpwssd_epi32(offsets[l], q_offsets, sc);
                 }
             }
         }
