@@ -24,7 +24,7 @@ use nx_gguf::GgmlType;
 use crate::avx2::{
     block_of_each, common_blocks, f16_scalar, f16_splat, f32_splat, hsum4_ps, hsum_epi32,
     hsum_epi32_8, hsum_ps, k4_min_lanes, lanes8_chain, lanes8_chain4, load16, load32,
-    prefetch_ahead, q4_1_levels, q5_1_levels, Iq4nlAcc,
+    prefetch_ahead, q4_1_levels, Iq4nlAcc,
 };
 use crate::dispatch::{DotKernel4, DotKernelRows4};
 use crate::dot_scalar::DotKernel;
@@ -1066,8 +1066,26 @@ macro_rules! offset32_kernels {
     };
 }
 
+/// The 32 five-bit levels of a Q5_1 block: the nibbles, plus 16 where a `qh` bit is set
+/// (one masked byte add, where `avx2::q5_1_levels` spreads the bits by shuffles).
+///
+/// # Safety
+/// `wb` is a whole Q5_1 block; the CPU has the features of this module.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q5_1_levels_masked(wb: &[u8]) -> __m256i {
+    let low4 = _mm_set1_epi8(0x0F);
+    // SAFETY: qs is bytes 8..24 of a 24-byte block.
+    let qs = unsafe { load16(wb, q5_1::QS) };
+    let q4 = _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16::<4>(qs), low4),
+        _mm_and_si128(qs, low4),
+    );
+    _mm256_mask_add_epi8(q4, read_u32(wb, q5_1::QH), q4, _mm256_set1_epi8(16))
+}
+
 offset32_kernels!(q4_1_impl, q4_1_x4_impl, q4_1::BYTES, q4_1_levels);
-offset32_kernels!(q5_1_impl, q5_1_x4_impl, q5_1::BYTES, q5_1_levels);
+offset32_kernels!(q5_1_impl, q5_1_x4_impl, q5_1::BYTES, q5_1_levels_masked);
 
 /// Whole blocks every one of four rows and the activation row have.
 #[inline]
@@ -1091,15 +1109,20 @@ macro_rules! offset32_rows4 {
             let mut summs = [0.0f32; 4];
             for b in 0..n_blocks {
                 let xb = &x[b * q8_1::BYTES..(b + 1) * q8_1::BYTES];
+                // The activation block's scale, sum and quants once for the four rows
+                // (`q8_1_step`'s operations otherwise).
+                let (d_x, s_x) = (f16_splat(xb, 0), f16_scalar(xb, q8_1::S));
+                // SAFETY: x quants are bytes 4..36 of 36.
+                let xq = unsafe { load32(xb, q8_1::QS) };
                 for r in 0..4 {
                     prefetch_ahead(w[r], b * $bytes);
                     let wb = &w[r][b * $bytes..(b + 1) * $bytes];
                     // SAFETY: whole blocks of every row.
-                    unsafe {
-                        let q = $levels(wb);
-                        let m_w = f16_scalar(wb, q4_1::M);
-                        q8_1_step(q, f16_splat(wb, 0), m_w, xb, &mut acc[r], &mut summs[r]);
-                    }
+                    let q = unsafe { $levels(wb) };
+                    summs[r] = f16_scalar(wb, q4_1::M).mul_add(s_x, summs[r]);
+                    let lanes =
+                        _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xq));
+                    acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f16_splat(wb, 0), d_x), lanes, acc[r]);
                 }
             }
             std::array::from_fn(|r| hsum_ps(acc[r]) + summs[r])
@@ -1108,7 +1131,7 @@ macro_rules! offset32_rows4 {
 }
 
 offset32_rows4!(q4_1_rows4_impl, q4_1::BYTES, q4_1_levels);
-offset32_rows4!(q5_1_rows4_impl, q5_1::BYTES, q5_1_levels);
+offset32_rows4!(q5_1_rows4_impl, q5_1::BYTES, q5_1_levels_masked);
 
 /// A level table plus 128: unsigned, so `dpbusd` can take it.
 const fn biased(levels: &[i8; 16]) -> [u8; 16] {
