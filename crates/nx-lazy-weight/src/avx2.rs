@@ -1321,104 +1321,125 @@ impl Iq4nlAcc {
     }
 }
 
+/// The IQ4_NL-ordered table formats of [`table_impl`]: a 16-level table indexed by
+/// nibbles, paired with Q8_0.
+const IQ4_NL: bool = false;
+/// MXFP4: its own table and an E8M0 scale.
+const MXFP4: bool = true;
+
+/// Block bytes, nibble offset, table and weight scale of a table format (`MX`: MXFP4).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn table_format<const MX: bool>() -> (usize, usize, &'static [i8; 16]) {
+    if MX {
+        (mxfp4::BYTES, mxfp4::QS, &mxfp4::KVALUES)
+    } else {
+        (iq4_nl::BYTES, iq4_nl::QS, &iq4_nl::KVALUES)
+    }
+}
+
+/// A table format's block scale `d_w`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn table_scale<const MX: bool>(wb: &[u8]) -> f32 {
+    if MX {
+        mxfp4::e8m0_to_f32_half(wb[mxfp4::E])
+    } else {
+        f16_scalar(wb, 0)
+    }
+}
+
+/// IQ4_NL (or MXFP4, `MX`) × Q8_0 in the paired order of [`Iq4nlAcc`] (MXFP4's scalar
+/// twin shares IQ4_NL's, `paired_table_dot`).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn table_impl<const MX: bool>(w: &[u8], x: &[u8]) -> f32 {
+    let (bytes, qs_at, table) = table_format::<MX>();
+    let n_blocks = (w.len() / bytes).min(x.len() / Q8_0_BYTES);
+    let paired = n_blocks & !1;
+    let mut acc = Iq4nlAcc::new();
+    for ib in 0..n_blocks {
+        prefetch_ahead(w, ib * bytes);
+        let wb = &w[ib * bytes..(ib + 1) * bytes];
+        let xb = &x[ib * Q8_0_BYTES..(ib + 1) * Q8_0_BYTES];
+        // SAFETY: the nibbles are 16 bytes at `qs_at` of a whole block; x quants 2..34
+        // of 34.
+        let lanes = unsafe { quads16(&table_levels16(load16(wb, qs_at), table), xb, 2) };
+        acc.add(ib, paired, f16_scalar(xb, 0) * table_scale::<MX>(wb), lanes);
+    }
+    acc.finish()
+}
+
+/// [`table_impl`] for four tokens, each weight block decoded once.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn table_x4_impl<const MX: bool>(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    let (bytes, qs_at, table) = table_format::<MX>();
+    let n_blocks = common_blocks(w, &x, bytes, Q8_0_BYTES);
+    let paired = n_blocks & !1;
+    let mut acc = [
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+        Iq4nlAcc::new(),
+    ];
+    for ib in 0..n_blocks {
+        let wb = &w[ib * bytes..(ib + 1) * bytes];
+        // SAFETY: the nibbles are 16 bytes at `qs_at` of a whole block.
+        let levels = table_levels16(unsafe { load16(wb, qs_at) }, table);
+        let d_w = table_scale::<MX>(wb);
+        for (t, xb) in block_of_each(&x, ib, Q8_0_BYTES).into_iter().enumerate() {
+            // SAFETY: x quants 2..34 of 34.
+            let lanes = unsafe { quads16(&levels, xb, 2) };
+            acc[t].add(ib, paired, f16_scalar(xb, 0) * d_w, lanes);
+        }
+    }
+    std::array::from_fn(|t| acc[t].finish())
+}
+
 /// IQ4_NL × Q8_0.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn iq4_nl_impl(w: &[u8], x: &[u8]) -> f32 {
-    let n_blocks = (w.len() / iq4_nl::BYTES).min(x.len() / Q8_0_BYTES);
-    let paired = n_blocks & !1;
-    let mut acc = Iq4nlAcc::new();
-    for ib in 0..n_blocks {
-        prefetch_ahead(w, ib * iq4_nl::BYTES);
-        let wb = &w[ib * iq4_nl::BYTES..(ib + 1) * iq4_nl::BYTES];
-        let xb = &x[ib * Q8_0_BYTES..(ib + 1) * Q8_0_BYTES];
-        // SAFETY: qs is bytes 2..18 of an 18-byte block; x quants 2..34 of 34.
-        let lanes = unsafe { quads16(&iq4_levels16(load16(wb, iq4_nl::QS)), xb, 2) };
-        acc.add(ib, paired, f16_scalar(xb, 0) * f16_scalar(wb, 0), lanes);
-    }
-    acc.finish()
+    // SAFETY: the same features.
+    unsafe { table_impl::<IQ4_NL>(w, x) }
 }
 
-/// IQ4_NL × Q8_0 for four tokens, each weight block decoded once.
+/// IQ4_NL × Q8_0 for four tokens.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn iq4_nl_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-    let n_blocks = common_blocks(w, &x, iq4_nl::BYTES, Q8_0_BYTES);
-    let paired = n_blocks & !1;
-    let mut acc = [
-        Iq4nlAcc::new(),
-        Iq4nlAcc::new(),
-        Iq4nlAcc::new(),
-        Iq4nlAcc::new(),
-    ];
-    for ib in 0..n_blocks {
-        let wb = &w[ib * iq4_nl::BYTES..(ib + 1) * iq4_nl::BYTES];
-        // SAFETY: qs is bytes 2..18 of an 18-byte block.
-        let levels = iq4_levels16(unsafe { load16(wb, iq4_nl::QS) });
-        let d_w = f16_scalar(wb, 0);
-        for (t, xb) in block_of_each(&x, ib, Q8_0_BYTES).into_iter().enumerate() {
-            // SAFETY: x quants 2..34 of 34.
-            let lanes = unsafe { quads16(&levels, xb, 2) };
-            acc[t].add(ib, paired, f16_scalar(xb, 0) * d_w, lanes);
-        }
-    }
-    std::array::from_fn(|t| acc[t].finish())
+    // SAFETY: the same features.
+    unsafe { table_x4_impl::<IQ4_NL>(w, x) }
 }
 
 /// MXFP4 × Q8_0: IQ4_NL's kernel with MXFP4's table and the block scale
-/// `d_x·2^(e−128)` (the scalar twin shares IQ4_NL's order, `paired_table_dot`).
+/// `d_x·2^(e−128)`.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn mxfp4_impl(w: &[u8], x: &[u8]) -> f32 {
-    let n_blocks = (w.len() / mxfp4::BYTES).min(x.len() / Q8_0_BYTES);
-    let paired = n_blocks & !1;
-    let mut acc = Iq4nlAcc::new();
-    for ib in 0..n_blocks {
-        prefetch_ahead(w, ib * mxfp4::BYTES);
-        let wb = &w[ib * mxfp4::BYTES..(ib + 1) * mxfp4::BYTES];
-        let xb = &x[ib * Q8_0_BYTES..(ib + 1) * Q8_0_BYTES];
-        // SAFETY: qs is bytes 1..17 of a 17-byte block; x quants 2..34 of 34.
-        let levels = table_levels16(unsafe { load16(wb, mxfp4::QS) }, &mxfp4::KVALUES);
-        // SAFETY: as above.
-        let lanes = unsafe { quads16(&levels, xb, 2) };
-        let d = f16_scalar(xb, 0) * mxfp4::e8m0_to_f32_half(wb[mxfp4::E]);
-        acc.add(ib, paired, d, lanes);
-    }
-    acc.finish()
+    // SAFETY: the same features.
+    unsafe { table_impl::<MXFP4>(w, x) }
 }
 
-/// MXFP4 × Q8_0 for four tokens, each weight block decoded once.
+/// MXFP4 × Q8_0 for four tokens.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn mxfp4_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-    let n_blocks = common_blocks(w, &x, mxfp4::BYTES, Q8_0_BYTES);
-    let paired = n_blocks & !1;
-    let mut acc = [
-        Iq4nlAcc::new(),
-        Iq4nlAcc::new(),
-        Iq4nlAcc::new(),
-        Iq4nlAcc::new(),
-    ];
-    for ib in 0..n_blocks {
-        let wb = &w[ib * mxfp4::BYTES..(ib + 1) * mxfp4::BYTES];
-        // SAFETY: qs is bytes 1..17 of a 17-byte block.
-        let levels = table_levels16(unsafe { load16(wb, mxfp4::QS) }, &mxfp4::KVALUES);
-        let d_w = mxfp4::e8m0_to_f32_half(wb[mxfp4::E]);
-        for (t, xb) in block_of_each(&x, ib, Q8_0_BYTES).into_iter().enumerate() {
-            // SAFETY: x quants 2..34 of 34.
-            let lanes = unsafe { quads16(&levels, xb, 2) };
-            acc[t].add(ib, paired, f16_scalar(xb, 0) * d_w, lanes);
-        }
-    }
-    std::array::from_fn(|t| acc[t].finish())
+    // SAFETY: the same features.
+    unsafe { table_x4_impl::<MXFP4>(w, x) }
 }
 
 /// A ternary super-block decoded: the 256 levels (0..=3, the weight plus one) as eight

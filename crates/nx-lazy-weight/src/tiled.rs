@@ -1569,27 +1569,8 @@ unsafe fn q4_k_tile<const R: usize, const MIN_CHAIN: bool>(
         let xt = x[b * ACTK_BLOCK..].as_ptr();
         let wbs: [*const u8; R] =
             std::array::from_fn(|r| w[r * stride + b * WQ4K_BLOCK..].as_ptr());
-        // SAFETY: inside the unpacked super-blocks (asserted above).
-        let mut lanes: [[__m512i; 8]; R] = std::array::from_fn(|r| {
-            std::array::from_fn(|l| unsafe { splat_i32(wbs[r].add(WQ4K_CORR + 4 * l)) })
-        });
-        for g in 0..8 {
-            // SAFETY: inside the tile super-block (asserted above).
-            let xl: [__m512i; 8] = std::array::from_fn(|l| unsafe {
-                _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _)
-            });
-            for r in 0..R {
-                // SAFETY: inside the unpacked super-block.
-                unsafe {
-                    let sc = splat_i32(wbs[r].add(WQ4K_SC + 4 * g));
-                    for l in 0..8 {
-                        let quad =
-                            _mm512_dpbusd_epi32(zero, xl[l], splat_i32(wbs[r].add(32 * g + 4 * l)));
-                        lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], quad, sc);
-                    }
-                }
-            }
-        }
+        // SAFETY: inside the tile and unpacked super-blocks (asserted above).
+        let lanes = unsafe { scaled_lanes::<R, SCALE_PER_32>(&wbs, xt, WQ4K_CORR, WQ4K_SC) };
         // SAFETY: inside the tile / unpacked super-blocks.
         unsafe {
             let dx = _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32);
@@ -1635,10 +1616,9 @@ const WITH_MINS: bool = true;
 const NO_MINS: bool = false;
 
 /// Q2_K (or, without `MINS`, Q3_K) rows against one token group, in the order of its
-/// single-token kernel
-/// (`formats::q2_k::dot`): per super-block first the min lanes `m[2l]·s[2l] +
-/// m[2l+1]·s[2l+1]` fused with `−d_x·dmin`, then the level lanes `Σ_g sc·Σ (x+128)·q −
-/// 128·Σ_g sc·Σ q` (the scale of each lane's sub-block of 16 by `vpdpwssd`, as Q4_K's)
+/// single-token kernel (`formats::q2_k::dot`): per super-block first the min lanes
+/// `m[2l]·s[2l] + m[2l+1]·s[2l+1]` fused with `−d_x·dmin`, then the level lanes
+/// `Σ_g sc·Σ (x+128)·q − 128·Σ_g sc·Σ q` ([`scaled_lanes`], a scale per 16 weights)
 /// fused with `d_x·d_w`, into the same eight running lanes.
 ///
 /// # Safety
@@ -1662,29 +1642,7 @@ unsafe fn q2_k_tile<const R: usize, const MINS: bool>(
             std::array::from_fn(|r| w[r * stride + b * WQ2K_BLOCK..].as_ptr());
         // SAFETY (every load below): inside the tile super-block and the unpacked
         // super-blocks (asserted above).
-        let mut lanes: [[__m512i; 8]; R] = std::array::from_fn(|r| {
-            std::array::from_fn(|l| unsafe { splat_i32(wbs[r].add(WQ2K_CORR + 4 * l)) })
-        });
-        for g in 0..8 {
-            // SAFETY: as above.
-            let xl: [__m512i; 8] = std::array::from_fn(|l| unsafe {
-                _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _)
-            });
-            for r in 0..R {
-                // SAFETY: as above.
-                unsafe {
-                    let sc = [
-                        splat_i32(wbs[r].add(WQ2K_SC + 8 * g)),
-                        splat_i32(wbs[r].add(WQ2K_SC + 8 * g + 4)),
-                    ];
-                    for l in 0..8 {
-                        let quad =
-                            _mm512_dpbusd_epi32(zero, xl[l], splat_i32(wbs[r].add(32 * g + 4 * l)));
-                        lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], quad, sc[l / 4]);
-                    }
-                }
-            }
-        }
+        let lanes = unsafe { scaled_lanes::<R, SCALE_PER_16>(&wbs, xt, WQ2K_CORR, WQ2K_SC) };
         // SAFETY: as above.
         unsafe {
             let dx = _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32);
@@ -1707,6 +1665,59 @@ unsafe fn q2_k_tile<const R: usize, const MINS: bool>(
         // SAFETY: `out[r]` is sixteen f32.
         unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), lanes_sum(&acc[r])) };
     }
+}
+
+/// [`scaled_lanes`] with one scale per 32 weights (Q4_K, Q5_K).
+const SCALE_PER_32: bool = false;
+/// [`scaled_lanes`] with one scale per 16 weights (Q2_K, Q3_K).
+const SCALE_PER_16: bool = true;
+
+/// The eight integer lanes of `R` unpacked K super-blocks (`wbs`) against one tile
+/// super-block (`xt`): each row's lane corrections (dwords at `corr_at`) plus
+/// `Σ_g sc·quad(g, l)`, the quads `Σ (x+128)·q` by `vpdpbusd` and the scales (`(sc, 0)`
+/// word pairs at `sc_at`, per 32 or per 16 weights as `PER_16` says) by `vpdpwssd`:
+/// the quads must be words.
+///
+/// # Safety
+/// `wbs[r]` and `xt` point at whole unpacked and tile super-blocks; only inlined into
+/// functions enabling AVX-512 F/BW/VNNI.
+#[inline(always)]
+unsafe fn scaled_lanes<const R: usize, const PER_16: bool>(
+    wbs: &[*const u8; R],
+    xt: *const u8,
+    corr_at: usize,
+    sc_at: usize,
+) -> [[__m512i; 8]; R] {
+    let zero = _mm512_setzero_si512();
+    // SAFETY (every load below): the caller's contract.
+    let mut lanes: [[__m512i; 8]; R] = std::array::from_fn(|r| {
+        std::array::from_fn(|l| unsafe { splat_i32(wbs[r].add(corr_at + 4 * l)) })
+    });
+    for g in 0..8 {
+        // SAFETY: as above.
+        let xl: [__m512i; 8] = std::array::from_fn(|l| unsafe {
+            _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _)
+        });
+        for r in 0..R {
+            // SAFETY: as above.
+            unsafe {
+                let sc = if PER_16 {
+                    [
+                        splat_i32(wbs[r].add(sc_at + 8 * g)),
+                        splat_i32(wbs[r].add(sc_at + 8 * g + 4)),
+                    ]
+                } else {
+                    [splat_i32(wbs[r].add(sc_at + 4 * g)); 2]
+                };
+                for l in 0..8 {
+                    let quad =
+                        _mm512_dpbusd_epi32(zero, xl[l], splat_i32(wbs[r].add(32 * g + 4 * l)));
+                    lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], quad, sc[l / 4]);
+                }
+            }
+        }
+    }
+    lanes
 }
 
 /// Q6_K rows against one token group (see [`block32_tile`]).
