@@ -1232,9 +1232,10 @@ unsafe fn block32_tile<const R: usize>(
 /// single-token kernels.
 ///
 /// # Safety
-/// As [`block32_tile`].
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+/// As [`block32_tile`]; only inlined into functions enabling AVX-512 F/BW/VNNI and FMA
+/// (always inlined: as a call, its sixteen running lanes went back through memory on
+/// every row pair of 896-wide rows).
+#[inline(always)]
 unsafe fn block32_chains<const R: usize>(
     w: &[u8],
     stride: usize,
