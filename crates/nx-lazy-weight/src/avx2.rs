@@ -357,11 +357,16 @@ direct_grid_kernel!(
 /// `formats::iq1_m::dot` (the same integers as `GridBlock::lanes` on its decoded
 /// blocks), fused and summed as there: the same bits.
 ///
+/// The block's fields are unpacked for all eight groups at once (`Iq1mFields`): the 32
+/// grid indices, the 32 offset-sign bytes and the 16 multipliers take a few vector
+/// operations per block instead of shifts and masks per octet, so a group costs its
+/// four table reads and the arithmetic on the activations.
+///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn iq1_m_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    use crate::formats::iq1_m::{multiplier, octet, scale_words, super_scale, BYTES};
+    use crate::formats::iq1_m::{scale_words, super_scale, BYTES};
     use crate::formats::iq1_s::DELTA;
     use crate::formats::{q8_k::QS as Q8_K_QS, Q8_K_BYTES};
     let n_blocks = common_blocks(w, &xs, BYTES, Q8_K_BYTES);
@@ -369,28 +374,20 @@ unsafe fn iq1_m_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     let mut grid_acc = [_mm256_setzero_ps(); N];
     let mut offset_acc = [_mm256_setzero_ps(); N];
     let ones = _mm256_set1_epi8(1);
+    let controls = Iq1mControls::new();
     for i in 0..n_blocks {
         // One length check for the block and one per activation block.
         let b = &w[i * BYTES..(i + 1) * BYTES];
         let xb = block_of_each(&xs, i, Q8_K_BYTES);
-        let sc = scale_words(b);
+        let fields = Iq1mFields::of(b);
         let mut grid_lanes = [_mm256_setzero_si256(); N];
         let mut offset_lanes = [_mm256_setzero_si256(); N];
-        for g in 0..8 {
-            // Plain loops, not closures: a closure here is compiled apart from this
-            // function's target features and stays a call.
-            let (mut values, mut offsets) = ([0i64; 4], [0i64; 4]);
-            for l in 0..4 {
-                let (grid, negative) = octet(b, 4 * g + l);
-                values[l] = u64::from_le_bytes(*grid) as i64;
-                offsets[l] = if negative { -1 } else { 0x0101_0101_0101_0101 };
-            }
-            let q = _mm256_set_epi64x(values[3], values[2], values[1], values[0]);
-            let s = _mm256_set_epi64x(offsets[3], offsets[2], offsets[1], offsets[0]);
-            let m = _mm256_setr_m128i(
-                _mm_set1_epi16(multiplier(&sc, 2 * g) as i16),
-                _mm_set1_epi16(multiplier(&sc, 2 * g + 1) as i16),
-            );
+        // A loop the compiler cannot unroll: unrolled, it hoists the eight groups'
+        // activation loads and table reads and spills them to the stack.
+        for g in 0..std::hint::black_box(8usize).min(8) {
+            let q = fields.grid_values(g);
+            let s = _mm256_shuffle_epi8(fields.signs[g / 4], controls.signs[g % 4]);
+            let m = _mm256_shuffle_epi8(fields.multipliers, controls.multipliers[g]);
             for t in 0..N {
                 // SAFETY: 32 bytes at Q8_K_QS + 32g + 32 ≤ 260, inside the 292-byte block.
                 let x = unsafe {
@@ -402,7 +399,7 @@ unsafe fn iq1_m_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
                 offset_lanes[t] = _mm256_add_epi32(offset_lanes[t], _mm256_madd_epi16(offsets, m));
             }
         }
-        let d_w = super_scale(&sc);
+        let d_w = super_scale(&scale_words(b));
         for t in 0..N {
             let d = _mm256_set1_ps(read_f32(xb[t], 0) * d_w);
             grid_acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(grid_lanes[t]), grid_acc[t]);
@@ -414,6 +411,112 @@ unsafe fn iq1_m_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
         out[t] = hsum_ps(grid_acc[t]) + DELTA * hsum_ps(offset_acc[t]);
     }
     out
+}
+
+/// `vpshufb` controls that spread [`Iq1mFields`] over a group of 32 weights.
+struct Iq1mControls {
+    /// For groups `g ≡ k (mod 4)`: each of the group's four sign bytes eight times (the
+    /// octets `4k..4k+4` of a 16-byte half of the sign bytes, in both 128-bit halves).
+    signs: [__m256i; 4],
+    /// For group `g = 2k + h`: its first half's multiplier (word `4h + k` of the low
+    /// 128 bits) eight times, then its second half's (the same word of the high bits).
+    multipliers: [__m256i; 8],
+}
+
+impl Iq1mControls {
+    #[inline(always)]
+    fn new() -> Self {
+        // SAFETY (features): AVX intrinsics, only inlined into `iq1_m_impl`.
+        unsafe {
+            let spread = |k: i8| {
+                let b = |j: i8| _mm_set1_epi8(4 * k + j);
+                let half = |j: i8| _mm_unpacklo_epi64(b(j), b(j + 1));
+                _mm256_setr_m128i(half(0), half(2))
+            };
+            let word = |g: i16| {
+                let byte = 8 * (g % 2) + 2 * (g / 2);
+                _mm256_set1_epi16(((byte + 1) << 8) | byte)
+            };
+            Self {
+                signs: [spread(0), spread(1), spread(2), spread(3)],
+                multipliers: std::array::from_fn(|g| word(g as i16)),
+            }
+        }
+    }
+}
+
+/// One IQ1_M block's fields unpacked with vector operations (layout in
+/// `formats::iq1_m`).
+struct Iq1mFields {
+    /// Octet `k`'s 11-bit grid index (the low byte, and the low three bits of its
+    /// `qh` nibble above it).
+    index: [u16; 32],
+    /// Octet `k`'s offset sign as a byte, −1 (bit 3 of its nibble set) or +1: octets
+    /// 0..16 in both 128-bit halves of the first, 16..32 of the second.
+    signs: [__m256i; 2],
+    /// The multipliers `2·ls + 1` as words: 64-bit lane `j` holds scale `j / 2` of the
+    /// 32-weight blocks `2k + j % 2` in word `k` (lanes 0, 1 the first half of each block,
+    /// lanes 2, 3 the second).
+    multipliers: __m256i,
+}
+
+impl Iq1mFields {
+    #[inline(always)]
+    fn of(b: &[u8]) -> Self {
+        use crate::formats::iq1_m::{BYTES, QH, QS, SCALES};
+        assert!(b.len() >= BYTES);
+        // SAFETY: every read is inside the block (asserted); AVX2 as the only caller.
+        unsafe {
+            let p = b.as_ptr();
+            let low4 = _mm_set1_epi8(0x0F);
+            let qh = _mm_loadu_si128(p.add(QH) as *const __m128i);
+            let (lo, hi) = (
+                _mm_and_si128(qh, low4),
+                _mm_and_si128(_mm_srli_epi16::<4>(qh), low4),
+            );
+            // Octet k's nibble at byte k: low nibble of qh[k / 2] for even k.
+            let nibbles = [_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)];
+            let mut index = [0u16; 32];
+            for (half, &nib) in nibbles.iter().enumerate() {
+                let qs = _mm_loadu_si128(p.add(QS + 16 * half) as *const __m128i);
+                let high = _mm_and_si128(nib, _mm_set1_epi8(7));
+                let at = index.as_mut_ptr().add(16 * half) as *mut __m128i;
+                _mm_storeu_si128(at, _mm_unpacklo_epi8(qs, high));
+                _mm_storeu_si128(at.add(1), _mm_unpackhi_epi8(qs, high));
+            }
+            let sign = |nib: __m128i| {
+                let eight = _mm_set1_epi8(8);
+                let negative = _mm_cmpeq_epi8(_mm_and_si128(nib, eight), eight);
+                let byte = _mm_or_si128(negative, _mm_set1_epi8(1));
+                _mm256_setr_m128i(byte, byte)
+            };
+            let words = _mm256_set1_epi64x(std::ptr::read_unaligned(p.add(SCALES) as *const i64));
+            let scales = _mm256_and_si256(
+                _mm256_srlv_epi64(words, _mm256_setr_epi64x(0, 6, 3, 9)),
+                _mm256_set1_epi16(7),
+            );
+            Self {
+                index,
+                signs: [sign(nibbles[0]), sign(nibbles[1])],
+                multipliers: _mm256_add_epi16(
+                    _mm256_add_epi16(scales, scales),
+                    _mm256_set1_epi16(1),
+                ),
+            }
+        }
+    }
+
+    /// Group `g`'s 32 grid values (−1, 0, 1 bytes).
+    #[inline(always)]
+    fn grid_values(&self, g: usize) -> __m256i {
+        use crate::formats::grids::IQ1S_GRID;
+        let v = |l: usize| {
+            // An 11-bit index: always inside the 2048-entry table.
+            u64::from_le_bytes(IQ1S_GRID[(self.index[4 * g + l] & 0x7FF) as usize]) as i64
+        };
+        // SAFETY (features): AVX intrinsics, only inlined into `iq1_m_impl`.
+        unsafe { _mm256_set_epi64x(v(3), v(2), v(1), v(0)) }
+    }
 }
 
 n_row_entries!(iq1_m_impl => dot_iq1_m_q8_k, dot4_iq1_m_q8_k);
