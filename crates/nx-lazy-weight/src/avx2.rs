@@ -414,19 +414,19 @@ unsafe fn iq1_m_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
 }
 
 /// `vpshufb` controls that spread [`Iq1mFields`] over a group of 32 weights.
-struct Iq1mControls {
+pub(crate) struct Iq1mControls {
     /// For groups `g ≡ k (mod 4)`: each of the group's four sign bytes eight times (the
     /// octets `4k..4k+4` of a 16-byte half of the sign bytes, in both 128-bit halves).
-    signs: [__m256i; 4],
+    pub(crate) signs: [__m256i; 4],
     /// For group `g = 2k + h`: its first half's multiplier (word `4h + k` of the low
     /// 128 bits) eight times, then its second half's (the same word of the high bits).
-    multipliers: [__m256i; 8],
+    pub(crate) multipliers: [__m256i; 8],
 }
 
 impl Iq1mControls {
     #[inline(always)]
-    fn new() -> Self {
-        // SAFETY (features): AVX intrinsics, only inlined into `iq1_m_impl`.
+    pub(crate) fn new() -> Self {
+        // SAFETY (features): AVX intrinsics, only inlined into AVX2 functions.
         unsafe {
             let spread = |k: i8| {
                 let b = |j: i8| _mm_set1_epi8(4 * k + j);
@@ -447,25 +447,26 @@ impl Iq1mControls {
 
 /// One IQ1_M block's fields unpacked with vector operations (layout in
 /// `formats::iq1_m`).
-struct Iq1mFields {
+pub(crate) struct Iq1mFields {
     /// Octet `k`'s 11-bit grid index (the low byte, and the low three bits of its
     /// `qh` nibble above it).
     index: [u16; 32],
     /// Octet `k`'s offset sign as a byte, −1 (bit 3 of its nibble set) or +1: octets
     /// 0..16 in both 128-bit halves of the first, 16..32 of the second.
-    signs: [__m256i; 2],
+    pub(crate) signs: [__m256i; 2],
     /// The multipliers `2·ls + 1` as words: 64-bit lane `j` holds scale `j / 2` of the
     /// 32-weight blocks `2k + j % 2` in word `k` (lanes 0, 1 the first half of each block,
     /// lanes 2, 3 the second).
-    multipliers: __m256i,
+    pub(crate) multipliers: __m256i,
 }
 
 impl Iq1mFields {
     #[inline(always)]
-    fn of(b: &[u8]) -> Self {
+    pub(crate) fn of(b: &[u8]) -> Self {
         use crate::formats::iq1_m::{BYTES, QH, QS, SCALES};
         assert!(b.len() >= BYTES);
-        // SAFETY: every read is inside the block (asserted); AVX2 as the only caller.
+        // SAFETY: every read is inside the block (asserted); only inlined into AVX2
+        // functions.
         unsafe {
             let p = b.as_ptr();
             let low4 = _mm_set1_epi8(0x0F);
@@ -508,13 +509,13 @@ impl Iq1mFields {
 
     /// Group `g`'s 32 grid values (−1, 0, 1 bytes).
     #[inline(always)]
-    fn grid_values(&self, g: usize) -> __m256i {
+    pub(crate) fn grid_values(&self, g: usize) -> __m256i {
         use crate::formats::grids::IQ1S_GRID;
         let v = |l: usize| {
             // An 11-bit index: always inside the 2048-entry table.
             u64::from_le_bytes(IQ1S_GRID[(self.index[4 * g + l] & 0x7FF) as usize]) as i64
         };
-        // SAFETY (features): AVX intrinsics, only inlined into `iq1_m_impl`.
+        // SAFETY (features): AVX intrinsics, only inlined into AVX2 functions.
         unsafe { _mm256_set_epi64x(v(3), v(2), v(1), v(0)) }
     }
 }

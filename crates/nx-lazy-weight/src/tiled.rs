@@ -645,6 +645,61 @@ fn unpack_grid(ty: GgmlType, wb: &[u8], out: &mut [u8]) {
 
 /// One IQ1_M super-block `wb` unpacked into `out` (the [`WIQ1M_BLOCK`] layout).
 fn unpack_iq1_m(wb: &[u8], out: &mut [u8]) {
+    // SAFETY: the tiled kernels run only where AVX-512 (and so AVX2) is available.
+    unsafe { unpack_iq1_m_avx2(wb, out) }
+}
+
+/// [`unpack_iq1_m`] with AVX2: the block's fields unpacked once
+/// (`avx2::Iq1mFields`, as the single-token kernel does), the levels and offset signs
+/// stored a group of 32 at a time, and the corrections' lane sums formed by
+/// `maddubs`/`madd` with the multipliers, as that kernel forms its lanes.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_iq1_m_avx2(wb: &[u8], out: &mut [u8]) {
+    use crate::avx2::{Iq1mControls, Iq1mFields};
+    assert!(wb.len() >= iq1_m::BYTES && out.len() >= WIQ1M_BLOCK);
+    let fields = Iq1mFields::of(wb);
+    let controls = Iq1mControls::new();
+    let ones = _mm256_set1_epi8(1);
+    let (mut corr, mut offset_corr) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+    let p = out.as_mut_ptr();
+    for g in 0..8 {
+        let levels = fields.grid_values(g);
+        let signs = _mm256_shuffle_epi8(fields.signs[g / 4], controls.signs[g % 4]);
+        let m = _mm256_shuffle_epi8(fields.multipliers, controls.multipliers[g]);
+        // SAFETY: 32 bytes at 32g and at WIQ1M_OFFSETS + 32g, inside `out` (asserted).
+        unsafe {
+            _mm256_storeu_si256(p.add(32 * g) as *mut __m256i, levels);
+            _mm256_storeu_si256(p.add(WIQ1M_OFFSETS + 32 * g) as *mut __m256i, signs);
+        }
+        let lane_sums = |v: __m256i| _mm256_madd_epi16(_mm256_maddubs_epi16(ones, v), m);
+        corr = _mm256_add_epi32(corr, lane_sums(levels));
+        offset_corr = _mm256_add_epi32(offset_corr, lane_sums(signs));
+    }
+    let minus_128 = _mm256_set1_epi32(-128);
+    // SAFETY: eight i32 each, inside `out` (asserted).
+    unsafe {
+        let at = |o: usize| p.add(o) as *mut __m256i;
+        _mm256_storeu_si256(at(WIQ1M_CORR), _mm256_mullo_epi32(corr, minus_128));
+        _mm256_storeu_si256(
+            at(WIQ1M_OFFSET_CORR),
+            _mm256_mullo_epi32(offset_corr, minus_128),
+        );
+    }
+    let sc = iq1_m::scale_words(wb);
+    for s in 0..16 {
+        // `(m, 0)` word pairs: a quad of `(x+128)·w` with |w| ≤ 1 is a word, which
+        // `vpdpwssd` multiplies by `m` alone.
+        put_pair(out, WIQ1M_SC + 4 * s, iq1_m::multiplier(&sc, s) as i16, 0);
+    }
+    put_f32(out, WIQ1M_D, iq1_m::super_scale(&sc));
+}
+
+/// The scalar unpacking [`unpack_iq1_m_avx2`] replaces, kept as its twin for the tests.
+#[cfg(test)]
+fn unpack_iq1_m_scalar(wb: &[u8], out: &mut [u8]) {
     assert!(out.len() >= WIQ1M_BLOCK);
     let (mut grid, mut offsets) = (GridBlock::new(), GridBlock::new());
     let d = iq1_m::decode(wb, &mut grid, &mut offsets);
@@ -1840,6 +1895,12 @@ mod tests {
             // SAFETY: as above.
             unsafe { unpack_q6_k_avx512(&wb, &mut b) };
             assert_eq!(a, b, "Q6_K");
+        }
+        for wb in blocks(3, iq1_m::BYTES, &[]) {
+            let (mut a, mut b) = (vec![0u8; WIQ1M_BLOCK], vec![0u8; WIQ1M_BLOCK]);
+            unpack_iq1_m_scalar(&wb, &mut a);
+            unpack_iq1_m(&wb, &mut b);
+            assert_eq!(a, b, "IQ1_M");
         }
     }
 }
