@@ -99,13 +99,14 @@ const WGRID_SC: usize = 256;
 const WGRID_CORR: usize = WGRID_SC + 64;
 const WGRID_D: usize = WGRID_CORR + 32;
 const WGRID_POST: usize = WGRID_D + 4;
-/// Unpacked IQ1_M super-block: the grid's 256 signed values (i8: −1, 0, 1), the 256
-/// offset signs (i8: ±1), sixteen multipliers (i32), eight grid and eight offset
-/// corrections (i32), `d_w` (f32).
-const WIQ1M_BLOCK: usize = 512 + 64 + 64 + 4;
+/// Unpacked IQ1_M super-block: the grid's 256 values times their multipliers
+/// (i8: `(2·ls + 1)·{−1, 0, 1}`, at most 15 in magnitude), the 256 offset signs times
+/// theirs (i8: `±(2·ls + 1)`), eight grid and eight offset corrections (i32), `d_w`
+/// (f32). With the multipliers folded in, one `vpdpbusd` a lane and group forms
+/// `Σ m·quad` (exact integers, so the single-token kernel's lanes).
+const WIQ1M_BLOCK: usize = 512 + 32 + 32 + 4;
 const WIQ1M_OFFSETS: usize = 256;
-const WIQ1M_SC: usize = 512;
-const WIQ1M_CORR: usize = WIQ1M_SC + 64;
+const WIQ1M_CORR: usize = 512;
 const WIQ1M_OFFSET_CORR: usize = WIQ1M_CORR + 32;
 const WIQ1M_D: usize = WIQ1M_OFFSET_CORR + 32;
 
@@ -650,9 +651,9 @@ fn unpack_iq1_m(wb: &[u8], out: &mut [u8]) {
 }
 
 /// [`unpack_iq1_m`] with AVX2: the block's fields unpacked once
-/// (`avx2::Iq1mFields`, as the single-token kernel does), the levels and offset signs
-/// stored a group of 32 at a time, and the corrections' lane sums formed by
-/// `maddubs`/`madd` with the multipliers, as that kernel forms its lanes.
+/// (`avx2::Iq1mFields`, as the single-token kernel does), the values and offset signs
+/// signed onto their multipliers and stored a group of 32 at a time, and the
+/// corrections' lane sums formed by `maddubs` by ones.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
@@ -662,19 +663,24 @@ unsafe fn unpack_iq1_m_avx2(wb: &[u8], out: &mut [u8]) {
     assert!(wb.len() >= iq1_m::BYTES && out.len() >= WIQ1M_BLOCK);
     let fields = Iq1mFields::of(wb);
     let controls = Iq1mControls::new();
-    let ones = _mm256_set1_epi8(1);
+    let (ones, ones16) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1));
     let (mut corr, mut offset_corr) = (_mm256_setzero_si256(), _mm256_setzero_si256());
     let p = out.as_mut_ptr();
     for g in 0..8 {
-        let levels = fields.grid_values(g);
-        let signs = _mm256_shuffle_epi8(fields.signs[g / 4], controls.signs[g % 4]);
+        // The group's two multipliers as bytes (each 128-bit half one of them).
         let m = _mm256_shuffle_epi8(fields.multipliers, controls.multipliers[g]);
+        let m = _mm256_packs_epi16(m, m);
+        let levels = _mm256_sign_epi8(m, fields.grid_values(g));
+        let signs = _mm256_sign_epi8(
+            m,
+            _mm256_shuffle_epi8(fields.signs[g / 4], controls.signs[g % 4]),
+        );
         // SAFETY: 32 bytes at 32g and at WIQ1M_OFFSETS + 32g, inside `out` (asserted).
         unsafe {
             _mm256_storeu_si256(p.add(32 * g) as *mut __m256i, levels);
             _mm256_storeu_si256(p.add(WIQ1M_OFFSETS + 32 * g) as *mut __m256i, signs);
         }
-        let lane_sums = |v: __m256i| _mm256_madd_epi16(_mm256_maddubs_epi16(ones, v), m);
+        let lane_sums = |v: __m256i| _mm256_madd_epi16(_mm256_maddubs_epi16(ones, v), ones16);
         corr = _mm256_add_epi32(corr, lane_sums(levels));
         offset_corr = _mm256_add_epi32(offset_corr, lane_sums(signs));
     }
@@ -688,13 +694,7 @@ unsafe fn unpack_iq1_m_avx2(wb: &[u8], out: &mut [u8]) {
             _mm256_mullo_epi32(offset_corr, minus_128),
         );
     }
-    let sc = iq1_m::scale_words(wb);
-    for s in 0..16 {
-        // `(m, 0)` word pairs: a quad of `(x+128)·w` with |w| ≤ 1 is a word, which
-        // `vpdpwssd` multiplies by `m` alone.
-        put_pair(out, WIQ1M_SC + 4 * s, iq1_m::multiplier(&sc, s) as i16, 0);
-    }
-    put_f32(out, WIQ1M_D, iq1_m::super_scale(&sc));
+    put_f32(out, WIQ1M_D, iq1_m::super_scale(&iq1_m::scale_words(wb)));
 }
 
 /// The scalar unpacking [`unpack_iq1_m_avx2`] replaces, kept as its twin for the tests.
@@ -705,10 +705,11 @@ fn unpack_iq1_m_scalar(wb: &[u8], out: &mut [u8]) {
     let d = iq1_m::decode(wb, &mut grid, &mut offsets);
     let corr = put_signed_levels(&grid, &mut out[..256]);
     let offset_corr = put_signed_levels(&offsets, &mut out[WIQ1M_OFFSETS..WIQ1M_OFFSETS + 256]);
-    for (s, &m) in grid.scales.iter().enumerate() {
-        // `(m, 0)` word pairs: a quad of `(x+128)·w` with |w| ≤ 1 is a word, which
-        // `vpdpwssd` multiplies by `m` alone.
-        put_pair(out, WIQ1M_SC + 4 * s, m as i16, 0);
+    // Each value times its multiplier (one per 16 weights); put_signed_levels' lane
+    // sums already carry them.
+    for (k, byte) in out[..512].iter_mut().enumerate() {
+        let m = grid.scales[(k % 256) / 16];
+        *byte = (*byte as i8 as i32 * m) as i8 as u8;
     }
     for l in 0..8 {
         put_i32(out, WIQ1M_CORR + 4 * l, -128 * corr[l]);
@@ -1532,8 +1533,9 @@ unsafe fn grid_tile<const PAIR_SUMS: bool, const R: usize>(
 
 /// One IQ1_M row against one token group, in the order of its single-token kernel
 /// (`formats::iq1_m::dot`): per super-block two sets of eight integer lanes, the grid's
-/// and the offsets' (`Σ_g m·quad(g, l)`, as [`grid_tile`]), each fused with `d_w·d_x`
-/// into its own running lanes; at the end `sum(grid) + 0.125·sum(offsets)`.
+/// and the offsets' (`Σ_g m·quad(g, l)`, one `vpdpbusd` each with the multipliers
+/// folded into the unpacked bytes), each fused with `d_w·d_x` into its own running
+/// lanes; at the end `sum(grid) + 0.125·sum(offsets)`.
 ///
 /// # Safety
 /// As [`block32_tile`] with `R` = 1, [`WIQ1M_BLOCK`] unpacked super-blocks and Q8_K
@@ -1544,7 +1546,6 @@ unsafe fn iq1_m_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE])
     assert!(x.len() >= n_blocks * ACTK_BLOCK);
     let mut acc_grid = [_mm512_setzero_ps(); 8];
     let mut acc_offsets = [_mm512_setzero_ps(); 8];
-    let zero = _mm512_setzero_si512();
     for b in 0..n_blocks {
         let xt = x[b * ACTK_BLOCK..].as_ptr();
         let wb = w[b * WIQ1M_BLOCK..].as_ptr();
@@ -1555,21 +1556,14 @@ unsafe fn iq1_m_tile(w: &[u8], x: &[u8], n_blocks: usize, out: &mut [f32; TILE])
         let mut offsets: [__m512i; 8] =
             std::array::from_fn(|l| unsafe { splat_i32(wb.add(WIQ1M_OFFSET_CORR + 4 * l)) });
         for g in 0..8 {
-            // SAFETY: as above.
-            unsafe {
-                let scales = [
-                    splat_i32(wb.add(WIQ1M_SC + 8 * g)),
-                    splat_i32(wb.add(WIQ1M_SC + 8 * g + 4)),
-                ];
-                for l in 0..8 {
+            for l in 0..8 {
+                // SAFETY: as above.
+                unsafe {
                     let xl = _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _);
                     let at = 32 * g + 4 * l;
-                    let q_grid = _mm512_dpbusd_epi32(zero, xl, splat_i32(wb.add(at)));
-                    let q_offsets =
-                        _mm512_dpbusd_epi32(zero, xl, splat_i32(wb.add(WIQ1M_OFFSETS + at)));
-                    let sc = scales[l / 4];
-                    grid[l] = _mm512_dpwssd_epi32(grid[l], q_grid, sc);
-                    offsets[l] = _mm512_dpwssd_epi32(offsets[l], q_offsets, sc);
+                    grid[l] = _mm512_dpbusd_epi32(grid[l], xl, splat_i32(wb.add(at)));
+                    offsets[l] =
+                        _mm512_dpbusd_epi32(offsets[l], xl, splat_i32(wb.add(WIQ1M_OFFSETS + at)));
                 }
             }
         }
