@@ -128,7 +128,26 @@ macro_rules! n_row_entries {
 /// `grids::grid_dot`'s, so the bits are the format's scalar `dot`'s, in about half the
 /// instructions.
 macro_rules! direct_grid_kernel {
-    ($imp:ident, $dot:ident, $dot4:ident, $format:ident, |$b:ident, $g:ident| $group:block) => {
+    (
+        $imp:ident,
+        $dot:ident,
+        $dot4:ident,
+        $format:ident,
+        $group_fn:ident,
+        |$b:ident, $g:ident| $group:block
+    ) => {
+        /// Group `g` (0..8) of super-block `b`: the 32 magnitudes, their ±1 sign bytes
+        /// and the two 16-weight multipliers (i16, one per 128-bit half). Also what the
+        /// prefill tile's unpacking stores (`tiled::unpack_grid`).
+        #[inline(always)]
+        pub(crate) fn $group_fn($b: &[u8], $g: usize) -> (__m256i, __m256i, __m256i) {
+            // SAFETY (features): AVX intrinsics, only inlined into AVX2 functions.
+            #[allow(unused_unsafe)]
+            unsafe {
+                $group
+            }
+        }
+
         /// # Safety
         /// The CPU has AVX2, FMA and F16C.
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -145,7 +164,7 @@ macro_rules! direct_grid_kernel {
                 let xb = block_of_each(&xs, i, Q8_K_BYTES);
                 let mut lanes = [_mm256_setzero_si256(); N];
                 for $g in 0..8 {
-                    let (q, s, m): (__m256i, __m256i, __m256i) = $group;
+                    let (q, s, m) = $group_fn($b, $g);
                     for (lanes, xb) in lanes.iter_mut().zip(&xb) {
                         // SAFETY: 32 bytes at Q8_K_QS + 32g + 32 ≤ 260, inside the
                         // 292-byte block.
@@ -189,6 +208,7 @@ direct_grid_kernel!(
     dot_iq2_xxs_q8_k,
     dot4_iq2_xxs_q8_k,
     iq2_xxs,
+    iq2_xxs_group,
     |b, g| {
         use crate::formats::{grids::IQ2XXS_GRID, iq2_xxs::QS};
         let grid = read_u32(b, QS + 8 * g);
@@ -210,6 +230,7 @@ direct_grid_kernel!(
     dot_iq3_xxs_q8_k,
     dot4_iq3_xxs_q8_k,
     iq3_xxs,
+    iq3_xxs_group,
     |b, g| {
         use crate::formats::{
             grids::IQ3XXS_GRID,
@@ -262,6 +283,7 @@ direct_grid_kernel!(
     dot_iq3_s_q8_k,
     dot4_iq3_s_q8_k,
     iq3_s,
+    iq3_s_group,
     |b, g| {
         use crate::formats::{
             grids::IQ3S_GRID,
@@ -308,6 +330,7 @@ direct_grid_kernel!(
     dot_iq2_xs_q8_k,
     dot4_iq2_xs_q8_k,
     iq2_xs,
+    iq2_xs_group,
     |b, g| {
         use crate::formats::{
             grids::IQ2XS_GRID,
@@ -332,6 +355,7 @@ direct_grid_kernel!(
     dot_iq2_s_q8_k,
     dot4_iq2_s_q8_k,
     iq2_s,
+    iq2_s_group,
     |b, g| {
         use crate::formats::{
             grids::IQ2S_GRID,

@@ -36,7 +36,9 @@ use std::ops::Range;
 use nx_gguf::GgmlType;
 use nx_syscalls::ThreadPool;
 
-use crate::formats::grids::{plain_grid, GridBlock};
+use crate::formats::grids::plain_grid;
+#[cfg(test)]
+use crate::formats::grids::GridBlock;
 #[cfg(test)]
 use crate::formats::q6_k::quads as q6_k_quads;
 use crate::formats::{
@@ -611,6 +613,7 @@ fn finish_grid_block(out: &mut [u8], corr: [i32; 8], d: f32, post_scale: f32) {
 }
 
 /// Byte `j` of entry `s` is 0xff when bit `j` of `s` is set.
+#[cfg(test)]
 static BYTE_MASKS: [u64; 256] = {
     let mut t = [0u64; 256];
     let mut s = 0;
@@ -628,8 +631,94 @@ static BYTE_MASKS: [u64; 256] = {
 };
 
 /// One IQ2/IQ3 grid super-block `wb` of `ty` unpacked into `out` (the [`WGRID_BLOCK`]
-/// layout) by the format's own decoder.
+/// layout).
 fn unpack_grid(ty: GgmlType, wb: &[u8], out: &mut [u8]) {
+    // SAFETY: the tiled kernels run only where AVX-512 (and so AVX2) is available.
+    unsafe { unpack_grid_avx2(ty, wb, out) }
+}
+
+/// [`unpack_grid`] with AVX2, over the single-token kernels' own group decoders
+/// (`avx2::*_group`): a group's magnitudes signed in one `vpsignb`, and the
+/// corrections' lane sums formed by `maddubs`/`madd` with the multipliers.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_grid_avx2(ty: GgmlType, wb: &[u8], out: &mut [u8]) {
+    use crate::avx2::{iq2_s_group, iq2_xs_group, iq2_xxs_group, iq3_s_group, iq3_xxs_group};
+    use crate::formats::{iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs};
+    // SAFETY (each): the forwarded features.
+    unsafe {
+        match ty {
+            GgmlType::IQ2_XXS => unpack_grid_groups(
+                &wb[..iq2_xxs::BYTES],
+                out,
+                iq2_xxs_group,
+                iq2_xxs::POST_SCALE,
+            ),
+            GgmlType::IQ2_XS => {
+                unpack_grid_groups(&wb[..iq2_xs::BYTES], out, iq2_xs_group, iq2_xs::POST_SCALE)
+            }
+            GgmlType::IQ2_S => {
+                unpack_grid_groups(&wb[..iq2_s::BYTES], out, iq2_s_group, iq2_s::POST_SCALE)
+            }
+            GgmlType::IQ3_XXS => unpack_grid_groups(
+                &wb[..iq3_xxs::BYTES],
+                out,
+                iq3_xxs_group,
+                iq3_xxs::POST_SCALE,
+            ),
+            GgmlType::IQ3_S => {
+                unpack_grid_groups(&wb[..iq3_s::BYTES], out, iq3_s_group, iq3_s::POST_SCALE)
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The body of [`unpack_grid_avx2`] for one format's group decoder.
+///
+/// # Safety
+/// The CPU has AVX2; only inlined into [`unpack_grid_avx2`].
+#[inline(always)]
+unsafe fn unpack_grid_groups(
+    wb: &[u8],
+    out: &mut [u8],
+    group: impl Fn(&[u8], usize) -> (__m256i, __m256i, __m256i),
+    post_scale: f32,
+) {
+    assert!(out.len() >= WGRID_BLOCK);
+    // SAFETY: the caller's features; every store is inside `out` (asserted).
+    unsafe {
+        let ones = _mm256_set1_epi8(1);
+        let mut corr = _mm256_setzero_si256();
+        for g in 0..8 {
+            let (magnitudes, signs, m) = group(wb, g);
+            let levels = _mm256_sign_epi8(magnitudes, signs);
+            _mm256_storeu_si256(out.as_mut_ptr().add(32 * g) as *mut __m256i, levels);
+            corr = _mm256_add_epi32(
+                corr,
+                _mm256_madd_epi16(_mm256_maddubs_epi16(ones, levels), m),
+            );
+            // `(m, m)` word pairs for `vpdpwssd` over `vpmaddubsw`'s pair sums (m ≤ 31).
+            let (first, second) = (
+                _mm256_extract_epi16::<0>(m) as i16,
+                _mm256_extract_epi16::<8>(m) as i16,
+            );
+            put_pair(out, WGRID_SC + 8 * g, first, first);
+            put_pair(out, WGRID_SC + 8 * g + 4, second, second);
+        }
+        let corr = _mm256_mullo_epi32(corr, _mm256_set1_epi32(-128));
+        _mm256_storeu_si256(out.as_mut_ptr().add(WGRID_CORR) as *mut __m256i, corr);
+    }
+    put_f32(out, WGRID_D, crate::formats::read_f16(wb, 0));
+    put_f32(out, WGRID_POST, post_scale);
+}
+
+/// The scalar unpacking [`unpack_grid_avx2`] replaces, by the format's own decoder,
+/// kept as its twin for the tests.
+#[cfg(test)]
+fn unpack_grid_scalar(ty: GgmlType, wb: &[u8], out: &mut [u8]) {
     assert!(out.len() >= WGRID_BLOCK);
     let Some(grid) = plain_grid(ty) else {
         return;
@@ -638,7 +727,6 @@ fn unpack_grid(ty: GgmlType, wb: &[u8], out: &mut [u8]) {
     let d = (grid.decode)(&wb[..grid.block_bytes], &mut block);
     let corr = put_signed_levels(&block, &mut out[..256]);
     for (s, &m) in block.scales.iter().enumerate() {
-        // `(m, m)` word pairs for `vpdpwssd` over `vpmaddubsw`'s pair sums (m ≤ 31).
         put_pair(out, WGRID_SC + 4 * s, m as i16, m as i16);
     }
     finish_grid_block(out, corr, d, grid.post_scale);
@@ -720,6 +808,7 @@ fn unpack_iq1_m_scalar(wb: &[u8], out: &mut [u8]) {
 
 /// Writes a block's 256 signed levels (i8) into `out` and returns the eight lane sums
 /// `Σ_g Σ m·w` over each lane's quads (what `x + 128` adds, once divided by 128).
+#[cfg(test)]
 fn put_signed_levels(block: &GridBlock, out: &mut [u8]) -> [i32; 8] {
     let mut corr = [0i32; 8];
     for (k, &magnitudes) in block.octets.iter().enumerate() {
@@ -1895,6 +1984,22 @@ mod tests {
             unpack_iq1_m_scalar(&wb, &mut a);
             unpack_iq1_m(&wb, &mut b);
             assert_eq!(a, b, "IQ1_M");
+        }
+        let grids = [
+            GgmlType::IQ2_XXS,
+            GgmlType::IQ2_XS,
+            GgmlType::IQ2_S,
+            GgmlType::IQ3_XXS,
+            GgmlType::IQ3_S,
+        ];
+        for (seed, ty) in (4..).zip(grids) {
+            let block = plain_grid(ty).unwrap().block_bytes;
+            for wb in blocks(seed, block, &[0]) {
+                let (mut a, mut b) = (vec![0u8; WGRID_BLOCK], vec![0u8; WGRID_BLOCK]);
+                unpack_grid_scalar(ty, &wb, &mut a);
+                unpack_grid(ty, &wb, &mut b);
+                assert_eq!(a, b, "{ty:?}");
+            }
         }
     }
 }
