@@ -1334,11 +1334,40 @@ unsafe fn mxfp4_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     unsafe { table_pairs::<4, MXFP4>(w, x, n_blocks) }
 }
 
-/// Sub-block `j`'s scale `ls − 32` of an IQ4_XS super-block (`sh` its high-bit word).
+/// The eight sub-block scales `ls − 32` of an IQ4_XS super-block as i32 lanes: each
+/// lane shifts the low-nibble word and the high-bit word by its own amount, so the
+/// eight come out of a few vector operations instead of a scalar extraction each.
+///
+/// # Safety
+/// The CPU has AVX2; `wb` holds a whole super-block (asserted).
 #[inline(always)]
-fn iq4_xs_scale(wb: &[u8], sh: i32, j: usize) -> i32 {
-    let low = (wb[iq4_xs::SCALES_L + j / 2] >> (4 * (j % 2))) & 0x0F;
-    (low as i32 | (((sh >> (2 * j)) & 3) << 4)) - 32
+unsafe fn iq4_xs_scales(wb: &[u8]) -> __m256i {
+    assert!(wb.len() >= iq4_xs::BYTES);
+    // SAFETY: the scale fields lie inside the super-block (asserted); the caller's
+    // features.
+    unsafe {
+        let p = wb.as_ptr();
+        let low = std::ptr::read_unaligned(p.add(iq4_xs::SCALES_L) as *const i32);
+        let high = std::ptr::read_unaligned(p.add(iq4_xs::SCALES_H) as *const u16) as i32;
+        let low = _mm256_and_si256(
+            _mm256_srlv_epi32(
+                _mm256_set1_epi32(low),
+                _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+            ),
+            _mm256_set1_epi32(0x0F),
+        );
+        let high = _mm256_and_si256(
+            _mm256_srlv_epi32(
+                _mm256_set1_epi32(high),
+                _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
+            ),
+            _mm256_set1_epi32(3),
+        );
+        _mm256_sub_epi32(
+            _mm256_or_si256(low, _mm256_slli_epi32::<4>(high)),
+            _mm256_set1_epi32(32),
+        )
+    }
 }
 
 /// IQ4_XS × Q8_K for `R` weight rows and one token, in the order of its single-token
@@ -1361,6 +1390,12 @@ unsafe fn iq4_xs_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) 
     let low4 = _mm256_set1_epi8(0x0F);
     let minus128 = _mm512_set1_epi8(-128);
     let zero = _mm512_setzero_si512();
+    let pair_index: [__m512i; 4] = std::array::from_fn(|p| {
+        _mm512_inserti64x4::<1>(
+            _mm512_set1_epi32(2 * p as i32),
+            _mm256_set1_epi32(2 * p as i32 + 1),
+        )
+    });
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..n_blocks {
         let xb = &x[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
@@ -1372,7 +1407,8 @@ unsafe fn iq4_xs_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) 
         for r in 0..R {
             let wb = &w[r][b * B..(b + 1) * B];
             prefetch_ahead(w[r], b * B);
-            let sh = u16::from_le_bytes([wb[iq4_xs::SCALES_H], wb[iq4_xs::SCALES_H + 1]]) as i32;
+            // SAFETY: a whole super-block; the features of this function.
+            let scales = _mm512_castsi256_si512(unsafe { iq4_xs_scales(wb) });
             let mut sumi = zero;
             for p in 0..4 {
                 // SAFETY: as above.
@@ -1384,11 +1420,9 @@ unsafe fn iq4_xs_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) 
                 let ordered = _mm512_shuffle_i64x2::<0b11_01_10_00>(halves, halves);
                 let biased = _mm512_shuffle_epi8(table, ordered);
                 let quads = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, biased, xq[p]), corr[p]);
-                let scales = _mm512_inserti64x4::<1>(
-                    _mm512_set1_epi32(iq4_xs_scale(wb, sh, 2 * p)),
-                    _mm256_set1_epi32(iq4_xs_scale(wb, sh, 2 * p + 1)),
-                );
-                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(quads, scales));
+                // Sub-block 2p's scale in the low eight lanes, 2p + 1's in the high.
+                let pair = _mm512_permutexvar_epi32(pair_index[p], scales);
+                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(quads, pair));
             }
             let lanes = _mm256_add_epi32(
                 _mm512_castsi512_si256(sumi),
