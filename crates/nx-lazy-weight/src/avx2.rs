@@ -1727,12 +1727,49 @@ struct Iq4xsBlock {
     d: __m256,
 }
 
+/// The eight sub-block scales `ls − 32` of an IQ4_XS super-block as i32 lanes: each
+/// lane shifts the low-nibble word and the high-bit word by its own amount, so the
+/// eight come out of a few vector operations instead of a scalar extraction each.
+///
+/// # Safety
+/// The CPU has AVX2; `wb` holds a whole super-block (asserted).
+#[inline(always)]
+pub(crate) unsafe fn iq4_xs_scales(wb: &[u8]) -> __m256i {
+    assert!(wb.len() >= iq4_xs::BYTES);
+    // SAFETY: the scale fields lie inside the super-block (asserted); the caller's
+    // features.
+    unsafe {
+        let p = wb.as_ptr();
+        let low = std::ptr::read_unaligned(p.add(iq4_xs::SCALES_L) as *const i32);
+        let high = std::ptr::read_unaligned(p.add(iq4_xs::SCALES_H) as *const u16) as i32;
+        let low = _mm256_and_si256(
+            _mm256_srlv_epi32(
+                _mm256_set1_epi32(low),
+                _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+            ),
+            _mm256_set1_epi32(0x0F),
+        );
+        let high = _mm256_and_si256(
+            _mm256_srlv_epi32(
+                _mm256_set1_epi32(high),
+                _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
+            ),
+            _mm256_set1_epi32(3),
+        );
+        _mm256_sub_epi32(
+            _mm256_or_si256(low, _mm256_slli_epi32::<4>(high)),
+            _mm256_set1_epi32(32),
+        )
+    }
+}
+
 /// # Safety
 /// `wb` is a whole IQ4_XS super-block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn iq4_xs_decode(wb: &[u8]) -> Iq4xsBlock {
-    let sh = u16::from_le_bytes([wb[iq4_xs::SCALES_H], wb[iq4_xs::SCALES_H + 1]]) as i32;
+    // SAFETY: a whole super-block; the features of this function.
+    let scales = unsafe { iq4_xs_scales(wb) };
     // Plain loops: `array::from_fn` closures are compiled without the target features.
     let mut block = Iq4xsBlock {
         levels: [[_mm256_setzero_si256(); 2]; 8],
@@ -1740,8 +1777,7 @@ unsafe fn iq4_xs_decode(wb: &[u8]) -> Iq4xsBlock {
         d: f16_splat(wb, 0),
     };
     for j in 0..8 {
-        let low = (wb[iq4_xs::SCALES_L + j / 2] >> (4 * (j % 2))) & 0x0F;
-        block.scales[j] = _mm256_set1_epi32((low as i32 | (((sh >> (2 * j)) & 3) << 4)) - 32);
+        block.scales[j] = _mm256_permutevar8x32_epi32(scales, _mm256_set1_epi32(j as i32));
         // SAFETY: sub-block j's qs are bytes 8+16j..24+16j of 136.
         block.levels[j] = iq4_levels16(unsafe { load16(wb, iq4_xs::QS + 16 * j) });
     }
@@ -1777,18 +1813,18 @@ unsafe fn iq4_xs_impl(w: &[u8], x: &[u8]) -> f32 {
     lanes8_chain!(w, x, iq4_xs::BYTES, Q8_K_BYTES, |wb, xb| {
         // One sub-block at a time: a whole decoded super-block (levels widened to i16,
         // scales, `d`) is 25 registers, more than AVX2 has, and went through memory.
-        let sh = u16::from_le_bytes([wb[iq4_xs::SCALES_H], wb[iq4_xs::SCALES_H + 1]]) as i32;
+        // SAFETY: a whole super-block (chunks_exact); the features of this function.
+        let scales = unsafe { iq4_xs_scales(wb) };
         let mut sumi = _mm256_setzero_si256();
         for j in 0..8 {
-            let low = (wb[iq4_xs::SCALES_L + j / 2] >> (4 * (j % 2))) & 0x0F;
-            let ls = (low as i32 | (((sh >> (2 * j)) & 3) << 4)) - 32;
+            let ls = _mm256_permutevar8x32_epi32(scales, _mm256_set1_epi32(j as i32));
             // SAFETY: sub-block j's qs are bytes 8+16j..24+16j of 136, its x quants
             // 4+32j..36+32j of 292 (whole blocks, chunks_exact).
             let quads = unsafe {
                 let levels = iq4_levels16(load16(wb, iq4_xs::QS + 16 * j));
                 quads16(&levels, xb, q8_k::QS + 32 * j)
             };
-            sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(quads, _mm256_set1_epi32(ls)));
+            sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(quads, ls));
         }
         let d = _mm256_mul_ps(f16_splat(wb, 0), f32_splat(xb, 0));
         (d, _mm256_cvtepi32_ps(sumi))

@@ -1334,42 +1334,6 @@ unsafe fn mxfp4_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     unsafe { table_pairs::<4, MXFP4>(w, x, n_blocks) }
 }
 
-/// The eight sub-block scales `ls − 32` of an IQ4_XS super-block as i32 lanes: each
-/// lane shifts the low-nibble word and the high-bit word by its own amount, so the
-/// eight come out of a few vector operations instead of a scalar extraction each.
-///
-/// # Safety
-/// The CPU has AVX2; `wb` holds a whole super-block (asserted).
-#[inline(always)]
-unsafe fn iq4_xs_scales(wb: &[u8]) -> __m256i {
-    assert!(wb.len() >= iq4_xs::BYTES);
-    // SAFETY: the scale fields lie inside the super-block (asserted); the caller's
-    // features.
-    unsafe {
-        let p = wb.as_ptr();
-        let low = std::ptr::read_unaligned(p.add(iq4_xs::SCALES_L) as *const i32);
-        let high = std::ptr::read_unaligned(p.add(iq4_xs::SCALES_H) as *const u16) as i32;
-        let low = _mm256_and_si256(
-            _mm256_srlv_epi32(
-                _mm256_set1_epi32(low),
-                _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
-            ),
-            _mm256_set1_epi32(0x0F),
-        );
-        let high = _mm256_and_si256(
-            _mm256_srlv_epi32(
-                _mm256_set1_epi32(high),
-                _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
-            ),
-            _mm256_set1_epi32(3),
-        );
-        _mm256_sub_epi32(
-            _mm256_or_si256(low, _mm256_slli_epi32::<4>(high)),
-            _mm256_set1_epi32(32),
-        )
-    }
-}
-
 /// IQ4_XS × Q8_K for `R` weight rows and one token, in the order of its single-token
 /// kernel (`avx2::iq4_xs_impl`): per super-block eight exact integer lanes
 /// `Σ_j ls_j·quad_j,l`, one `fma(d_w·d_x, lanes)`. Two sub-blocks share a 512-bit
@@ -1408,7 +1372,7 @@ unsafe fn iq4_xs_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) 
             let wb = &w[r][b * B..(b + 1) * B];
             prefetch_ahead(w[r], b * B);
             // SAFETY: a whole super-block; the features of this function.
-            let scales = _mm512_castsi256_si512(unsafe { iq4_xs_scales(wb) });
+            let scales = _mm512_castsi256_si512(unsafe { crate::avx2::iq4_xs_scales(wb) });
             let mut sumi = zero;
             for p in 0..4 {
                 // SAFETY: as above.
