@@ -487,6 +487,64 @@ unsafe fn unpack_rows(
 /// sub-block scale as the multiplier of both its halves, final factor 1). Plain code: a
 /// row is unpacked once per chunk and then read by every token group.
 fn unpack_iq4_xs(wb: &[u8], out: &mut [u8]) {
+    // SAFETY: the tiled kernels run only where AVX-512 (and so AVX2) is available.
+    unsafe { unpack_iq4_xs_avx2(wb, out) }
+}
+
+/// [`unpack_iq4_xs`] with AVX2: a sub-block's 32 levels from one `vpshufb` of the
+/// table, its scale from `avx2::iq4_xs_scales`, the corrections' lane sums by
+/// `maddubs` by ones and `madd` by the scale.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_iq4_xs_avx2(wb: &[u8], out: &mut [u8]) {
+    assert!(wb.len() >= iq4_xs::BYTES && out.len() >= WGRID_BLOCK);
+    // SAFETY: every load is inside the super-block and every store inside `out`
+    // (asserted); the features of this function.
+    unsafe {
+        let half = _mm_loadu_si128(iq4_nl::KVALUES.as_ptr() as *const __m128i);
+        let table = _mm256_setr_m128i(half, half);
+        let (low4, ones) = (_mm_set1_epi8(0x0F), _mm256_set1_epi8(1));
+        let scales = crate::avx2::iq4_xs_scales(wb);
+        let p = out.as_mut_ptr();
+        let mut corr = _mm256_setzero_si256();
+        for g in 0..8 {
+            let qs = _mm_loadu_si128(wb.as_ptr().add(iq4_xs::QS + 16 * g) as *const __m128i);
+            let nibbles = _mm256_setr_m128i(
+                _mm_and_si128(qs, low4),
+                _mm_and_si128(_mm_srli_epi16::<4>(qs), low4),
+            );
+            let levels = _mm256_shuffle_epi8(table, nibbles);
+            _mm256_storeu_si256(p.add(32 * g) as *mut __m256i, levels);
+            // The scale as 16-bit words: its i32 lane g (|ls| ≤ 32) repeated.
+            let ls = _mm256_permutevar8x32_epi32(scales, _mm256_set1_epi32(g as i32));
+            let ls = _mm256_packs_epi32(ls, ls);
+            corr = _mm256_add_epi32(
+                corr,
+                _mm256_madd_epi16(_mm256_maddubs_epi16(ones, levels), ls),
+            );
+        }
+        // Each sub-block's scale twice, as i32: one per 16 weights.
+        let twice = |at: usize, idx: __m256i| {
+            _mm256_storeu_si256(
+                p.add(at) as *mut __m256i,
+                _mm256_permutevar8x32_epi32(scales, idx),
+            );
+        };
+        twice(WGRID_SC, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+        twice(WGRID_SC + 32, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+        let corr = _mm256_mullo_epi32(corr, _mm256_set1_epi32(-128));
+        _mm256_storeu_si256(p.add(WGRID_CORR) as *mut __m256i, corr);
+    }
+    put_f32(out, WGRID_D, read_f16(wb, 0));
+    put_f32(out, WGRID_POST, 1.0);
+}
+
+/// The scalar unpacking [`unpack_iq4_xs_avx2`] replaces, kept as its twin for the
+/// tests.
+#[cfg(test)]
+fn unpack_iq4_xs_scalar(wb: &[u8], out: &mut [u8]) {
     assert!(wb.len() >= iq4_xs::BYTES && out.len() >= WGRID_BLOCK);
     let scales = iq4_xs::scales(wb);
     let mut corr = [0i32; 8];
@@ -505,8 +563,7 @@ fn unpack_iq4_xs(wb: &[u8], out: &mut [u8]) {
 }
 
 /// One Q4_1 / Q5_1 block `wb` unpacked into `out` (the [`W32M_BLOCK`] layout: its
-/// levels, the lane corrections `−128·Σ quad`, `d_w`, `m_w`). Plain code, as
-/// [`unpack_iq4_xs`].
+/// levels, the lane corrections `−128·Σ quad`, `d_w`, `m_w`). Plain code.
 fn unpack_offset32(wb: &[u8], out: &mut [u8], levels: fn(&[u8]) -> [i32; 32]) {
     assert!(out.len() >= W32M_BLOCK);
     let q = levels(wb);
@@ -522,8 +579,7 @@ fn unpack_offset32(wb: &[u8], out: &mut [u8], levels: fn(&[u8]) -> [i32; 32]) {
 }
 
 /// One Q3_K super-block `wb` unpacked into `out` (the [`WQ2K_BLOCK`] layout without
-/// the min terms: levels −4..3, the sixteen scales `sc − 32`). Plain code, as
-/// [`unpack_iq4_xs`].
+/// the min terms: levels −4..3, the sixteen scales `sc − 32`). Plain code.
 fn unpack_q3_k(wb: &[u8], out: &mut [u8]) {
     assert!(wb.len() >= q3_k::BYTES && out.len() >= WQ2K_BLOCK);
     let scales = q3_k::scales(&wb[q3_k::SCALES..q3_k::SCALES + 12]);
@@ -549,7 +605,7 @@ fn unpack_q3_k(wb: &[u8], out: &mut [u8]) {
 }
 
 /// One Q2_K super-block `wb` unpacked into `out` (the [`WQ2K_BLOCK`] layout). Plain
-/// code, as [`unpack_iq4_xs`].
+/// code.
 fn unpack_q2_k(wb: &[u8], out: &mut [u8]) {
     assert!(wb.len() >= q2_k::BYTES && out.len() >= WQ2K_BLOCK);
     let levels = q2_k::levels(wb);
@@ -578,8 +634,7 @@ fn unpack_q2_k(wb: &[u8], out: &mut [u8]) {
 }
 
 /// One Q5_K super-block `wb` unpacked into `out` (the [`WQ4K_BLOCK`] layout of
-/// [`unpack_q4_k`], the quants with their fifth bits: 0..31). Plain code, as
-/// [`unpack_iq4_xs`].
+/// [`unpack_q4_k`], the quants with their fifth bits: 0..31). Plain code.
 fn unpack_q5_k(wb: &[u8], out: &mut [u8]) {
     assert!(wb.len() >= q5_k::BYTES && out.len() >= WQ4K_BLOCK);
     let qh = &wb[q5_k::QH..q5_k::QH + 32];
@@ -604,6 +659,7 @@ fn unpack_q5_k(wb: &[u8], out: &mut [u8]) {
 }
 
 /// The tail of a [`WGRID_BLOCK`]: corrections, `d_w` and the final factor.
+#[cfg(test)]
 fn finish_grid_block(out: &mut [u8], corr: [i32; 8], d: f32, post_scale: f32) {
     for (l, c) in corr.into_iter().enumerate() {
         put_i32(out, WGRID_CORR + 4 * l, -128 * c);
@@ -1984,6 +2040,12 @@ mod tests {
             unpack_iq1_m_scalar(&wb, &mut a);
             unpack_iq1_m(&wb, &mut b);
             assert_eq!(a, b, "IQ1_M");
+        }
+        for wb in blocks(9, iq4_xs::BYTES, &[0]) {
+            let (mut a, mut b) = (vec![0u8; WGRID_BLOCK], vec![0u8; WGRID_BLOCK]);
+            unpack_iq4_xs_scalar(&wb, &mut a);
+            unpack_iq4_xs(&wb, &mut b);
+            assert_eq!(a, b, "IQ4_XS");
         }
         let grids = [
             GgmlType::IQ2_XXS,
