@@ -470,8 +470,11 @@ fn weighted_values<T: KvElem, const WIDE: bool>(
     let n = rows.len();
     #[cfg(target_arch = "x86_64")]
     if WIDE && matches!(value_dim, 64 | 128 | 256) {
-        for p in probs.iter_mut() {
-            *p = precision.round(*p);
+        match precision {
+            KvPrecision::F32 => {}
+            // SAFETY: WIDE is only set inside the AVX-512 builds, whose callers
+            // verified the features.
+            KvPrecision::F16 => unsafe { crate::avx512::round_to_f16(probs) },
         }
         // SAFETY: WIDE is only set inside `attend_avx512` / `attend_group_avx512`,
         // whose callers verified the CPU features.

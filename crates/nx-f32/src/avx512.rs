@@ -212,30 +212,84 @@ pub(crate) unsafe fn value_lanes<T: KvElem, const Z: usize>(
     assert!(values.head_dim() == vd && lanes.len() >= 64 * vd);
     let n = probs.len();
     let mut buf = [0f32; MAX_HEAD_DIM];
-    for first in 0..64.min(n) {
-        let lane = (rows_start + first) % 64;
-        let mut acc = [_mm512_setzero_ps(); Z];
-        let mut i = first;
-        while i < n {
-            let v = widen_row(values.row(rows_start + i - first_row), &mut buf);
-            assert!(v.len() >= vd);
-            let p = _mm512_set1_ps(probs[i]);
-            for (z, a) in acc.iter_mut().enumerate() {
-                // SAFETY: 16z + 16 <= vd <= v.len() (asserted).
-                let x = unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * z)) };
-                *a = _mm512_fmadd_ps(x, p, *a);
+    // Lanes a few at a time, so that a pass holds sixteen accumulators (a lane's few
+    // rows alone, `Z` chains of dependent FMAs, wait on one another for narrow heads);
+    // each lane still sums its rows in order, from `+0`.
+    let group = (16 / Z).clamp(1, 4);
+    let reached = 64.min(n);
+    let mut first = 0;
+    while first < reached {
+        let count = group.min(reached - first);
+        let mut acc = [[_mm512_setzero_ps(); Z]; 4];
+        let mut base = first;
+        while base < n {
+            for (g, acc) in acc.iter_mut().enumerate().take(count) {
+                let i = base + g;
+                if i >= n {
+                    break;
+                }
+                let row = values.row(rows_start + i - first_row);
+                let p = _mm512_set1_ps(probs[i]);
+                match T::as_f16(row) {
+                    Some(h) => {
+                        assert!(h.len() >= vd);
+                        for (z, a) in acc.iter_mut().enumerate() {
+                            // SAFETY: 16z + 16 <= vd <= h.len() (asserted).
+                            let x = unsafe {
+                                _mm512_cvtph_ps(_mm256_loadu_si256(
+                                    h.as_ptr().add(16 * z) as *const __m256i
+                                ))
+                            };
+                            *a = _mm512_fmadd_ps(x, p, *a);
+                        }
+                    }
+                    None => {
+                        let v = T::row_f32(row, &mut buf);
+                        assert!(v.len() >= vd);
+                        for (z, a) in acc.iter_mut().enumerate() {
+                            // SAFETY: 16z + 16 <= vd <= v.len() (asserted).
+                            let x = unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * z)) };
+                            *a = _mm512_fmadd_ps(x, p, *a);
+                        }
+                    }
+                }
             }
-            i += 64;
+            base += 64;
         }
-        let dst = &mut lanes[lane * vd..(lane + 1) * vd];
-        for (z, a) in acc.iter().enumerate() {
-            // SAFETY: dst holds vd = 16·Z values.
-            unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(16 * z), *a) };
+        for (g, acc) in acc.iter().enumerate().take(count) {
+            let lane = (rows_start + first + g) % 64;
+            let dst = &mut lanes[lane * vd..(lane + 1) * vd];
+            for (z, a) in acc.iter().enumerate() {
+                // SAFETY: dst holds vd = 16·Z values.
+                unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(16 * z), *a) };
+            }
         }
+        first += count;
     }
     for first in n..64 {
         let lane = (rows_start + first) % 64;
         lanes[lane * vd..(lane + 1) * vd].fill(0.0);
+    }
+}
+
+/// `x` rounded to f16 and back, sixteen at a time (round to nearest even, as
+/// `f16::from_f32`), the rest one at a time.
+///
+/// # Safety
+/// The CPU has the features of [`available`].
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn round_to_f16(x: &mut [f32]) {
+    let mut chunks = x.chunks_exact_mut(16);
+    for c in &mut chunks {
+        // SAFETY: sixteen f32.
+        unsafe {
+            let v = _mm512_loadu_ps(c.as_ptr());
+            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+            _mm512_storeu_ps(c.as_mut_ptr(), _mm512_cvtph_ps(h));
+        }
+    }
+    for v in chunks.into_remainder() {
+        *v = half::f16::from_f32(*v).to_f32();
     }
 }
 
