@@ -3,14 +3,15 @@
 //!
 //! Shapes are Gemma 3 270M's: n_embd 640, n_ff 2048, vocabulary 262144 (the tied LM
 //! head is Q8_0 [640, 262144], 178 MB). Weights come from the real quantizer; the LM
-//! head tiles 256 distinct rows, so its bytes still stream from memory. Run with
+//! head tiles 256 distinct rows, so its bytes still stream from memory (IQ1_S and IQ1_M,
+//! which nx cannot quantize, are random valid blocks). Run with
 //! `cargo bench -p nx-benches --bench gemv` (add a filter such as `Q4_K` to narrow).
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use nx_benches::{values, weights};
+use nx_benches::{iq1_weights, values, weights};
 use nx_lazy_weight::{
     dot_kernel_for, quantize_row, row_bytes, supported_tiers, vec_dot_type, GgmlType,
 };
@@ -30,10 +31,16 @@ fn bench_gemv(c: &mut Criterion) {
         (GgmlType::MXFP4, 2048, 640),
         (GgmlType::TQ2_0, 2048, 640),
         (GgmlType::TQ1_0, 2048, 640),
+        // The 1.75- and 1.56-bit grids (random lattice points: nx has no quantizer).
+        (GgmlType::IQ1_M, 2048, 640),
+        (GgmlType::IQ1_S, 2048, 640),
     ];
     for (ty, row_len, n_rows) in cases {
         let act = vec_dot_type(ty).unwrap();
-        let w = weights(ty, row_len, n_rows);
+        let w = match ty {
+            GgmlType::IQ1_S | GgmlType::IQ1_M => iq1_weights(ty, row_len, n_rows),
+            _ => weights(ty, row_len, n_rows),
+        };
         let mut xq = vec![0u8; row_bytes(act, row_len).unwrap()];
         quantize_row(act, &values(99, row_len, 1.0), &mut xq).unwrap();
         let rb = w.len() / n_rows;
