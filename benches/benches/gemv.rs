@@ -3,7 +3,7 @@
 //!
 //! Shapes are Gemma 3 270M's: n_embd 640, n_ff 2048, vocabulary 262144 (the tied LM
 //! head is Q8_0 [640, 262144], 178 MB). Weights come from the real quantizer; the LM
-//! head tiles 256 distinct rows, so its bytes still stream from memory (IQ1_S and IQ1_M,
+//! head tiles 256 distinct rows, so its bytes still stream from memory (the grid formats,
 //! which nx cannot quantize, are random valid blocks). Run with
 //! `cargo bench -p nx-benches --bench gemv` (add a filter such as `Q4_K` to narrow).
 
@@ -11,7 +11,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use nx_benches::{iq1_weights, values, weights};
+use nx_benches::{grid_weights, values, weights};
 use nx_lazy_weight::{
     dot_kernel_for, quantize_row, row_bytes, supported_tiers, vec_dot_type, GgmlType,
 };
@@ -31,14 +31,25 @@ fn bench_gemv(c: &mut Criterion) {
         (GgmlType::MXFP4, 2048, 640),
         (GgmlType::TQ2_0, 2048, 640),
         (GgmlType::TQ1_0, 2048, 640),
-        // The 1.75- and 1.56-bit grids (random lattice points: nx has no quantizer).
+        // The grids (random lattice points: nx has no quantizer for them).
         (GgmlType::IQ1_M, 2048, 640),
         (GgmlType::IQ1_S, 2048, 640),
+        (GgmlType::IQ2_XXS, 2048, 640),
+        (GgmlType::IQ2_XS, 2048, 640),
+        (GgmlType::IQ2_S, 2048, 640),
+        (GgmlType::IQ3_XXS, 2048, 640),
+        (GgmlType::IQ3_S, 2048, 640),
     ];
     for (ty, row_len, n_rows) in cases {
         let act = vec_dot_type(ty).unwrap();
         let w = match ty {
-            GgmlType::IQ1_S | GgmlType::IQ1_M => iq1_weights(ty, row_len, n_rows),
+            GgmlType::IQ1_S
+            | GgmlType::IQ1_M
+            | GgmlType::IQ2_XXS
+            | GgmlType::IQ2_XS
+            | GgmlType::IQ2_S
+            | GgmlType::IQ3_XXS
+            | GgmlType::IQ3_S => grid_weights(ty, row_len, n_rows),
             _ => weights(ty, row_len, n_rows),
         };
         let mut xq = vec![0u8; row_bytes(act, row_len).unwrap()];

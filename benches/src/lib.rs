@@ -42,19 +42,24 @@ pub fn weights(ty: GgmlType, row_len: usize, n_rows: usize) -> Vec<u8> {
     out
 }
 
-/// `[n_rows, row_len]` weights of IQ1_S or IQ1_M, which nx has no quantizer for: random
-/// bytes are valid blocks of both (every index, scale and sign is some lattice point),
-/// given a finite super-block scale, set here to 1/16. Up to 256 distinct rows, tiled.
+/// `[n_rows, row_len]` weights of a grid format (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S,
+/// IQ3_XXS, IQ3_S), which nx has no quantizer for: random bytes are valid blocks of
+/// each (every index, sign, scale and offset is some lattice point), given a finite
+/// super-block scale, set here to 1/16. Up to 256 distinct rows, tiled.
 ///
 /// # Panics
 /// For any other type.
-pub fn iq1_weights(ty: GgmlType, row_len: usize, n_rows: usize) -> Vec<u8> {
-    let (block, block_len) = match ty {
-        GgmlType::IQ1_S => (50, 256),
-        GgmlType::IQ1_M => (56, 256),
-        _ => panic!("iq1_weights: {ty:?} is not IQ1_S or IQ1_M"),
-    };
-    let rb = row_len / block_len * block;
+pub fn grid_weights(ty: GgmlType, row_len: usize, n_rows: usize) -> Vec<u8> {
+    use GgmlType::*;
+    assert!(
+        matches!(
+            ty,
+            IQ1_S | IQ1_M | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S
+        ),
+        "grid_weights: {ty:?} is not a grid format"
+    );
+    let block = ty.type_size();
+    let rb = row_len / 256 * block;
     let distinct = n_rows.min(256);
     let mut state = 0x5EED_u64;
     let mut base: Vec<u8> = (0..rb * distinct)
@@ -66,14 +71,14 @@ pub fn iq1_weights(ty: GgmlType, row_len: usize, n_rows: usize) -> Vec<u8> {
         .collect();
     let d = 0x2C00u16; // 1/16 as f16
     for b in base.chunks_exact_mut(block) {
-        if ty == GgmlType::IQ1_S {
-            b[..2].copy_from_slice(&d.to_le_bytes());
-        } else {
+        if ty == IQ1_M {
             // The f16 spread over the top nibbles of the four scale words.
             for k in 0..4 {
                 let at = 48 + 2 * k + 1;
                 b[at] = (b[at] & 0x0F) | ((((d >> (4 * k)) & 0xF) as u8) << 4);
             }
+        } else {
+            b[..2].copy_from_slice(&d.to_le_bytes());
         }
     }
     let mut out = Vec::with_capacity(rb * n_rows);
