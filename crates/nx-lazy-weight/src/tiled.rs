@@ -703,32 +703,20 @@ fn unpack_grid(ty: GgmlType, wb: &[u8], out: &mut [u8]) {
 unsafe fn unpack_grid_avx2(ty: GgmlType, wb: &[u8], out: &mut [u8]) {
     use crate::avx2::{iq2_s_group, iq2_xs_group, iq2_xxs_group, iq3_s_group, iq3_xxs_group};
     use crate::formats::{iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs};
-    // SAFETY (each): the forwarded features.
-    unsafe {
-        match ty {
-            GgmlType::IQ2_XXS => unpack_grid_groups(
-                &wb[..iq2_xxs::BYTES],
-                out,
-                iq2_xxs_group,
-                iq2_xxs::POST_SCALE,
-            ),
-            GgmlType::IQ2_XS => {
-                unpack_grid_groups(&wb[..iq2_xs::BYTES], out, iq2_xs_group, iq2_xs::POST_SCALE)
-            }
-            GgmlType::IQ2_S => {
-                unpack_grid_groups(&wb[..iq2_s::BYTES], out, iq2_s_group, iq2_s::POST_SCALE)
-            }
-            GgmlType::IQ3_XXS => unpack_grid_groups(
-                &wb[..iq3_xxs::BYTES],
-                out,
-                iq3_xxs_group,
-                iq3_xxs::POST_SCALE,
-            ),
-            GgmlType::IQ3_S => {
-                unpack_grid_groups(&wb[..iq3_s::BYTES], out, iq3_s_group, iq3_s::POST_SCALE)
-            }
-            _ => {}
-        }
+    // One format's block, group decoder and final factor.
+    macro_rules! groups {
+        ($format:ident, $group:ident) => {
+            // SAFETY: the forwarded features.
+            unsafe { unpack_grid_groups(&wb[..$format::BYTES], out, $group, $format::POST_SCALE) }
+        };
+    }
+    match ty {
+        GgmlType::IQ2_XXS => groups!(iq2_xxs, iq2_xxs_group),
+        GgmlType::IQ2_XS => groups!(iq2_xs, iq2_xs_group),
+        GgmlType::IQ2_S => groups!(iq2_s, iq2_s_group),
+        GgmlType::IQ3_XXS => groups!(iq3_xxs, iq3_xxs_group),
+        GgmlType::IQ3_S => groups!(iq3_s, iq3_s_group),
+        _ => {}
     }
 }
 
