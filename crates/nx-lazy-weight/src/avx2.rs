@@ -614,7 +614,7 @@ n_row_entries!(iq1_s_impl => dot_iq1_s_q8_k, dot4_iq1_s_q8_k);
 /// Safe entry points: fn pointers to them leave this module only through [`kernel`],
 /// which first checks the CPU features the implementations are compiled for.
 macro_rules! checked_entry {
-    ($($name:ident => $imp:ident),* $(,)?) => {$(
+    ($($name:ident => $imp:path),* $(,)?) => {$(
         fn $name(w: &[u8], x: &[u8]) -> f32 {
             // SAFETY: reachable only through `kernel`, which verified AVX2, FMA and F16C
             // on this CPU; the implementation reads only inside whole blocks of `w`, `x`.
@@ -632,8 +632,8 @@ checked_entry! {
     dot_q6_k_q8_k => q6_k_impl,
     dot_q4_1_q8_1 => q4_1_impl,
     dot_q5_1_q8_1 => q5_1_impl,
-    dot_iq4_nl_q8_0 => iq4_nl_impl,
-    dot_mxfp4_q8_0 => mxfp4_impl,
+    dot_iq4_nl_q8_0 => table_impl::<IQ4_NL>,
+    dot_mxfp4_q8_0 => table_impl::<MXFP4>,
     dot_tq2_0_q8_k => tq2_0_impl,
     dot_tq1_0_q8_k => tq1_0_impl,
     dot_iq4_xs_q8_k => iq4_xs_impl,
@@ -1529,47 +1529,6 @@ unsafe fn table_x4_impl<const MX: bool>(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
     std::array::from_fn(|t| acc[t].finish())
 }
 
-/// IQ4_NL × Q8_0.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq4_nl_impl(w: &[u8], x: &[u8]) -> f32 {
-    // SAFETY: the same features.
-    unsafe { table_impl::<IQ4_NL>(w, x) }
-}
-
-/// IQ4_NL × Q8_0 for four tokens.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq4_nl_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-    // SAFETY: the same features.
-    unsafe { table_x4_impl::<IQ4_NL>(w, x) }
-}
-
-/// MXFP4 × Q8_0: IQ4_NL's kernel with MXFP4's table and the block scale
-/// `d_x·2^(e−128)`.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn mxfp4_impl(w: &[u8], x: &[u8]) -> f32 {
-    // SAFETY: the same features.
-    unsafe { table_impl::<MXFP4>(w, x) }
-}
-
-/// MXFP4 × Q8_0 for four tokens.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn mxfp4_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-    // SAFETY: the same features.
-    unsafe { table_x4_impl::<MXFP4>(w, x) }
-}
-
 /// A ternary super-block decoded: the 256 levels (0..=3, the weight plus one) as eight
 /// vectors of 32 bytes in weight order, and `d_w`.
 struct TernaryBlock {
@@ -1676,49 +1635,33 @@ unsafe fn ternary_token(block: &TernaryBlock, xb: &[u8]) -> (__m256, __m256) {
     )
 }
 
-/// TQ2_0 × Q8_K: one `fma(d_x·d_w, lanes)` per super-block.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tq2_0_impl(w: &[u8], x: &[u8]) -> f32 {
-    lanes8_chain!(w, x, tq2_0::BYTES, Q8_K_BYTES, |wb, xb| {
-        // SAFETY: whole blocks (chunks_exact).
-        unsafe { ternary_token(&tq2_0_decode(wb), xb) }
-    })
+/// A ternary format's single-token and four-token kernels: its decoder, then the
+/// shared step [`ternary_token`] (one `fma(d_x·d_w, lanes)` per super-block).
+macro_rules! ternary_kernels {
+    ($imp:ident, $imp4:ident, $format:ident, $decode:ident) => {
+        /// # Safety
+        /// The CPU has AVX2, FMA and F16C.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $imp(w: &[u8], x: &[u8]) -> f32 {
+            lanes8_chain!(w, x, $format::BYTES, Q8_K_BYTES, |wb, xb| {
+                // SAFETY: whole blocks (chunks_exact).
+                unsafe { ternary_token(&$decode(wb), xb) }
+            })
+        }
+
+        /// # Safety
+        /// The CPU has AVX2, FMA and F16C.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $imp4(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+            // SAFETY: same features; the decoder and the step read whole blocks only.
+            decoded_chain4!(w, x, $format::BYTES, $decode, ternary_token)
+        }
+    };
 }
 
-/// TQ2_0 × Q8_K for four tokens.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tq2_0_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-    // SAFETY: same features; the decoder and the step read whole blocks only.
-    decoded_chain4!(w, x, tq2_0::BYTES, tq2_0_decode, ternary_token)
-}
-
-/// TQ1_0 × Q8_K: TQ2_0's step once the digits are decoded.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tq1_0_impl(w: &[u8], x: &[u8]) -> f32 {
-    lanes8_chain!(w, x, tq1_0::BYTES, Q8_K_BYTES, |wb, xb| {
-        // SAFETY: whole blocks (chunks_exact).
-        unsafe { ternary_token(&tq1_0_decode(wb), xb) }
-    })
-}
-
-/// TQ1_0 × Q8_K for four tokens.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tq1_0_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-    // SAFETY: same features; the decoder and the step read whole blocks only.
-    decoded_chain4!(w, x, tq1_0::BYTES, tq1_0_decode, ternary_token)
-}
+ternary_kernels!(tq2_0_impl, tq2_0_x4_impl, tq2_0, tq2_0_decode);
+// TQ1_0: TQ2_0's step once the base-3 digits are decoded.
+ternary_kernels!(tq1_0_impl, tq1_0_x4_impl, tq1_0, tq1_0_decode);
 
 /// An IQ4_XS super-block decoded: the eight sub-blocks' i16 levels and scales `ls − 32`.
 struct Iq4xsBlock {
@@ -2189,7 +2132,7 @@ pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
 
 /// Safe four-token entry points, handed out only by [`kernel4`].
 macro_rules! checked_entry4 {
-    ($($name:ident => $imp:ident),* $(,)?) => {$(
+    ($($name:ident => $imp:path),* $(,)?) => {$(
         fn $name(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
             // SAFETY: reachable only through `kernel4`, which verified AVX2, FMA and F16C
             // on this CPU; the implementation reads only inside whole blocks of `w` and
@@ -2203,8 +2146,8 @@ checked_entry4! {
     dot4_q5_k_q8_k => q5_k_x4_impl,
     dot4_q4_1_q8_1 => q4_1_x4_impl,
     dot4_q5_1_q8_1 => q5_1_x4_impl,
-    dot4_iq4_nl_q8_0 => iq4_nl_x4_impl,
-    dot4_mxfp4_q8_0 => mxfp4_x4_impl,
+    dot4_iq4_nl_q8_0 => table_x4_impl::<IQ4_NL>,
+    dot4_mxfp4_q8_0 => table_x4_impl::<MXFP4>,
     dot4_tq2_0_q8_k => tq2_0_x4_impl,
     dot4_tq1_0_q8_k => tq1_0_x4_impl,
     dot4_iq4_xs_q8_k => iq4_xs_x4_impl,
