@@ -41,7 +41,9 @@ pub use convert::{
 };
 pub use gelu_table::GeluTable;
 pub use half::{bf16, f16};
-pub use rope::{rope_neox, rope_normal, theta_scale, RopeError, RopeStyle, RopeTable};
+pub use rope::{
+    rope_neox, rope_normal, rotate_heads, theta_scale, RopeError, RopeStyle, RopeTable,
+};
 
 /// Dot product `Σ a[i]·b[i]` (lane order: [`scalar::DOT_LANES`]).
 #[inline]

@@ -276,13 +276,33 @@ impl RopeTable {
         if self.pos == Some(pos) {
             return;
         }
-        let (cos, sin) = (&mut self.cos, &mut self.sin);
+        let (mut cos, mut sin) = (std::mem::take(&mut self.cos), std::mem::take(&mut self.sin));
+        self.angles_at(pos, &mut cos, &mut sin);
+        (self.cos, self.sin) = (cos, sin);
+        self.pos = Some(pos);
+    }
+
+    /// Writes the cosines and sines of `pos` (what [`RopeTable::set_position`] would
+    /// hold) to `cos` and `sin`, `rope_dim / 2` each, leaving the table as it is: so
+    /// many positions' angles can be computed at once, on several threads, and applied
+    /// with [`rotate_heads`].
+    ///
+    /// # Panics
+    /// When `cos` or `sin` is not `rope_dim / 2` long.
+    pub fn angles_at(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
+        let n_pairs = self.rope_dim / 2;
+        assert!(
+            cos.len() == n_pairs && sin.len() == n_pairs,
+            "RopeTable::angles_at: {} cosines and {} sines for {n_pairs} pairs",
+            cos.len(),
+            sin.len()
+        );
         let m = self.attn_factor;
         if let Some(y) = self.yarn {
             let (freq_scale, ff) = (self.freq_scale, self.freq_factors.as_deref());
             let m = m * 0.1f32.mul_add((1.0f32 / freq_scale).ln(), 1.0);
             let mut theta = pos as f32;
-            for i in 0..cos.len() {
+            for i in 0..n_pairs {
                 let factor = ff.and_then(|f| f.get(i).copied()).unwrap_or(1.0);
                 let extrap = theta / factor;
                 let interp = freq_scale * extrap;
@@ -292,13 +312,12 @@ impl RopeTable {
                 sin[i] = angle.sin() * m;
                 theta *= self.theta_scale;
             }
-            self.pos = Some(pos);
             return;
         }
         for_each_angle(
             pos,
             self.theta_scale,
-            cos.len(),
+            n_pairs,
             self.freq_factors.as_deref(),
             self.freq_scale,
             |i, c, s| {
@@ -306,7 +325,6 @@ impl RopeTable {
                 sin[i] = s * m;
             },
         );
-        self.pos = Some(pos);
     }
 
     /// Cosines of the current position, one per pair.
@@ -325,26 +343,44 @@ impl RopeTable {
     /// `debug_assert!`).
     pub fn apply(&self, x: &mut [f32], style: RopeStyle) {
         debug_assert!(self.pos.is_some(), "RopeTable::apply before set_position");
-        debug_assert!(x.len() >= self.rope_dim, "head shorter than rope_dim");
-        match style {
-            RopeStyle::Normal => scalar::rotate_adjacent_pairs(x, &self.cos, &self.sin),
-            RopeStyle::Neox => {
-                let n = self.rope_dim.min(x.len());
-                scalar::rotate_half_pairs(&mut x[..n], &self.cos, &self.sin)
-            }
-        }
+        rotate_head(&self.cos, &self.sin, x, style);
     }
 
     /// Rotates every head of a row laid out as `[n_heads, head_dim]` (`x.len()` a
     /// multiple of `head_dim`, `head_dim >= rope_dim`).
     pub fn apply_heads(&self, x: &mut [f32], head_dim: usize, style: RopeStyle) {
-        debug_assert!(head_dim >= self.rope_dim && head_dim > 0);
-        debug_assert_eq!(x.len() % head_dim.max(1), 0);
-        if head_dim == 0 {
-            return;
+        debug_assert!(
+            self.pos.is_some(),
+            "RopeTable::apply_heads before set_position"
+        );
+        rotate_heads(&self.cos, &self.sin, x, head_dim, style);
+    }
+}
+
+/// Rotates one head (`x.len() >= 2·cos.len()`) by one position's `cos` and `sin` (from
+/// [`RopeTable::angles_at`]); elements from `2·cos.len()` on are unchanged.
+fn rotate_head(cos: &[f32], sin: &[f32], x: &mut [f32], style: RopeStyle) {
+    let rope_dim = 2 * cos.len();
+    debug_assert!(x.len() >= rope_dim, "head shorter than rope_dim");
+    match style {
+        RopeStyle::Normal => scalar::rotate_adjacent_pairs(x, cos, sin),
+        RopeStyle::Neox => {
+            let n = rope_dim.min(x.len());
+            scalar::rotate_half_pairs(&mut x[..n], cos, sin)
         }
-        for head in x.chunks_exact_mut(head_dim) {
-            self.apply(head, style);
-        }
+    }
+}
+
+/// Rotates every head of a row laid out as `[n_heads, head_dim]` (`x.len()` a multiple
+/// of `head_dim`, `head_dim >= 2·cos.len()`) by one position's `cos` and `sin` (from
+/// [`RopeTable::angles_at`]): [`RopeTable::apply_heads`] without the table, bit for bit.
+pub fn rotate_heads(cos: &[f32], sin: &[f32], x: &mut [f32], head_dim: usize, style: RopeStyle) {
+    debug_assert!(head_dim >= 2 * cos.len() && head_dim > 0);
+    debug_assert_eq!(x.len() % head_dim.max(1), 0);
+    if head_dim == 0 {
+        return;
+    }
+    for head in x.chunks_exact_mut(head_dim) {
+        rotate_head(cos, sin, head, style);
     }
 }

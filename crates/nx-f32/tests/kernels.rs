@@ -429,6 +429,45 @@ fn rope_table_is_bit_identical_to_free_functions() {
 }
 
 #[test]
+fn rope_angles_at_and_rotate_heads_are_the_table_bit_for_bit() {
+    // The batched path (one position's angles computed apart, then applied to a row's
+    // heads) against the table's own, for plain, scaled, YaRN and factored tables.
+    let head_dim = 64;
+    let factors: Vec<f32> = (0..head_dim / 2).map(|i| 1.0 + 0.25 * i as f32).collect();
+    let plain = RopeTable::new(head_dim, 10_000.0, None).unwrap();
+    let tables = [
+        plain.clone(),
+        plain.clone().with_freq_scale(0.25).unwrap(),
+        plain
+            .clone()
+            .with_freq_scale(0.25)
+            .unwrap()
+            .with_yarn(4096, 10_000.0, 32.0, 1.0)
+            .unwrap(),
+        RopeTable::new(head_dim, 500_000.0, Some(&factors))
+            .unwrap()
+            .with_attn_factor(1.5)
+            .unwrap(),
+    ];
+    for (i, table) in tables.into_iter().enumerate() {
+        let mut positioned = table.clone();
+        let (mut cos, mut sin) = (vec![0f32; head_dim / 2], vec![0f32; head_dim / 2]);
+        for &pos in &[0usize, 7, 511, 4096, 30_000] {
+            positioned.set_position(pos);
+            table.angles_at(pos, &mut cos, &mut sin);
+            assert_eq!((positioned.cos(), positioned.sin()), (&cos[..], &sin[..]));
+            for style in [RopeStyle::Normal, RopeStyle::Neox] {
+                let x = values(pos as u64 + 7, 3 * head_dim);
+                let (mut want, mut got) = (x.clone(), x);
+                positioned.apply_heads(&mut want, head_dim, style);
+                rotate_heads(&cos, &sin, &mut got, head_dim, style);
+                assert_eq!(got, want, "table {i} pos={pos} style={style:?}");
+            }
+        }
+    }
+}
+
+#[test]
 fn rope_table_rejects_bad_configs() {
     assert_eq!(
         RopeTable::new(0, 10_000.0, None).unwrap_err(),

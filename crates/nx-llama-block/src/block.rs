@@ -4,14 +4,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use half::f16;
 use nx_f32::{
-    attend, attend_group, CacheView, GeluTable, HeadRows, KvElem, KvPrecision, RopeStyle,
-    RopeTable, Scoring,
+    attend, attend_group, CacheView, GeluTable, HeadRows, KvElem, KvPrecision, RopeStyle, Scoring,
 };
 use nx_kv_cache::{KvCache, KvDtype, KvError, KvRows, KvSegments};
 use nx_lazy_weight::{LazyWeight, LazyWeightError};
 use nx_syscalls::ThreadPool;
 
 use crate::moe::{moe_ffn, MoeScratch, MoeWeights};
+use crate::rope_rows::RopeRows;
 use crate::Projector;
 
 /// The gated FFN's activation.
@@ -132,7 +132,7 @@ pub struct BlockScratch {
     gathered: GatheredRows,
     projector: Projector,
     moe: MoeScratch,
-    rope: Option<(RopeKey, RopeTable)>,
+    rope: RopeRows,
 }
 
 /// Cache rows copied out of non-contiguous (paged) storage for one layer's attention:
@@ -145,10 +145,6 @@ struct GatheredRows {
     k16: Vec<f16>,
     v16: Vec<f16>,
 }
-
-/// What a cached RoPE table was built for: rotated width, the bits of the base,
-/// frequency scale and attention factor, and YaRN's original context.
-type RopeKey = (usize, u32, u32, u32, Option<usize>);
 
 pub(crate) fn sized<T: Copy + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
     if buf.len() < len {
@@ -253,7 +249,7 @@ pub fn forward_batch(
     let k = &mut s.k[..n * k_dim]; // [n, k_dim]
     let v = &s.v[..n * v_dim]; // [n, v_dim]
     if cfg.use_rope {
-        apply_rope(cfg, w, &mut s.rope, q, k, segs)?;
+        s.rope.apply(cfg, w.rope_freq_factors, q, k, segs, pool)?;
     }
     if cfg.q_scale != 1.0 {
         nx_f32::scale(q, cfg.q_scale);
@@ -529,55 +525,6 @@ impl<'a, T: KvElem> CacheRows<'a, T> {
 enum SegmentRows<'a> {
     F16(CacheRows<'a, f16>),
     F32(CacheRows<'a, f32>),
-}
-
-/// RoPE for every token of the batch at its own position (one table per position,
-/// shared by every Q and K head of the token).
-fn apply_rope(
-    cfg: &LayerConfig,
-    w: &LayerWeights<'_>,
-    slot: &mut Option<(RopeKey, RopeTable)>,
-    q: &mut [f32],
-    k: &mut [f32],
-    segs: &[Segment],
-) -> Result<(), BlockError> {
-    let key = (
-        cfg.rope_dim,
-        cfg.rope_base.to_bits(),
-        cfg.rope_freq_scale.to_bits(),
-        cfg.rope_attn_factor.to_bits(),
-        cfg.rope_yarn_orig_ctx,
-    );
-    let rebuild = !matches!(&slot, Some((k, _)) if *k == key) || w.rope_freq_factors.is_some();
-    if rebuild {
-        let table = RopeTable::new(cfg.rope_dim, cfg.rope_base, w.rope_freq_factors)
-            .and_then(|t| t.with_freq_scale(cfg.rope_freq_scale))
-            .and_then(|t| t.with_attn_factor(cfg.rope_attn_factor))
-            .and_then(|t| match cfg.rope_yarn_orig_ctx {
-                // The reference's YaRN ramp: 32 and 1 rotations (no file sets others).
-                Some(n_orig) => t.with_yarn(n_orig, cfg.rope_base, 32.0, 1.0),
-                None => Ok(t),
-            })
-            .map_err(|e| BlockError::Rope(e.to_string()))?;
-        *slot = Some((key, table));
-    }
-    let rope = &mut slot.as_mut().expect("set above").1;
-    let (q_dim, k_dim) = (cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim);
-    let positions = segs.iter().flat_map(|g| g.pos..g.pos + g.n);
-    for (t, p) in positions.enumerate() {
-        rope.set_position(p);
-        rope.apply_heads(
-            &mut q[t * q_dim..(t + 1) * q_dim],
-            cfg.head_dim,
-            cfg.rope_style,
-        );
-        rope.apply_heads(
-            &mut k[t * k_dim..(t + 1) * k_dim],
-            cfg.head_dim,
-            cfg.rope_style,
-        );
-    }
-    Ok(())
 }
 
 /// Where one segment's rows come from in [`segment_views`].

@@ -12,6 +12,7 @@
 mod block;
 mod moe;
 mod project;
+mod rope_rows;
 
 pub use block::{
     forward, forward_batch, BlockError, BlockScratch, FfnActivation, FfnWeights, LayerConfig,
