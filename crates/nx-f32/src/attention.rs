@@ -478,20 +478,7 @@ fn weighted_values<T: KvElem, const WIDE: bool>(
         }
         // SAFETY: WIDE is only set inside `attend_avx512` / `attend_group_avx512`,
         // whose callers verified the CPU features.
-        unsafe {
-            match value_dim {
-                64 => {
-                    crate::avx512::value_lanes::<T, 4>(probs, values, first_row, rows.start, lanes)
-                }
-                128 => {
-                    crate::avx512::value_lanes::<T, 8>(probs, values, first_row, rows.start, lanes)
-                }
-                _ => {
-                    crate::avx512::value_lanes::<T, 16>(probs, values, first_row, rows.start, lanes)
-                }
-            }
-        }
-        reduce_value_lanes(lanes, value_dim, out);
+        unsafe { wide_weighted_values(probs, values, (first_row, rows.start), lanes, out) };
         return;
     }
     if n < VALUE_LANES {
@@ -521,7 +508,13 @@ fn weighted_values<T: KvElem, const WIDE: bool>(
 
 /// Scratch values [`attend_group`] needs for `group` query heads over `n_rows` rows.
 pub fn attend_group_scratch_len(group: usize, n_rows: usize, value_dim: usize) -> usize {
-    group * n_rows + VALUE_LANES * value_dim
+    group * n_rows + group_lanes_len(group, value_dim)
+}
+
+/// Lane values [`attend_group`] keeps: the portable code's 64 lanes of one head, or the
+/// AVX-512 code's sixteen reduced lanes of every head plus four in flight.
+fn group_lanes_len(group: usize, value_dim: usize) -> usize {
+    VALUE_LANES.max(16 * group + 4) * value_dim
 }
 
 /// [`attend`] for the `group` query heads that share one KV head (`qs`: `[group,
@@ -645,7 +638,7 @@ fn attend_group_body<T: KvElem, const WIDE: bool>(
         return;
     }
     let (probs, lanes) = scratch.split_at_mut(group * n);
-    let lanes = &mut lanes[..VALUE_LANES * value_dim];
+    let lanes = &mut lanes[..group_lanes_len(group, value_dim)];
     let tail_f64 = precision == KvPrecision::F16;
     let mut buf = [0f32; MAX_HEAD_DIM];
     // Queries at the cache's precision, a few heads at a time (all of them for every
@@ -693,6 +686,21 @@ fn attend_group_body<T: KvElem, const WIDE: bool>(
     }
     ROUNDED_QUERIES.with(|cell| cell.replace(rounded_buf));
     scoring.cap(probs);
+    #[cfg(target_arch = "x86_64")]
+    if WIDE && matches!(value_dim, 64 | 128 | 256) {
+        for p in probs.chunks_exact_mut(n) {
+            softmax::<WIDE>(p, rows.start);
+            if precision == KvPrecision::F16 {
+                // SAFETY: WIDE is only set inside the AVX-512 builds (see
+                // weighted_values).
+                unsafe { crate::avx512::round_to_f16(p) };
+            }
+        }
+        // SAFETY: as above.
+        unsafe { wide_weighted_values(probs, values, (first_row, rows.start), lanes, outs) };
+        return;
+    }
+    let lanes = &mut lanes[..VALUE_LANES * value_dim];
     let mut buf = [0f32; MAX_HEAD_DIM];
     for g in 0..group {
         let p = &mut probs[g * n..(g + 1) * n];
@@ -721,6 +729,32 @@ thread_local! {
 const MAX_GROUP_ROUNDED: usize = 8;
 #[cfg(target_arch = "x86_64")]
 const _: () = assert!(MAX_GROUP_ROUNDED <= crate::avx512::MAX_HEADS_AT_ONCE);
+
+/// The AVX-512 weighted values of every head of `probs` (`[heads, n]`, already rounded
+/// to the cache's precision) into `outs` (`[heads, value_dim]`, value heads 64, 128 or
+/// 256 wide), with `scratch` (at least `(16·heads + 4)·value_dim` values) for the lanes.
+///
+/// # Safety
+/// The CPU has AVX-512 F, AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn wide_weighted_values<T: KvElem>(
+    probs: &[f32],
+    values: HeadRows<'_, T>,
+    rows: (usize, usize),
+    scratch: &mut [f32],
+    outs: &mut [f32],
+) {
+    use crate::avx512::weighted_values_heads as heads;
+    // SAFETY: forwarded contract.
+    unsafe {
+        match values.head_dim() {
+            64 => heads::<T, 4>(probs, values, rows, scratch, outs),
+            128 => heads::<T, 8>(probs, values, rows, scratch, outs),
+            _ => heads::<T, 16>(probs, values, rows, scratch, outs),
+        }
+    }
+}
 
 /// `Σ q[i]·k[i]` in the reference's vector order: 64 lanes of fused multiply-adds over
 /// whole groups of 64, reduced as [`crate::scalar::reduce_lanes_64`]; the tail products
@@ -799,7 +833,13 @@ fn reduce_value_lanes(lanes: &mut [f32], value_dim: usize, out: &mut [f32]) {
             dst[d] = (dst[d] + a32[d]) + (a16[d] + a48[d]);
         }
     }
-    // Then the 16-lane horizontal sum: halves, quarters, pairs.
+    reduce_sixteen_lanes(lanes, vd, out);
+}
+
+/// The rest of [`reduce_value_lanes`] once its first step has left `r_l` in lane `l` of
+/// `lanes` (`l < 16`): the sixteen-lane horizontal sum (halves, quarters, pairs).
+pub(crate) fn reduce_sixteen_lanes(lanes: &mut [f32], value_dim: usize, out: &mut [f32]) {
+    let vd = value_dim;
     for width in [8usize, 4] {
         for i in 0..width {
             let (lo, hi) = lanes.split_at_mut(width * vd);

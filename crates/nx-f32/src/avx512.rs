@@ -256,89 +256,137 @@ fn reduce_add_16(r: __m512) -> f32 {
     (t[0] + t[2]) + (t[1] + t[3])
 }
 
-/// The 64 value lanes of `Z·16`-wide value rows: for every lane (absolute row mod 64)
-/// that one of the `probs.len()` rows from `rows_start` reaches, `lanes[lane]` =
-/// `Σ p_j·v_j` over that lane's rows in order, each by `fma(v, p, lane)` from `+0`
-/// (the portable code's `v.mul_add(p, 0.0)` for the first); lanes no row reaches are
-/// zero. `probs` are already rounded to the cache's precision; view row `i` of
-/// `values` is cache row `first_row + i`.
+/// `Σ_j p_j·v_j` for `n_heads` heads at once, reduced as the portable code reduces its
+/// 64 value lanes: head `h`'s probabilities are `probs[h·n..(h+1)·n]` and its result goes
+/// to `out[h·vd..(h+1)·vd]`.
+///
+/// The lanes go in the sets the reduction's first step adds together (absolute lanes
+/// `l, l+16, l+32, l+48`), every head taking its turn on a set while its rows (a
+/// sixteenth of the view) are in L1: the value rows are read from further away once per
+/// query instead of once per head, and no head keeps more than sixteen reduced lanes.
+/// Each lane is [`value_lanes`]'s (its rows in order by fused multiply-adds from `+0`,
+/// zero when no row reaches it) and every addition of the reduction is the same, so
+/// each head's result has the portable bits.
 ///
 /// # Safety
 /// The CPU has the features of [`available`].
 ///
 /// # Panics
-/// When `values` is not `Z·16` wide, `lanes` holds fewer than `64·Z·16` values, or a
-/// row lies outside `values`.
+/// When `values` is not `Z·16` wide, `probs` is not `n_heads` heads long, `out` is not
+/// `n_heads·vd` long, `reduced` holds fewer than `(n_heads·16 + 4)·vd` values, or a row
+/// lies outside `values`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-#[inline]
-pub(crate) unsafe fn value_lanes<T: KvElem, const Z: usize>(
+pub(crate) unsafe fn weighted_values_heads<T: KvElem, const Z: usize>(
     probs: &[f32],
     values: HeadRows<'_, T>,
-    first_row: usize,
-    rows_start: usize,
+    (first_row, rows_start): (usize, usize),
+    reduced: &mut [f32],
+    out: &mut [f32],
+) {
+    let vd = 16 * Z;
+    let n_heads = out.len() / vd;
+    assert!(n_heads > 0 && out.len() == n_heads * vd);
+    assert!(probs.len().is_multiple_of(n_heads));
+    assert!(values.head_dim() == vd && reduced.len() >= (n_heads * 16 + 4) * vd);
+    let n = probs.len() / n_heads;
+    let (sets, rest) = reduced.split_at_mut(n_heads * 16 * vd);
+    let four = &mut rest[..4 * vd];
+    // Lanes a few at a time, so that a pass holds sixteen accumulators (a lane's few
+    // rows alone, `Z` chains of dependent FMAs, wait on one another for narrow heads).
+    let per_pass = (16 / Z).clamp(1, 4);
+    for l in 0..16 {
+        // Relative row index of absolute lanes l, l+16, l+32, l+48.
+        let firsts: [usize; 4] = std::array::from_fn(|k| (l + 16 * k + 64 - rows_start % 64) % 64);
+        for h in 0..n_heads {
+            let head_probs = &probs[h * n..(h + 1) * n];
+            for k0 in (0..4).step_by(per_pass) {
+                let k1 = (k0 + per_pass).min(4);
+                // SAFETY: forwarded contract.
+                unsafe {
+                    value_lanes_pass::<T, Z>(
+                        head_probs,
+                        values,
+                        (first_row, rows_start),
+                        &firsts[k0..k1],
+                        &mut four[k0 * vd..k1 * vd],
+                    )
+                };
+            }
+            // r_l = (lane l + lane 32+l) + (lane 16+l + lane 48+l).
+            let r = &mut sets[(h * 16 + l) * vd..(h * 16 + l + 1) * vd];
+            for d in 0..vd {
+                r[d] = (four[d] + four[2 * vd + d]) + (four[vd + d] + four[3 * vd + d]);
+            }
+        }
+    }
+    for (set, o) in sets.chunks_exact_mut(16 * vd).zip(out.chunks_exact_mut(vd)) {
+        crate::attention::reduce_sixteen_lanes(set, vd, o);
+    }
+}
+
+/// Lanes of [`value_lanes`]: for each `first` of `firsts` (at most four relative row
+/// indices below 64), `Σ p_i·v_i` over rows `i = first, first + 64, …` below
+/// `probs.len()`, in that order by fused multiply-adds from `+0`, written to
+/// `lanes[k·vd..(k+1)·vd]` for the `k`-th.
+///
+/// # Safety
+/// The CPU has the features of [`available`].
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+unsafe fn value_lanes_pass<T: KvElem, const Z: usize>(
+    probs: &[f32],
+    values: HeadRows<'_, T>,
+    (first_row, rows_start): (usize, usize),
+    firsts: &[usize],
     lanes: &mut [f32],
 ) {
     let vd = 16 * Z;
-    assert!(values.head_dim() == vd && lanes.len() >= 64 * vd);
     let n = probs.len();
+    let count = firsts.len();
+    assert!(count <= 4 && lanes.len() >= count * vd);
     let mut buf = [0f32; MAX_HEAD_DIM];
-    // Lanes a few at a time, so that a pass holds sixteen accumulators (a lane's few
-    // rows alone, `Z` chains of dependent FMAs, wait on one another for narrow heads);
-    // each lane still sums its rows in order, from `+0`.
-    let group = (16 / Z).clamp(1, 4);
-    let reached = 64.min(n);
-    let mut first = 0;
-    while first < reached {
-        let count = group.min(reached - first);
-        let mut acc = [[_mm512_setzero_ps(); Z]; 4];
-        let mut base = first;
-        while base < n {
-            for (g, acc) in acc.iter_mut().enumerate().take(count) {
-                let i = base + g;
-                if i >= n {
-                    break;
-                }
-                let row = values.row(rows_start + i - first_row);
-                let p = _mm512_set1_ps(probs[i]);
-                match T::as_f16(row) {
-                    Some(h) => {
-                        assert!(h.len() >= vd);
-                        for (z, a) in acc.iter_mut().enumerate() {
-                            // SAFETY: 16z + 16 <= vd <= h.len() (asserted).
-                            let x = unsafe {
-                                _mm512_cvtph_ps(_mm256_loadu_si256(
-                                    h.as_ptr().add(16 * z) as *const __m256i
-                                ))
-                            };
-                            *a = _mm512_fmadd_ps(x, p, *a);
-                        }
+    let mut acc = [[_mm512_setzero_ps(); Z]; 4];
+    let mut base = 0;
+    while base < n {
+        for (acc, &first) in acc.iter_mut().zip(firsts) {
+            let i = base + first;
+            if i >= n {
+                continue;
+            }
+            let row = values.row(rows_start + i - first_row);
+            let p = _mm512_set1_ps(probs[i]);
+            match T::as_f16(row) {
+                Some(h) => {
+                    assert!(h.len() >= vd);
+                    for (z, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: 16z + 16 <= vd <= h.len() (asserted).
+                        let x = unsafe {
+                            _mm512_cvtph_ps(_mm256_loadu_si256(
+                                h.as_ptr().add(16 * z) as *const __m256i
+                            ))
+                        };
+                        *a = _mm512_fmadd_ps(x, p, *a);
                     }
-                    None => {
-                        let v = T::row_f32(row, &mut buf);
-                        assert!(v.len() >= vd);
-                        for (z, a) in acc.iter_mut().enumerate() {
-                            // SAFETY: 16z + 16 <= vd <= v.len() (asserted).
-                            let x = unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * z)) };
-                            *a = _mm512_fmadd_ps(x, p, *a);
-                        }
+                }
+                None => {
+                    let v = T::row_f32(row, &mut buf);
+                    assert!(v.len() >= vd);
+                    for (z, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: 16z + 16 <= vd <= v.len() (asserted).
+                        let x = unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * z)) };
+                        *a = _mm512_fmadd_ps(x, p, *a);
                     }
                 }
             }
-            base += 64;
         }
-        for (g, acc) in acc.iter().enumerate().take(count) {
-            let lane = (rows_start + first + g) % 64;
-            let dst = &mut lanes[lane * vd..(lane + 1) * vd];
-            for (z, a) in acc.iter().enumerate() {
-                // SAFETY: dst holds vd = 16·Z values.
-                unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(16 * z), *a) };
-            }
-        }
-        first += count;
+        base += 64;
     }
-    for first in n..64 {
-        let lane = (rows_start + first) % 64;
-        lanes[lane * vd..(lane + 1) * vd].fill(0.0);
+    for (k, acc) in acc.iter().enumerate().take(count) {
+        let dst = &mut lanes[k * vd..(k + 1) * vd];
+        for (z, a) in acc.iter().enumerate() {
+            // SAFETY: dst holds vd = 16·Z values.
+            unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(16 * z), *a) };
+        }
     }
 }
 
