@@ -49,6 +49,14 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     fn as_f16(_row: &[Self]) -> Option<&[f16]> {
         None
     }
+    /// Writes `src` converted to this type into `dst` (the common length): a cache
+    /// row's store, `from_f32` element by element unless the type has a row converter.
+    #[inline(always)]
+    fn store_row(dst: &mut [Self], src: &[f32]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = Self::from_f32(s);
+        }
+    }
 }
 
 impl KvElem for f32 {
@@ -86,6 +94,13 @@ impl KvElem for f16 {
     #[inline(always)]
     fn as_f16(row: &[Self]) -> Option<&[f16]> {
         Some(row)
+    }
+    /// Rounded by the hardware converter where there is one: the same round to nearest
+    /// even as `f16::from_f32`, eight or sixteen values at a time.
+    #[inline(always)]
+    fn store_row(dst: &mut [Self], src: &[f32]) {
+        let n = dst.len().min(src.len());
+        crate::f32_to_f16_row(&src[..n], &mut dst[..n]);
     }
 }
 

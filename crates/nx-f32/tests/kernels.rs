@@ -1213,3 +1213,33 @@ fn rope_yarn_keeps_fast_pairs_and_interpolates_slow_ones() {
     }
     assert!(linear.with_yarn(1024, base, f32::NAN, 1.0).is_err());
 }
+
+#[test]
+fn f16_store_row_rounds_as_from_f32() {
+    // The row converter against f16::from_f32 one by one: ties to even, subnormals,
+    // overflow to infinity, signed zeros, and lengths around the vector widths.
+    let mut src = values(3, 203);
+    src.extend([
+        0.0,
+        -0.0,
+        1.0 + f32::EPSILON,
+        65504.0,
+        65520.0,
+        1e9,
+        -1e9,
+        5.96e-8,
+        2.98e-8,
+        6.1e-5,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+    ]);
+    // Exact ties between neighbouring f16 values (the rounding direction shows).
+    src.extend((0..64).map(|i| 1.0 + (2 * i + 1) as f32 / 2048.0));
+    for len in [0, 1, 7, 8, 15, 16, 17, src.len()] {
+        let mut got = vec![f16::ZERO; len];
+        <f16 as KvElem>::store_row(&mut got, &src[..len]);
+        let want: Vec<f16> = src[..len].iter().map(|&x| f16::from_f32(x)).collect();
+        let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "len {len}");
+    }
+}

@@ -245,13 +245,6 @@ fn zeroed<T: Clone>(len: usize, zero: T, elem_bytes: usize) -> Result<Vec<T>, Kv
     Ok(v)
 }
 
-/// Writes `src` (f32) into `dst` converting to the storage element.
-fn store<T: KvElem>(dst: &mut [T], src: &[f32]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d = T::from_f32(s);
-    }
-}
-
 /// K/V storage for every layer of one sequence.
 #[derive(Debug, Clone)]
 pub struct KvCache {
@@ -464,8 +457,8 @@ impl KvCache {
         }
         match &mut l.storage {
             Storage::F16 { k, v } => {
-                store(&mut k[pos * kw..end * kw], k_rows);
-                store(&mut v[pos * vw..end * vw], v_rows);
+                KvElem::store_row(&mut k[pos * kw..end * kw], k_rows);
+                KvElem::store_row(&mut v[pos * vw..end * vw], v_rows);
             }
             Storage::F32 { k, v } => {
                 k[pos * kw..end * kw].copy_from_slice(k_rows);

@@ -572,8 +572,8 @@ impl PagedKv {
             let nr = run.len();
             match &mut self.layers[layer] {
                 Storage::F16 { k, v } => {
-                    store(&mut k[slot0 * w.k..(slot0 + nr) * w.k], ks);
-                    store(&mut v[slot0 * w.v..(slot0 + nr) * w.v], vs);
+                    KvElem::store_row(&mut k[slot0 * w.k..(slot0 + nr) * w.k], ks);
+                    KvElem::store_row(&mut v[slot0 * w.v..(slot0 + nr) * w.v], vs);
                 }
                 Storage::F32 { k, v } => {
                     k[slot0 * w.k..(slot0 + nr) * w.k].copy_from_slice(ks);
@@ -710,12 +710,6 @@ fn runs(rows: Range<usize>, bs: usize) -> impl Iterator<Item = (usize, Range<usi
         at = end;
         Some(r)
     })
-}
-
-fn store<T: KvElem>(dst: &mut [T], src: &[f32]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d = T::from_f32(s);
-    }
 }
 
 /// The sequences of one batched forward pass over a [`PagedKv`]: segment `i` is

@@ -732,9 +732,10 @@ fn attend_batch(
     };
     let out_len = heads_per_item * cfg.value_dim;
     let n_items = attn.len() / out_len;
-    // Small claims balance the causal mask's uneven rows (later tokens see more).
+    // Small claims, the latest tokens first: under the causal mask later tokens see more
+    // rows, so the costliest items start first and the cheap ones fill the gaps.
     let chunk = n_items.div_ceil(probs.len() * 8).max(1);
-    pool.parallel_chunks_mut(attn, out_len, chunk, probs, |probs, items, out| {
+    pool.parallel_chunks_mut_from_end(attn, out_len, chunk, probs, |probs, items, out| {
         for (i, out) in items.zip(out.chunks_exact_mut(out_len)) {
             let (r, j) = (i / items_per_row, i % items_per_row);
             let (seg, at) = row_at[r];

@@ -232,6 +232,41 @@ impl ThreadPool {
         S: Send,
         F: Fn(&mut S, Range<usize>, &mut [T]) + Sync,
     {
+        self.chunks_mut(data, item_len, chunk, states, false, f)
+    }
+
+    /// [`ThreadPool::parallel_chunks_mut`] handing out the last items first, for loops
+    /// whose later items cost more (attention under the causal mask): the costliest
+    /// chunks start first and the cheap ones fill the gaps at the end, instead of one
+    /// thread finishing the most expensive chunk alone while the others wait.
+    pub fn parallel_chunks_mut_from_end<T, S, F>(
+        &self,
+        data: &mut [T],
+        item_len: usize,
+        chunk: usize,
+        states: &mut [S],
+        f: F,
+    ) where
+        T: Send,
+        S: Send,
+        F: Fn(&mut S, Range<usize>, &mut [T]) + Sync,
+    {
+        self.chunks_mut(data, item_len, chunk, states, true, f)
+    }
+
+    fn chunks_mut<T, S, F>(
+        &self,
+        data: &mut [T],
+        item_len: usize,
+        chunk: usize,
+        states: &mut [S],
+        from_end: bool,
+        f: F,
+    ) where
+        T: Send,
+        S: Send,
+        F: Fn(&mut S, Range<usize>, &mut [T]) + Sync,
+    {
         assert!(item_len > 0, "parallel_chunks_mut: item_len is 0");
         assert!(
             data.len().is_multiple_of(item_len),
@@ -241,6 +276,12 @@ impl ThreadPool {
         let n_items = data.len() / item_len;
         let base = SendPtr(data.as_mut_ptr());
         self.parallel_for_with(n_items, chunk, states, |s, r| {
+            // Mirrored, the ranges stay disjoint and within `0..n_items`.
+            let r = if from_end {
+                n_items - r.end..n_items - r.start
+            } else {
+                r
+            };
             // SAFETY: the ranges handed out are disjoint and within `0..n_items`, so the
             // element ranges `r.start·item_len .. r.end·item_len` are disjoint parts of
             // `data`, which stays mutably borrowed until the loop is done.
@@ -480,6 +521,26 @@ mod tests {
             let sum: u64 = data.iter().sum();
             let per_round: u64 = (0..257u64).sum();
             assert_eq!(sum, per_round * round * (round + 1) / 2);
+        }
+    }
+
+    #[test]
+    fn chunks_from_the_end_cover_every_item_with_its_own_elements() {
+        for threads in 1..=3 {
+            let pool = ThreadPool::new(threads);
+            let mut states = vec![(); threads];
+            for (n_items, chunk) in [(0, 3), (1, 1), (7, 3), (100, 7), (64, 8)] {
+                // Items of 3 elements; each chunk writes its item indices into its part.
+                let mut data = vec![usize::MAX; 3 * n_items];
+                pool.parallel_chunks_mut_from_end(&mut data, 3, chunk, &mut states, |_, r, p| {
+                    assert!(r.len() <= chunk.max(1) && p.len() == 3 * r.len());
+                    for (i, item) in r.zip(p.chunks_exact_mut(3)) {
+                        item.fill(i);
+                    }
+                });
+                let want: Vec<usize> = (0..n_items).flat_map(|i| [i; 3]).collect();
+                assert_eq!(data, want, "threads {threads}, n {n_items}, chunk {chunk}");
+            }
         }
     }
 
