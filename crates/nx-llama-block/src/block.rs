@@ -426,10 +426,7 @@ fn gated_activation(cfg: &LayerConfig, gate: &mut [f32], up: &[f32], pool: &Thre
                 }
             }
             FfnActivation::GeluTanh => {
-                let table = GeluTable::shared();
-                for (g, u) in gate.iter_mut().zip(up.iter()) {
-                    *g = table.gelu(*g) * u;
-                }
+                GeluTable::shared().gelu_mul_in_place(gate, up);
             }
         }
     });
