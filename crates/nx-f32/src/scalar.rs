@@ -357,7 +357,7 @@ pub fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
 
 /// Rotates adjacent pairs `(x[2i], x[2i+1])` by the angle whose cosine and sine are
 /// `cos[i]`, `sin[i]`. Pairs beyond `cos.len()` are left alone.
-#[inline]
+#[inline(always)]
 pub fn rotate_adjacent_pairs(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     for ((pair, &c), &s) in x.chunks_exact_mut(2).zip(cos).zip(sin) {
         let (x0, x1) = (pair[0], pair[1]);
@@ -368,7 +368,7 @@ pub fn rotate_adjacent_pairs(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 /// Rotates the pairs `(x[i], x[i+half])`, `half = cos.len()`, for `i < half`
 /// (NeoX layout). Requires `x.len() >= 2·half`; otherwise only the pairs that fit are
 /// rotated.
-#[inline]
+#[inline(always)]
 pub fn rotate_half_pairs(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     debug_assert_eq!(cos.len(), sin.len());
     let half = cos.len().min(sin.len()).min(x.len() / 2);
