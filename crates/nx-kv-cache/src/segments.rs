@@ -13,7 +13,7 @@ use crate::{KvCache, KvDtype, KvError, KvRows};
 /// new tokens (`len..len+n`, after [`KvSegments::ensure_room`]), reads rows up to
 /// `len + n` of the layer it is in, and commits them with [`KvSegments::commit`] at the
 /// end. Implemented by the one-sequence [`KvCache`] and by [`crate::PagedBatch`].
-pub trait KvSegments {
+pub trait KvSegments: Sync {
     /// Storage element type (the same for every segment).
     fn dtype(&self) -> KvDtype;
     /// Number of segments.

@@ -256,7 +256,7 @@ pub fn forward_batch(
     }
     write_cache_rows(cfg, layer, segs, k, v, kv)?;
     let attn = sized(&mut s.attn, n * attn_dim); // [n, n_head · value_dim]
-    let views = segment_views(cfg, layer, segs, &*kv, &mut s.gathered)?;
+    let views = segment_views(cfg, layer, segs, &*kv, &mut s.gathered, pool)?;
     let probs = attention_scratch(cfg, segs, &mut s.probs, pool);
     attend_batch(cfg, layer, &views, segs, q, attn, probs, pool)?;
     drop(views);
@@ -545,6 +545,7 @@ fn segment_views<'a>(
     segs: &[Segment],
     kv: &'a dyn KvSegments,
     gathered: &'a mut GatheredRows,
+    pool: &ThreadPool,
 ) -> Result<Vec<SegmentRows<'a>>, BlockError> {
     let (k_dim, v_dim) = (cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.value_dim);
     let f16_storage = kv.dtype() == KvDtype::F16;
@@ -592,41 +593,84 @@ fn segment_views<'a>(
     let mut v32 = sized(&mut gathered.v32, n_widened * v_dim);
     let mut k16 = sized(&mut gathered.k16, n_stored * k_dim);
     let mut v16 = sized(&mut gathered.v16, n_stored * v_dim);
-    let mut views = Vec::with_capacity(segs.len());
+    // Each copied segment's destination, cut from the buffers in segment order.
+    let mut copies: Vec<RowCopy<'_>> = Vec::new();
     for (i, (g, &src)) in segs.iter().zip(&sources).enumerate() {
         let end = g.pos + g.n;
-        let view = match src {
-            RowSource::Direct => direct_view(kv, i, layer, end)?,
-            RowSource::Stored(first) => {
-                let (kh, vh) = (
+        match src {
+            RowSource::Direct => {}
+            RowSource::Stored(first) => copies.push(RowCopy {
+                seg: i,
+                rows: first..end,
+                dst: CopyDst::F16(
                     take_front(&mut k16, (end - first) * k_dim),
                     take_front(&mut v16, (end - first) * v_dim),
-                );
-                kv.gather_f16(i, layer, first..end, kh, vh)?;
-                SegmentRows::F16(CacheRows {
-                    keys: kh,
-                    values: vh,
-                    first_row: first,
-                    precision,
-                })
-            }
-            RowSource::Widened(first) => {
-                let (kh, vh) = (
+                ),
+                result: Ok(()),
+            }),
+            RowSource::Widened(first) => copies.push(RowCopy {
+                seg: i,
+                rows: first..end,
+                dst: CopyDst::F32(
                     take_front(&mut k32, (end - first) * k_dim),
                     take_front(&mut v32, (end - first) * v_dim),
-                );
-                kv.gather_f32(i, layer, first..end, kh, vh)?;
-                SegmentRows::F32(CacheRows {
-                    keys: kh,
-                    values: vh,
-                    first_row: first,
-                    precision,
-                })
+                ),
+                result: Ok(()),
+            }),
+        }
+    }
+    // The copies are independent (a batched decode step copies every sequence's rows
+    // on every layer): spread over the pool.
+    let mut no_state = vec![(); pool.n_threads()];
+    pool.parallel_chunks_mut(&mut copies, 1, 1, &mut no_state, |_, _, part| {
+        for c in part {
+            c.result = match &mut c.dst {
+                CopyDst::F16(kh, vh) => kv.gather_f16(c.seg, layer, c.rows.clone(), kh, vh),
+                CopyDst::F32(kh, vh) => kv.gather_f32(c.seg, layer, c.rows.clone(), kh, vh),
+            };
+        }
+    });
+    let mut copied = copies.into_iter();
+    let mut views = Vec::with_capacity(segs.len());
+    for (i, (g, &src)) in segs.iter().zip(&sources).enumerate() {
+        let view = match src {
+            RowSource::Direct => direct_view(kv, i, layer, g.pos + g.n)?,
+            RowSource::Stored(first) | RowSource::Widened(first) => {
+                let c = copied.next().expect("one copy per copied segment");
+                c.result?;
+                match c.dst {
+                    CopyDst::F16(keys, values) => SegmentRows::F16(CacheRows {
+                        keys,
+                        values,
+                        first_row: first,
+                        precision,
+                    }),
+                    CopyDst::F32(keys, values) => SegmentRows::F32(CacheRows {
+                        keys,
+                        values,
+                        first_row: first,
+                        precision,
+                    }),
+                }
             }
         };
         views.push(view);
     }
     Ok(views)
+}
+
+/// One segment's rows copied out of the cache by [`segment_views`].
+struct RowCopy<'a> {
+    seg: usize,
+    rows: std::ops::Range<usize>,
+    dst: CopyDst<'a>,
+    result: Result<(), KvError>,
+}
+
+/// Where a [`RowCopy`] goes: K and V as stored (f16) or widened.
+enum CopyDst<'a> {
+    F16(&'a mut [f16], &'a mut [f16]),
+    F32(&'a mut [f32], &'a mut [f32]),
 }
 
 /// Segment `seg`'s rows `0..end` of `layer`, borrowed from contiguous storage.
