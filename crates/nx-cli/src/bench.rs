@@ -11,8 +11,11 @@
 //!
 //! The prompt is a fixed sequence of ordinary (non-special) token ids, so runs are
 //! comparable. Each figure is the median over `--reps` repetitions; the runner is
-//! reset between runs and no stop rule other than the token count applies. Peak RSS is
-//! the process's high-water mark (`VmHWM`).
+//! reset between runs and no stop rule other than the token count applies. Before the
+//! timed runs come llama-bench's warm-up runs (one untimed prompt of `P` tokens and
+//! one generated token; `--no-warmup` skips them), so that neither engine's figures
+//! include the first touch of the model's pages. Peak RSS is the process's high-water
+//! mark (`VmHWM`).
 
 use std::path::PathBuf;
 
@@ -52,6 +55,11 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Skip the untimed warm-up runs (a `P`-token prompt and one generated token, as
+    /// llama-bench's) that come before the timed ones: the first run then also pays for
+    /// mapping the model's pages.
+    #[arg(long)]
+    pub no_warmup: bool,
     #[command(flatten)]
     pub spec: crate::spec::SpecArgs,
     /// Batched mode: decode N sequences together for each N in the list (e.g.
@@ -152,6 +160,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut runner = args.spec.attach(Runner::new(model, None, config)?)?;
     let ignore = |_| std::ops::ControlFlow::Continue(());
 
+    if !args.no_warmup {
+        if args.n_prompt > 0 {
+            runner.set_max_tokens(1);
+            runner.generate(Prompt::Ids(prompt[..args.n_prompt].to_vec()), ignore)?;
+        }
+        if args.n_gen > 0 {
+            runner.set_max_tokens(2);
+            runner.generate(Prompt::Ids(vec![prompt[0]]), ignore)?;
+        }
+    }
     let (mut pp, mut ttft, mut tg) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.reps {
         if args.n_prompt > 0 {
@@ -188,6 +206,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "ttft_ms": ttft,
             "peak_rss_mb": rss,
             "reps": args.reps,
+            "warmup": !args.no_warmup,
             "decode_bytes_per_token": decode_bytes,
             "decode_gbs": decode_gbs,
             "read_gbs_1_thread": probe.map(|p| p.single_thread_gbs),
@@ -203,8 +222,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     println!("model: {model_name}");
     println!(
-        "threads: {threads}   reps: {}   prefill chunk: {}",
-        args.reps, args.prefill_chunk
+        "threads: {threads}   reps: {}   prefill chunk: {}   warm-up: {}",
+        args.reps,
+        args.prefill_chunk,
+        if args.no_warmup { "no" } else { "yes" }
     );
     println!("{:<10} {:>12}", "test", "t/s (median)");
     if args.n_prompt > 0 {

@@ -366,17 +366,22 @@ fn bench_json_reports_every_field() {
     assert!(v["decode_gbs"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["read_gbs"].is_null(), "--no-probe: {v}");
     assert!(v["kernel_plan"].is_string(), "{v}");
+    assert_eq!(
+        v["warmup"], true,
+        "llama-bench's warm-up runs by default: {v}"
+    );
 
     let out = nx()
         .arg("bench")
         .arg("--model")
         .arg(model_path())
-        .args(["-p", "8", "-n", "2", "--reps", "1"])
+        .args(["-p", "8", "-n", "2", "--reps", "1", "--no-warmup"])
         .output()
         .unwrap();
     assert!(out.status.success());
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(table.contains("pp8") && table.contains("tg2"), "{table}");
+    assert!(table.contains("warm-up: no"), "{table}");
     assert!(table.contains("MB per token"), "{table}");
     assert!(table.contains("plain read (1024 MiB)"), "{table}");
 }
