@@ -168,10 +168,29 @@ pub fn rmsnorm_rows(out: &mut [f32], x: &[f32], weight: &[f32], dim: usize, eps:
     if dim == 0 {
         return;
     }
-    for (o, xr) in out.chunks_exact_mut(dim).zip(x.chunks_exact(dim)) {
+    let mut outs = out.chunks_exact_mut(RMS_ROWS * dim);
+    let mut xs = x.chunks_exact(RMS_ROWS * dim);
+    for (o, xr) in (&mut outs).zip(&mut xs) {
+        let scales =
+            scalar::rms_scales::<RMS_ROWS>(std::array::from_fn(|r| &xr[r * dim..][..dim]), eps);
+        for ((o, xr), s) in o
+            .chunks_exact_mut(dim)
+            .zip(xr.chunks_exact(dim))
+            .zip(scales)
+        {
+            for ((o, &xi), &w) in o.iter_mut().zip(xr).zip(weight) {
+                *o = xi * s * w;
+            }
+        }
+    }
+    let rest = outs.into_remainder().chunks_exact_mut(dim);
+    for (o, xr) in rest.zip(xs.remainder().chunks_exact(dim)) {
         scalar::rmsnorm(o, xr, weight, eps);
     }
 }
+
+/// Rows whose RMSNorm sums [`rmsnorm_rows`] runs side by side.
+const RMS_ROWS: usize = 8;
 
 /// [`rmsnorm_rows`] in place (also used for per-head Q/K norms with `dim = head_dim`).
 pub fn rmsnorm_rows_in_place(x: &mut [f32], weight: &[f32], dim: usize, eps: f32) {
@@ -182,7 +201,17 @@ pub fn rmsnorm_rows_in_place(x: &mut [f32], weight: &[f32], dim: usize, eps: f32
     if dim == 0 {
         return;
     }
-    for xr in x.chunks_exact_mut(dim) {
+    let mut groups = x.chunks_exact_mut(RMS_ROWS * dim);
+    for xr in &mut groups {
+        let scales =
+            scalar::rms_scales::<RMS_ROWS>(std::array::from_fn(|r| &xr[r * dim..][..dim]), eps);
+        for (xr, s) in xr.chunks_exact_mut(dim).zip(scales) {
+            for (xi, &w) in xr.iter_mut().zip(weight) {
+                *xi = *xi * s * w;
+            }
+        }
+    }
+    for xr in groups.into_remainder().chunks_exact_mut(dim) {
         scalar::rmsnorm_in_place(xr, weight, eps);
     }
 }

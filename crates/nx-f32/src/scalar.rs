@@ -135,6 +135,32 @@ pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
     1.0 / (mean + eps).sqrt()
 }
 
+/// [`rms_scale`] of `R` rows of the same length at once: each row's squares are still
+/// summed in index order, but the `R` sums advance side by side, so the adds of one row
+/// do not wait on each other (an f64 add's latency per element, for one row alone).
+///
+/// # Panics
+/// When the rows differ in length.
+#[inline]
+pub fn rms_scales<const R: usize>(rows: [&[f32]; R], eps: f32) -> [f32; R] {
+    let n = rows[0].len();
+    assert!(rows.iter().all(|r| r.len() == n), "rms_scales: ragged rows");
+    if n == 0 {
+        return [0.0; R];
+    }
+    let mut sums = [0.0f64; R];
+    for i in 0..n {
+        for (sum, row) in sums.iter_mut().zip(&rows) {
+            let xi = row[i];
+            *sum += f64::from(xi * xi);
+        }
+    }
+    sums.map(|sum| {
+        let mean = (sum / n as f64) as f32;
+        1.0 / (mean + eps).sqrt()
+    })
+}
+
 /// `out[i] = (x[i]·s)·weight[i]` with `s = `[`rms_scale`]`(x, eps)`.
 #[inline]
 pub fn rmsnorm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {

@@ -138,20 +138,62 @@ fn rmsnorm_eps_dominates_a_zero_row() {
 
 #[test]
 fn rmsnorm_rows_equals_row_by_row() {
+    // Row counts below, at and past the rows summed side by side (eight), and values
+    // spread over many binades so that a different order of the f64 sums would show.
     let dim = 48;
-    let n = 5;
-    let x = values(30, n * dim);
-    let w = values(31, dim);
-    let mut out = vec![0.0; n * dim];
-    rmsnorm_rows(&mut out, &x, &w, dim, 1e-5);
-    for r in 0..n {
-        let mut row = vec![0.0; dim];
-        rmsnorm(&mut row, &x[r * dim..(r + 1) * dim], &w, 1e-5);
-        assert_eq!(&out[r * dim..(r + 1) * dim], &row[..]);
+    for n in [1, 5, 8, 9, 17, 24] {
+        let x: Vec<f32> = values(30 + n as u64, n * dim)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * 2f32.powi((i % 37) as i32 - 18))
+            .collect();
+        let w = values(31, dim);
+        let mut out = vec![0.0; n * dim];
+        rmsnorm_rows(&mut out, &x, &w, dim, 1e-5);
+        for r in 0..n {
+            let mut row = vec![0.0; dim];
+            rmsnorm(&mut row, &x[r * dim..(r + 1) * dim], &w, 1e-5);
+            assert_eq!(&out[r * dim..(r + 1) * dim], &row[..], "n {n} row {r}");
+        }
+        let mut inplace = x.clone();
+        rmsnorm_rows_in_place(&mut inplace, &w, dim, 1e-5);
+        assert_eq!(inplace, out, "n {n}");
     }
-    let mut inplace = x.clone();
-    rmsnorm_rows_in_place(&mut inplace, &w, dim, 1e-5);
-    assert_eq!(inplace, out);
+}
+
+#[test]
+fn rmsnorm_rows_sum_squares_in_index_order() {
+    // A row whose f64 sum of squares lands on an f32 tie in index order but past it when
+    // the small squares come first: 2^24 + 1, then sixteen 2^-30 that each fall below half
+    // an f64 ulp of it. Any other order of the sums (or a sum in f32) moves the scale.
+    let dim = 32;
+    let mut crafted = vec![0f32; dim];
+    crafted[0] = 4096.0;
+    crafted[1] = 1.0;
+    for v in &mut crafted[2..18] {
+        *v = 2f32.powi(-15);
+    }
+    let reversed: f64 = crafted.iter().rev().map(|&v| f64::from(v * v)).sum();
+    let in_order = crafted.iter().fold(0f64, |s, &v| s + f64::from(v * v));
+    assert_ne!(
+        (reversed / dim as f64) as f32,
+        (in_order / dim as f64) as f32,
+        "the crafted row must tell the orders apart"
+    );
+    let w = vec![1f32; dim];
+    for n in [1, 8, 11] {
+        for at in [0, n / 2, n - 1] {
+            let mut x = values(40 + n as u64, n * dim);
+            x[at * dim..(at + 1) * dim].copy_from_slice(&crafted);
+            let mut want = vec![0f32; dim];
+            rmsnorm(&mut want, &crafted, &w, 0.0);
+            let mut out = vec![0f32; n * dim];
+            rmsnorm_rows(&mut out, &x, &w, dim, 0.0);
+            assert_eq!(&out[at * dim..(at + 1) * dim], &want[..], "n {n} row {at}");
+            rmsnorm_rows_in_place(&mut x, &w, dim, 0.0);
+            assert_eq!(&x[at * dim..(at + 1) * dim], &want[..], "in place, n {n} row {at}");
+        }
+    }
 }
 
 // ---------------------------------------------------------------- softmax, activations
