@@ -569,7 +569,7 @@ pub fn attend_group_portable<T: KvElem>(
     outs: &mut [f32],
     scratch: &mut [f32],
 ) {
-    attend_group_body::<T, false>(qs, view, rows, scoring.into(), outs, scratch)
+    attend_group_body::<T, false, PORTABLE>(qs, view, rows, scoring.into(), outs, scratch)
 }
 
 /// [`attend_group`] with the lanes in 512-bit registers (as [`attend_avx512`]).
@@ -586,7 +586,7 @@ pub unsafe fn attend_group_avx512<T: KvElem>(
     outs: &mut [f32],
     scratch: &mut [f32],
 ) {
-    attend_group_body::<T, true>(qs, view, rows, scoring.into(), outs, scratch)
+    attend_group_body::<T, true, PORTABLE>(qs, view, rows, scoring.into(), outs, scratch)
 }
 
 /// [`attend_group`] compiled for AVX2 + FMA (bit-identical, as [`attend_avx2`]).
@@ -603,11 +603,11 @@ pub unsafe fn attend_group_avx2<T: KvElem>(
     outs: &mut [f32],
     scratch: &mut [f32],
 ) {
-    attend_group_body::<T, false>(qs, view, rows, scoring.into(), outs, scratch)
+    attend_group_body::<T, false, AVX2>(qs, view, rows, scoring.into(), outs, scratch)
 }
 
 #[inline(always)]
-fn attend_group_body<T: KvElem, const WIDE: bool>(
+fn attend_group_body<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
     qs: &[f32],
     view: CacheView<'_, T>,
     rows: Range<usize>,
@@ -691,6 +691,27 @@ fn attend_group_body<T: KvElem, const WIDE: bool>(
                 };
                 continue;
             }
+            #[cfg(target_arch = "x86_64")]
+            if AVX2_SCORES
+                && head_dim.is_multiple_of(VALUE_LANES)
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                // SAFETY: AVX2_SCORES is only set inside the AVX2 build, whose callers
+                // verified AVX2 and FMA; F16C was detected just above.
+                unsafe {
+                    crate::avx2::group_scores(
+                        rounded,
+                        head_dim,
+                        keys,
+                        first_row,
+                        rows.clone(),
+                        scale,
+                        probs,
+                        first,
+                    )
+                };
+                continue;
+            }
             for (i, j) in rows.clone().enumerate() {
                 let k = T::row_f32(keys.row(j - first_row), &mut buf);
                 for (g, q) in rounded.chunks_exact(head_dim).enumerate() {
@@ -739,6 +760,10 @@ thread_local! {
     static ROUNDED_QUERIES: std::cell::RefCell<Vec<f32>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
+
+/// `attend_group_body`'s last parameter: the AVX2 scores or the portable ones.
+const AVX2: bool = true;
+const PORTABLE: bool = false;
 
 /// Query heads whose rounded copies [`attend_group`] keeps at once.
 const MAX_GROUP_ROUNDED: usize = 8;

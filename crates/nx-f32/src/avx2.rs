@@ -8,8 +8,11 @@
 //! the scalar ones bit for bit and the tier choice never changes an attention output.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use half::f16;
+
+use crate::attention::{HeadRows, KvElem, MAX_HEAD_DIM};
 
 /// True when this CPU has AVX2 and F16C.
 pub(crate) fn available() -> bool {
@@ -75,6 +78,86 @@ pub(crate) unsafe fn axpy_f16(y: &mut [f32], alpha: f32, x: &[f16]) {
     for (yi, xi) in y[full..n].iter_mut().zip(&x[full..n]) {
         *yi += alpha * xi.to_f32();
     }
+}
+
+/// The attention scores of the query heads in `queries` (`[heads, head_dim]`,
+/// `head_dim` a multiple of 64) against key rows `rows` (view row `j − first_row`), as the
+/// portable code computes them: `probs[(first_head + g)·n + i] = scale·(q_g · k)` with the
+/// 64 lanes of the dot in eight registers of eight (lane `l` sums `q[i]·k[i]` for
+/// `i ≡ l (mod 64)` by fused multiply-adds in order) and the same reduction tree
+/// ([`crate::scalar::reduce_lanes_64`]). Each key row is widened once for all the heads.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+///
+/// # Panics
+/// On shapes that do not fit (`head_dim` not a multiple of 64 or above
+/// [`MAX_HEAD_DIM`], rows outside `keys`, `probs` too short).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn group_scores<T: KvElem>(
+    queries: &[f32],
+    head_dim: usize,
+    keys: HeadRows<'_, T>,
+    first_row: usize,
+    rows: Range<usize>,
+    scale: f32,
+    probs: &mut [f32],
+    first_head: usize,
+) {
+    assert!(head_dim > 0 && head_dim.is_multiple_of(64) && head_dim <= MAX_HEAD_DIM);
+    assert!(queries.len().is_multiple_of(head_dim));
+    let n = rows.len();
+    let mut buf = [0f32; MAX_HEAD_DIM];
+    for (i, j) in rows.enumerate() {
+        let row = keys.row(j - first_row);
+        let k: &[f32] = match T::as_f16(row) {
+            Some(h) => {
+                assert!(h.len() >= head_dim);
+                for c in (0..head_dim).step_by(8) {
+                    // SAFETY: c + 8 <= head_dim <= h.len(), buf.len(); f16 is 2 bytes.
+                    unsafe {
+                        let bits = _mm_loadu_si128(h.as_ptr().add(c) as *const __m128i);
+                        _mm256_storeu_ps(buf.as_mut_ptr().add(c), _mm256_cvtph_ps(bits));
+                    }
+                }
+                &buf[..head_dim]
+            }
+            None => T::row_f32(row, &mut buf),
+        };
+        assert!(k.len() >= head_dim);
+        for (g, q) in queries.chunks_exact(head_dim).enumerate() {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for c in (0..head_dim).step_by(64) {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: c + 8r + 8 <= head_dim, inside q and k (asserted).
+                    unsafe {
+                        let qv = _mm256_loadu_ps(q.as_ptr().add(c + 8 * r));
+                        let kv = _mm256_loadu_ps(k.as_ptr().add(c + 8 * r));
+                        *a = _mm256_fmadd_ps(qv, kv, *a);
+                    }
+                }
+            }
+            probs[(first_head + g) * n + i] = scale * reduce_lanes_64(&acc);
+        }
+    }
+}
+
+/// [`crate::scalar::reduce_lanes_64`] of 64 lanes held as eight registers (register `r`
+/// is lanes `8r..8r+8`): `r_l = (l + l+32) + (l+16 + l+48)` for `l < 16`, then the
+/// sixteen-lane horizontal sum (halves, quarters, pairs), the same additions.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn reduce_lanes_64(acc: &[__m256; 8]) -> f32 {
+    let low = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+    let high = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+    // t8[i] = a[i+8] + a[i]; t4[i] = t8[i+4] + t8[i].
+    let t8 = _mm256_add_ps(high, low);
+    let t4 = _mm_add_ps(_mm256_extractf128_ps::<1>(t8), _mm256_castps256_ps128(t8));
+    let mut t = [0f32; 4];
+    // SAFETY: `t` holds four f32.
+    unsafe { _mm_storeu_ps(t.as_mut_ptr(), t4) };
+    (t[0] + t[2]) + (t[1] + t[3])
 }
 
 #[cfg(test)]

@@ -191,7 +191,11 @@ fn rmsnorm_rows_sum_squares_in_index_order() {
             rmsnorm_rows(&mut out, &x, &w, dim, 0.0);
             assert_eq!(&out[at * dim..(at + 1) * dim], &want[..], "n {n} row {at}");
             rmsnorm_rows_in_place(&mut x, &w, dim, 0.0);
-            assert_eq!(&x[at * dim..(at + 1) * dim], &want[..], "in place, n {n} row {at}");
+            assert_eq!(
+                &x[at * dim..(at + 1) * dim],
+                &want[..],
+                "in place, n {n} row {at}"
+            );
         }
     }
 }
@@ -917,6 +921,56 @@ fn attend_head_avx2_matches_portable_twin() {
             };
             attend(&q, widened, range.clone(), 0.3, &mut b, &mut s2);
             assert_eq!(a, b, "widened f16 head_dim={head_dim} range={range:?}");
+        }
+    }
+}
+
+/// `attend_group`'s AVX2 build (its scores eight lanes to a register, each key row
+/// widened once for the group) against the portable twin, bit for bit: f32 and f16
+/// storage, heads of 64 and 256 (the AVX2 scores) and 40 and 80 (the portable ones
+/// compiled for AVX2), three query heads per KV head, ranges shorter and longer than the
+/// 64 lanes, starting anywhere.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn attend_group_avx2_matches_portable_twin() {
+    if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
+    {
+        eprintln!("skipped: no AVX2/FMA on this CPU");
+        return;
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let group = 3;
+    for (seed, head_dim) in [(150u64, 40usize), (151, 64), (152, 80), (153, 256)] {
+        let n_rows = 150;
+        let k = kv_rows(seed, n_rows, 2, head_dim);
+        let v = kv_rows(seed + 100, n_rows, 2, head_dim);
+        let k16: Vec<f16> = k.iter().map(|&x| f16::from_f32(x)).collect();
+        let v16: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+        let qs = values(seed + 200, group * head_dim);
+        for range in [0..1, 3..50, 0..64, 17..150, 64..130] {
+            let glen = attend_group_scratch_len(group, range.len(), head_dim);
+            let (mut g1, mut g2) = (vec![0.0; glen], vec![f32::NAN; glen]);
+            let (mut a, mut b) = (vec![0.0; qs.len()], vec![0.0; qs.len()]);
+            let f32_view = CacheView {
+                keys: HeadRows::head(&k, 2, head_dim, 1).unwrap(),
+                values: HeadRows::head(&v, 2, head_dim, 1).unwrap(),
+                first_row: 0,
+                precision: KvPrecision::F32,
+            };
+            attend_group_portable(&qs, f32_view, range.clone(), 0.3, &mut a, &mut g1);
+            // SAFETY: AVX2 and FMA were detected above.
+            unsafe { attend_group_avx2(&qs, f32_view, range.clone(), 0.3, &mut b, &mut g2) };
+            assert_eq!(bits(&a), bits(&b), "f32 head_dim={head_dim} range={range:?}");
+            let f16_view = CacheView {
+                keys: HeadRows::head(&k16, 2, head_dim, 0).unwrap(),
+                values: HeadRows::head(&v16, 2, head_dim, 0).unwrap(),
+                first_row: 0,
+                precision: KvPrecision::F16,
+            };
+            attend_group_portable(&qs, f16_view, range.clone(), 0.3, &mut a, &mut g1);
+            // SAFETY: as above.
+            unsafe { attend_group_avx2(&qs, f16_view, range.clone(), 0.3, &mut b, &mut g2) };
+            assert_eq!(bits(&a), bits(&b), "f16 head_dim={head_dim} range={range:?}");
         }
     }
 }
