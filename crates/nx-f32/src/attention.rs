@@ -723,6 +723,24 @@ fn attend_group_body<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
     ROUNDED_QUERIES.with(|cell| cell.replace(rounded_buf));
     scoring.cap(probs);
     #[cfg(target_arch = "x86_64")]
+    if AVX2_SCORES
+        && value_dim.is_multiple_of(VALUE_LANES)
+        && std::arch::is_x86_feature_detected!("f16c")
+    {
+        for p in probs.chunks_exact_mut(n) {
+            softmax::<WIDE>(p, rows.start);
+            for x in p.iter_mut() {
+                *x = precision.round(*x);
+            }
+        }
+        // SAFETY: AVX2_SCORES is only set inside the AVX2 build, whose callers verified
+        // AVX2 and FMA; F16C was detected just above.
+        unsafe {
+            crate::avx2::weighted_values_heads(probs, values, (first_row, rows.start), lanes, outs)
+        };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if WIDE && matches!(value_dim, 64 | 128 | 256) {
         for p in probs.chunks_exact_mut(n) {
             softmax::<WIDE>(p, rows.start);

@@ -143,6 +143,95 @@ pub(crate) unsafe fn group_scores<T: KvElem>(
     }
 }
 
+/// `Σ_j p_j·v_j` for every head of `probs` (`[heads, n]`, already rounded to the cache's
+/// precision) into `out` (`[heads, vd]`, `vd` a multiple of 64), with the portable code's
+/// 64 value lanes and reduction: the AVX2 twin of
+/// [`crate::avx512::weighted_values_heads`]. A lane is built in eight registers over a
+/// 64-wide slice of the value columns at a time (its rows in order, fused multiply-adds
+/// from `+0`, zero when no row reaches it); the lanes go in the sets the reduction's first
+/// step adds (`l, l+16, l+32, l+48`), every head taking its turn on a set while its rows
+/// are in cache; each head keeps only its sixteen reduced lanes.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+///
+/// # Panics
+/// When `values` is not `vd` wide, `probs` is not `out.len() / vd` heads long, `reduced`
+/// holds fewer than `(heads·16 + 4)·vd` values, or a row lies outside `values`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn weighted_values_heads<T: KvElem>(
+    probs: &[f32],
+    values: HeadRows<'_, T>,
+    (first_row, rows_start): (usize, usize),
+    reduced: &mut [f32],
+    out: &mut [f32],
+) {
+    let vd = values.head_dim();
+    assert!(vd > 0 && vd.is_multiple_of(64));
+    let n_heads = out.len() / vd;
+    assert!(n_heads > 0 && out.len() == n_heads * vd);
+    assert!(probs.len().is_multiple_of(n_heads));
+    assert!(reduced.len() >= (n_heads * 16 + 4) * vd);
+    let n = probs.len() / n_heads;
+    let (sets, rest) = reduced.split_at_mut(n_heads * 16 * vd);
+    let four = &mut rest[..4 * vd];
+    let mut buf = [0f32; MAX_HEAD_DIM];
+    for l in 0..16 {
+        for h in 0..n_heads {
+            let head_probs = &probs[h * n..(h + 1) * n];
+            for (k, lane) in four.chunks_exact_mut(vd).enumerate() {
+                // Relative index of the first row in absolute lane l + 16k.
+                let first = (l + 16 * k + 64 - rows_start % 64) % 64;
+                for slice in (0..vd).step_by(64) {
+                    let mut acc = [_mm256_setzero_ps(); 8];
+                    let mut i = first;
+                    while i < n {
+                        let row = values.row(rows_start + i - first_row);
+                        let v: &[f32] = match T::as_f16(row) {
+                            Some(h16) => {
+                                assert!(h16.len() >= vd);
+                                for c in (slice..slice + 64).step_by(8) {
+                                    // SAFETY: c + 8 <= vd <= both lengths; f16 is 2 bytes.
+                                    unsafe {
+                                        let bits =
+                                            _mm_loadu_si128(h16.as_ptr().add(c) as *const __m128i);
+                                        _mm256_storeu_ps(
+                                            buf.as_mut_ptr().add(c),
+                                            _mm256_cvtph_ps(bits),
+                                        );
+                                    }
+                                }
+                                &buf[..vd]
+                            }
+                            None => T::row_f32(row, &mut buf),
+                        };
+                        assert!(v.len() >= vd);
+                        let p = _mm256_set1_ps(head_probs[i]);
+                        for (r, a) in acc.iter_mut().enumerate() {
+                            // SAFETY: slice + 8r + 8 <= vd <= v.len() (asserted).
+                            let x = unsafe { _mm256_loadu_ps(v.as_ptr().add(slice + 8 * r)) };
+                            *a = _mm256_fmadd_ps(x, p, *a);
+                        }
+                        i += 64;
+                    }
+                    for (r, a) in acc.iter().enumerate() {
+                        // SAFETY: slice + 8r + 8 <= vd = lane.len().
+                        unsafe { _mm256_storeu_ps(lane.as_mut_ptr().add(slice + 8 * r), *a) };
+                    }
+                }
+            }
+            // r_l = (lane l + lane 32+l) + (lane 16+l + lane 48+l).
+            let r = &mut sets[(h * 16 + l) * vd..(h * 16 + l + 1) * vd];
+            for d in 0..vd {
+                r[d] = (four[d] + four[2 * vd + d]) + (four[vd + d] + four[3 * vd + d]);
+            }
+        }
+    }
+    for (set, o) in sets.chunks_exact_mut(16 * vd).zip(out.chunks_exact_mut(vd)) {
+        crate::attention::reduce_sixteen_lanes(set, vd, o);
+    }
+}
+
 /// [`crate::scalar::reduce_lanes_64`] of 64 lanes held as eight registers (register `r`
 /// is lanes `8r..8r+8`): `r_l = (l + l+32) + (l+16 + l+48)` for `l < 16`, then the
 /// sixteen-lane horizontal sum (halves, quarters, pairs), the same additions.

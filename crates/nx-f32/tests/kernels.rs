@@ -925,11 +925,11 @@ fn attend_head_avx2_matches_portable_twin() {
     }
 }
 
-/// `attend_group`'s AVX2 build (its scores eight lanes to a register, each key row
-/// widened once for the group) against the portable twin, bit for bit: f32 and f16
-/// storage, heads of 64 and 256 (the AVX2 scores) and 40 and 80 (the portable ones
-/// compiled for AVX2), three query heads per KV head, ranges shorter and longer than the
-/// 64 lanes, starting anywhere.
+/// `attend_group`'s AVX2 build (scores and value lanes eight to a register, each key row
+/// widened once for the group, the heads taking turns on each set of value lanes)
+/// against the portable twin, bit for bit: f32 and f16 storage, heads of 64 and 256 (the
+/// AVX2 code) and 40 and 80 (the portable code compiled for AVX2), three query heads per
+/// KV head, ranges shorter and longer than the 64 lanes, starting anywhere.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn attend_group_avx2_matches_portable_twin() {
@@ -960,7 +960,11 @@ fn attend_group_avx2_matches_portable_twin() {
             attend_group_portable(&qs, f32_view, range.clone(), 0.3, &mut a, &mut g1);
             // SAFETY: AVX2 and FMA were detected above.
             unsafe { attend_group_avx2(&qs, f32_view, range.clone(), 0.3, &mut b, &mut g2) };
-            assert_eq!(bits(&a), bits(&b), "f32 head_dim={head_dim} range={range:?}");
+            assert_eq!(
+                bits(&a),
+                bits(&b),
+                "f32 head_dim={head_dim} range={range:?}"
+            );
             let f16_view = CacheView {
                 keys: HeadRows::head(&k16, 2, head_dim, 0).unwrap(),
                 values: HeadRows::head(&v16, 2, head_dim, 0).unwrap(),
@@ -970,7 +974,11 @@ fn attend_group_avx2_matches_portable_twin() {
             attend_group_portable(&qs, f16_view, range.clone(), 0.3, &mut a, &mut g1);
             // SAFETY: as above.
             unsafe { attend_group_avx2(&qs, f16_view, range.clone(), 0.3, &mut b, &mut g2) };
-            assert_eq!(bits(&a), bits(&b), "f16 head_dim={head_dim} range={range:?}");
+            assert_eq!(
+                bits(&a),
+                bits(&b),
+                "f16 head_dim={head_dim} range={range:?}"
+            );
         }
     }
 }
