@@ -663,6 +663,15 @@ fn attend_group_body<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
     // without the enclosing function's target features, so its `mul_add`s would be
     // library calls on the AVX2 build.
     let mut rounded_buf = ROUNDED_QUERIES.with(|cell| cell.take());
+    // The AVX-512 build's scores (WIDE), the AVX2 build's (with F16C), or none.
+    #[cfg(target_arch = "x86_64")]
+    let tier_scores: Option<GroupScores<T>> = if WIDE {
+        Some(crate::avx512::group_scores::<T>)
+    } else if AVX2_SCORES && std::arch::is_x86_feature_detected!("f16c") {
+        Some(crate::avx2::group_scores::<T>)
+    } else {
+        None
+    };
     {
         let rounded = &mut rounded_buf;
         rounded.resize(MAX_GROUP_ROUNDED * head_dim, 0.0);
@@ -674,32 +683,11 @@ fn attend_group_body<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
             }
             let rounded = &rounded[..heads * head_dim];
             #[cfg(target_arch = "x86_64")]
-            if WIDE && head_dim.is_multiple_of(VALUE_LANES) {
-                // SAFETY: WIDE is only set inside the AVX-512 builds (see
-                // weighted_values).
+            if let Some(scores) = tier_scores.filter(|_| head_dim.is_multiple_of(VALUE_LANES)) {
+                // SAFETY: `tier_scores` is the scores of the build this body was compiled
+                // into, whose callers verified its features (see `tier_scores`).
                 unsafe {
-                    crate::avx512::group_scores(
-                        rounded,
-                        head_dim,
-                        keys,
-                        first_row,
-                        rows.clone(),
-                        scale,
-                        probs,
-                        first,
-                    )
-                };
-                continue;
-            }
-            #[cfg(target_arch = "x86_64")]
-            if AVX2_SCORES
-                && head_dim.is_multiple_of(VALUE_LANES)
-                && std::arch::is_x86_feature_detected!("f16c")
-            {
-                // SAFETY: AVX2_SCORES is only set inside the AVX2 build, whose callers
-                // verified AVX2 and FMA; F16C was detected just above.
-                unsafe {
-                    crate::avx2::group_scores(
+                    scores(
                         rounded,
                         head_dim,
                         keys,
@@ -778,6 +766,12 @@ thread_local! {
     static ROUNDED_QUERIES: std::cell::RefCell<Vec<f32>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
+
+/// A tier's scores of a KV group's query heads (`crate::avx512::group_scores`,
+/// `crate::avx2::group_scores`).
+#[cfg(target_arch = "x86_64")]
+type GroupScores<T> =
+    unsafe fn(&[f32], usize, HeadRows<'_, T>, usize, Range<usize>, f32, &mut [f32], usize);
 
 /// `attend_group_body`'s last parameter: the AVX2 scores or the portable ones.
 const AVX2: bool = true;
@@ -892,6 +886,14 @@ fn reduce_value_lanes(lanes: &mut [f32], value_dim: usize, out: &mut [f32]) {
         }
     }
     reduce_sixteen_lanes(lanes, vd, out);
+}
+
+/// The first step of [`reduce_value_lanes`] for one set of lanes `l, l+16, l+32, l+48`
+/// (`four`, in that order, `vd` values each): `r = (l + l+32) + (l+16 + l+48)`.
+pub(crate) fn first_step(four: &[f32], vd: usize, r: &mut [f32]) {
+    for (d, r) in r[..vd].iter_mut().enumerate() {
+        *r = (four[d] + four[2 * vd + d]) + (four[vd + d] + four[3 * vd + d]);
+    }
 }
 
 /// The rest of [`reduce_value_lanes`] once its first step has left `r_l` in lane `l` of

@@ -220,11 +220,8 @@ pub(crate) unsafe fn weighted_values_heads<T: KvElem>(
                     }
                 }
             }
-            // r_l = (lane l + lane 32+l) + (lane 16+l + lane 48+l).
             let r = &mut sets[(h * 16 + l) * vd..(h * 16 + l + 1) * vd];
-            for d in 0..vd {
-                r[d] = (four[d] + four[2 * vd + d]) + (four[vd + d] + four[3 * vd + d]);
-            }
+            crate::attention::first_step(four, vd, r);
         }
     }
     for (set, o) in sets.chunks_exact_mut(16 * vd).zip(out.chunks_exact_mut(vd)) {

@@ -264,7 +264,7 @@ fn reduce_add_16(r: __m512) -> f32 {
 /// `l, l+16, l+32, l+48`), every head taking its turn on a set while its rows (a
 /// sixteenth of the view) are in L1: the value rows are read from further away once per
 /// query instead of once per head, and no head keeps more than sixteen reduced lanes.
-/// Each lane is [`value_lanes`]'s (its rows in order by fused multiply-adds from `+0`,
+/// Each lane is the portable code's (its rows in order by fused multiply-adds from `+0`,
 /// zero when no row reaches it) and every addition of the reduction is the same, so
 /// each head's result has the portable bits.
 ///
@@ -312,11 +312,8 @@ pub(crate) unsafe fn weighted_values_heads<T: KvElem, const Z: usize>(
                     )
                 };
             }
-            // r_l = (lane l + lane 32+l) + (lane 16+l + lane 48+l).
             let r = &mut sets[(h * 16 + l) * vd..(h * 16 + l + 1) * vd];
-            for d in 0..vd {
-                r[d] = (four[d] + four[2 * vd + d]) + (four[vd + d] + four[3 * vd + d]);
-            }
+            crate::attention::first_step(four, vd, r);
         }
     }
     for (set, o) in sets.chunks_exact_mut(16 * vd).zip(out.chunks_exact_mut(vd)) {
@@ -324,7 +321,7 @@ pub(crate) unsafe fn weighted_values_heads<T: KvElem, const Z: usize>(
     }
 }
 
-/// Lanes of [`value_lanes`]: for each `first` of `firsts` (at most four relative row
+/// Lanes of [`weighted_values_heads`]: for each `first` of `firsts` (at most four relative row
 /// indices below 64), `Σ p_i·v_i` over rows `i = first, first + 64, …` below
 /// `probs.len()`, in that order by fused multiply-adds from `+0`, written to
 /// `lanes[k·vd..(k+1)·vd]` for the `k`-th.
