@@ -1753,7 +1753,7 @@ unsafe fn q4_k_tile<const R: usize, const MIN_CHAIN: bool>(
         let wbs: [*const u8; R] =
             std::array::from_fn(|r| w[r * stride + b * WQ4K_BLOCK..].as_ptr());
         // SAFETY: inside the tile and unpacked super-blocks (asserted above).
-        let lanes = unsafe { scaled_lanes::<R, SCALE_PER_32>(&wbs, xt, WQ4K_CORR, WQ4K_SC) };
+        let lanes = unsafe { scaled_lanes_paired::<R>(&wbs, xt, WQ4K_CORR, WQ4K_SC) };
         // SAFETY: inside the tile / unpacked super-blocks.
         unsafe {
             let dx = _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32);
@@ -1825,7 +1825,7 @@ unsafe fn q2_k_tile<const R: usize, const MINS: bool>(
             std::array::from_fn(|r| w[r * stride + b * WQ2K_BLOCK..].as_ptr());
         // SAFETY (every load below): inside the tile super-block and the unpacked
         // super-blocks (asserted above).
-        let lanes = unsafe { scaled_lanes::<R, SCALE_PER_16>(&wbs, xt, WQ2K_CORR, WQ2K_SC) };
+        let lanes = unsafe { scaled_lanes::<R>(&wbs, xt, WQ2K_CORR, WQ2K_SC) };
         // SAFETY: as above.
         unsafe {
             let dx = _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32);
@@ -1850,22 +1850,17 @@ unsafe fn q2_k_tile<const R: usize, const MINS: bool>(
     }
 }
 
-/// [`scaled_lanes`] with one scale per 32 weights (Q4_K, Q5_K).
-const SCALE_PER_32: bool = false;
-/// [`scaled_lanes`] with one scale per 16 weights (Q2_K, Q3_K).
-const SCALE_PER_16: bool = true;
-
 /// The eight integer lanes of `R` unpacked K super-blocks (`wbs`) against one tile
 /// super-block (`xt`): each row's lane corrections (dwords at `corr_at`) plus
 /// `Σ_g sc·quad(g, l)`, the quads `Σ (x+128)·q` by `vpdpbusd` and the scales (`(sc, 0)`
-/// word pairs at `sc_at`, per 32 or per 16 weights as `PER_16` says) by `vpdpwssd`:
-/// the quads must be words.
+/// word pairs at `sc_at`, one per 16 weights: Q2_K, Q3_K) by `vpdpwssd`: the quads must
+/// be words. Q4_K and Q5_K (a scale per 32 weights) take [`scaled_lanes_paired`].
 ///
 /// # Safety
 /// `wbs[r]` and `xt` point at whole unpacked and tile super-blocks; only inlined into
 /// functions enabling AVX-512 F/BW/VNNI.
 #[inline(always)]
-unsafe fn scaled_lanes<const R: usize, const PER_16: bool>(
+unsafe fn scaled_lanes<const R: usize>(
     wbs: &[*const u8; R],
     xt: *const u8,
     corr_at: usize,
@@ -1884,18 +1879,71 @@ unsafe fn scaled_lanes<const R: usize, const PER_16: bool>(
         for r in 0..R {
             // SAFETY: as above.
             unsafe {
-                let sc = if PER_16 {
-                    [
-                        splat_i32(wbs[r].add(sc_at + 8 * g)),
-                        splat_i32(wbs[r].add(sc_at + 8 * g + 4)),
-                    ]
-                } else {
-                    [splat_i32(wbs[r].add(sc_at + 4 * g)); 2]
-                };
+                let sc = [
+                    splat_i32(wbs[r].add(sc_at + 8 * g)),
+                    splat_i32(wbs[r].add(sc_at + 8 * g + 4)),
+                ];
                 for l in 0..8 {
                     let quad =
                         _mm512_dpbusd_epi32(zero, xl[l], splat_i32(wbs[r].add(32 * g + 4 * l)));
                     lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], quad, sc[l / 4]);
+                }
+            }
+        }
+    }
+    lanes
+}
+
+/// [`scaled_lanes`] for one scale per 32 weights and levels `0..32` (Q4_K, Q5_K), with a
+/// quarter fewer dot-product instructions: the quads of two groups share one dword, the
+/// second one's shifted into the high word (`quad(g+1)·2¹⁶ + quad(g)`; a quad is at most
+/// `255·31·4 < 2¹⁵`, so neither word overflows or turns negative), and one `vpdpwssd`
+/// multiplies both by their scales `(sc_g, sc_g+1)` and adds them to the lane. The
+/// lane integers are the same: integer sums in any order.
+///
+/// # Safety
+/// As [`scaled_lanes`]; the levels are `0..32` and the scales (dwords at `sc_at`) `0..64`.
+#[inline(always)]
+unsafe fn scaled_lanes_paired<const R: usize>(
+    wbs: &[*const u8; R],
+    xt: *const u8,
+    corr_at: usize,
+    sc_at: usize,
+) -> [[__m512i; 8]; R] {
+    let zero = _mm512_setzero_si512();
+    // SAFETY (every load below): the caller's contract.
+    let mut lanes: [[__m512i; 8]; R] = std::array::from_fn(|r| {
+        std::array::from_fn(|l| unsafe { splat_i32(wbs[r].add(corr_at + 4 * l)) })
+    });
+    for g in (0..8).step_by(2) {
+        // SAFETY: as above.
+        let sc: [__m512i; R] = std::array::from_fn(|r| unsafe {
+            let lo = std::ptr::read_unaligned(wbs[r].add(sc_at + 4 * g) as *const u32);
+            let hi = std::ptr::read_unaligned(wbs[r].add(sc_at + 4 * g + 4) as *const u32);
+            _mm512_set1_epi32((lo | hi << 16) as i32)
+        });
+        for l in 0..8 {
+            // SAFETY: as above.
+            let (x_lo, x_hi) = unsafe {
+                (
+                    _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _),
+                    _mm512_loadu_si512(xt.add(512 * (g + 1) + 64 * l) as *const _),
+                )
+            };
+            for r in 0..R {
+                // SAFETY: as above.
+                unsafe {
+                    let hi = _mm512_dpbusd_epi32(
+                        zero,
+                        x_hi,
+                        splat_i32(wbs[r].add(32 * (g + 1) + 4 * l)),
+                    );
+                    let both = _mm512_dpbusd_epi32(
+                        _mm512_slli_epi32::<16>(hi),
+                        x_lo,
+                        splat_i32(wbs[r].add(32 * g + 4 * l)),
+                    );
+                    lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], both, sc[r]);
                 }
             }
         }
