@@ -1,11 +1,11 @@
 //! The kernel plan of an opened model on this machine: timed once, then read from
 //! `$NX_CACHE/plans/`.
 //!
-//! The cache key is the CPU model, nx's version, the kernel tier, whether AMX may run,
-//! the thread count and the model's matrix shapes, so a plan is never reused where its
-//! timings do not hold. `NX_PLAN` (see `nx_lazy_weight::plan`) forces choices on top of
-//! it; `NX_PLAN=default` skips timing, `NX_PLAN=retune` times again and rewrites the
-//! cache. A plan only picks among bit-identical kernels: it changes speed, never output.
+//! The cache key is the CPU model, nx's version and kernels revision, the kernel tier,
+//! whether AMX may run, the thread count and the model's matrix shapes, so a plan is
+//! never reused where its timings do not hold. `NX_PLAN` (see `nx_lazy_weight::plan`)
+//! forces choices on top of it; `NX_PLAN=default` skips timing, `NX_PLAN=retune` times
+//! again and rewrites the cache. A plan only picks among bit-identical kernels: it changes speed, never output.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -54,9 +54,10 @@ fn fnv1a(text: &str) -> u64 {
 /// The cache key of `model` on this machine, as readable text.
 fn cache_key(model: &Model, weights: &[LazyWeight<'_>], tier: nx_lazy_weight::CpuTier) -> String {
     let mut key = format!(
-        "cpu: {}\nnx: {}\ntier: {tier}\namx: {}\nthreads: {}\n",
+        "cpu: {}\nnx: {} (kernels revision {})\ntier: {tier}\namx: {}\nthreads: {}\n",
         cpu_model(),
         env!("CARGO_PKG_VERSION"),
+        plan::KERNELS_REVISION,
         std::env::var("NX_AMX").unwrap_or_default(),
         model.threads()
     );

@@ -622,6 +622,14 @@ pub struct Tuned {
     pub seconds: f64,
 }
 
+/// The kernels' revision: raised whenever a kernel's speed changes enough that a plan
+/// timed before may no longer pick the fastest, so that plans cached by an older build
+/// (same version number, same candidates) are timed again. Part of the CLI's plan cache
+/// key.
+///
+/// 2: Q6_K tiles without per-quad corrections, Q4_K / Q5_K tiles pairing groups.
+pub const KERNELS_REVISION: u32 = 2;
+
 /// Most weight bytes a decode candidate streams per pass: enough to leave the caches
 /// on most CPUs for the large matrices, bounded so tuning stays short.
 const TUNE_DECODE_BYTES: usize = 96 << 20;

@@ -25,7 +25,7 @@
 //! | Q5_K | as Q4_K with 5-bit `q` (a quad of `(x+128)·q` still fits 16 bits) | one min chain, as the scalar twin |
 //! | Q2_K | `Σ_g sc·Σ (x+128)·q − 128·Σ_g sc·Σ q` (a scale per 16 weights, by `vpdpwssd`) | the min lanes `m·s + m·s` first, into the same chains |
 //! | Q3_K | as Q2_K with levels −4..3 and scales `sc − 32`, no min term | — |
-//! | Q6_K | `Σ_g sc·(Σ (x+128)·q − 128·Σ q) − 32·(b·s + b·s)` | — |
+//! | Q6_K | `Σ_g sc·Σ x·q − 32·(b·s + b·s)` (`x` back to signed by flipping the top bit, `q` the unsigned level as `vpdpbusd`'s unsigned operand) | — |
 //! | IQ4_XS | `Σ_g ls_g·Σ (x+128)·w − 128·Σ_g ls_g·Σ w` (`ls_g` by a 32-bit multiply) | — |
 //! | IQ2_XXS … IQ3_S | as IQ4_XS with a multiplier per 16 weights, times the format's final factor | — |
 
@@ -85,12 +85,11 @@ const WQ2K_SC: usize = 256;
 const WQ2K_CORR: usize = WQ2K_SC + 64;
 const WQ2K_MINS: usize = WQ2K_CORR + 32;
 const WQ2K_D: usize = WQ2K_MINS + 32;
-/// Unpacked Q6_K super-block: 256 quants, sixteen scales (i32), 64 corrections (one per
-/// group and lane), eight bsum-scale pairs, `d_w` (f32).
-const WQ6K_BLOCK: usize = 256 + 64 + 256 + 32 + 4;
+/// Unpacked Q6_K super-block: 256 levels `q` (0..64, u8), sixteen scales as `(sc, 0)`
+/// word pairs, eight bsum-scale pairs `(−32·sc, −32·sc)`, `d_w` (f32).
+const WQ6K_BLOCK: usize = 256 + 64 + 32 + 4;
 const WQ6K_SC: usize = 256;
-const WQ6K_CORR: usize = WQ6K_SC + 64;
-const WQ6K_BSUMS: usize = WQ6K_CORR + 256;
+const WQ6K_BSUMS: usize = WQ6K_SC + 64;
 const WQ6K_D: usize = WQ6K_BSUMS + 32;
 /// Unpacked IQ4_XS or IQ2/IQ3 grid super-block: 256 signed levels (i8), sixteen
 /// multipliers (i32, one per 16 weights: IQ4_XS's `ls − 32` twice per 32), eight
@@ -378,8 +377,7 @@ fn put_q4_k_scales(wb: &[u8], out: &mut [u8]) -> [i32; 8] {
 }
 
 /// The scalar twin of [`unpack_q6_k_avx512`]: the quants as unsigned 6-bit values, the
-/// sixteen scales as `(s, 0)` word pairs, the lane corrections `−128·quad`, the pairs
-/// `−32·s`, then `d` as f32.
+/// sixteen scales as `(s, 0)` word pairs, the pairs `−32·s`, then `d` as f32.
 #[cfg(test)]
 fn unpack_q6_k(wb: &[u8], out: &mut [u8]) {
     for half in 0..2 {
@@ -390,12 +388,6 @@ fn unpack_q6_k(wb: &[u8], out: &mut [u8]) {
                 // q6_k_quads yields q − 32; the lanes multiply the unsigned q.
                 out[128 * half + 32 * k + l] = (q + 32) as u8;
             }
-        }
-    }
-    for g in 0..8 {
-        for l in 0..8 {
-            let quad: i32 = (0..4).map(|k| out[32 * g + 4 * l + k] as i32).sum();
-            put_i32(out, WQ6K_CORR + 4 * (8 * g + l), -128 * quad);
         }
     }
     put_q6_k_scales(wb, out);
@@ -956,15 +948,7 @@ unsafe fn unpack_q6_k_avx512(wb: &[u8], out: &mut [u8]) {
             ];
             for (k, pair) in quants.chunks_exact(2).enumerate() {
                 let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(pair[0]), pair[1]);
-                let o = 128 * half + 64 * k;
-                _mm512_storeu_si512(out.as_mut_ptr().add(o) as *mut _, v);
-                // Sub-block g = o / 32: its lane quad l is dword 8g + l of the corrections.
-                let corr =
-                    _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(quad_sums(v)));
-                _mm512_storeu_si512(
-                    out.as_mut_ptr().add(WQ6K_CORR + 4 * (o / 4)) as *mut _,
-                    corr,
-                );
+                _mm512_storeu_si512(out.as_mut_ptr().add(128 * half + 64 * k) as *mut _, v);
             }
         }
     }
@@ -1972,7 +1956,8 @@ unsafe fn q6_k_tile<const R: usize>(
         let wbs: [*const u8; R] =
             std::array::from_fn(|r| w[r * stride + b * WQ6K_BLOCK..].as_ptr());
         // The −32·(b·s + b·s) term starts each lane.
-        // SAFETY: inside the tile / unpacked super-blocks (asserted above).
+        // SAFETY (every load below): inside the tile / unpacked super-blocks (asserted
+        // above).
         let mut lanes: [[__m512i; 8]; R] = std::array::from_fn(|r| {
             std::array::from_fn(|l| unsafe {
                 _mm512_dpwssd_epi32(
@@ -1983,21 +1968,24 @@ unsafe fn q6_k_tile<const R: usize>(
             })
         });
         for g in 0..8 {
-            // SAFETY: inside the tile super-block.
+            // The tile holds `x + 128`; flipping the top bit gives `x` back as a signed
+            // byte, so the unsigned levels can be `vpdpbusd`'s unsigned operand and the
+            // quad `Σ x·q` (|·| ≤ 127·63·4 < 2¹⁵) needs no correction.
+            // SAFETY: as above.
             let xl: [__m512i; 8] = std::array::from_fn(|l| unsafe {
-                _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _)
+                _mm512_xor_si512(
+                    _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _),
+                    _mm512_set1_epi8(i8::MIN),
+                )
             });
             for r in 0..R {
-                // SAFETY: inside the unpacked super-block.
+                // SAFETY: as above.
                 unsafe {
                     let sc_lo = splat_i32(wbs[r].add(WQ6K_SC + 4 * (2 * g)));
                     let sc_hi = splat_i32(wbs[r].add(WQ6K_SC + 4 * (2 * g + 1)));
                     for l in 0..8 {
-                        let quad = _mm512_dpbusd_epi32(
-                            splat_i32(wbs[r].add(WQ6K_CORR + 4 * (8 * g + l))),
-                            xl[l],
-                            splat_i32(wbs[r].add(32 * g + 4 * l)),
-                        );
+                        let quad =
+                            _mm512_dpbusd_epi32(zero, splat_i32(wbs[r].add(32 * g + 4 * l)), xl[l]);
                         let sc = if l < 4 { sc_lo } else { sc_hi };
                         lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], quad, sc);
                     }
