@@ -1399,6 +1399,81 @@ pub(crate) fn hsum_epi32_8(v: __m256i) -> i32 {
     ))
 }
 
+/// The Q8_K activation quantizer ([`crate::quant::quantize_q8_k_scalar`]) eight values
+/// at a time, as [`crate::avx512::quantize_q8_k`] does sixteen: the first value of the
+/// largest magnitude, the `−127/max` multiplier, magic-number rounding, the same group
+/// sums; the same bytes. Blocks with a NaN or no non-zero magnitude take the scalar
+/// path.
+///
+/// # Safety
+/// [`available`] is true; `out` holds `x.len() / 256` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(Q8_K_BYTES)) {
+        // SAFETY: xb holds 256 f32: 32 registers of eight.
+        let at = |i: usize| unsafe { _mm256_loadu_ps(xb.as_ptr().add(8 * i)) };
+        let mut amax_v = _mm256_and_ps(at(0), abs_mask);
+        let mut nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(at(0), at(0));
+        for i in 1..32 {
+            let v = at(i);
+            amax_v = _mm256_max_ps(amax_v, _mm256_and_ps(v, abs_mask));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        }
+        let amax = hmax_ps(amax_v);
+        if _mm256_movemask_ps(nan) != 0 || amax <= 0.0 {
+            crate::quant::quantize_q8_k_scalar(xb, ob);
+            continue;
+        }
+        // The first value of that magnitude, with its sign (the scalar's strict `>`).
+        let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+        let iscale = -127.0f32 / max;
+        let iscale_v = _mm256_set1_ps(iscale);
+        let magic = _mm256_set1_ps(12_582_912.0);
+        ob[..4].copy_from_slice(&(1.0f32 / iscale).to_le_bytes());
+        let quant = |v: __m256| {
+            let shifted = _mm256_add_ps(_mm256_mul_ps(iscale_v, v), magic);
+            let q = _mm256_sub_epi32(
+                _mm256_and_si256(_mm256_castps_si256(shifted), _mm256_set1_epi32(0x007f_ffff)),
+                _mm256_set1_epi32(0x0040_0000),
+            );
+            _mm256_min_epi32(q, _mm256_set1_epi32(127))
+        };
+        for j in 0..16 {
+            // Sixteen quants: the group of one bsum.
+            let (lo, hi) = (quant(at(2 * j)), quant(at(2 * j + 1)));
+            // In [−127, 127] (the multiplier maps the largest magnitude to −127), so
+            // the saturating packs are exact; they interleave the 128-bit halves, which
+            // the permute puts back in order.
+            let words = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(lo, hi));
+            let bytes = _mm_packs_epi16(
+                _mm256_castsi256_si128(words),
+                _mm256_extracti128_si256::<1>(words),
+            );
+            // SAFETY: quants 16·j..16·j + 16 of the block's 256.
+            unsafe {
+                _mm_storeu_si128(
+                    ob.as_mut_ptr().add(q8_k::QS + 16 * j) as *mut __m128i,
+                    bytes,
+                )
+            };
+            let sum = hsum_epi32_8(_mm256_add_epi32(lo, hi)) as i16;
+            let at = q8_k::BSUMS + 2 * j;
+            ob[at..at + 2].copy_from_slice(&sum.to_le_bytes());
+        }
+    }
+}
+
+/// The largest of eight f32 lanes (no NaN among them).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hmax_ps(v: __m256) -> f32 {
+    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_shuffle_ps::<0b01>(m, m));
+    _mm_cvtss_f32(m)
+}
+
 /// IQ4_NL's float order for one token: paired blocks alternate between two accumulators
 /// (added lane-wise, then summed), an odd last block is one fused multiply-add of its
 /// scale with its integer sum. The two accumulators are named fields chosen by a branch,

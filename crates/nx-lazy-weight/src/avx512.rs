@@ -950,49 +950,6 @@ pub(crate) unsafe fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The AVX-512 Q8_K quantizer against the scalar one, byte for byte: random rows of
-    /// several spreads, rows with ties of opposite sign for the largest magnitude, zero
-    /// blocks, and blocks with a single non-zero value.
-    #[test]
-    fn quantize_q8_k_matches_scalar() {
-        if !available() {
-            return;
-        }
-        let mut seed = 11u64;
-        let mut next = || {
-            seed = seed
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
-        let mut rows: Vec<Vec<f32>> = Vec::new();
-        for spread in [1e-3f32, 1.0, 50.0, 3e4] {
-            rows.push((0..1024).map(|_| next() * spread).collect());
-        }
-        let mut ties: Vec<f32> = (0..512).map(|_| next()).collect();
-        ties[7] = 2.0;
-        ties[100] = -2.0;
-        ties[256 + 200] = -3.0;
-        ties[256 + 201] = 3.0;
-        rows.push(ties);
-        let mut sparse = vec![0.0f32; 768];
-        sparse[300] = -0.25;
-        rows.push(sparse);
-        for x in rows {
-            let n = x.len() / 256 * Q8_K_BYTES;
-            let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
-            crate::quant::quantize_q8_k_scalar(&x, &mut a);
-            // SAFETY: features checked above; b holds the blocks.
-            unsafe { quantize_q8_k(&x, &mut b) };
-            assert_eq!(a, b);
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // The formats of `crate::formats::BLOCK_FORMATS` (Q2_K, Q3_K and IQ4_XS run their AVX2
 // kernels).

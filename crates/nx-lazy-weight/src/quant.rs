@@ -117,10 +117,16 @@ pub(crate) fn quantize_q8_k_unchecked(x: &[f32], out: &mut [u8]) {
         // SAFETY: the CPU has the AVX-512 VNNI tier's features (checked).
         return unsafe { crate::avx512::quantize_q8_k(x, out) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if matches!(crate::active_tier(), Ok(crate::CpuTier::Avx2)) && crate::avx2::available() {
+        // SAFETY: the CPU has the AVX2 tier's features (checked).
+        return unsafe { crate::avx2::quantize_q8_k(x, out) };
+    }
     quantize_q8_k_scalar(x, out)
 }
 
-/// The portable Q8_K quantizer (the reference for [`crate::avx512::quantize_q8_k`]).
+/// The portable Q8_K quantizer (the reference for [`crate::avx512::quantize_q8_k`] and
+/// [`crate::avx2::quantize_q8_k`]).
 pub fn quantize_q8_k_scalar(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q8_K_BYTES)) {
         q8_k::quantize_block(xb, ob);
@@ -146,6 +152,59 @@ mod tests {
                 .map(|l| out[q8_k::QS + 16 * j + l] as i8 as i32)
                 .sum();
             assert_eq!(read_i16(&out, q8_k::BSUMS + 2 * j) as i32, sum);
+        }
+    }
+
+    /// The SIMD Q8_K quantizers (those this CPU runs) against the scalar one, byte for
+    /// byte: random rows of several spreads, rows with ties of opposite sign for the
+    /// largest magnitude, zero blocks, a single non-zero value, an infinity and a NaN.
+    #[test]
+    fn simd_q8_k_quantizers_match_scalar() {
+        let mut seed = 11u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        let mut rows: Vec<Vec<f32>> = Vec::new();
+        for spread in [1e-3f32, 1.0, 50.0, 3e4] {
+            rows.push((0..1024).map(|_| next() * spread).collect());
+        }
+        let mut ties: Vec<f32> = (0..512).map(|_| next()).collect();
+        ties[7] = 2.0;
+        ties[100] = -2.0;
+        ties[256 + 200] = -3.0;
+        ties[256 + 201] = 3.0;
+        rows.push(ties);
+        let mut sparse = vec![0.0f32; 768];
+        sparse[300] = -0.25;
+        rows.push(sparse);
+        let mut odd: Vec<f32> = (0..512).map(|_| next()).collect();
+        odd[17] = f32::NEG_INFINITY;
+        odd[256 + 3] = f32::NAN;
+        rows.push(odd);
+        #[allow(unused_mut)]
+        let mut quantizers: Vec<(&str, unsafe fn(&[f32], &mut [u8]))> = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::avx2::available() {
+                quantizers.push(("avx2", crate::avx2::quantize_q8_k));
+            }
+            if crate::avx512::available() {
+                quantizers.push(("avx512", crate::avx512::quantize_q8_k));
+            }
+        }
+        for (name, quantize) in quantizers {
+            for x in &rows {
+                let n = x.len() / QK_K * Q8_K_BYTES;
+                let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+                quantize_q8_k_scalar(x, &mut a);
+                // SAFETY: the CPU has the quantizer's features (checked above); b holds
+                // the blocks.
+                unsafe { quantize(x, &mut b) };
+                assert_eq!(a, b, "{name}");
+            }
         }
     }
 
