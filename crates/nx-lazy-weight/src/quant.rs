@@ -184,8 +184,9 @@ mod tests {
         odd[17] = f32::NEG_INFINITY;
         odd[256 + 3] = f32::NAN;
         rows.push(odd);
+        type Quantizer = unsafe fn(&[f32], &mut [u8]);
         #[allow(unused_mut)]
-        let mut quantizers: Vec<(&str, unsafe fn(&[f32], &mut [u8]))> = Vec::new();
+        let mut quantizers: Vec<(&str, Quantizer)> = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
             if crate::avx2::available() {
