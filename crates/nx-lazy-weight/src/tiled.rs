@@ -1834,6 +1834,24 @@ unsafe fn q2_k_tile<const R: usize, const MINS: bool>(
     }
 }
 
+/// Each row's eight lanes started at its corrections (dwords at `corr_at`), which take
+/// the activations' `+ 128` back off: the start of [`scaled_lanes`] and
+/// [`scaled_lanes_paired`].
+///
+/// # Safety
+/// `wbs[r]` points at whole unpacked super-blocks; only inlined into functions enabling
+/// AVX-512 F.
+#[inline(always)]
+unsafe fn corrected_lanes<const R: usize>(
+    wbs: &[*const u8; R],
+    corr_at: usize,
+) -> [[__m512i; 8]; R] {
+    // SAFETY: the caller's contract.
+    std::array::from_fn(|r| {
+        std::array::from_fn(|l| unsafe { splat_i32(wbs[r].add(corr_at + 4 * l)) })
+    })
+}
+
 /// The eight integer lanes of `R` unpacked K super-blocks (`wbs`) against one tile
 /// super-block (`xt`): each row's lane corrections (dwords at `corr_at`) plus
 /// `Σ_g sc·quad(g, l)`, the quads `Σ (x+128)·q` by `vpdpbusd` and the scales (`(sc, 0)`
@@ -1852,9 +1870,7 @@ unsafe fn scaled_lanes<const R: usize>(
 ) -> [[__m512i; 8]; R] {
     let zero = _mm512_setzero_si512();
     // SAFETY (every load below): the caller's contract.
-    let mut lanes: [[__m512i; 8]; R] = std::array::from_fn(|r| {
-        std::array::from_fn(|l| unsafe { splat_i32(wbs[r].add(corr_at + 4 * l)) })
-    });
+    let mut lanes = unsafe { corrected_lanes(wbs, corr_at) };
     for g in 0..8 {
         // SAFETY: as above.
         let xl: [__m512i; 8] = std::array::from_fn(|l| unsafe {
@@ -1896,9 +1912,7 @@ unsafe fn scaled_lanes_paired<const R: usize>(
 ) -> [[__m512i; 8]; R] {
     let zero = _mm512_setzero_si512();
     // SAFETY (every load below): the caller's contract.
-    let mut lanes: [[__m512i; 8]; R] = std::array::from_fn(|r| {
-        std::array::from_fn(|l| unsafe { splat_i32(wbs[r].add(corr_at + 4 * l)) })
-    });
+    let mut lanes = unsafe { corrected_lanes(wbs, corr_at) };
     for g in (0..8).step_by(2) {
         // SAFETY: as above.
         let sc: [__m512i; R] = std::array::from_fn(|r| unsafe {
