@@ -1,5 +1,5 @@
 //! Criterion benchmarks of one-token GEMV (`y[r] = dot(W row r, x)`) per weight type and
-//! per CPU tier this machine supports, reported as GB/s of weight bytes read.
+//! per CPU tier this machine supports (and the four-row kernels where a tier has one), reported as GB/s of weight bytes read.
 //!
 //! Shapes are Gemma 3 270M's: n_embd 640, n_ff 2048, vocabulary 262144 (the tied LM
 //! head is Q8_0 [640, 262144], 178 MB). Weights come from the real quantizer; the LM
@@ -13,7 +13,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use nx_benches::{grid_weights, values, weights};
 use nx_lazy_weight::{
-    dot_kernel_for, quantize_row, row_bytes, supported_tiers, vec_dot_type, GgmlType,
+    dot_kernel_for, dot_kernel_rows4_for, quantize_row, row_bytes, supported_tiers, vec_dot_type,
+    GgmlType,
 };
 
 fn bench_gemv(c: &mut Criterion) {
@@ -73,6 +74,23 @@ fn bench_gemv(c: &mut Criterion) {
                     black_box(&y);
                 })
             });
+            // The four-row kernel (each activation block prepared once for four rows).
+            let Some(rows4) = dot_kernel_rows4_for(tier, ty) else {
+                continue;
+            };
+            group.bench_function(
+                BenchmarkId::from_parameter(format!("{}-rows4", tier.name())),
+                |b| {
+                    b.iter(|| {
+                        for (out, rows) in y.chunks_exact_mut(4).zip(w.chunks_exact(4 * rb)) {
+                            let r: [&[u8]; 4] =
+                                std::array::from_fn(|i| &rows[i * rb..(i + 1) * rb]);
+                            out.copy_from_slice(&rows4(r, black_box(&xq)));
+                        }
+                        black_box(&y);
+                    })
+                },
+            );
         }
         group.finish();
     }

@@ -209,178 +209,276 @@ unsafe fn q8_0_impl(w: &[u8], x: &[u8]) -> f32 {
     })
 }
 
-/// Q4_K × Q8_K: per 32-byte chunk of `qs`, both nibble halves side by side in one
-/// 512-bit register against 64 contiguous activation quants.
+/// Whole super-blocks shared by `R` weight rows of `bytes` bytes a block and an
+/// activation row of Q8_K blocks.
+fn k_rows_blocks<const R: usize>(w: &[&[u8]; R], x: &[u8], bytes: usize) -> usize {
+    w.iter()
+        .map(|wr| wr.len() / bytes)
+        .fold(x.len() / Q8_K_BYTES, usize::min)
+}
+
+/// Q4_K × Q8_K for `R` weight rows and one token: per 32-byte chunk of `qs`, both nibble
+/// halves side by side in one 512-bit register against 64 contiguous activation quants.
+/// The activation block is loaded once for the `R` rows; each row keeps the one-row
+/// kernel's own chains (eight `d·lanes` FMA lanes, four min lanes), so row `r`'s result
+/// has the bits of the one-row kernel on `(w[r], x)`, and `R` independent chains and
+/// weight streams run side by side.
+///
+/// # Safety
+/// The CPU has the features of this module; every row holds `n_blocks` super-blocks and
+/// `x` as many Q8_K blocks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) -> [f32; R] {
+    const B: usize = Q4_K_BYTES;
+    let low4 = _mm512_set1_epi8(0x0F);
+    // Lower half keeps the low nibbles, upper half is shifted down to the high ones.
+    let nibble_shift = halves_epi16(0, 4);
+    // Chunk c's sub-blocks 2c (lower half) and 2c + 1 (upper half).
+    let scale_index: [__m512i; 4] =
+        std::array::from_fn(|c| halves_epi16(2 * c as i16, 2 * c as i16 + 1));
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc_min = [_mm_setzero_ps(); R];
+    for b in 0..n_blocks {
+        let xb = &x[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
+        // SAFETY: x quants 4+64c..68+64c of 292.
+        let xq: [__m512i; 4] = [0, 1, 2, 3].map(|c| unsafe { load64(xb, q8_k::QS + 64 * c) });
+        let dx = f32_splat(xb, 0);
+        let minus_dx = _mm_set1_ps(-read_f32(xb, 0));
+        for r in 0..R {
+            let wb = &w[r][b * B..(b + 1) * B];
+            crate::avx2::prefetch_block(w[r], b * B, B, R);
+            let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
+            // −d_x·dmin_w, as the scalar twin forms it.
+            let neg_dmin = _mm_mul_ps(minus_dx, _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN)));
+            let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
+            // SAFETY: xb is a whole Q8_K block.
+            let min_lanes = unsafe { k4_min_lanes(xb, mn) };
+            acc_min[r] = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(min_lanes), acc_min[r]);
+            let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+            let mut sumi = _mm512_setzero_si512();
+            for chunk in 0..4 {
+                // SAFETY: qs chunk is bytes 16+32c..48+32c of 144.
+                let qs = unsafe { load32(wb, q4_k::QS + 32 * chunk) };
+                let q = _mm512_and_si512(
+                    _mm512_srlv_epi16(_mm512_broadcast_i64x4(qs), nibble_shift),
+                    low4,
+                );
+                let scale = _mm512_permutexvar_epi16(scale_index[chunk], scales);
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q, xq[chunk]), scale);
+            }
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold_halves(sumi)), acc[r]);
+        }
+    }
+    std::array::from_fn(|r| hsum_ps(acc[r]) + hsum4_ps(acc_min[r]))
+}
+
+/// Q4_K × Q8_K, one row (see [`q4_k_rows`]).
 ///
 /// # Safety
 /// The CPU has the features of this module.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_k_impl(w: &[u8], x: &[u8]) -> f32 {
-    let low4 = _mm512_set1_epi8(0x0F);
-    // Lower half keeps the low nibbles, upper half is shifted down to the high ones.
-    let nibble_shift = halves_epi16(0, 4);
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_min = _mm_setzero_ps();
-    for (b, (wb, xb)) in w
-        .chunks_exact(Q4_K_BYTES)
-        .zip(x.chunks_exact(Q8_K_BYTES))
-        .enumerate()
-    {
-        prefetch_ahead(w, b * Q4_K_BYTES);
-        let dx = f32_splat(xb, 0);
-        let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
-        // −d_x·dmin_w, as the scalar twin forms it.
-        let neg_dmin = _mm_mul_ps(
-            _mm_set1_ps(-read_f32(xb, 0)),
-            _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN)),
-        );
-        let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
-        // SAFETY: xb is a whole Q8_K block.
-        let min_lanes = unsafe { k4_min_lanes(xb, mn) };
-        acc_min = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(min_lanes), acc_min);
-        let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-        let mut sumi = _mm512_setzero_si512();
-        for chunk in 0..4 {
-            // SAFETY: qs chunk is bytes 16+32c..48+32c of 144; x quants 4+64c..68+64c of 292.
-            let (qs, xq) = unsafe {
-                (
-                    load32(wb, q4_k::QS + 32 * chunk),
-                    load64(xb, q8_k::QS + 64 * chunk),
-                )
-            };
-            let q = _mm512_and_si512(
-                _mm512_srlv_epi16(_mm512_broadcast_i64x4(qs), nibble_shift),
-                low4,
-            );
-            let j = 2 * chunk as i16;
-            let scale = _mm512_permutexvar_epi16(halves_epi16(j, j + 1), scales);
-            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q, xq), scale);
-        }
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold_halves(sumi)), acc);
-    }
-    hsum_ps(acc) + hsum4_ps(acc_min)
+    let n_blocks = k_rows_blocks(&[w], x, Q4_K_BYTES);
+    // SAFETY: the same features; whole blocks.
+    let [sum] = unsafe { q4_k_rows([w], x, n_blocks) };
+    sum
 }
 
-/// Q5_K × Q8_K: Q4_K plus the fifth bits, added under a byte mask tested from `qh`.
+/// Q4_K × Q8_K for four weight rows and one token (see [`q4_k_rows`]).
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+    let n_blocks = k_rows_blocks(&w, x, Q4_K_BYTES);
+    // SAFETY: the same features; whole blocks of every row.
+    unsafe { q4_k_rows(w, x, n_blocks) }
+}
+
+/// Q5_K × Q8_K for `R` weight rows and one token: Q4_K plus the fifth bits, added under a
+/// byte mask tested from `qh`. The activation block is loaded once for the `R` rows; each
+/// row keeps the one-row kernel's chains (as [`q4_k_rows`]).
+///
+/// # Safety
+/// The CPU has the features of this module; every row holds `n_blocks` super-blocks and
+/// `x` as many Q8_K blocks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q5_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) -> [f32; R] {
+    const B: usize = Q5_K_BYTES;
+    let low4 = _mm512_set1_epi8(0x0F);
+    let sixteens = _mm512_set1_epi8(16);
+    let nibble_shift = halves_epi16(0, 4);
+    let scale_index: [__m512i; 4] =
+        std::array::from_fn(|c| halves_epi16(2 * c as i16, 2 * c as i16 + 1));
+    // Sub-block 2c (lower half) takes bit 2c of each qh byte, 2c+1 the next.
+    let qh_bit: [__m512i; 4] = std::array::from_fn(|c| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set1_epi8(1 << (2 * c))),
+            _mm256_set1_epi8(1 << (2 * c + 1)),
+        )
+    });
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut summs = [0.0f32; R];
+    for b in 0..n_blocks {
+        let xb = &x[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
+        // SAFETY: x quants 4+64c..68+64c of 292.
+        let xq: [__m512i; 4] = [0, 1, 2, 3].map(|c| unsafe { load64(xb, q8_k::QS + 64 * c) });
+        let dx = f32_splat(xb, 0);
+        let minus_dx = _mm_set1_ps(-read_f32(xb, 0));
+        for r in 0..R {
+            let wb = &w[r][b * B..(b + 1) * B];
+            crate::avx2::prefetch_block(w[r], b * B, B, R);
+            let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
+            // −d_x·dmin_w, as the scalar twin forms it.
+            let neg_dmin = _mm_mul_ps(minus_dx, _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN)));
+            let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
+            // SAFETY: xb is a whole Q8_K block.
+            let min_lanes = unsafe { k4_min_lanes(xb, mn) };
+            // One running f32 for the min terms, as the scalar twin (and ggml's AVX2 kernel).
+            let sumi_min = hsum_epi32(min_lanes);
+            summs[r] = _mm_cvtss_f32(neg_dmin).mul_add(sumi_min as f32, summs[r]);
+            let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+            // SAFETY: qh is bytes 16..48 of 176.
+            let qh = _mm512_broadcast_i64x4(unsafe { load32(wb, q4_k::Q5_QH) });
+            let mut sumi = _mm512_setzero_si512();
+            for chunk in 0..4 {
+                // SAFETY: qs chunk is bytes 48+32c..80+32c of 176.
+                let qs = unsafe { load32(wb, q4_k::Q5_QS + 32 * chunk) };
+                let q4 = _mm512_and_si512(
+                    _mm512_srlv_epi16(_mm512_broadcast_i64x4(qs), nibble_shift),
+                    low4,
+                );
+                let high = _mm512_test_epi8_mask(qh, qh_bit[chunk]);
+                let q = _mm512_mask_add_epi8(q4, high, q4, sixteens);
+                let scale = _mm512_permutexvar_epi16(scale_index[chunk], scales);
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q, xq[chunk]), scale);
+            }
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold_halves(sumi)), acc[r]);
+        }
+    }
+    std::array::from_fn(|r| hsum_ps(acc[r]) + summs[r])
+}
+
+/// Q5_K × Q8_K, one row (see [`q5_k_rows`]).
 ///
 /// # Safety
 /// The CPU has the features of this module.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
-    let low4 = _mm512_set1_epi8(0x0F);
-    let sixteens = _mm512_set1_epi8(16);
-    let nibble_shift = halves_epi16(0, 4);
-    let mut acc = _mm256_setzero_ps();
-    let mut summs = 0.0f32;
-    for (b, (wb, xb)) in w
-        .chunks_exact(Q5_K_BYTES)
-        .zip(x.chunks_exact(Q8_K_BYTES))
-        .enumerate()
-    {
-        prefetch_ahead(w, b * Q5_K_BYTES);
-        let dx = f32_splat(xb, 0);
-        let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
-        // −d_x·dmin_w, as the scalar twin forms it.
-        let neg_dmin = _mm_mul_ps(
-            _mm_set1_ps(-read_f32(xb, 0)),
-            _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN)),
-        );
-        let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
-        // SAFETY: xb is a whole Q8_K block.
-        let min_lanes = unsafe { k4_min_lanes(xb, mn) };
-        // One running f32 for the min terms, as the scalar twin (and ggml's AVX2 kernel).
-        let sumi_min = hsum_epi32(min_lanes);
-        summs = _mm_cvtss_f32(neg_dmin).mul_add(sumi_min as f32, summs);
-        let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-        // SAFETY: qh is bytes 16..48 of 176.
-        let qh = _mm512_broadcast_i64x4(unsafe { load32(wb, q4_k::Q5_QH) });
-        let mut sumi = _mm512_setzero_si512();
-        for chunk in 0..4 {
-            // SAFETY: qs chunk is bytes 48+32c..80+32c of 176; x quants as in Q4_K.
-            let (qs, xq) = unsafe {
-                (
-                    load32(wb, q4_k::Q5_QS + 32 * chunk),
-                    load64(xb, q8_k::QS + 64 * chunk),
-                )
-            };
-            let q4 = _mm512_and_si512(
-                _mm512_srlv_epi16(_mm512_broadcast_i64x4(qs), nibble_shift),
-                low4,
-            );
-            // Sub-block 2c (lower half) takes bit 2c of each qh byte, 2c+1 the next.
-            let bit = _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(_mm256_set1_epi8(1 << (2 * chunk))),
-                _mm256_set1_epi8(1 << (2 * chunk + 1)),
-            );
-            let high = _mm512_test_epi8_mask(qh, bit);
-            let q = _mm512_mask_add_epi8(q4, high, q4, sixteens);
-            let j = 2 * chunk as i16;
-            let scale = _mm512_permutexvar_epi16(halves_epi16(j, j + 1), scales);
-            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q, xq), scale);
-        }
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold_halves(sumi)), acc);
-    }
-    hsum_ps(acc) + summs
+    let n_blocks = k_rows_blocks(&[w], x, Q5_K_BYTES);
+    // SAFETY: the same features; whole blocks.
+    let [sum] = unsafe { q5_k_rows([w], x, n_blocks) };
+    sum
 }
 
-/// Q6_K × Q8_K: per half super-block, 64 `ql` bytes in one register give two sets of
-/// 64 quants (low nibbles, high nibbles), each completed by two bits of `qh`.
+/// Q5_K × Q8_K for four weight rows and one token (see [`q5_k_rows`]).
 ///
 /// # Safety
 /// The CPU has the features of this module.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
+unsafe fn q5_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+    let n_blocks = k_rows_blocks(&w, x, Q5_K_BYTES);
+    // SAFETY: the same features; whole blocks of every row.
+    unsafe { q5_k_rows(w, x, n_blocks) }
+}
+
+/// Q6_K × Q8_K for `R` weight rows and one token: per half super-block, 64 `ql` bytes in
+/// one register give two sets of 64 quants (low nibbles, high nibbles), each completed by
+/// two bits of `qh`. The activation block is loaded once for the `R` rows; each row keeps
+/// the one-row kernel's chain (as [`q4_k_rows`]).
+///
+/// # Safety
+/// The CPU has the features of this module; every row holds `n_blocks` super-blocks and
+/// `x` as many Q8_K blocks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) -> [f32; R] {
+    const B: usize = Q6_K_BYTES;
     let low4 = _mm512_set1_epi8(0x0F);
     let bits45 = _mm512_set1_epi8(0x30);
     // Quants 0..32 / 32..64 of a half take qh bits 0,1 / 2,3 (shift left 4 / 2 to
     // bits 4,5); quants 64..96 / 96..128 take bits 4,5 / 6,7 (shift right 0 / 2).
     let shift_first = halves_epi16(4, 2);
     let shift_second = halves_epi16(0, 2);
-    let mut acc = _mm256_setzero_ps();
-    for (b, (wb, xb)) in w
-        .chunks_exact(Q6_K_BYTES)
-        .zip(x.chunks_exact(Q8_K_BYTES))
-        .enumerate()
-    {
-        prefetch_ahead(w, b * Q6_K_BYTES);
-        let d = _mm256_mul_ps(f32_splat(xb, 0), f16_splat(wb, q6_k::D));
-        // SAFETY: scales are bytes 192..208 of 210; bsums 260..292 of 292.
-        let (sc8, bsums) = unsafe { (load16(wb, q6_k::SCALES), load32(xb, q8_k::BSUMS)) };
-        let sc16 = _mm256_cvtepi8_epi16(sc8);
-        let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
-        let scales = _mm512_castsi256_si512(sc16);
-        let mut sumi = _mm512_setzero_si512();
-        for half in 0..2 {
-            // SAFETY: ql half is bytes 64h..64h+64 and qh half 128+32h..160+32h of 210;
-            // x quants 4+128h..132+128h of 292.
-            let (ql, qh, x_first, x_second) = unsafe {
-                (
-                    load64(wb, q6_k::QL + 64 * half),
-                    _mm512_broadcast_i64x4(load32(wb, q6_k::QH + 32 * half)),
-                    load64(xb, q8_k::QS + 128 * half),
-                    load64(xb, q8_k::QS + 128 * half + 64),
-                )
-            };
-            let q_first = _mm512_or_si512(
-                _mm512_and_si512(ql, low4),
-                _mm512_and_si512(_mm512_sllv_epi16(qh, shift_first), bits45),
-            );
-            let q_second = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4),
-                _mm512_and_si512(_mm512_srlv_epi16(qh, shift_second), bits45),
-            );
-            // Each 128-bit quarter (16 quants) has its own scale: 8h + 0..4, 8h + 4..8.
-            let base = 8 * half as i16;
-            let scale_first = _mm512_permutexvar_epi16(quarters_epi16(base), scales);
-            let scale_second = _mm512_permutexvar_epi16(quarters_epi16(base + 4), scales);
-            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q_first, x_first), scale_first);
-            sumi =
-                _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q_second, x_second), scale_second);
+    // Each 128-bit quarter (16 quants) has its own scale: 8h + 0..4, 8h + 4..8.
+    let scale_index: [__m512i; 4] = std::array::from_fn(|i| quarters_epi16(4 * i as i16));
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..n_blocks {
+        let xb = &x[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
+        // SAFETY: x quants are bytes 4..260 of 292 (64 at 4 + 64i); bsums 260..292.
+        let (xq, bsums) = unsafe {
+            (
+                [0, 1, 2, 3].map(|i| load64(xb, q8_k::QS + 64 * i)),
+                load32(xb, q8_k::BSUMS),
+            )
+        };
+        let dx = f32_splat(xb, 0);
+        for r in 0..R {
+            let wb = &w[r][b * B..(b + 1) * B];
+            crate::avx2::prefetch_block(w[r], b * B, B, R);
+            let d = _mm256_mul_ps(dx, f16_splat(wb, q6_k::D));
+            // SAFETY: scales are bytes 192..208 of 210.
+            let sc16 = _mm256_cvtepi8_epi16(unsafe { load16(wb, q6_k::SCALES) });
+            let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
+            let scales = _mm512_castsi256_si512(sc16);
+            let mut sumi = _mm512_setzero_si512();
+            for half in 0..2 {
+                // SAFETY: ql half is bytes 64h..64h+64 and qh half 128+32h..160+32h of 210.
+                let (ql, qh) = unsafe {
+                    (
+                        load64(wb, q6_k::QL + 64 * half),
+                        _mm512_broadcast_i64x4(load32(wb, q6_k::QH + 32 * half)),
+                    )
+                };
+                let q_first = _mm512_or_si512(
+                    _mm512_and_si512(ql, low4),
+                    _mm512_and_si512(_mm512_sllv_epi16(qh, shift_first), bits45),
+                );
+                let q_second = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4),
+                    _mm512_and_si512(_mm512_srlv_epi16(qh, shift_second), bits45),
+                );
+                let scale_first = _mm512_permutexvar_epi16(scale_index[2 * half], scales);
+                let scale_second = _mm512_permutexvar_epi16(scale_index[2 * half + 1], scales);
+                let (x_first, x_second) = (xq[2 * half], xq[2 * half + 1]);
+                sumi =
+                    _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q_first, x_first), scale_first);
+                sumi = _mm512_dpwssd_epi32(
+                    sumi,
+                    _mm512_maddubs_epi16(q_second, x_second),
+                    scale_second,
+                );
+            }
+            let lanes = _mm256_sub_epi32(fold_halves(sumi), offset);
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[r]);
         }
-        let lanes = _mm256_sub_epi32(fold_halves(sumi), offset);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
     }
-    hsum_ps(acc)
+    std::array::from_fn(|r| hsum_ps(acc[r]))
+}
+
+/// Q6_K × Q8_K, one row (see [`q6_k_rows`]).
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
+    let n_blocks = k_rows_blocks(&[w], x, Q6_K_BYTES);
+    // SAFETY: the same features; whole blocks.
+    let [sum] = unsafe { q6_k_rows([w], x, n_blocks) };
+    sum
+}
+
+/// Q6_K × Q8_K for four weight rows and one token (see [`q6_k_rows`]).
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+    let n_blocks = k_rows_blocks(&w, x, Q6_K_BYTES);
+    // SAFETY: the same features; whole blocks of every row.
+    unsafe { q6_k_rows(w, x, n_blocks) }
 }
 
 /// The AVX-512 VNNI four-token kernel of a weight type (see
@@ -442,6 +540,9 @@ pub(crate) fn kernel_rows4(weight_type: GgmlType) -> Option<DotKernelRows4> {
         GgmlType::IQ4_NL => dot_rows4_iq4_nl_q8_0,
         GgmlType::IQ4_XS => dot_rows4_iq4_xs_q8_k,
         GgmlType::MXFP4 => dot_rows4_mxfp4_q8_0,
+        GgmlType::Q4_K => dot_rows4_q4_k_q8_k,
+        GgmlType::Q5_K => dot_rows4_q5_k_q8_k,
+        GgmlType::Q6_K => dot_rows4_q6_k_q8_k,
         _ => return None,
     };
     Some(k)
@@ -468,6 +569,9 @@ checked_entry_rows4! {
     dot_rows4_iq4_nl_q8_0 => iq4_nl_rows4_impl,
     dot_rows4_iq4_xs_q8_k => iq4_xs_rows4_impl,
     dot_rows4_mxfp4_q8_0 => mxfp4_rows4_impl,
+    dot_rows4_q4_k_q8_k => q4_k_rows4_impl,
+    dot_rows4_q5_k_q8_k => q5_k_rows4_impl,
+    dot_rows4_q6_k_q8_k => q6_k_rows4_impl,
 }
 
 /// Runs a per-block expression over the whole blocks of four weight rows `$w` and one
@@ -494,8 +598,8 @@ macro_rules! lanes8_rows4 {
             let dx = f16_splat512($xb, 0);
             for (p, acc) in acc.iter_mut().enumerate() {
                 let block = b * $wbytes..(b + 1) * $wbytes;
-                prefetch_ahead(w[2 * p], block.start);
-                prefetch_ahead(w[2 * p + 1], block.start);
+                crate::avx2::prefetch_block(w[2 * p], block.start, $wbytes, 4);
+                crate::avx2::prefetch_block(w[2 * p + 1], block.start, $wbytes, 4);
                 let $lo = &w[2 * p][block.clone()];
                 let $hi = &w[2 * p + 1][block];
                 let sumi: __m512i = $pair;
@@ -988,7 +1092,7 @@ macro_rules! offset32_kernels {
             let mut summs = 0.0f32;
             let blocks = w.chunks_exact($bytes).zip(x.chunks_exact(q8_1::BYTES));
             for (b, (wb, xb)) in blocks.enumerate() {
-                prefetch_ahead(w, b * $bytes);
+                crate::avx2::prefetch_block(w, b * $bytes, $bytes, 1);
                 // SAFETY: whole blocks of both rows (chunks_exact).
                 unsafe {
                     let q = $levels(wb);
@@ -1072,7 +1176,7 @@ macro_rules! offset32_rows4 {
                 // SAFETY: x quants are bytes 4..36 of 36.
                 let xq = unsafe { load32(xb, q8_1::QS) };
                 for r in 0..4 {
-                    prefetch_ahead(w[r], b * $bytes);
+                    crate::avx2::prefetch_block(w[r], b * $bytes, $bytes, 4);
                     let wb = &w[r][b * $bytes..(b + 1) * $bytes];
                     // SAFETY: whole blocks of every row.
                     let q = unsafe { $levels(wb) };
@@ -1225,7 +1329,7 @@ unsafe fn table_pairs<const R: usize, const MX: bool>(
         let corr = _mm512_dpbusd_epi32(zero, minus128, xq);
         let (dx0, dx1) = (f16_scalar(x0, 0), f16_scalar(x1, 0));
         for r in 0..R {
-            prefetch_ahead(w[r], ib * b);
+            crate::avx2::prefetch_block(w[r], ib * b, b, R);
             let (w0, w1) = (
                 &w[r][ib * b..(ib + 1) * b],
                 &w[r][(ib + 1) * b..(ib + 2) * b],
@@ -1327,7 +1431,7 @@ unsafe fn iq4_xs_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) 
         let dx = f32_splat(xb, 0);
         for r in 0..R {
             let wb = &w[r][b * B..(b + 1) * B];
-            prefetch_ahead(w[r], b * B);
+            crate::avx2::prefetch_block(w[r], b * B, B, R);
             // SAFETY: a whole super-block; the features of this function.
             let scales = _mm512_castsi256_si512(unsafe { crate::avx2::iq4_xs_scales(wb) });
             let mut sumi = zero;

@@ -628,7 +628,7 @@ pub struct Tuned {
 /// key.
 ///
 /// 2: Q6_K tiles without per-quad corrections, Q4_K / Q5_K tiles pairing groups.
-pub const KERNELS_REVISION: u32 = 2;
+pub const KERNELS_REVISION: u32 = 3;
 
 /// Most weight bytes a decode candidate streams per pass: enough to leave the caches
 /// on most CPUs for the large matrices, bounded so tuning stays short.

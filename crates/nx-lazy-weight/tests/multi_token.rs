@@ -160,6 +160,9 @@ fn four_row_kernel_equals_single_token_kernel_bit_for_bit() {
                 GgmlType::IQ4_NL,
                 GgmlType::IQ4_XS,
                 GgmlType::MXFP4,
+                GgmlType::Q4_K,
+                GgmlType::Q5_K,
+                GgmlType::Q6_K,
             ] {
                 assert!(dot_kernel_rows4_for(tier, ty).is_some(), "{tier} {ty}");
             }
