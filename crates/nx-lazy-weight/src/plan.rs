@@ -628,6 +628,7 @@ pub struct Tuned {
 /// key.
 ///
 /// 2: Q6_K tiles without per-quad corrections, Q4_K / Q5_K tiles pairing groups.
+/// 3: the decode prefetch rule (`avx2::prefetch_block`), four-row Q4_K / Q5_K / Q6_K.
 pub const KERNELS_REVISION: u32 = 3;
 
 /// Most weight bytes a decode candidate streams per pass: enough to leave the caches
