@@ -1335,6 +1335,12 @@ mod tests {
             Some("Intel(R) Xeon(R) Processor")
         );
         assert_eq!(cpu_model_from("processor: 0\n"), None);
+        let amd = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n\
+                   model name\t: AMD EPYC\nstepping\t: 1\n";
+        assert_eq!(
+            cpu_model_from(amd).as_deref(),
+            Some("AMD EPYC (family 25, model 17)")
+        );
     }
 
     #[test]

@@ -143,21 +143,33 @@ pub fn request_amx_tile_data() -> bool {
     }
 }
 
-/// The CPU's model name (the first `model name` of /proc/cpuinfo), for reports and cache
-/// keys; `None` where the system does not say.
+/// The CPU's model name (the first `model name` of /proc/cpuinfo, with its `cpu family`
+/// and `model` numbers where it has them), for reports and cache keys; `None` where the
+/// system does not say.
 pub fn cpu_model() -> Option<String> {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|text| cpu_model_from(&text))
 }
 
-/// The first `model name` value of a `/proc/cpuinfo` text.
+/// The first `model name` value of a `/proc/cpuinfo` text, followed by
+/// `(family F, model M)` when the text gives the x86 family and model numbers: virtual
+/// machines often report only "AMD EPYC" or "Intel Xeon Processor", which names neither
+/// the generation (Zen 4 and Zen 5 differ in their AVX-512 width) nor a fair key for a
+/// tuned kernel plan.
 pub fn cpu_model_from(cpuinfo: &str) -> Option<String> {
-    cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_string())
+    let field = |key: &str| {
+        cpuinfo
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.trim() == key)
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let name = field("model name")?;
+    Some(match (field("cpu family"), field("model")) {
+        (Some(family), Some(model)) => format!("{name} (family {family}, model {model})"),
+        _ => name,
+    })
 }
 
 #[cfg(test)]
