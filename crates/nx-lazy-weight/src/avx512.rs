@@ -217,6 +217,58 @@ fn k_rows_blocks<const R: usize>(w: &[&[u8]; R], x: &[u8], bytes: usize) -> usiz
         .fold(x.len() / Q8_K_BYTES, usize::min)
 }
 
+/// The per-super-block terms of Q4_K and Q5_K: `d_w·d_x` (eight lanes), `−d_x·dmin_w`
+/// (four lanes, as the scalar twin forms it), the eight 6-bit scales packed in a `u64`,
+/// and the four min lanes.
+///
+/// # Safety
+/// The CPU has the features of this module; `wb` holds a whole Q4_K or Q5_K super-block
+/// (their headers are the same) and `xb` a whole Q8_K block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn k4_block_terms(
+    wb: &[u8],
+    xb: &[u8],
+    dx: __m256,
+    minus_dx: __m128,
+) -> (__m256, __m128, u64, __m128i) {
+    let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
+    let neg_dmin = _mm_mul_ps(minus_dx, _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN)));
+    let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
+    // SAFETY: xb is a whole Q8_K block (the caller's contract).
+    let min_lanes = unsafe { k4_min_lanes(xb, mn) };
+    (d, neg_dmin, sc, min_lanes)
+}
+
+/// The one-row and four-row entry points of a K format's `<const R>` row kernel
+/// (`$rows`, blocks of `$bytes`).
+macro_rules! k_row_entries {
+    ($one:ident, $four:ident, $rows:ident, $bytes:expr, $name:literal) => {
+        #[doc = concat!($name, " × Q8_K, one row (see [`", stringify!($rows), "`]).")]
+        ///
+        /// # Safety
+        /// The CPU has the features of this module.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $one(w: &[u8], x: &[u8]) -> f32 {
+            let n_blocks = k_rows_blocks(&[w], x, $bytes);
+            // SAFETY: the same features; whole blocks.
+            let [sum] = unsafe { $rows([w], x, n_blocks) };
+            sum
+        }
+
+        #[doc = concat!($name, " × Q8_K for four weight rows and one token (see [`", stringify!($rows), "`]).")]
+        ///
+        /// # Safety
+        /// The CPU has the features of this module.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $four(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+            let n_blocks = k_rows_blocks(&w, x, $bytes);
+            // SAFETY: the same features; whole blocks of every row.
+            unsafe { $rows(w, x, n_blocks) }
+        }
+    };
+}
+
 /// Q4_K × Q8_K for `R` weight rows and one token: per 32-byte chunk of `qs`, both nibble
 /// halves side by side in one 512-bit register against 64 contiguous activation quants.
 /// The activation block is loaded once for the `R` rows; each row keeps the one-row
@@ -248,12 +300,8 @@ unsafe fn q4_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
         for r in 0..R {
             let wb = &w[r][b * B..(b + 1) * B];
             crate::avx2::prefetch_block(w[r], b * B, B, R);
-            let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
-            // −d_x·dmin_w, as the scalar twin forms it.
-            let neg_dmin = _mm_mul_ps(minus_dx, _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN)));
-            let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
-            // SAFETY: xb is a whole Q8_K block.
-            let min_lanes = unsafe { k4_min_lanes(xb, mn) };
+            // SAFETY: wb is a whole super-block, xb a whole Q8_K block.
+            let (d, neg_dmin, sc, min_lanes) = unsafe { k4_block_terms(wb, xb, dx, minus_dx) };
             acc_min[r] = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(min_lanes), acc_min[r]);
             let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
             let mut sumi = _mm512_setzero_si512();
@@ -273,28 +321,7 @@ unsafe fn q4_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
     std::array::from_fn(|r| hsum_ps(acc[r]) + hsum4_ps(acc_min[r]))
 }
 
-/// Q4_K × Q8_K, one row (see [`q4_k_rows`]).
-///
-/// # Safety
-/// The CPU has the features of this module.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_k_impl(w: &[u8], x: &[u8]) -> f32 {
-    let n_blocks = k_rows_blocks(&[w], x, Q4_K_BYTES);
-    // SAFETY: the same features; whole blocks.
-    let [sum] = unsafe { q4_k_rows([w], x, n_blocks) };
-    sum
-}
-
-/// Q4_K × Q8_K for four weight rows and one token (see [`q4_k_rows`]).
-///
-/// # Safety
-/// The CPU has the features of this module.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
-    let n_blocks = k_rows_blocks(&w, x, Q4_K_BYTES);
-    // SAFETY: the same features; whole blocks of every row.
-    unsafe { q4_k_rows(w, x, n_blocks) }
-}
+k_row_entries!(q4_k_impl, q4_k_rows4_impl, q4_k_rows, Q4_K_BYTES, "Q4_K");
 
 /// Q5_K × Q8_K for `R` weight rows and one token: Q4_K plus the fifth bits, added under a
 /// byte mask tested from `qh`. The activation block is loaded once for the `R` rows; each
@@ -330,12 +357,8 @@ unsafe fn q5_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
         for r in 0..R {
             let wb = &w[r][b * B..(b + 1) * B];
             crate::avx2::prefetch_block(w[r], b * B, B, R);
-            let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
-            // −d_x·dmin_w, as the scalar twin forms it.
-            let neg_dmin = _mm_mul_ps(minus_dx, _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN)));
-            let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
-            // SAFETY: xb is a whole Q8_K block.
-            let min_lanes = unsafe { k4_min_lanes(xb, mn) };
+            // SAFETY: wb is a whole super-block, xb a whole Q8_K block.
+            let (d, neg_dmin, sc, min_lanes) = unsafe { k4_block_terms(wb, xb, dx, minus_dx) };
             // One running f32 for the min terms, as the scalar twin (and ggml's AVX2 kernel).
             let sumi_min = hsum_epi32(min_lanes);
             summs[r] = _mm_cvtss_f32(neg_dmin).mul_add(sumi_min as f32, summs[r]);
@@ -361,28 +384,7 @@ unsafe fn q5_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
     std::array::from_fn(|r| hsum_ps(acc[r]) + summs[r])
 }
 
-/// Q5_K × Q8_K, one row (see [`q5_k_rows`]).
-///
-/// # Safety
-/// The CPU has the features of this module.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
-    let n_blocks = k_rows_blocks(&[w], x, Q5_K_BYTES);
-    // SAFETY: the same features; whole blocks.
-    let [sum] = unsafe { q5_k_rows([w], x, n_blocks) };
-    sum
-}
-
-/// Q5_K × Q8_K for four weight rows and one token (see [`q5_k_rows`]).
-///
-/// # Safety
-/// The CPU has the features of this module.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q5_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
-    let n_blocks = k_rows_blocks(&w, x, Q5_K_BYTES);
-    // SAFETY: the same features; whole blocks of every row.
-    unsafe { q5_k_rows(w, x, n_blocks) }
-}
+k_row_entries!(q5_k_impl, q5_k_rows4_impl, q5_k_rows, Q5_K_BYTES, "Q5_K");
 
 /// Q6_K × Q8_K for `R` weight rows and one token: per half super-block, 64 `ql` bytes in
 /// one register give two sets of 64 quants (low nibbles, high nibbles), each completed by
@@ -458,28 +460,7 @@ unsafe fn q6_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
     std::array::from_fn(|r| hsum_ps(acc[r]))
 }
 
-/// Q6_K × Q8_K, one row (see [`q6_k_rows`]).
-///
-/// # Safety
-/// The CPU has the features of this module.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
-    let n_blocks = k_rows_blocks(&[w], x, Q6_K_BYTES);
-    // SAFETY: the same features; whole blocks.
-    let [sum] = unsafe { q6_k_rows([w], x, n_blocks) };
-    sum
-}
-
-/// Q6_K × Q8_K for four weight rows and one token (see [`q6_k_rows`]).
-///
-/// # Safety
-/// The CPU has the features of this module.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
-    let n_blocks = k_rows_blocks(&w, x, Q6_K_BYTES);
-    // SAFETY: the same features; whole blocks of every row.
-    unsafe { q6_k_rows(w, x, n_blocks) }
-}
+k_row_entries!(q6_k_impl, q6_k_rows4_impl, q6_k_rows, Q6_K_BYTES, "Q6_K");
 
 /// The AVX-512 VNNI four-token kernel of a weight type (see
 /// [`crate::dispatch::DotKernel4`]); `None` for types without one or when this CPU
