@@ -370,9 +370,16 @@ fn rows_per_chunk(n_cols: usize, row_work: usize, n_threads: usize) -> Option<us
     }
     // About eight chunks per thread balances uneven progress; the cap bounds a chunk's
     // cost for huge matrices (the LM head).
-    let balanced = n_cols.div_ceil(n_threads * 8);
-    let capped = balanced.min(MAX_CHUNK_WORK / row_work.max(1));
-    Some(capped.max(1).next_multiple_of(ROW_GRAIN))
+    let balanced = n_cols.div_ceil(n_threads * 8).next_multiple_of(ROW_GRAIN);
+    Some(balanced.min(bounded_chunk_rows(row_work)))
+}
+
+/// The most weight rows (a multiple of [`ROW_GRAIN`], at least one grain) whose work stays
+/// within [`MAX_CHUNK_WORK`]: the pool's cap, and the chunks one thread runs in turn.
+fn bounded_chunk_rows(row_work: usize) -> usize {
+    (MAX_CHUNK_WORK / row_work.max(1))
+        .max(1)
+        .next_multiple_of(ROW_GRAIN)
 }
 
 /// [`matmul_quantized`] with the weight rows split across `pool`'s threads in chunks
@@ -404,9 +411,7 @@ pub fn matmul_quantized_pool_with(
         // chunk's weight rows once per token group, so a whole prefill matrix as one chunk
         // would stream from memory again for every group (the Qwen2.5-1.5B shapes' pp512
         // on one thread: 34.6 t/s so, against 130 on two threads).
-        let serial = MAX_CHUNK_WORK
-            .div_ceil(row_work.max(1))
-            .next_multiple_of(ROW_GRAIN);
+        let serial = bounded_chunk_rows(row_work);
         for start in (0..n_cols).step_by(serial) {
             let rows = start..(start + serial).min(n_cols);
             // SAFETY: `y` holds exactly `[n, n_cols]` (checked), and the writes go to
