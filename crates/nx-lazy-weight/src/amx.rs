@@ -287,7 +287,7 @@ pub(crate) unsafe fn unpack_block(
     weight_type: GgmlType,
     w_rows: &[u8],
     row_bytes: usize,
-    out: &mut Vec<u8>,
+    out: &mut nx_syscalls::AlignedBytes,
 ) -> usize {
     let src = if weight_type == GgmlType::Q4_K {
         Q4_K_BYTES
@@ -296,7 +296,7 @@ pub(crate) unsafe fn unpack_block(
     };
     let n_sb = row_bytes / src;
     let lanes_len = n_sb * SB_LANE_BYTES;
-    out.resize(lanes_len + n_sb * ROWS * SCALAR_RECORD, 0);
+    out.resize(lanes_len + n_sb * ROWS * SCALAR_RECORD);
     let n_rows = (w_rows.len() / row_bytes).min(ROWS);
     // Unpacked rows overwrite every byte a kernel reads; only a last, partial block
     // needs zeros for its padding rows.

@@ -201,17 +201,18 @@ impl QuantizedActs {
         let (act_type, n, rb) = (self.act_type, self.n_rows, self.row_bytes);
         let amx = plan.wants(act_type, PrefillKernel::Amx);
         let tiles = amx || plan.wants(act_type, PrefillKernel::Tiles);
-        // Sixteen Q8_0 tokens take the narrow tiles below instead: as fast for one group,
-        // without unpacking the weight rows of a whole chunk first.
-        let wide =
-            n > crate::tiled::TILE || (n == crate::tiled::TILE && act_type != GgmlType::Q8_0);
-        if wide && tiles && crate::tiled::available() {
+        if n >= crate::tiled::TILE && tiles && crate::tiled::available() {
             self.tiles.build(act_type, &self.data, n, rb, amx, pool);
         } else {
             self.tiles.clear();
         }
         if act_type == GgmlType::Q8_0 && tiles && crate::tiled::available() {
-            let first = self.tiles.n_groups() * crate::tiled::TILE;
+            // Exactly one group of sixteen gets both layouts: Q8_0 weights take the
+            // narrow tiles, the rest the wide ones (`narrow::takes_group`).
+            let first = match n {
+                crate::tiled::TILE => 0,
+                _ => self.tiles.n_groups() * crate::tiled::TILE,
+            };
             self.narrow.build(&self.data, first, n, rb);
         } else {
             self.narrow.clear();
@@ -682,7 +683,12 @@ unsafe fn rows_into(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if kernels.tiled && xq.tiles.n_groups() > 0 {
+    let narrow_whole = kernels.tiled
+        && xq.narrow.first() == 0
+        && xq.narrow.n_tokens() == n
+        && crate::narrow::takes_group(w.ggml_type());
+    #[cfg(target_arch = "x86_64")]
+    if kernels.tiled && xq.tiles.n_groups() > 0 && !narrow_whole {
         // SAFETY: `kernels.tiled` means the CPU has the tiled kernels' features and the
         // type has one; the tiles were built from `xq`, which fits `w` (checked by the
         // caller). Writes go to `t·stride + r − col0` for `t < n`, `r ∈ rows`.

@@ -22,6 +22,7 @@
 use std::arch::x86_64::*;
 
 use nx_gguf::GgmlType;
+use nx_syscalls::AlignedBytes;
 
 use crate::block32_x86::{
     block_bytes as block_bytes_of, format_code, signed_quants, Q4_0, Q5_0, Q8_0,
@@ -55,7 +56,7 @@ struct Tile {
 /// `(l % (16 / T))·T + t`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct NarrowTiles {
-    data: Vec<u8>,
+    data: AlignedBytes,
     /// The tiles in token order (`n_tiles` of them hold tokens).
     tiles: [Tile; 2],
     n_tiles: usize,
@@ -104,7 +105,7 @@ impl NarrowTiles {
         for (i, &c) in counts.iter().enumerate().filter(|(_, &c)| c > 0) {
             let width = c.next_power_of_two().max(2);
             let at = self.data.len();
-            self.data.resize(at + n_blocks * block_bytes(width), 0);
+            self.data.resize(at + n_blocks * block_bytes(width));
             lay_out(&mut self.data[at..], rows, token, c, width, row_bytes);
             self.tiles[i] = Tile {
                 width,
@@ -159,6 +160,17 @@ pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
         weight_type,
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0
     )
+}
+
+/// Whether a single group of sixteen tokens goes through the narrow tiles (two passes
+/// of eight) rather than the wide ones for weights of `weight_type`. Q8_0 does: read
+/// straight from the file, its rows need no unpacking, and the wide tiles' unpacked copy
+/// costs a store and a load per block for one group's use (`benches/batched`, the
+/// Gemma 3 LM head at sixteen tokens, AMD EPYC family 25 model 17: 7.5 GiB/s narrow,
+/// 6.3 wide). Q5_0 and Q4_0 do not: two passes decode their nibbles twice (Q5_0
+/// 640×2048: 4.2 GiB/s narrow, 5.2 wide).
+pub(crate) fn takes_group(weight_type: GgmlType) -> bool {
+    weight_type == GgmlType::Q8_0
 }
 
 /// For the tokens of `tiles` and every row of `w_rows` (`row_bytes` each, of
@@ -347,7 +359,7 @@ unsafe fn tile<const T: usize, const FMT: u8>(
             for (k, acc) in acc.iter_mut().enumerate().take(if pair { 2 } else { 1 }) {
                 let row = &w[(r + k) * row_bytes..(r + k + 1) * row_bytes];
                 // Every row is read once per step: stream ahead, as decoding does.
-                crate::avx2::prefetch_ahead(row, b * wb_bytes);
+                crate::avx2::prefetch_block(row, b * wb_bytes, wb_bytes, 1 + pair as usize);
                 // SAFETY: as above.
                 unsafe {
                     // w + 128 as unsigned bytes: Σ(w+128)·x − 128·Σx = Σ w·x exactly.

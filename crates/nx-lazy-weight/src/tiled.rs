@@ -34,7 +34,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use nx_gguf::GgmlType;
-use nx_syscalls::ThreadPool;
+use nx_syscalls::{AlignedBytes, ThreadPool};
 
 use crate::formats::grids::plain_grid;
 #[cfg(test)]
@@ -145,7 +145,7 @@ pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
 /// kernels (see the module docs). Tokens past the last whole group are not included.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ActTiles {
-    data: Vec<u8>,
+    data: AlignedBytes,
     n_groups: usize,
     group_bytes: usize,
     /// Q8_K quants as they are, for the AMX kernels (else `x + 128`, for the VNNI ones).
@@ -201,7 +201,7 @@ impl ActTiles {
         self.raw_k = raw_k;
         self.group_bytes = group_bytes;
         self.n_groups = n_groups;
-        self.data.resize(n_groups * group_bytes, 0);
+        self.data.resize(n_groups * group_bytes);
         let fill = |groups: Range<usize>, tiles: &mut [u8]| {
             for (g, tile) in groups.zip(tiles.chunks_exact_mut(group_bytes)) {
                 for t in 0..TILE {
@@ -422,13 +422,13 @@ unsafe fn unpack_rows(
     weight_type: GgmlType,
     w_rows: &[u8],
     row_bytes: usize,
-    out: &mut Vec<u8>,
+    out: &mut AlignedBytes,
 ) -> usize {
     let (src, dst) = unpacked_block_bytes(weight_type);
     let unpack: fn(&[u8], &mut [u8]) = match weight_type {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => {
             let stride = row_bytes / src * dst;
-            out.resize(w_rows.len() / row_bytes * stride, 0);
+            out.resize(w_rows.len() / row_bytes * stride);
             // SAFETY: the caller guarantees the features; whole blocks in and out.
             unsafe { unpack_rows32_avx512(weight_type, w_rows, row_bytes, out, stride) };
             return stride;
@@ -451,7 +451,7 @@ unsafe fn unpack_rows(
         _ => return 0,
     };
     let stride = row_bytes / src * dst;
-    out.resize(w_rows.len() / row_bytes * stride, 0);
+    out.resize(w_rows.len() / row_bytes * stride);
     for (r, (row, dst_row)) in w_rows
         .chunks_exact(row_bytes)
         .zip(out.chunks_exact_mut(stride))
@@ -1038,7 +1038,7 @@ unsafe fn unpack_rows32_avx512(
 
 thread_local! {
     /// Each worker's unpacked weight rows, kept between chunks so it is allocated once.
-    static UNPACKED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static UNPACKED: RefCell<AlignedBytes> = RefCell::new(AlignedBytes::default());
 }
 
 /// Weight rows computed per token group before their outputs are written: each token's
