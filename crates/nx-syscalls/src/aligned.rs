@@ -75,10 +75,8 @@ impl std::fmt::Debug for AlignedBuf {
 
 /// A growable byte buffer whose first byte sits on a 64-byte (cache line) boundary: the
 /// kernels' interleaved tiles and unpacked weight rows, read with 64-byte loads at
-/// multiples of 64 from the start, so no load splits a line. (`Vec<u8>` gives 16-byte
-/// alignment at best: measured on AMD EPYC family 25 model 17, the same eight-token
-/// batched step ran at 8.5 or 12.2 GiB/s from one run to the next, as the allocation
-/// happened to fall.)
+/// multiples of 64 from the start, so no load splits a line (`Vec<u8>` promises no more
+/// than the allocator's 16 bytes, so where a buffer fell changed from run to run).
 #[derive(Clone, Default)]
 pub struct AlignedBytes {
     lines: Vec<ByteLine>,
