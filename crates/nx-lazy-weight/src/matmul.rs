@@ -658,75 +658,24 @@ unsafe fn rows_into(
         return;
     }
     let row_bytes = w.row_bytes();
-    let x_row_bytes = xq.row_bytes;
     let w_rows = &w.bytes()[rows.start * row_bytes..rows.end * row_bytes];
     prefetch_chunk_start(w_rows);
-    // Whole groups of 16 tokens go through the tiled kernels when the tier has them;
-    // the tokens after them (all of them when decoding) through the per-output kernels.
-    #[allow(unused_mut)]
-    let mut t0 = 0;
+    // SAFETY: forwarded contract (the layouts' writes stay within it).
     #[cfg(target_arch = "x86_64")]
-    if kernels.groups && xq.groups.n_tokens() == n {
-        // SAFETY: `kernels.groups` means the CPU has the features and the type has a
-        // group kernel; the groups were built from `xq`, which fits `w` (checked by the
-        // caller). Writes go to `t·stride + r − col0` for `t < n`, `r ∈ rows`.
-        unsafe {
-            crate::groups_avx2::run(
-                w.ggml_type(),
-                w_rows,
-                row_bytes,
-                &xq.groups,
-                out.add(rows.start - col0),
-                stride,
-            )
-        };
+    let t0 = unsafe { layouts_into(kernels, w, xq, w_rows, rows.start, out, stride, col0) };
+    #[cfg(not(target_arch = "x86_64"))]
+    let t0 = 0;
+    if t0 == n {
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    let narrow_whole = kernels.tiled
-        && xq.narrow.first() == 0
-        && xq.narrow.n_tokens() == n
-        && crate::narrow::takes_group(w.ggml_type());
-    #[cfg(target_arch = "x86_64")]
-    if kernels.tiled && xq.tiles.n_groups() > 0 && !narrow_whole {
-        // SAFETY: `kernels.tiled` means the CPU has the tiled kernels' features and the
-        // type has one; the tiles were built from `xq`, which fits `w` (checked by the
-        // caller). Writes go to `t·stride + r − col0` for `t < n`, `r ∈ rows`.
-        unsafe {
-            crate::tiled::run(
-                w.ggml_type(),
-                w_rows,
-                row_bytes,
-                &xq.tiles,
-                out.add(rows.start - col0),
-                stride,
-            )
-        };
-        t0 = xq.tiles.n_groups() * crate::tiled::TILE;
-    }
-    // The 2 to 16 tokens after them (a batched decode step, a draft verification) go
-    // through the narrow tiles when the format has them.
-    #[cfg(target_arch = "x86_64")]
-    if kernels.tiled
-        && xq.narrow.n_tokens() > 0
-        && xq.narrow.first() == t0
-        && crate::narrow::has_kernel(w.ggml_type())
-    {
-        // SAFETY: as for the wide tiles; the narrow tiles hold tokens t0..n of `xq`.
-        unsafe {
-            crate::narrow::run(
-                w.ggml_type(),
-                w_rows,
-                row_bytes,
-                &xq.narrow,
-                out.add(t0 * stride + rows.start - col0),
-                stride,
-            )
-        };
-        t0 += xq.narrow.n_tokens();
-    }
+    let x_row_bytes = xq.row_bytes;
     let x_rows = &xq.data[t0 * x_row_bytes..n * x_row_bytes];
-    let n = n - t0;
+    let rows_out = RowsOut {
+        rows,
+        out,
+        stride,
+        col0,
+    };
     // Token groups outer, weight rows inner: a chunk's weight rows (a few KiB when
     // prefilling, see `rows_per_chunk`) stay in L1 while each group's activations are
     // read once per chunk, not once per weight row. Tokens go four at a time through
@@ -734,51 +683,191 @@ unsafe fn rows_into(
     // (every token when decoding) take four weight rows at a time through the four-row
     // kernel (each activation block prepared once for the four), or one at a time. All
     // give every output the same bits, so the grouping never shows in `y`.
-    // Two or three tokens left over also take the four-token kernel, the last one
-    // repeated in the empty places (whose outputs are dropped): one pass over the
-    // weight rows instead of two or three.
-    let grouped = match kernels.four {
-        Some(_) if n % 4 >= PAD_TO_FOUR_FROM => n,
-        Some(_) => n / 4 * 4,
-        None => 0,
+    // SAFETY (both): forwarded contract; tokens `t0..n` of `xq` are `x_rows`.
+    let grouped = unsafe {
+        tokens4_into(
+            kernels,
+            w_rows,
+            row_bytes,
+            x_rows,
+            x_row_bytes,
+            t0,
+            &rows_out,
+        )
     };
-    if let Some(four) = kernels.four {
-        let token = |t: usize| &x_rows[t.min(n - 1) * x_row_bytes..][..x_row_bytes];
-        for g in (0..grouped).step_by(4) {
-            let xs = [token(g), token(g + 1), token(g + 2), token(g + 3)];
-            let real = (grouped - g).min(4);
-            for (r, w_row) in rows.clone().zip(w_rows.chunks_exact(row_bytes)) {
-                let ys = four(w_row, xs);
-                for (k, &y) in ys[..real].iter().enumerate() {
-                    // SAFETY: in bounds and unshared by the caller's contract.
-                    unsafe { *out.add((t0 + g + k) * stride + r - col0) = y };
-                }
+    let rest = x_rows.chunks_exact(x_row_bytes).enumerate().skip(grouped);
+    for (t, x_row) in rest {
+        // SAFETY: as above.
+        unsafe { token_into(kernels, w_rows, row_bytes, x_row, t0 + t, &rows_out) };
+    }
+}
+
+/// Where [`rows_into`]'s outputs go: row `r ∈ rows` of token `t` to
+/// `out[t·stride + r − col0]`.
+struct RowsOut {
+    rows: Range<usize>,
+    out: *mut f32,
+    stride: usize,
+    col0: usize,
+}
+
+impl RowsOut {
+    /// Writes token `t`'s output of row `r`.
+    ///
+    /// # Safety
+    /// As [`rows_into`]: `t` a token of the call, `r ∈ rows`.
+    #[inline(always)]
+    unsafe fn put(&self, t: usize, r: usize, y: f32) {
+        // SAFETY: in bounds and unshared by the caller's contract.
+        unsafe { *self.out.add(t * self.stride + r - self.col0) = y };
+    }
+}
+
+/// The tokens the x86 layouts take (the AVX2 token groups; the wide tiles' whole
+/// groups of sixteen, then the narrow tiles' 2 to 16 after them), written through
+/// those kernels; returns how many leading tokens are done (all of them after the
+/// groups).
+///
+/// # Safety
+/// As [`rows_into`], with `w_rows` the bytes of rows `row0..` of `w` in the call.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn layouts_into(
+    kernels: Kernels,
+    w: &LazyWeight<'_>,
+    xq: &QuantizedActs,
+    w_rows: &[u8],
+    row0: usize,
+    out: *mut f32,
+    stride: usize,
+    col0: usize,
+) -> usize {
+    let (n, row_bytes, ty) = (xq.n_rows(), w.row_bytes(), w.ggml_type());
+    if kernels.groups && xq.groups.n_tokens() == n {
+        // SAFETY: `kernels.groups` means the CPU has the features and the type has a
+        // group kernel; the groups were built from `xq`, which fits `w` (checked by the
+        // caller). Writes go to `t·stride + r − col0` for `t < n`, `r ∈ rows`.
+        unsafe {
+            crate::groups_avx2::run(
+                ty,
+                w_rows,
+                row_bytes,
+                &xq.groups,
+                out.add(row0 - col0),
+                stride,
+            )
+        };
+        return n;
+    }
+    let mut t0 = 0;
+    let narrow_whole = kernels.tiled
+        && xq.narrow.first() == 0
+        && xq.narrow.n_tokens() == n
+        && crate::narrow::takes_group(ty);
+    if kernels.tiled && xq.tiles.n_groups() > 0 && !narrow_whole {
+        // SAFETY: `kernels.tiled` means the CPU has the tiled kernels' features and the
+        // type has one; the tiles were built from `xq`, which fits `w` (checked by the
+        // caller). Writes go to `t·stride + r − col0` for `t < n`, `r ∈ rows`.
+        unsafe {
+            crate::tiled::run(
+                ty,
+                w_rows,
+                row_bytes,
+                &xq.tiles,
+                out.add(row0 - col0),
+                stride,
+            )
+        };
+        t0 = xq.tiles.n_groups() * crate::tiled::TILE;
+    }
+    // The 2 to 16 tokens after them (a batched decode step, a draft verification) go
+    // through the narrow tiles when the format has them.
+    if kernels.tiled
+        && xq.narrow.n_tokens() > 0
+        && xq.narrow.first() == t0
+        && crate::narrow::has_kernel(ty)
+    {
+        // SAFETY: as for the wide tiles; the narrow tiles hold tokens t0..n of `xq`.
+        unsafe {
+            let out = out.add(t0 * stride + row0 - col0);
+            crate::narrow::run(ty, w_rows, row_bytes, &xq.narrow, out, stride)
+        };
+        t0 += xq.narrow.n_tokens();
+    }
+    t0
+}
+
+/// The leading tokens of `x_rows` (token `t0 + t` each) that go through the four-token
+/// kernel, written; returns how many (none without a four-token kernel). Two or three
+/// tokens left over also take it, the last one repeated in the empty places (whose
+/// outputs are dropped): one pass over the weight rows instead of two or three.
+///
+/// # Safety
+/// As [`rows_into`]: `w_rows` the bytes of `to.rows`, `x_rows` quantized tokens `t0..`.
+unsafe fn tokens4_into(
+    kernels: Kernels,
+    w_rows: &[u8],
+    row_bytes: usize,
+    x_rows: &[u8],
+    x_row_bytes: usize,
+    t0: usize,
+    to: &RowsOut,
+) -> usize {
+    let Some(four) = kernels.four else {
+        return 0;
+    };
+    let n = x_rows.len() / x_row_bytes;
+    let grouped = match n % 4 >= PAD_TO_FOUR_FROM {
+        true => n,
+        false => n / 4 * 4,
+    };
+    let token = |t: usize| &x_rows[t.min(n - 1) * x_row_bytes..][..x_row_bytes];
+    for g in (0..grouped).step_by(4) {
+        let xs = [token(g), token(g + 1), token(g + 2), token(g + 3)];
+        let real = (grouped - g).min(4);
+        for (r, w_row) in to.rows.clone().zip(w_rows.chunks_exact(row_bytes)) {
+            let ys = four(w_row, xs);
+            for (k, &y) in ys[..real].iter().enumerate() {
+                // SAFETY: token `t0 + g + k` of the call, `r ∈ rows`.
+                unsafe { to.put(t0 + g + k, r, y) };
             }
         }
     }
-    for (t, x_row) in x_rows.chunks_exact(x_row_bytes).enumerate().skip(grouped) {
-        let t = t0 + t;
-        let mut r = rows.start;
-        let mut w_left = w_rows;
-        if let Some(rows4) = kernels.rows4 {
-            while rows.end - r >= 4 {
-                let (w4, rest) = w_left.split_at(4 * row_bytes);
-                let (w01, w23) = w4.split_at(2 * row_bytes);
-                let (w0, w1) = w01.split_at(row_bytes);
-                let (w2, w3) = w23.split_at(row_bytes);
-                let ys = rows4([w0, w1, w2, w3], x_row);
-                for (i, y) in ys.into_iter().enumerate() {
-                    // SAFETY: in bounds and unshared by the caller's contract.
-                    unsafe { *out.add(t * stride + r + i - col0) = y };
-                }
-                w_left = rest;
-                r += 4;
+    grouped
+}
+
+/// One token's outputs for every row: four weight rows at a time through the four-row
+/// kernel when there is one, the rest one at a time.
+///
+/// # Safety
+/// As [`rows_into`]: `w_rows` the bytes of `to.rows`, `x_row` quantized token `t`.
+unsafe fn token_into(
+    kernels: Kernels,
+    w_rows: &[u8],
+    row_bytes: usize,
+    x_row: &[u8],
+    t: usize,
+    to: &RowsOut,
+) {
+    let mut r = to.rows.start;
+    let mut w_left = w_rows;
+    if let Some(rows4) = kernels.rows4 {
+        while to.rows.end - r >= 4 {
+            let (w4, rest) = w_left.split_at(4 * row_bytes);
+            let (w01, w23) = w4.split_at(2 * row_bytes);
+            let (w0, w1) = w01.split_at(row_bytes);
+            let (w2, w3) = w23.split_at(row_bytes);
+            for (i, y) in rows4([w0, w1, w2, w3], x_row).into_iter().enumerate() {
+                // SAFETY: token `t` of the call, `r + i ∈ rows`.
+                unsafe { to.put(t, r + i, y) };
             }
+            w_left = rest;
+            r += 4;
         }
-        for (r, w_row) in (r..rows.end).zip(w_left.chunks_exact(row_bytes)) {
-            // SAFETY: in bounds and unshared by the caller's contract.
-            unsafe { *out.add(t * stride + r - col0) = (kernels.single)(w_row, x_row) };
-        }
+    }
+    for (r, w_row) in (r..to.rows.end).zip(w_left.chunks_exact(row_bytes)) {
+        // SAFETY: token `t` of the call, `r ∈ rows`.
+        unsafe { to.put(t, r, (kernels.single)(w_row, x_row)) };
     }
 }
 
