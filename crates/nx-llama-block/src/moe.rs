@@ -15,7 +15,8 @@
 //! Speed: one decode step multiplies a token by `3 · n_used` small matrices per layer.
 //! Given to the pool one by one, the threads spend more time waking than computing; so
 //! all chosen experts' gate and up products go to the pool as one batch
-//! (`matmul_batch_pool`), and then all their down products.
+//! (`matmul_batch_pool`, which gives each small matrix one chunk), and then all their
+//! down products.
 
 use nx_lazy_weight::{matmul_batch_pool, LazyWeight, MatmulJob, QuantizedActs};
 use nx_syscalls::ThreadPool;
