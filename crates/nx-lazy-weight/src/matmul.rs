@@ -36,8 +36,9 @@ pub struct QuantizedActs {
     n_rows: usize,
     row_bytes: usize,
     data: Vec<u8>,
-    /// The whole 16-token groups again, interleaved for the tiled prefill kernels
-    /// (built only when the process tier has them and there is at least one group).
+    /// The 16-token groups again (a last one padded, see `ActTiles::groups_for`),
+    /// interleaved for the tiled prefill kernels (built only when the process tier has
+    /// them and there is at least one group).
     #[cfg(target_arch = "x86_64")]
     tiles: crate::tiled::ActTiles,
     /// The 2 to 16 tokens after the whole groups again (sixteen Q8_0 tokens take them
@@ -201,7 +202,8 @@ impl QuantizedActs {
         let (act_type, n, rb) = (self.act_type, self.n_rows, self.row_bytes);
         let amx = plan.wants(act_type, PrefillKernel::Amx);
         let tiles = amx || plan.wants(act_type, PrefillKernel::Tiles);
-        if n >= crate::tiled::TILE && tiles && crate::tiled::available() {
+        let n_groups = crate::tiled::ActTiles::groups_for(act_type, n);
+        if n_groups > 0 && tiles && crate::tiled::available() {
             self.tiles.build(act_type, &self.data, n, rb, amx, pool);
         } else {
             self.tiles.clear();
@@ -211,7 +213,7 @@ impl QuantizedActs {
             // narrow tiles, the rest the wide ones (`narrow::takes_group`).
             let first = match n {
                 crate::tiled::TILE => 0,
-                _ => self.tiles.n_groups() * crate::tiled::TILE,
+                _ => self.tiles.n_tokens(),
             };
             self.narrow.build(&self.data, first, n, rb);
         } else {
@@ -797,7 +799,7 @@ unsafe fn layouts_into(
                 stride,
             )
         };
-        t0 = xq.tiles.n_groups() * crate::tiled::TILE;
+        t0 = xq.tiles.n_tokens();
     }
     // The 2 to 16 tokens after them (a batched decode step, a draft verification) go
     // through the narrow tiles when the format has them.

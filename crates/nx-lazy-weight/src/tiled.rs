@@ -50,6 +50,10 @@ use crate::formats::{
 /// Tokens per tile: one per f32 / i32 element of a 512-bit register.
 pub(crate) const TILE: usize = 16;
 
+/// The fewest tokens after the whole groups that get a padded group of their own (see
+/// [`ActTiles::groups_for`]).
+const PAD_FROM: usize = 8;
+
 /// Bytes of one 32-quant block of a tile: lane quads (8 × 16 tokens × 4) then the
 /// sixteen block scales (f32).
 const ACT32_BLOCK: usize = 8 * 64 + 64;
@@ -141,21 +145,46 @@ pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
         && !crate::amx::available())
 }
 
-/// Quantized activations of whole groups of [`TILE`] tokens, interleaved for the tiled
-/// kernels (see the module docs). Tokens past the last whole group are not included.
+/// Quantized activations of groups of [`TILE`] tokens, interleaved for the tiled
+/// kernels (see the module docs): the whole groups, and for Q8_K and Q8_1 a last group
+/// of at least [`PAD_FROM`] tokens padded with zero blocks (their outputs are never
+/// written). Other tokens past the last whole group are not included.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ActTiles {
     data: AlignedBytes,
     n_groups: usize,
+    /// Real tokens held (the rest of the last group is padding).
+    n_tokens: usize,
     group_bytes: usize,
     /// Q8_K quants as they are, for the AMX kernels (else `x + 128`, for the VNNI ones).
     raw_k: bool,
 }
 
 impl ActTiles {
-    /// Number of whole token groups held.
+    /// Number of token groups held.
     pub(crate) fn n_groups(&self) -> usize {
         self.n_groups
+    }
+
+    /// Real tokens held: `n_groups()·16`, or fewer when the last group is padded.
+    pub(crate) fn n_tokens(&self) -> usize {
+        self.n_tokens
+    }
+
+    /// Real tokens of group `g`.
+    fn group_tokens(&self, g: usize) -> usize {
+        (self.n_tokens - g * TILE).min(TILE)
+    }
+
+    /// Token groups [`ActTiles::build`] makes of `n` tokens of `act_type`: the whole
+    /// ones, plus a padded one for Q8_K and Q8_1 when at least [`PAD_FROM`] tokens are
+    /// left. Their leftovers would go through the four-token kernels, which cost about
+    /// twice the tiles per token (`NX_PLAN=retune nx bench --show-plan`, Q4_K: 30.8
+    /// against 65.5 GB·tok/s on AMD EPYC family 25 model 17), so from half a group on,
+    /// the padded group is cheaper. Q8_0's leftovers take the narrow tiles instead.
+    pub(crate) fn groups_for(act_type: GgmlType, n: usize) -> usize {
+        let padded = act_type != GgmlType::Q8_0 && n % TILE >= PAD_FROM;
+        n / TILE + padded as usize
     }
 
     /// True when Q8_K groups hold the raw quants (the AMX layout).
@@ -166,6 +195,7 @@ impl ActTiles {
     /// Forgets the contents (keeps the buffer).
     pub(crate) fn clear(&mut self) {
         self.n_groups = 0;
+        self.n_tokens = 0;
         self.group_bytes = 0;
         self.raw_k = false;
     }
@@ -190,10 +220,12 @@ impl ActTiles {
             GgmlType::Q8_K => (Q8_K_BYTES, ACTK_BLOCK),
             _ => return,
         };
-        let n_groups = n / TILE;
+        let n_groups = Self::groups_for(act_type, n);
         if n_groups == 0 || row_bytes == 0 || rows.len() < n * row_bytes {
             return;
         }
+        // The padding tokens' rows: zero quants and scales.
+        let zeros = vec![0u8; if n_groups * TILE > n { row_bytes } else { 0 }];
         let n_blocks = row_bytes / src_block;
         let group_bytes = n_blocks * tile_block;
         // The AMX kernels multiply the raw (signed) quants; the VNNI ones `x + 128`.
@@ -201,11 +233,16 @@ impl ActTiles {
         self.raw_k = raw_k;
         self.group_bytes = group_bytes;
         self.n_groups = n_groups;
+        self.n_tokens = n.min(n_groups * TILE);
         self.data.resize(n_groups * group_bytes);
         let fill = |groups: Range<usize>, tiles: &mut [u8]| {
             for (g, tile) in groups.zip(tiles.chunks_exact_mut(group_bytes)) {
                 for t in 0..TILE {
-                    let row = &rows[(g * TILE + t) * row_bytes..(g * TILE + t + 1) * row_bytes];
+                    let token = g * TILE + t;
+                    let row = match token < n {
+                        true => &rows[token * row_bytes..(token + 1) * row_bytes],
+                        false => &zeros[..],
+                    };
                     for (xb, out) in row
                         .chunks_exact(src_block)
                         .zip(tile.chunks_exact_mut(tile_block))
@@ -1053,7 +1090,7 @@ const ROW_BLOCK: usize = 16;
 /// # Safety
 /// [`available`] must be true, [`has_kernel`] true for `weight_type`, and `tiles` built
 /// from activations of the weight's dot type and row length; `out_ptr` must be valid
-/// for writes at every such index (`t` below `16·tiles.n_groups()`), with no other
+/// for writes at every such index (`t` below `tiles.n_tokens()`), with no other
 /// thread accessing them during the call.
 pub(crate) unsafe fn run(
     weight_type: GgmlType,
@@ -1105,7 +1142,7 @@ unsafe fn run_avx512(
                 // The output lines these rows get for the sixteen tokens lie far apart
                 // (one per token row) and are seldom cached: ask for them in exclusive
                 // state now, so the stores after the kernels do not wait for them.
-                for t in 0..TILE {
+                for t in 0..tiles.group_tokens(g) {
                     let token = g * TILE + t;
                     // SAFETY: a prefetch never faults; the address is inside `out_ptr`'s
                     // range by the caller's contract (computed without dereferencing).
@@ -1202,7 +1239,9 @@ unsafe fn run_avx512(
                     (&out[..ROW_BLOCK]).try_into().expect("16 rows");
                 // SAFETY: the caller's contract on `out_ptr` covers every token of the
                 // whole groups and the rows of the chunk.
-                unsafe { store_block(block, rows_here, out_ptr, out_stride, g * TILE, r0) };
+                let at = (g * TILE, r0);
+                let tokens = tiles.group_tokens(g);
+                unsafe { store_block(block, rows_here, tokens, out_ptr, out_stride, at) };
             }
         }
     });
@@ -1258,7 +1297,8 @@ unsafe fn run_amx(
                 for (i, block) in out[..done].iter().enumerate() {
                     // SAFETY: the caller's contract on `out_ptr`.
                     unsafe {
-                        store_block(block, rows_here, out_ptr, out_stride, (g + i) * TILE, r0)
+                        let (at, tokens) = (((g + i) * TILE, r0), tiles.group_tokens(g + i));
+                        store_block(block, rows_here, tokens, out_ptr, out_stride, at)
                     };
                 }
                 g += done;
@@ -1269,9 +1309,9 @@ unsafe fn run_amx(
     });
 }
 
-/// Writes `block[i][t]` (row `r0 + i`, token `t0 + t`) for the first `rows` rows to
-/// `out_ptr[(t0 + t)·out_stride + r0 + i]`: sixteen rows as one transposed 64-byte store
-/// per token.
+/// Writes `block[i][t]` (row `r0 + i`, token `t0 + t`) for the first `rows` rows and
+/// the first `tokens` tokens to `out_ptr[(t0 + t)·out_stride + r0 + i]`: sixteen rows as
+/// one transposed 64-byte store per token.
 ///
 /// # Safety
 /// The CPU has AVX-512 F; `out_ptr` is valid for those writes, unshared.
@@ -1279,21 +1319,21 @@ unsafe fn run_amx(
 unsafe fn store_block(
     block: &[[f32; TILE]; ROW_BLOCK],
     rows: usize,
+    tokens: usize,
     out_ptr: *mut f32,
     out_stride: usize,
-    t0: usize,
-    r0: usize,
+    (t0, r0): (usize, usize),
 ) {
     if rows == ROW_BLOCK {
         // SAFETY: each block row is sixteen f32.
         let regs: [__m512; ROW_BLOCK] =
             std::array::from_fn(|i| unsafe { _mm512_loadu_ps(block[i].as_ptr()) });
-        for (t, v) in transpose16(regs).into_iter().enumerate() {
+        for (t, v) in transpose16(regs).into_iter().enumerate().take(tokens) {
             // SAFETY: the caller's contract.
             unsafe { _mm512_storeu_ps(out_ptr.add((t0 + t) * out_stride + r0), v) };
         }
     } else {
-        for t in 0..TILE {
+        for t in 0..tokens {
             for (i, row) in block[..rows].iter().enumerate() {
                 // SAFETY: the caller's contract.
                 unsafe { *out_ptr.add((t0 + t) * out_stride + r0 + i) = row[t] };
