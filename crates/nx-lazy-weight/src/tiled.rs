@@ -178,12 +178,16 @@ impl ActTiles {
 
     /// Token groups [`ActTiles::build`] makes of `n` tokens of `act_type`: the whole
     /// ones, plus a padded one for Q8_K and Q8_1 when at least [`PAD_FROM`] tokens are
-    /// left. Their leftovers would go through the four-token kernels, which cost about
-    /// twice the tiles per token (`NX_PLAN=retune nx bench --show-plan`, Q4_K: 30.8
-    /// against 65.5 GB·tok/s on AMD EPYC family 25 model 17), so from half a group on,
-    /// the padded group is cheaper. Q8_0's leftovers take the narrow tiles instead.
+    /// left after at least one whole group. Those leftovers would go through the
+    /// four-token kernels, which cost about twice the tiles per token once the unpacked
+    /// weight rows serve several groups (`NX_PLAN=retune nx bench --show-plan`, Q4_K:
+    /// 30.8 against 65.5 GB·tok/s on AMD EPYC family 25 model 17), so from half a group
+    /// on the padded group is cheaper. A lone partial group is not padded: unpacking the
+    /// rows for it alone cost more than it saved (batched decode steps of 8 and 12
+    /// sequences, `nx bench --parallel 8,12`, means of three alternating runs: 275 and
+    /// 299 tok/s padded, 305 and 320 not). Q8_0's leftovers take the narrow tiles instead.
     pub(crate) fn groups_for(act_type: GgmlType, n: usize) -> usize {
-        let padded = act_type != GgmlType::Q8_0 && n % TILE >= PAD_FROM;
+        let padded = act_type != GgmlType::Q8_0 && n > TILE && n % TILE >= PAD_FROM;
         n / TILE + padded as usize
     }
 

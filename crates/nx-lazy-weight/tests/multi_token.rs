@@ -237,9 +237,10 @@ fn matmul_with_grouped_tokens_equals_dot_row_per_element() {
     // the narrow tiles (Q4_0, Q5_0, Q8_0 on AVX-512 VNNI). On the AVX2 tier (gate
     // TOKENS-AVX2) every Q4_0/Q5_0/Q8_0 matmul of two or more tokens takes the token
     // groups of eight, and 2 or 3 tokens after the groups of four take the four-token
-    // kernel padded.
+    // kernel padded. With Q8_K or Q8_1 activations, 8 to 15 tokens after a whole group
+    // (24, 31) take a padded group of the tiles.
     for ty in MULTI_TYPES {
-        check_matmul_against_dot_row(ty, &[1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 18, 33, 37]);
+        check_matmul_against_dot_row(ty, &[1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 18, 24, 31, 33, 37]);
     }
     // IQ4_NL pairs its blocks (an odd last one is added apart): rows of an even count
     // of blocks too.
