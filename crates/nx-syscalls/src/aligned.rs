@@ -1,103 +1,64 @@
-//! 64-byte aligned f32 and byte buffers for kernel scratch space.
+//! 64-byte aligned growable buffers for kernel scratch space.
 
+use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for u8 {}
+}
+
+/// The element types of [`Aligned`]: plain numbers whose size divides 64, valid for every
+/// bit pattern, with zero as all-zero bytes.
+pub trait Element: Copy + sealed::Sealed {}
+impl Element for f32 {}
+impl Element for u8 {}
+
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Line([f32; 16]);
+struct Line([u8; 64]);
 
-/// A growable f32 buffer whose first element sits on a 64-byte (cache line) boundary,
-/// so SIMD loads of its rows never split a line at the start.
-#[derive(Clone, Default)]
-pub struct AlignedBuf {
+/// A growable buffer of `T` whose first element sits on a 64-byte (cache line) boundary,
+/// so SIMD loads at multiples of 64 bytes from its start never split a line (`Vec` promises
+/// no more than the allocator's 16 bytes, so where a buffer fell changed from run to run).
+/// New elements are zero; the allocation never shrinks, so a scratch buffer reused across
+/// calls stops allocating once it has seen its largest size.
+pub struct Aligned<T: Element> {
     lines: Vec<Line>,
     len: usize,
+    element: PhantomData<T>,
 }
 
-impl AlignedBuf {
-    /// A zeroed buffer of `len` floats.
-    pub fn zeros(len: usize) -> AlignedBuf {
-        AlignedBuf {
-            lines: vec![Line([0.0; 16]); len.div_ceil(16)],
-            len,
-        }
+/// 64-byte aligned f32 scratch.
+pub type AlignedBuf = Aligned<f32>;
+/// 64-byte aligned byte scratch: the kernels' interleaved tiles and unpacked weight rows.
+pub type AlignedBytes = Aligned<u8>;
+
+impl<T: Element> Aligned<T> {
+    const PER_LINE: usize = 64 / std::mem::size_of::<T>();
+
+    /// A zeroed buffer of `len` elements.
+    pub fn zeros(len: usize) -> Self {
+        let mut buf = Self::default();
+        buf.resize(len);
+        buf
     }
 
-    /// Resizes to `len` floats; new elements are zero. Never shrinks the allocation, so a
-    /// scratch buffer reused across calls stops allocating once it has seen its largest size.
+    /// Resizes to `len` elements; new elements are zero. Never shrinks the allocation.
     pub fn resize(&mut self, len: usize) {
-        let need = len.div_ceil(16);
+        let need = len.div_ceil(Self::PER_LINE);
         if need > self.lines.len() {
-            self.lines.resize(need, Line([0.0; 16]));
+            self.lines.resize(need, Line([0; 64]));
         }
         if len > self.len {
-            let old = self.len;
-            self.len = len;
-            self[old..].fill(0.0);
-        }
-        self.len = len;
-    }
-
-    /// Number of floats.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the buffer holds no floats.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl Deref for AlignedBuf {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
-        // SAFETY: `Line` is repr(C) of 16 f32s with no padding, so `lines` is a contiguous
-        // run of `16 * lines.len()` initialised f32s and `len` never exceeds that.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<f32>(), self.len) }
-    }
-}
-
-impl DerefMut for AlignedBuf {
-    fn deref_mut(&mut self) -> &mut [f32] {
-        // SAFETY: as in `deref`; we hold `&mut self`, so the slice is unique.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<f32>(), self.len) }
-    }
-}
-
-impl std::fmt::Debug for AlignedBuf {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AlignedBuf")
-            .field("len", &self.len)
-            .finish()
-    }
-}
-
-/// A growable byte buffer whose first byte sits on a 64-byte (cache line) boundary: the
-/// kernels' interleaved tiles and unpacked weight rows, read with 64-byte loads at
-/// multiples of 64 from the start, so no load splits a line (`Vec<u8>` promises no more
-/// than the allocator's 16 bytes, so where a buffer fell changed from run to run).
-#[derive(Clone, Default)]
-pub struct AlignedBytes {
-    lines: Vec<ByteLine>,
-    len: usize,
-}
-
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct ByteLine([u8; 64]);
-
-impl AlignedBytes {
-    /// Resizes to `len` bytes; new bytes are zero. Never shrinks the allocation.
-    pub fn resize(&mut self, len: usize) {
-        let need = len.div_ceil(64);
-        if need > self.lines.len() {
-            self.lines.resize(need, ByteLine([0; 64]));
-        }
-        if len > self.len {
-            let old = self.len;
-            self.len = len;
-            self[old..].fill(0);
+            let size = std::mem::size_of::<T>();
+            let bytes = self.lines.as_mut_ptr().cast::<u8>();
+            // SAFETY: elements `self.len..len` lie within the `need` lines (64 bytes each,
+            // `PER_LINE` elements per line); zero bytes are a zero `T` (`Element`).
+            unsafe {
+                std::ptr::write_bytes(bytes.add(self.len * size), 0, (len - self.len) * size)
+            };
         }
         self.len = len;
     }
@@ -106,29 +67,58 @@ impl AlignedBytes {
     pub fn clear(&mut self) {
         self.len = 0;
     }
-}
 
-impl Deref for AlignedBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `ByteLine` is repr(C) of 64 bytes with no padding, so `lines` is a
-        // contiguous run of `64 * lines.len()` initialised bytes and `len` never exceeds it.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), self.len) }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
-impl DerefMut for AlignedBytes {
-    fn deref_mut(&mut self) -> &mut [u8] {
+impl<T: Element> Default for Aligned<T> {
+    fn default() -> Self {
+        Aligned {
+            lines: Vec::new(),
+            len: 0,
+            element: PhantomData,
+        }
+    }
+}
+
+impl<T: Element> Clone for Aligned<T> {
+    fn clone(&self) -> Self {
+        Aligned {
+            lines: self.lines.clone(),
+            len: self.len,
+            element: PhantomData,
+        }
+    }
+}
+
+impl<T: Element> Deref for Aligned<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `Line` is 64 initialised bytes at a 64-byte boundary with no padding, so
+        // `lines` is a contiguous run of `PER_LINE · lines.len()` values of `T` (`Element`:
+        // its size divides 64, any bit pattern is valid), and `len` never exceeds that.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<T>(), self.len) }
+    }
+}
+
+impl<T: Element> DerefMut for Aligned<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as in `deref`; we hold `&mut self`, so the slice is unique.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<u8>(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<T>(), self.len) }
     }
 }
 
-impl std::fmt::Debug for AlignedBytes {
+impl<T: Element> std::fmt::Debug for Aligned<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AlignedBytes")
-            .field("len", &self.len)
-            .finish()
+        f.debug_struct("Aligned").field("len", &self.len).finish()
     }
 }
 
@@ -157,9 +147,10 @@ mod tests {
         assert_eq!((b.len(), b.as_ptr() as usize % 64), (100, 0));
         assert!(b.iter().all(|&x| x == 0));
         b[70] = 5;
+        b[99] = 7;
         b.clear();
         b.resize(200);
-        assert_eq!(b[70], 0, "regrown bytes are zero");
+        assert_eq!((b[70], b[99]), (0, 0), "regrown bytes are zero");
         assert_eq!(b.as_ptr() as usize % 64, 0);
     }
 }

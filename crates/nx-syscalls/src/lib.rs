@@ -10,7 +10,7 @@ mod mapped;
 mod pool;
 mod tier;
 
-pub use aligned::{AlignedBuf, AlignedBytes};
+pub use aligned::{Aligned, AlignedBuf, AlignedBytes, Element};
 pub use bandwidth::{read_bandwidth, sum_words, ReadBandwidth, PROBE_BYTES};
 pub use mapped::{Advice, MappedFile};
 pub use pool::{threads_from_env, ThreadPool};
