@@ -24,7 +24,8 @@ use nx_bpe::{TokenType, Tokenizer};
 use nx_run::{Prompt, RunConfig, Runner, SamplerConfig};
 use serde_json::json;
 
-use crate::run::{apply_threads, open_model_with_plan, resolve_model};
+use crate::run::{apply_threads, resolve_model};
+use crate::weights::open_model_with_plan;
 
 /// Arguments of `nx bench`.
 #[derive(clap::Args, Debug)]
@@ -46,6 +47,8 @@ pub struct BenchArgs {
     /// Worker threads (passed on as NX_THREADS to the process-wide thread pool).
     #[arg(long, short = 't', value_name = "N")]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub weights: crate::weights::WeightsArgs,
     /// Repetitions; each figure is the median.
     #[arg(long, short = 'r', value_name = "R", default_value_t = 3)]
     pub reps: usize,
@@ -131,7 +134,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bail!("nothing to measure: -p and -n are both 0");
     }
     let path = resolve_model(args.model.as_deref(), crate::run::ModelUse::Text)?;
-    let (model, plan) = open_model_with_plan(&path)?;
+    let opened = std::time::Instant::now();
+    let (model, plan) = open_model_with_plan(&path, &args.weights)?;
+    let open_s = opened.elapsed().as_secs_f64();
+    let weights = model.gguf().placement().name();
     if args.show_plan {
         print!("{}", crate::kernel_plan::describe(&plan));
         if args.n_prompt == 0 && args.n_gen == 0 {
@@ -157,7 +163,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         speculation: args.spec.speculation()?,
         ..RunConfig::default()
     };
-    let mut runner = args.spec.attach(Runner::new(model, None, config)?)?;
+    let mut runner = args
+        .spec
+        .attach(Runner::new(model, None, config)?, &args.weights)?;
     let ignore = |_| std::ops::ControlFlow::Continue(());
 
     if !args.no_warmup {
@@ -212,6 +220,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "read_gbs_1_thread": probe.map(|p| p.single_thread_gbs),
             "read_gbs": probe.map(|p| p.multi_thread_gbs),
             "kernel_plan": plan.plan.to_spec(),
+            "weights": weights,
+            "open_s": open_s,
         });
         println!("{v}");
         return Ok(());
@@ -227,6 +237,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         args.prefill_chunk,
         if args.no_warmup { "no" } else { "yes" }
     );
+    println!("weights: {weights}   model opened in {open_s:.2} s");
     println!("{:<10} {:>12}", "test", "t/s (median)");
     if args.n_prompt > 0 {
         println!("{:<10} {:>12}", format!("pp{}", args.n_prompt), fmt(pp, 2));

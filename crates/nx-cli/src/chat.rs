@@ -31,7 +31,8 @@ use nx_run::{
     SamplerConfig, StopReason, TemplateChoice,
 };
 
-use crate::run::{apply_threads, open_model, resolve_model};
+use crate::run::{apply_threads, resolve_model};
+use crate::weights::open_model;
 
 /// Arguments of `nx chat`.
 #[derive(clap::Args, Debug)]
@@ -63,6 +64,8 @@ pub struct ChatArgs {
     /// Worker threads (passed on as NX_THREADS to the process-wide thread pool).
     #[arg(long, short = 't', value_name = "N")]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub weights: crate::weights::WeightsArgs,
     /// After each answer, print token counts (cached / new) and speed on stderr.
     #[arg(long, short = 'v')]
     pub verbose: bool,
@@ -187,7 +190,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         .transpose()?;
 
     let path = resolve_model(args.model.as_deref(), crate::run::ModelUse::Chat)?;
-    let model = open_model(&path)?;
+    let model = open_model(&path, &args.weights)?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(model.gguf())
             .with_context(|| format!("tokenizer of {}", path.display()))?,

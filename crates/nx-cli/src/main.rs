@@ -15,6 +15,7 @@ mod sampling;
 mod serve;
 mod spec;
 mod tokenize;
+mod weights;
 
 /// nx runs GGUF language models (Gemma 3, Qwen2/2.5, Qwen3, Llama) on the CPU, with
 /// logits that are bit-identical whatever the prefill chunk size or thread count.

@@ -50,6 +50,8 @@ pub struct PerplexityArgs {
     /// Worker threads (default: NX_THREADS, else every CPU).
     #[arg(long, short = 't', value_name = "N")]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub weights: crate::weights::WeightsArgs,
     /// Score at most N windows (default: all that fit in the text).
     #[arg(long, value_name = "N")]
     pub chunks: Option<usize>,
@@ -76,7 +78,8 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
     let text = read_text(&args.file)?;
 
     let path = resolve_model(args.model.as_deref(), crate::run::ModelUse::Text)?;
-    let mut model = Model::open(&path).with_context(|| format!("{}", path.display()))?;
+    let mut model = Model::open_placed(&path, args.weights.placement(&path))
+        .with_context(|| format!("{}", path.display()))?;
     if let Some(n) = args.threads {
         model.set_threads(n);
     }

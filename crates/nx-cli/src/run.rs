@@ -72,6 +72,8 @@ pub struct RunArgs {
     pub n_predict: usize,
     #[command(flatten)]
     pub sampling: crate::sampling::SamplingArgs,
+    #[command(flatten)]
+    pub weights: crate::weights::WeightsArgs,
     /// Most prompt tokens one forward pass processes (bounds prefill memory).
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub prefill_chunk: usize,
@@ -140,19 +142,6 @@ pub fn resolve_model(given: Option<&Path>, purpose: ModelUse) -> Result<PathBuf>
             bail!("no --model given and the default model is not fetched; run `cargo xtask fetch`")
         }
     }
-}
-
-/// Opens a model file, naming it in the error, and installs its kernel plan.
-pub fn open_model(path: &Path) -> Result<Arc<Model>> {
-    Ok(open_model_with_plan(path)?.0)
-}
-
-/// [`open_model`], with how its kernel plan was made (timed, silently, the first time a
-/// model's shapes are seen on this machine, then cached; `nx bench --show-plan` shows it).
-pub fn open_model_with_plan(path: &Path) -> Result<(Arc<Model>, crate::kernel_plan::PlanReport)> {
-    let model = Model::open(path).with_context(|| format!("{}", path.display()))?;
-    let report = crate::kernel_plan::prepare(&model).context("kernel plan")?;
-    Ok((Arc::new(model), report))
 }
 
 /// Makes `--threads` reach the process-wide pool, which reads `NX_THREADS` when it is
@@ -227,7 +216,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         ModelUse::Text
     };
     let path = resolve_model(args.model.as_deref(), purpose)?;
-    let model = open_model(&path)?;
+    let model = crate::weights::open_model(&path, &args.weights)?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(model.gguf())
             .with_context(|| format!("tokenizer of {}", path.display()))?,
@@ -248,7 +237,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         ..RunConfig::default()
     };
     let runner = Runner::new(model, Some(tokenizer), config)?;
-    let mut runner = args.spec.attach(runner)?;
+    let mut runner = args.spec.attach(runner, &args.weights)?;
 
     let stdout = std::io::stdout();
     let mut printer = Printer {

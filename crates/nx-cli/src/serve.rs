@@ -17,7 +17,8 @@ use nx_bpe::Tokenizer;
 use nx_run::{ChatTemplate, EngineConfig, TemplateChoice};
 use nx_serve::ServeConfig;
 
-use crate::run::{apply_threads, open_model, resolve_model};
+use crate::run::{apply_threads, resolve_model};
+use crate::weights::open_model;
 
 /// Arguments of `nx serve`.
 #[derive(clap::Args, Debug)]
@@ -46,6 +47,8 @@ pub struct ServeArgs {
     /// Most requests waiting for a free slot; beyond it requests get 429.
     #[arg(long, value_name = "N", default_value_t = EngineConfig::default().max_queue)]
     pub max_queue: usize,
+    #[command(flatten)]
+    pub weights: crate::weights::WeightsArgs,
     /// Worker threads of the forward pass (passed on as NX_THREADS).
     #[arg(long, short = 't', value_name = "N")]
     pub threads: Option<usize>,
@@ -140,9 +143,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         .transpose()?;
 
     let path = resolve_model(args.model.as_deref(), crate::run::ModelUse::Chat)?;
-    let model = open_model(&path)?;
+    let model = open_model(&path, &args.weights)?;
     let draft = match &args.spec.draft_model {
-        Some(p) => Some(open_model(p)?),
+        Some(p) => Some(open_model(p, &args.weights)?),
         None => None,
     };
     let tokenizer = Arc::new(

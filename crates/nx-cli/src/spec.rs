@@ -50,10 +50,10 @@ impl SpecArgs {
     }
 
     /// `runner` with the draft model attached, when `--spec draft` asks for one.
-    pub fn attach(&self, runner: Runner) -> Result<Runner> {
+    pub fn attach(&self, runner: Runner, weights: &crate::weights::WeightsArgs) -> Result<Runner> {
         match &self.draft_model {
             Some(path) => {
-                let draft = crate::run::open_model(path)?;
+                let draft = crate::weights::open_model(path, weights)?;
                 runner
                     .with_draft_model(draft)
                     .with_context(|| format!("draft model {}", path.display()))

@@ -2,12 +2,13 @@
 
 use std::path::Path;
 
-use nx_syscalls::MappedFile;
+use nx_syscalls::{MappedFile, Placement, ResidentFile};
 
 use crate::{GgufError, GgufHeader, Metadata, TensorInfo};
 
 enum Backing {
     Mapped(MappedFile),
+    Resident(ResidentFile),
     Owned(Vec<u8>),
 }
 
@@ -33,6 +34,37 @@ impl Gguf {
         })
     }
 
+    /// Opens `path` with its bytes placed as `placement` says: [`Placement::Mapped`] is
+    /// [`Gguf::open`]; [`Placement::Resident`] checks the header on a mapping first (a
+    /// file that is not GGUF fails before anything is copied), then reads the whole file
+    /// into huge-page memory ([`ResidentFile`]) and parses the header again from there.
+    pub fn open_placed(path: impl AsRef<Path>, placement: Placement) -> Result<Gguf, GgufError> {
+        let path = path.as_ref();
+        let mapped = Gguf::open(path)?;
+        if placement == Placement::Mapped {
+            return Ok(mapped);
+        }
+        drop(mapped);
+        let resident = ResidentFile::read(path).map_err(|source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let header = GgufHeader::parse(resident.bytes())?;
+        Ok(Gguf {
+            backing: Backing::Resident(resident),
+            header,
+        })
+    }
+
+    /// Where the bytes live: mapped from the file (also for [`Gguf::from_bytes`], which
+    /// holds them on the heap) or resident in huge-page memory.
+    pub fn placement(&self) -> Placement {
+        match &self.backing {
+            Backing::Resident(_) => Placement::Resident,
+            Backing::Mapped(_) | Backing::Owned(_) => Placement::Mapped,
+        }
+    }
+
     /// Parses a file held in memory (tests, generated fixtures).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Gguf, GgufError> {
         let header = GgufHeader::parse(&bytes)?;
@@ -46,6 +78,7 @@ impl Gguf {
     pub fn bytes(&self) -> &[u8] {
         match &self.backing {
             Backing::Mapped(m) => m.bytes(),
+            Backing::Resident(r) => r.bytes(),
             Backing::Owned(v) => v,
         }
     }
@@ -54,7 +87,7 @@ impl Gguf {
     pub fn mapped_file(&self) -> Option<&MappedFile> {
         match &self.backing {
             Backing::Mapped(m) => Some(m),
-            Backing::Owned(_) => None,
+            Backing::Resident(_) | Backing::Owned(_) => None,
         }
     }
 

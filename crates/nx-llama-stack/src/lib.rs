@@ -4,7 +4,8 @@
 //! The key design choice: `forward(tokens, pos, cache, rows)` computes LM-head logits only
 //! for the rows the caller asks for, so prefill of a long prompt pays for one vocabulary
 //! projection, and memory stays bounded by the chunk size. Opening a model maps the file
-//! and reads its header; weights are first touched by the forward pass.
+//! and reads its header; weights are first touched by the forward pass
+//! ([`Model::open_placed`] can instead read them into huge-page memory up front).
 
 mod config;
 mod model;
@@ -18,6 +19,7 @@ pub mod tiny_fixture;
 
 pub use model::{BatchItem, ForwardState, Model};
 pub use nx_kv_cache::{BlockTable, KvCache, KvDtype, KvSegments, PagedBatch, PagedKv};
+pub use nx_syscalls::Placement;
 
 /// Why a model could not be loaded or run.
 #[derive(Debug, thiserror::Error)]

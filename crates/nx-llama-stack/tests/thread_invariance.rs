@@ -1,9 +1,10 @@
-//! Thread invariance of the whole forward pass on the real default model: the logits of
-//! a prefill chunk and of a decode step are bit-identical on 1, 2 and 3 threads.
+//! Thread and placement invariance of the whole forward pass on the real default model:
+//! the logits of a prefill chunk and of a decode step are bit-identical on 1, 2 and 3
+//! threads, and with the weights mapped or resident in huge-page memory.
 
 use std::path::PathBuf;
 
-use nx_llama_stack::{ForwardState, KvDtype, Model};
+use nx_llama_stack::{ForwardState, KvDtype, Model, Placement};
 
 fn default_model() -> PathBuf {
     let cache = match std::env::var_os("NX_CACHE") {
@@ -66,4 +67,22 @@ fn real_model_logits_do_not_depend_on_the_thread_count() {
             .position(|(a, b)| a.to_bits() != b.to_bits());
         assert_eq!(first_diff, None, "{threads} threads differ from 1 thread");
     }
+}
+
+#[test]
+fn resident_weights_give_the_mapped_logits() {
+    let path = default_model();
+    if !path.exists() {
+        eprintln!("SKIP: {} not present", path.display());
+        return;
+    }
+    let mut mapped = Model::open_placed(&path, Placement::Mapped).unwrap();
+    assert_eq!(mapped.gguf().placement(), Placement::Mapped);
+    let mut resident = Model::open_placed(&path, Placement::Resident).unwrap();
+    assert_eq!(resident.gguf().placement(), Placement::Resident);
+    assert_eq!(mapped.gguf().bytes(), resident.gguf().bytes());
+    let (a, b) = (logits(&mut mapped, 2), logits(&mut resident, 2));
+    assert!(a.iter().all(|v| v.is_finite()));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(bits(&a) == bits(&b), "resident weights changed the logits");
 }

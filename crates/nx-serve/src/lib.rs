@@ -165,13 +165,14 @@ pub fn run(
                 source,
             })?;
         let local = listener.local_addr()?;
+        let weights = model.gguf().placement().name();
         let engine = spawn_engine(model, Arc::clone(&tokenizer), config.engine.clone(), draft)?;
         let engine_config = config.engine.clone();
         let model_id = config.model_id.clone();
         let state = AppState::new(config, tokenizer, template, engine);
         eprintln!(
-            "nx serve: listening on http://{local} (model {model_id:?}, context {}, \
-             parallel {}, chat template {})",
+            "nx serve: listening on http://{local} (model {model_id:?}, weights {weights}, \
+             context {}, parallel {}, chat template {})",
             engine_config.n_ctx,
             engine_config.max_running,
             state_template_origin(&state),

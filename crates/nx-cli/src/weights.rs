@@ -1,0 +1,52 @@
+//! `--mmap`: whether a command keeps the model file mapped or reads it into huge-page
+//! memory first, and the one place commands open models.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use nx_llama_stack::Placement;
+use nx_run::Model;
+
+/// Where the weights live while a command runs.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct WeightsArgs {
+    /// Keep the model file memory-mapped (pages read as they are used, shared with the
+    /// page cache) instead of reading it into huge-page memory when the model opens. The
+    /// resident copy is the default wherever transparent huge pages are on and the file
+    /// fits twice in available memory: decode streams every weight each token, and on 2
+    /// MiB pages that stream misses the TLB far less. Outputs are the same bits either way.
+    #[arg(long)]
+    pub mmap: bool,
+}
+
+impl WeightsArgs {
+    /// The placement for `path`: mapped with `--mmap`, else [`Placement::choose`]'s.
+    pub fn placement(&self, path: &Path) -> Placement {
+        if self.mmap {
+            return Placement::Mapped;
+        }
+        match std::fs::metadata(path) {
+            Ok(meta) => Placement::choose(meta.len()).0,
+            // Opening will name the problem.
+            Err(_) => Placement::Mapped,
+        }
+    }
+}
+
+/// Opens a model file, naming it in the error, and installs its kernel plan.
+pub fn open_model(path: &Path, weights: &WeightsArgs) -> Result<Arc<Model>> {
+    Ok(open_model_with_plan(path, weights)?.0)
+}
+
+/// [`open_model`], with how its kernel plan was made (timed, silently, the first time a
+/// model's shapes are seen on this machine, then cached; `nx bench --show-plan` shows it).
+pub fn open_model_with_plan(
+    path: &Path,
+    weights: &WeightsArgs,
+) -> Result<(Arc<Model>, crate::kernel_plan::PlanReport)> {
+    let model = Model::open_placed(path, weights.placement(path))
+        .with_context(|| format!("{}", path.display()))?;
+    let report = crate::kernel_plan::prepare(&model).context("kernel plan")?;
+    Ok((Arc::new(model), report))
+}
