@@ -162,18 +162,31 @@ macro_rules! direct_grid_kernel {
                 // One length check for the block and one per activation block.
                 let $b = &w[i * BYTES..(i + 1) * BYTES];
                 let xb = block_of_each(&xs, i, Q8_K_BYTES);
+                // Even and odd groups in two integer chains, added at the end (integer
+                // sums: the order does not change a bit), so two groups' table lookups
+                // overlap.
                 let mut lanes = [_mm256_setzero_si256(); N];
-                for $g in 0..8 {
-                    let (q, s, m) = $group_fn($b, $g);
-                    for (lanes, xb) in lanes.iter_mut().zip(&xb) {
-                        // SAFETY: 32 bytes at Q8_K_QS + 32g + 32 ≤ 260, inside the
-                        // 292-byte block.
-                        let x = unsafe {
-                            _mm256_loadu_si256(xb.as_ptr().add(Q8_K_QS + 32 * $g) as *const __m256i)
+                let mut odd_lanes = [_mm256_setzero_si256(); N];
+                for pair in 0..4 {
+                    let even = $group_fn($b, 2 * pair);
+                    let odd = $group_fn($b, 2 * pair + 1);
+                    for t in 0..N {
+                        let x = |g: usize| {
+                            // SAFETY: 32 bytes at Q8_K_QS + 32g + 32 ≤ 260, inside the
+                            // 292-byte block.
+                            unsafe {
+                                _mm256_loadu_si256(xb[t].as_ptr().add(Q8_K_QS + 32 * g) as *const __m256i)
+                            }
                         };
-                        let pairs = _mm256_maddubs_epi16(q, _mm256_sign_epi8(x, s));
-                        *lanes = _mm256_add_epi32(*lanes, _mm256_madd_epi16(pairs, m));
+                        let term = |(q, s, m): (__m256i, __m256i, __m256i), x: __m256i| {
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_sign_epi8(x, s)), m)
+                        };
+                        lanes[t] = _mm256_add_epi32(lanes[t], term(even, x(2 * pair)));
+                        odd_lanes[t] = _mm256_add_epi32(odd_lanes[t], term(odd, x(2 * pair + 1)));
                     }
+                }
+                for t in 0..N {
+                    lanes[t] = _mm256_add_epi32(lanes[t], odd_lanes[t]);
                 }
                 let d_w = read_f16($b, 0);
                 for t in 0..N {
