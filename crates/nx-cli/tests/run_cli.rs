@@ -146,6 +146,13 @@ fn seeded_sampling_is_reproducible_from_the_command_line() {
     assert_eq!(ids(&a), ids(&b));
     let chunked = run_ok(&[&args[..], &["--prefill-chunk", "1"]].concat()).0;
     assert_eq!(ids(&chunked), ids(&a));
+    // Weights mapped instead of resident: every token line (id, text, log-prob) the same.
+    let mapped = run_ok(&[&args[..], &["--mmap"]].concat()).0;
+    let token_lines = |s: &str| -> Vec<Value> {
+        let lines = json_lines(s);
+        lines[..lines.len() - 1].to_vec()
+    };
+    assert_eq!(token_lines(&mapped), token_lines(&a));
 }
 
 #[test]
@@ -366,6 +373,12 @@ fn bench_json_reports_every_field() {
     assert!(v["decode_gbs"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["read_gbs"].is_null(), "--no-probe: {v}");
     assert!(v["kernel_plan"].is_string(), "{v}");
+    // Resident where huge pages are on, else mapped: either is a name, with the time.
+    assert!(
+        ["resident", "mapped"].contains(&v["weights"].as_str().unwrap()),
+        "{v}"
+    );
+    assert!(v["open_s"].as_f64().unwrap() >= 0.0, "{v}");
     assert_eq!(
         v["warmup"], true,
         "llama-bench's warm-up runs by default: {v}"
@@ -375,13 +388,14 @@ fn bench_json_reports_every_field() {
         .arg("bench")
         .arg("--model")
         .arg(model_path())
-        .args(["-p", "8", "-n", "2", "--reps", "1", "--no-warmup"])
+        .args(["-p", "8", "-n", "2", "--reps", "1", "--no-warmup", "--mmap"])
         .output()
         .unwrap();
     assert!(out.status.success());
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(table.contains("pp8") && table.contains("tg2"), "{table}");
     assert!(table.contains("warm-up: no"), "{table}");
+    assert!(table.contains("weights: mapped"), "--mmap: {table}");
     assert!(table.contains("MB per token"), "{table}");
     assert!(table.contains("plain read (1024 MiB)"), "{table}");
 }
