@@ -24,19 +24,25 @@ pub struct MappedFile {
     map: Option<memmap2::Mmap>,
 }
 
+/// Opens `path` for reading and returns it with its length; a directory is an error.
+pub(crate) fn open_file(path: &Path) -> io::Result<(File, u64)> {
+    let file = File::open(path)?;
+    let meta = file.metadata()?;
+    if meta.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "is a directory",
+        ));
+    }
+    Ok((file, meta.len()))
+}
+
 impl MappedFile {
     /// Maps `path` read-only.
     pub fn open(path: impl AsRef<Path>) -> io::Result<MappedFile> {
         let path = path.as_ref();
-        let file = File::open(path)?;
-        let meta = file.metadata()?;
-        if meta.is_dir() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "is a directory",
-            ));
-        }
-        let map = if meta.len() == 0 {
+        let (file, len) = open_file(path)?;
+        let map = if len == 0 {
             None
         } else {
             // SAFETY: the mapping is read-only and we never hand out mutable access. Another

@@ -107,15 +107,8 @@ impl ResidentFile {
     /// Reads the whole of `path` into fresh huge-page memory.
     pub fn read(path: impl AsRef<Path>) -> io::Result<ResidentFile> {
         let path = path.as_ref();
-        let file = File::open(path)?;
-        let meta = file.metadata()?;
-        if meta.is_dir() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "is a directory",
-            ));
-        }
-        let len = usize::try_from(meta.len())
+        let (file, len) = crate::mapped::open_file(path)?;
+        let len = usize::try_from(len)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file too large"))?;
         let memory = Memory::allocate(len)?;
         if let Some(start) = memory.start {
