@@ -34,6 +34,22 @@ impl WeightsArgs {
     }
 }
 
+/// Files from this size on take long enough to copy (seconds on a VM whose host must
+/// fault the memory in again) that a line on stderr says what is happening.
+const ANNOUNCE_BYTES: u64 = 1 << 30;
+
+/// Says on stderr that a large file is being read into memory, and how to avoid it.
+fn announce_long_read(path: &Path) {
+    if let Ok(meta) = std::fs::metadata(path) {
+        if meta.len() >= ANNOUNCE_BYTES {
+            eprintln!(
+                "nx: reading {:.2} GB of weights into huge-page memory (--mmap maps the file instead)",
+                meta.len() as f64 / 1e9
+            );
+        }
+    }
+}
+
 /// Opens a model file, naming it in the error, and installs its kernel plan.
 pub fn open_model(path: &Path, weights: &WeightsArgs) -> Result<Arc<Model>> {
     Ok(open_model_with_plan(path, weights)?.0)
@@ -45,8 +61,12 @@ pub fn open_model_with_plan(
     path: &Path,
     weights: &WeightsArgs,
 ) -> Result<(Arc<Model>, crate::kernel_plan::PlanReport)> {
-    let model = Model::open_placed(path, weights.placement(path))
-        .with_context(|| format!("{}", path.display()))?;
+    let placement = weights.placement(path);
+    if placement == Placement::Resident {
+        announce_long_read(path);
+    }
+    let model =
+        Model::open_placed(path, placement).with_context(|| format!("{}", path.display()))?;
     let report = crate::kernel_plan::prepare(&model).context("kernel plan")?;
     Ok((Arc::new(model), report))
 }
