@@ -65,8 +65,17 @@ pub fn open_model_with_plan(
     if placement == Placement::Resident {
         announce_long_read(path);
     }
-    let model =
-        Model::open_placed(path, placement).with_context(|| format!("{}", path.display()))?;
+    let model = match Model::open_placed(path, placement) {
+        Ok(model) => model,
+        // The copy can fail where the mapping works (no memory for it after all): map.
+        // A file nx cannot run fails mapped too, and that error names the problem.
+        Err(copy_error) if placement == Placement::Resident => {
+            let model = Model::open(path).with_context(|| format!("{}", path.display()))?;
+            eprintln!("nx: could not read the weights into memory ({copy_error}); mapped instead");
+            model
+        }
+        Err(e) => return Err(e).with_context(|| format!("{}", path.display())),
+    };
     let report = crate::kernel_plan::prepare(&model).context("kernel plan")?;
     Ok((Arc::new(model), report))
 }
