@@ -45,6 +45,14 @@ impl Gguf {
             return Ok(mapped);
         }
         drop(mapped);
+        Gguf::read_resident(path)
+    }
+
+    /// Reads the whole of `path` into huge-page memory ([`ResidentFile`]) and parses the
+    /// header from there, without checking it on a mapping first as
+    /// [`Gguf::open_placed`] does (for a caller that has just checked the file itself).
+    pub fn read_resident(path: impl AsRef<Path>) -> Result<Gguf, GgufError> {
+        let path = path.as_ref();
         let resident = ResidentFile::read(path).map_err(|source| GgufError::Io {
             path: path.to_path_buf(),
             source,

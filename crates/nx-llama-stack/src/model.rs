@@ -151,7 +151,7 @@ impl Model {
             Placement::Mapped => Ok(mapped),
             Placement::Resident => {
                 drop(mapped);
-                Model::from_gguf(Gguf::open_placed(path, placement)?)
+                Model::from_gguf(Gguf::read_resident(path)?)
             }
         }
     }
