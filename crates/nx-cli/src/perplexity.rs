@@ -78,7 +78,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
     let text = read_text(&args.file)?;
 
     let path = resolve_model(args.model.as_deref(), crate::run::ModelUse::Text)?;
-    let mut model = Model::open_placed(&path, args.weights.placement(&path))
+    let mut model = Model::open_placed(&path, args.weights.placement(&path).0)
         .with_context(|| format!("{}", path.display()))?;
     if let Some(n) = args.threads {
         model.set_threads(n);

@@ -21,16 +21,16 @@ pub struct WeightsArgs {
 }
 
 impl WeightsArgs {
-    /// The placement for `path`: mapped with `--mmap`, else [`Placement::choose`]'s.
-    pub fn placement(&self, path: &Path) -> Placement {
-        if self.mmap {
-            return Placement::Mapped;
-        }
-        match std::fs::metadata(path) {
-            Ok(meta) => Placement::choose(meta.len()).0,
-            // Opening will name the problem.
-            Err(_) => Placement::Mapped,
-        }
+    /// The placement for `path`: mapped with `--mmap`, else [`Placement::choose`]'s; and
+    /// the file's length when it could be read.
+    pub fn placement(&self, path: &Path) -> (Placement, Option<u64>) {
+        let len = std::fs::metadata(path).ok().map(|meta| meta.len());
+        let placement = match len {
+            Some(len) if !self.mmap => Placement::choose(len).0,
+            // --mmap, or a file opening will name the problem.
+            _ => Placement::Mapped,
+        };
+        (placement, len)
     }
 }
 
@@ -38,15 +38,14 @@ impl WeightsArgs {
 /// fault the memory in again) that a line on stderr says what is happening.
 const ANNOUNCE_BYTES: u64 = 1 << 30;
 
-/// Says on stderr that a large file is being read into memory, and how to avoid it.
-fn announce_long_read(path: &Path) {
-    if let Ok(meta) = std::fs::metadata(path) {
-        if meta.len() >= ANNOUNCE_BYTES {
-            eprintln!(
-                "nx: reading {:.2} GB of weights into huge-page memory (--mmap maps the file instead)",
-                meta.len() as f64 / 1e9
-            );
-        }
+/// Says on stderr that a large file (`len` bytes) is being read into memory, and how to
+/// avoid it.
+fn announce_long_read(len: u64) {
+    if len >= ANNOUNCE_BYTES {
+        eprintln!(
+            "nx: reading {:.2} GB of weights into huge-page memory (--mmap maps the file instead)",
+            len as f64 / 1e9
+        );
     }
 }
 
@@ -61,9 +60,9 @@ pub fn open_model_with_plan(
     path: &Path,
     weights: &WeightsArgs,
 ) -> Result<(Arc<Model>, crate::kernel_plan::PlanReport)> {
-    let placement = weights.placement(path);
-    if placement == Placement::Resident {
-        announce_long_read(path);
+    let (placement, len) = weights.placement(path);
+    if let (Placement::Resident, Some(len)) = (placement, len) {
+        announce_long_read(len);
     }
     let model = match Model::open_placed(path, placement) {
         Ok(model) => model,

@@ -19,14 +19,19 @@ pub struct Gguf {
     header: GgufHeader,
 }
 
+/// Wraps an I/O error of opening or reading `path` as the error that names it.
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> GgufError + '_ {
+    move |source| GgufError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 impl Gguf {
     /// Maps `path` and parses its header.
     pub fn open(path: impl AsRef<Path>) -> Result<Gguf, GgufError> {
         let path = path.as_ref();
-        let map = MappedFile::open(path).map_err(|source| GgufError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let map = MappedFile::open(path).map_err(io_error(path))?;
         let header = GgufHeader::parse(map.bytes())?;
         Ok(Gguf {
             backing: Backing::Mapped(map),
@@ -53,10 +58,7 @@ impl Gguf {
     /// [`Gguf::open_placed`] does (for a caller that has just checked the file itself).
     pub fn read_resident(path: impl AsRef<Path>) -> Result<Gguf, GgufError> {
         let path = path.as_ref();
-        let resident = ResidentFile::read(path).map_err(|source| GgufError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let resident = ResidentFile::read(path).map_err(io_error(path))?;
         let header = GgufHeader::parse(resident.bytes())?;
         Ok(Gguf {
             backing: Backing::Resident(resident),
