@@ -23,6 +23,8 @@ fn bench_gemv(c: &mut Criterion) {
         (GgmlType::Q5_0, 640, 2048),
         (GgmlType::Q8_0, 640, 2048),
         (GgmlType::Q4_0, 640, 2048),
+        (GgmlType::IQ4_NL, 640, 2048),
+        (GgmlType::IQ4_XS, 2048, 640),
         (GgmlType::Q4_K, 2048, 640),
         (GgmlType::Q5_K, 2048, 640),
         (GgmlType::Q6_K, 2048, 640),

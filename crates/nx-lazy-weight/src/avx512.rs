@@ -558,34 +558,81 @@ checked_entry_rows4! {
 /// Runs a per-block expression over the whole blocks of four weight rows `$w` and one
 /// activation row `$x`, two rows per 512-bit register (row `2p` in the low 256 bits, row
 /// `2p + 1` in the high ones). The activation block is prepared once, in both halves
-/// (`$act`: its quants and the per-lane correction the kernel subtracts); `$pair` gives a
-/// pair of rows' integer lanes. Each row keeps its own eight-lane FMA chain with the
-/// single-token kernel's exact operations (`d_w·d_x`, then one FMA per block), so output
-/// `r` has the bits of [`lanes8_chain`] on `(w[r], x)`: a 512-bit FMA is eight-lane FMAs
-/// side by side. One instruction serves two rows, which halves the work per byte; the
-/// two independent chains also hide the FMA latency a single row waits on.
+/// (`$act`: its quants and the negated per-lane correction, which `$pair` takes as the
+/// start of its `dpbusd` so that no subtraction follows); `$pair` gives a pair of rows'
+/// integer lanes. Each row keeps its own eight-lane FMA chain with the single-token
+/// kernel's exact operations (`d_w·d_x`, then one FMA per block), so output `r` has the
+/// bits of [`lanes8_chain`] on `(w[r], x)`: a 512-bit FMA is eight-lane FMAs side by
+/// side. One instruction serves two rows, which halves the work per byte; the two
+/// independent chains also hide the FMA latency a single row waits on. The four rows'
+/// f16 scales (each at the start of its block) are converted and multiplied by `d_x` in
+/// one 128-bit step, then spread to the pairs' halves.
 macro_rules! lanes8_rows4 {
-    ($w:expr, $x:expr, $wbytes:expr, |$xb:ident| ($xq:ident, $corr:ident) = $act:block,
+    ($w:expr, $x:expr, $wbytes:expr, |$xb:ident| ($xq:ident, $base:ident) = $act:block,
      |$lo:ident, $hi:ident| $pair:block) => {{
-        let w = $w;
-        let n_blocks = w
-            .iter()
-            .map(|wr| wr.len() / $wbytes)
-            .fold($x.len() / Q8_0_BYTES, usize::min);
+        const BYTES: usize = $wbytes;
+        // One prefetch per row every `PREFETCH_EVERY` blocks still asks for every line
+        // (the stride stays under 64 bytes) with fewer instructions for small blocks.
+        const PREFETCH_EVERY: usize = if BYTES >= 64 { 1 } else { 64 / BYTES };
+        let n_blocks = rows4_blocks(&$w, $x, BYTES, Q8_0_BYTES);
+        // Whole blocks only: every block read below lies inside its row.
+        // (No `array::map` here or below: its closure is not inlined into a function
+        // with other target features, and a call per block costs more than the block.)
+        let w: [&[u8]; 4] = {
+            let w = $w;
+            let whole = n_blocks * BYTES;
+            [
+                &w[0][..whole],
+                &w[1][..whole],
+                &w[2][..whole],
+                &w[3][..whole],
+            ]
+        };
+        let spread = [
+            _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi32(1)),
+            _mm512_inserti64x4::<1>(_mm512_set1_epi32(2), _mm256_set1_epi32(3)),
+        ];
         let mut acc = [_mm512_setzero_ps(); 2];
         for b in 0..n_blocks {
             let $xb = &$x[b * Q8_0_BYTES..(b + 1) * Q8_0_BYTES];
-            let ($xq, $corr): (__m512i, __m512i) = $act;
-            let dx = f16_splat512($xb, 0);
-            for (p, acc) in acc.iter_mut().enumerate() {
-                let block = b * $wbytes..(b + 1) * $wbytes;
-                crate::avx2::prefetch_block(w[2 * p], block.start, $wbytes, 4);
-                crate::avx2::prefetch_block(w[2 * p + 1], block.start, $wbytes, 4);
-                let $lo = &w[2 * p][block.clone()];
-                let $hi = &w[2 * p + 1][block];
+            let ($xq, $base): (__m512i, __m512i) = $act;
+            let at = b * BYTES;
+            if b.is_multiple_of(PREFETCH_EVERY) {
+                crate::avx2::prefetch_block(w[0], at, BYTES, 4);
+                crate::avx2::prefetch_block(w[1], at, BYTES, 4);
+                crate::avx2::prefetch_block(w[2], at, BYTES, 4);
+                crate::avx2::prefetch_block(w[3], at, BYTES, 4);
+            }
+            // SAFETY: `at + BYTES <= n_blocks·BYTES`, the length of every row of `w`.
+            let (b0, b1, b2, b3) = unsafe {
+                (
+                    std::slice::from_raw_parts(w[0].as_ptr().add(at), BYTES),
+                    std::slice::from_raw_parts(w[1].as_ptr().add(at), BYTES),
+                    std::slice::from_raw_parts(w[2].as_ptr().add(at), BYTES),
+                    std::slice::from_raw_parts(w[3].as_ptr().add(at), BYTES),
+                )
+            };
+            let packed = u64::from(f16_bits(b0))
+                | u64::from(f16_bits(b1)) << 16
+                | u64::from(f16_bits(b2)) << 32
+                | u64::from(f16_bits(b3)) << 48;
+            // d_w·d_x of rows 0..4: the single-token kernels' product, lane by lane.
+            let d4 = _mm_mul_ps(
+                _mm_cvtph_ps(_mm_cvtsi64_si128(packed as i64)),
+                _mm_set1_ps(f16_scalar($xb, 0)),
+            );
+            let d4 = _mm512_castps128_ps512(d4);
+            {
+                let ($lo, $hi) = (b0, b1);
                 let sumi: __m512i = $pair;
-                let d = _mm512_mul_ps(f16_pair($lo, $hi), dx);
-                *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), *acc);
+                let d = _mm512_permutexvar_ps(spread[0], d4);
+                acc[0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[0]);
+            }
+            {
+                let ($lo, $hi) = (b2, b3);
+                let sumi: __m512i = $pair;
+                let d = _mm512_permutexvar_ps(spread[1], d4);
+                acc[1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[1]);
             }
         }
         let [low0, high0] = halves_ps(acc[0]);
@@ -594,22 +641,10 @@ macro_rules! lanes8_rows4 {
     }};
 }
 
-/// The f16 at `bytes[offset..offset + 2]` as f32 in all sixteen lanes.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,f16c")]
-fn f16_splat512(bytes: &[u8], offset: usize) -> __m512 {
-    let bits = u16::from_le_bytes([bytes[offset], bytes[offset + 1]]);
-    _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16))
-}
-
-/// The f16 scales at the start of two blocks as f32: `lo`'s in the low eight lanes,
-/// `hi`'s in the high eight.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,f16c")]
-fn f16_pair(lo: &[u8], hi: &[u8]) -> __m512 {
-    let low = u16::from_le_bytes([lo[0], lo[1]]) as i16;
-    let high = u16::from_le_bytes([hi[0], hi[1]]) as i16;
-    _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(high), _mm_set1_epi16(low)))
+/// The f16 bits at the start of `block` (two bytes at least).
+#[inline(always)]
+fn f16_bits(block: &[u8]) -> u16 {
+    u16::from_le_bytes([block[0], block[1]])
 }
 
 /// The low and the high eight lanes of `v`.
@@ -673,15 +708,18 @@ unsafe fn q4_0_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
         w,
         x,
         Q4_0_BYTES,
-        |xb| (xq, corr) = {
+        |xb| (xq, base) = {
             // SAFETY: x quants are bytes 2..34 of a 34-byte block.
             let xq = unsafe { load32_both(xb, 2) };
-            (xq, _mm512_dpbusd_epi32(zero, eights, xq))
+            (
+                xq,
+                _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, eights, xq)),
+            )
         },
         |lo, hi| {
             // SAFETY: qs is bytes 2..18 of an 18-byte block.
             let q = unsafe { nibbles_pair(lo, hi, 2) };
-            _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, xq), corr)
+            _mm512_dpbusd_epi32(base, q, xq)
         }
     )
 }
@@ -699,10 +737,13 @@ unsafe fn q5_0_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
         w,
         x,
         Q5_0_BYTES,
-        |xb| (xq, corr) = {
+        |xb| (xq, base) = {
             // SAFETY: x quants are bytes 2..34 of a 34-byte block.
             let xq = unsafe { load32_both(xb, 2) };
-            (xq, _mm512_dpbusd_epi32(zero, sixteens, xq))
+            (
+                xq,
+                _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, sixteens, xq)),
+            )
         },
         |lo, hi| {
             // SAFETY: qs is bytes 6..22 of a 22-byte block.
@@ -710,7 +751,7 @@ unsafe fn q5_0_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
             // The fifth bits: bit i of each half's qh adds 16 to its quant i.
             let qh = u64::from(read_u32(lo, q5_0::QH)) | u64::from(read_u32(hi, q5_0::QH)) << 32;
             let q = _mm512_mask_add_epi8(q4, qh, q4, sixteens);
-            _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, xq), corr)
+            _mm512_dpbusd_epi32(base, q, xq)
         }
     )
 }
@@ -728,15 +769,18 @@ unsafe fn q8_0_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
         w,
         x,
         Q8_0_BYTES,
-        |xb| (xq, corr) = {
+        |xb| (xq, base) = {
             // SAFETY: x quants are bytes 2..34 of a 34-byte block.
             let xq = unsafe { load32_both(xb, 2) };
-            (xq, _mm512_dpbusd_epi32(zero, bias, xq))
+            (
+                xq,
+                _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, xq)),
+            )
         },
         |lo, hi| {
             // SAFETY: quants are bytes 2..34 of a 34-byte block.
             let wq = _mm512_xor_si512(unsafe { load32_pair(lo, hi, 2) }, bias);
-            _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, wq, xq), corr)
+            _mm512_dpbusd_epi32(base, wq, xq)
         }
     )
 }
@@ -1299,6 +1343,13 @@ unsafe fn table_pairs<const R: usize, const MX: bool>(
     let minus128 = _mm512_set1_epi8(-128);
     let zero = _mm512_setzero_si512();
     let paired = n_blocks & !1;
+    // Where row r's two products d_w·d_x sit in `d8` below: [2r; 8] then [2r + 1; 8].
+    let spread: [__m512i; R] = std::array::from_fn(|r| {
+        _mm512_inserti64x4::<1>(
+            _mm512_set1_epi32(2 * r as i32),
+            _mm256_set1_epi32(2 * r as i32 + 1),
+        )
+    });
     let mut acc = [_mm512_setzero_ps(); R];
     for ib in (0..paired).step_by(2) {
         let (x0, x1) = (&x[ib * Q8_0_BYTES..], &x[(ib + 1) * Q8_0_BYTES..]);
@@ -1306,9 +1357,30 @@ unsafe fn table_pairs<const R: usize, const MX: bool>(
         let xq = unsafe {
             _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load32(x0, 2)), load32(x1, 2))
         };
-        // −128·Σx per quad, shared by the rows.
-        let corr = _mm512_dpbusd_epi32(zero, minus128, xq);
+        // The correction −128·Σx per quad, shared by the rows: each row's `dpbusd`
+        // starts from it, so Σ(v+128)·x − 128·Σx needs no subtraction.
+        let base = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, minus128, xq));
         let (dx0, dx1) = (f16_scalar(x0, 0), f16_scalar(x1, 0));
+        // With four rows of IQ4_NL, the eight f16 scales convert in one instruction and
+        // multiply by [dx0, dx1, ...] in one more: each product d_w·d_x as the scalar
+        // multiplications below form it.
+        let d8 = if R == 4 && !MX {
+            let mut halves = [0u16; 8];
+            for r in 0..R {
+                let at = ib * b;
+                halves[2 * r] = u16::from_le_bytes([w[r][at], w[r][at + 1]]);
+                halves[2 * r + 1] = u16::from_le_bytes([w[r][at + b], w[r][at + b + 1]]);
+            }
+            // SAFETY: sixteen bytes; unaligned load.
+            let bits = unsafe { _mm_loadu_si128(halves.as_ptr() as *const __m128i) };
+            let dx = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_unpacklo_ps(
+                _mm_set_ss(dx0),
+                _mm_set_ss(dx1),
+            ))));
+            _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtph_ps(bits), dx))
+        } else {
+            _mm512_setzero_ps()
+        };
         for r in 0..R {
             crate::avx2::prefetch_block(w[r], ib * b, b, R);
             let (w0, w1) = (
@@ -1317,8 +1389,12 @@ unsafe fn table_pairs<const R: usize, const MX: bool>(
             );
             // SAFETY: whole blocks (qs is 16 bytes at `qs_at`).
             let biased = unsafe { biased_pair(w0, w1, qs_at, table) };
-            let lanes = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, biased, xq), corr);
-            let d = splat_pair(dx0 * d_w(w0), dx1 * d_w(w1));
+            let lanes = _mm512_dpbusd_epi32(base, biased, xq);
+            let d = if R == 4 && !MX {
+                _mm512_permutexvar_ps(spread[r], d8)
+            } else {
+                splat_pair(dx0 * d_w(w0), dx1 * d_w(w1))
+            };
             acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes), acc[r]);
         }
     }

@@ -46,7 +46,7 @@ pub(crate) unsafe fn signed_quants<const FMT: u8>(wb: &[u8]) -> (__m256i, f32) {
     unsafe {
         let p = wb.as_ptr();
         let bits = std::ptr::read_unaligned(p as *const u16);
-        let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
+        let dw = crate::avx2::f16_bits_to_f32(bits);
         let low4 = _mm_set1_epi8(0x0F);
         let nibbles = |qs: __m128i| {
             let lo = _mm_and_si128(qs, low4);

@@ -630,7 +630,9 @@ pub struct Tuned {
 /// 2: Q6_K tiles without per-quad corrections, Q4_K / Q5_K tiles pairing groups.
 /// 3: the decode prefetch rule (`avx2::prefetch_block`), four-row Q4_K / Q5_K / Q6_K.
 /// 4: a chunk's first weight lines prefetched into L2; the narrow tiles' prefetch rule.
-pub const KERNELS_REVISION: u32 = 4;
+/// 5: f16 scales converted without a false dependency; four-row Q4_0 / Q5_0 / Q8_0 /
+///    IQ4_NL kernels with their scales in one conversion.
+pub const KERNELS_REVISION: u32 = 5;
 
 /// Most weight bytes a decode candidate streams per pass: enough to leave the caches
 /// on most CPUs for the large matrices, bounded so tuning stays short.
