@@ -593,16 +593,21 @@ macro_rules! lanes8_rows4 {
             _mm512_inserti64x4::<1>(_mm512_set1_epi32(2), _mm256_set1_epi32(3)),
         ];
         let mut acc = [_mm512_setzero_ps(); 2];
+        // Blocks until the next prefetch (a countdown, not `b % PREFETCH_EVERY`, which
+        // costs a multiplication per block).
+        let mut until_prefetch = 0;
         for b in 0..n_blocks {
             let $xb = &$x[b * Q8_0_BYTES..(b + 1) * Q8_0_BYTES];
             let ($xq, $base): (__m512i, __m512i) = $act;
             let at = b * BYTES;
-            if b.is_multiple_of(PREFETCH_EVERY) {
+            if until_prefetch == 0 {
+                until_prefetch = PREFETCH_EVERY;
                 crate::avx2::prefetch_block(w[0], at, BYTES, 4);
                 crate::avx2::prefetch_block(w[1], at, BYTES, 4);
                 crate::avx2::prefetch_block(w[2], at, BYTES, 4);
                 crate::avx2::prefetch_block(w[3], at, BYTES, 4);
             }
+            until_prefetch -= 1;
             // SAFETY: `at + BYTES <= n_blocks·BYTES`, the length of every row of `w`.
             let (b0, b1, b2, b3) = unsafe {
                 (
@@ -688,9 +693,9 @@ unsafe fn load32_pair(lo: &[u8], hi: &[u8], offset: usize) -> __m512i {
 unsafe fn nibbles_pair(lo: &[u8], hi: &[u8], offset: usize) -> __m512i {
     // SAFETY: the caller's contract.
     let (l, h) = unsafe { (load16(lo, offset), load16(hi, offset)) };
-    let both = _mm512_castsi256_si512(_mm256_set_m128i(h, l));
-    // 128-bit lanes [l, l, h, h], shifted right by 0, 4, 0, 4 bits.
-    let spread = _mm512_shuffle_i64x2::<0b01_01_00_00>(both, both);
+    // 128-bit lanes [l, l, h, h] as two broadcast loads (the second masked to the high
+    // half), which need no shuffle unit; then shifted right by 0, 4, 0, 4 bits.
+    let spread = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(l), 0xFF00, h);
     let shifts = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
     _mm512_and_si512(_mm512_srlv_epi64(spread, shifts), _mm512_set1_epi8(0x0F))
 }
@@ -1281,15 +1286,14 @@ unsafe fn iq4_quads(biased: __m256i, x: &[u8], at: usize) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn biased_pair(w0: &[u8], w1: &[u8], qs_at: usize, table: __m512i) -> __m512i {
-    let low4 = _mm256_set1_epi8(0x0F);
     // SAFETY: the caller's contract.
-    let qs = unsafe { _mm256_set_m128i(load16(w1, qs_at), load16(w0, qs_at)) };
-    let lo = _mm256_and_si256(qs, low4);
-    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), low4);
-    // [lo0, lo1, hi0, hi1] → [lo0, hi0, lo1, hi1].
-    let halves = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-    let ordered = _mm512_shuffle_i64x2::<0b11_01_10_00>(halves, halves);
-    _mm512_shuffle_epi8(table, ordered)
+    let (q0, q1) = unsafe { (load16(w0, qs_at), load16(w1, qs_at)) };
+    // 128-bit lanes [q0, q0, q1, q1] as two broadcast loads (no shuffle unit), shifted
+    // right by 0, 4, 0, 4 bits: [lo0, hi0, lo1, hi1].
+    let spread = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(q0), 0xFF00, q1);
+    let shifts = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    let nibbles = _mm512_and_si512(_mm512_srlv_epi64(spread, shifts), _mm512_set1_epi8(0x0F));
+    _mm512_shuffle_epi8(table, nibbles)
 }
 
 /// `[a; 8]` in the low 256 bits, `[b; 8]` in the high ones.
