@@ -120,6 +120,8 @@ pub fn dot_kernel_rows4_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotK
     match tier {
         #[cfg(target_arch = "x86_64")]
         CpuTier::Avx512Vnni => crate::avx512::kernel_rows4(weight_type),
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Avx2 => crate::avx2_rows4::kernel_rows4(weight_type),
         _ => None,
     }
 }

@@ -200,6 +200,8 @@ fn has_rows4(tier: CpuTier, ty: GgmlType) -> bool {
     match tier {
         #[cfg(target_arch = "x86_64")]
         CpuTier::Avx512Vnni => crate::avx512::kernel_rows4(ty).is_some(),
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Avx2 => crate::avx2_rows4::kernel_rows4(ty).is_some(),
         _ => false,
     }
 }
@@ -499,8 +501,11 @@ fn known_names(role: Role) -> Vec<String> {
         Role::Decode => tiers
             .iter()
             .map(|&t| DecodeKernel::Rows1(t))
-            // AVX-512 VNNI is the only tier with four-row kernels.
-            .chain([DecodeKernel::Rows4(CpuTier::Avx512Vnni)])
+            // AVX2 and AVX-512 VNNI have four-row kernels.
+            .chain([
+                DecodeKernel::Rows4(CpuTier::Avx2),
+                DecodeKernel::Rows4(CpuTier::Avx512Vnni),
+            ])
             .map(DecodeKernel::name)
             .collect(),
         Role::Prefill => [
@@ -631,7 +636,7 @@ pub struct Tuned {
 /// 3: the decode prefetch rule (`avx2::prefetch_block`), four-row Q4_K / Q5_K / Q6_K.
 /// 4: a chunk's first weight lines prefetched into L2; the narrow tiles' prefetch rule.
 /// 5: f16 scales converted without a false dependency; four-row Q4_0 / Q5_0 / Q8_0 /
-///    IQ4_NL kernels with their scales in one conversion.
+///    IQ4_NL kernels with their scales in one conversion; AVX2 four-row kernels.
 pub const KERNELS_REVISION: u32 = 5;
 
 /// Most weight bytes a decode candidate streams per pass: enough to leave the caches

@@ -150,6 +150,11 @@ fn four_token_kernel_equals_single_token_kernel_bit_for_bit() {
 fn four_row_kernel_equals_single_token_kernel_bit_for_bit() {
     let mut checked = 0;
     for tier in supported_tiers() {
+        if tier == CpuTier::Avx2 {
+            for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+                assert!(dot_kernel_rows4_for(tier, ty).is_some(), "{tier} {ty}");
+            }
+        }
         if tier == CpuTier::Avx512Vnni {
             for ty in [
                 GgmlType::Q4_0,
