@@ -49,63 +49,121 @@ checked_entry_rows4! {
 
 /// The f16 bits at the start of `block` (two bytes at least).
 #[inline(always)]
-fn f16_bits(block: &[u8]) -> u16 {
+pub(crate) fn f16_bits(block: &[u8]) -> u16 {
     u16::from_le_bytes([block[0], block[1]])
+}
+
+/// Four weight rows of `BYTES`-byte blocks, cut to the whole blocks that every row and
+/// the activation row hold, handed out one block index at a time under the four-row
+/// kernels' prefetch rule. The AVX2 and the AVX-512 four-row kernels walk their rows
+/// with it.
+///
+/// (No closures or `array::map` in the per-block path: they are not inlined into a
+/// function with other target features, and a call per block costs more than the
+/// block.)
+pub(crate) struct Rows4<'a, const BYTES: usize> {
+    rows: [&'a [u8]; 4],
+    n_blocks: usize,
+    /// Blocks until the next prefetch (a countdown: `b % PREFETCH_EVERY` costs a
+    /// multiplication per block).
+    until_prefetch: usize,
+}
+
+impl<'a, const BYTES: usize> Rows4<'a, BYTES> {
+    /// One prefetch per row every `PREFETCH_EVERY` blocks still asks for every line (the
+    /// stride stays under 64 bytes) with fewer instructions for small blocks.
+    const PREFETCH_EVERY: usize = if BYTES >= 64 { 1 } else { 64 / BYTES };
+
+    /// The rows `w`, against an activation row of `x_blocks` blocks.
+    #[inline(always)]
+    pub(crate) fn new(w: [&'a [u8]; 4], x_blocks: usize) -> Self {
+        let mut n_blocks = x_blocks;
+        for row in &w {
+            n_blocks = n_blocks.min(row.len() / BYTES);
+        }
+        let whole = n_blocks * BYTES;
+        Rows4 {
+            rows: [
+                &w[0][..whole],
+                &w[1][..whole],
+                &w[2][..whole],
+                &w[3][..whole],
+            ],
+            n_blocks,
+            until_prefetch: 0,
+        }
+    }
+
+    /// Whole blocks of every row.
+    #[inline(always)]
+    pub(crate) fn n_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
+    /// Block `b` (`< n_blocks`) of the four rows, prefetching ahead on the way.
+    #[inline(always)]
+    pub(crate) fn block(&mut self, b: usize) -> [&'a [u8]; 4] {
+        assert!(b < self.n_blocks);
+        let at = b * BYTES;
+        if self.until_prefetch == 0 {
+            self.until_prefetch = Self::PREFETCH_EVERY;
+            prefetch_block(self.rows[0], at, BYTES, 4);
+            prefetch_block(self.rows[1], at, BYTES, 4);
+            prefetch_block(self.rows[2], at, BYTES, 4);
+            prefetch_block(self.rows[3], at, BYTES, 4);
+        }
+        self.until_prefetch -= 1;
+        let rows = &self.rows;
+        // SAFETY: `at + BYTES <= n_blocks·BYTES` (asserted), the length of every row.
+        unsafe {
+            [
+                std::slice::from_raw_parts(rows[0].as_ptr().add(at), BYTES),
+                std::slice::from_raw_parts(rows[1].as_ptr().add(at), BYTES),
+                std::slice::from_raw_parts(rows[2].as_ptr().add(at), BYTES),
+                std::slice::from_raw_parts(rows[3].as_ptr().add(at), BYTES),
+            ]
+        }
+    }
+}
+
+/// `d_w·d_x` for four weight blocks (an f16 scale at the start of each) and the Q8_0
+/// activation block `xb`, lane `r` for block `r`: each the one-row kernels' product, the
+/// four scales converted in one instruction.
+///
+/// (Not a `target_feature` function: those are not inlined reliably, and a call per
+/// block costs more than the block.)
+///
+/// # Safety
+/// The CPU has AVX2 and F16C (the callers are kernels that checked them).
+#[inline(always)]
+pub(crate) unsafe fn scale_products4(blocks: [&[u8]; 4], xb: &[u8]) -> __m128 {
+    let packed = u64::from(f16_bits(blocks[0]))
+        | u64::from(f16_bits(blocks[1])) << 16
+        | u64::from(f16_bits(blocks[2])) << 32
+        | u64::from(f16_bits(blocks[3])) << 48;
+    // SAFETY: F16C and AVX2 per the contract.
+    unsafe {
+        _mm_mul_ps(
+            _mm_cvtph_ps(_mm_cvtsi64_si128(packed as i64)),
+            _mm_set1_ps(f16_scalar(xb, 0)),
+        )
+    }
 }
 
 /// Runs the four rows `$w` (blocks of `$wbytes`, an f16 scale first) against one Q8_0
 /// activation row `$x`: `$act` prepares the activation block `$xb` once (into the named
 /// values), `$row` gives the exact integer lanes of weight block `$wb` with it.
-///
-/// (No closures or `array::map` inside: they would not be inlined into a function with
-/// other target features, and a call per block costs more than the block.)
 macro_rules! lanes8_rows4_avx2 {
     ($w:expr, $x:expr, $wbytes:expr, |$xb:ident| ($($xv:ident),*) = $act:block,
      |$wb:ident| $row:block) => {{
-        const BYTES: usize = $wbytes;
-        // One prefetch per row every `PREFETCH_EVERY` blocks still asks for every line
-        // (the stride stays under 64 bytes) with fewer instructions for small blocks.
-        const PREFETCH_EVERY: usize = if BYTES >= 64 { 1 } else { 64 / BYTES };
-        let w = $w;
-        let n_blocks = w
-            .iter()
-            .map(|row| row.len() / BYTES)
-            .fold($x.len() / Q8_0_BYTES, usize::min);
-        let whole = n_blocks * BYTES;
-        let w: [&[u8]; 4] = [&w[0][..whole], &w[1][..whole], &w[2][..whole], &w[3][..whole]];
+        let mut rows = Rows4::<{ $wbytes }>::new($w, $x.len() / Q8_0_BYTES);
         let mut acc = [_mm256_setzero_ps(); 4];
-        let mut until_prefetch = 0;
-        for b in 0..n_blocks {
+        for b in 0..rows.n_blocks() {
             let $xb = &$x[b * Q8_0_BYTES..(b + 1) * Q8_0_BYTES];
             let ($($xv),*) = $act;
-            let at = b * BYTES;
-            if until_prefetch == 0 {
-                until_prefetch = PREFETCH_EVERY;
-                prefetch_block(w[0], at, BYTES, 4);
-                prefetch_block(w[1], at, BYTES, 4);
-                prefetch_block(w[2], at, BYTES, 4);
-                prefetch_block(w[3], at, BYTES, 4);
-            }
-            until_prefetch -= 1;
-            // SAFETY: `at + BYTES <= whole`, the length of every row of `w`.
-            let blocks: [&[u8]; 4] = unsafe {
-                [
-                    std::slice::from_raw_parts(w[0].as_ptr().add(at), BYTES),
-                    std::slice::from_raw_parts(w[1].as_ptr().add(at), BYTES),
-                    std::slice::from_raw_parts(w[2].as_ptr().add(at), BYTES),
-                    std::slice::from_raw_parts(w[3].as_ptr().add(at), BYTES),
-                ]
-            };
-            let packed = u64::from(f16_bits(blocks[0]))
-                | u64::from(f16_bits(blocks[1])) << 16
-                | u64::from(f16_bits(blocks[2])) << 32
-                | u64::from(f16_bits(blocks[3])) << 48;
-            // d_w·d_x of rows 0..4: the one-row kernels' product, lane by lane.
-            let d4 = _mm_mul_ps(
-                _mm_cvtph_ps(_mm_cvtsi64_si128(packed as i64)),
-                _mm_set1_ps(f16_scalar($xb, 0)),
-            );
-            let d4 = _mm256_castps128_ps256(d4);
+            let blocks = rows.block(b);
+            // SAFETY: the kernels of this module run on CPUs with AVX2 and F16C.
+            let d4 = _mm256_castps128_ps256(unsafe { scale_products4(blocks, $xb) });
             let mut r = 0;
             while r < 4 {
                 let $wb = blocks[r];

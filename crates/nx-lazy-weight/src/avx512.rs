@@ -570,63 +570,21 @@ checked_entry_rows4! {
 macro_rules! lanes8_rows4 {
     ($w:expr, $x:expr, $wbytes:expr, |$xb:ident| ($xq:ident, $base:ident) = $act:block,
      |$lo:ident, $hi:ident| $pair:block) => {{
-        const BYTES: usize = $wbytes;
-        // One prefetch per row every `PREFETCH_EVERY` blocks still asks for every line
-        // (the stride stays under 64 bytes) with fewer instructions for small blocks.
-        const PREFETCH_EVERY: usize = if BYTES >= 64 { 1 } else { 64 / BYTES };
-        let n_blocks = rows4_blocks(&$w, $x, BYTES, Q8_0_BYTES);
-        // Whole blocks only: every block read below lies inside its row.
-        // (No `array::map` here or below: its closure is not inlined into a function
-        // with other target features, and a call per block costs more than the block.)
-        let w: [&[u8]; 4] = {
-            let w = $w;
-            let whole = n_blocks * BYTES;
-            [
-                &w[0][..whole],
-                &w[1][..whole],
-                &w[2][..whole],
-                &w[3][..whole],
-            ]
-        };
+        let mut rows = crate::avx2_rows4::Rows4::<{ $wbytes }>::new($w, $x.len() / Q8_0_BYTES);
         let spread = [
             _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi32(1)),
             _mm512_inserti64x4::<1>(_mm512_set1_epi32(2), _mm256_set1_epi32(3)),
         ];
         let mut acc = [_mm512_setzero_ps(); 2];
-        // Blocks until the next prefetch (a countdown, not `b % PREFETCH_EVERY`, which
-        // costs a multiplication per block).
-        let mut until_prefetch = 0;
-        for b in 0..n_blocks {
+        for b in 0..rows.n_blocks() {
             let $xb = &$x[b * Q8_0_BYTES..(b + 1) * Q8_0_BYTES];
             let ($xq, $base): (__m512i, __m512i) = $act;
-            let at = b * BYTES;
-            if until_prefetch == 0 {
-                until_prefetch = PREFETCH_EVERY;
-                crate::avx2::prefetch_block(w[0], at, BYTES, 4);
-                crate::avx2::prefetch_block(w[1], at, BYTES, 4);
-                crate::avx2::prefetch_block(w[2], at, BYTES, 4);
-                crate::avx2::prefetch_block(w[3], at, BYTES, 4);
-            }
-            until_prefetch -= 1;
-            // SAFETY: `at + BYTES <= n_blocks·BYTES`, the length of every row of `w`.
-            let (b0, b1, b2, b3) = unsafe {
-                (
-                    std::slice::from_raw_parts(w[0].as_ptr().add(at), BYTES),
-                    std::slice::from_raw_parts(w[1].as_ptr().add(at), BYTES),
-                    std::slice::from_raw_parts(w[2].as_ptr().add(at), BYTES),
-                    std::slice::from_raw_parts(w[3].as_ptr().add(at), BYTES),
-                )
-            };
-            let packed = u64::from(f16_bits(b0))
-                | u64::from(f16_bits(b1)) << 16
-                | u64::from(f16_bits(b2)) << 32
-                | u64::from(f16_bits(b3)) << 48;
+            let [b0, b1, b2, b3] = rows.block(b);
             // d_w·d_x of rows 0..4: the single-token kernels' product, lane by lane.
-            let d4 = _mm_mul_ps(
-                _mm_cvtph_ps(_mm_cvtsi64_si128(packed as i64)),
-                _mm_set1_ps(f16_scalar($xb, 0)),
-            );
-            let d4 = _mm512_castps128_ps512(d4);
+            // SAFETY: this module's kernels run on CPUs with AVX2 and F16C.
+            let d4 = _mm512_castps128_ps512(unsafe {
+                crate::avx2_rows4::scale_products4([b0, b1, b2, b3], $xb)
+            });
             {
                 let ($lo, $hi) = (b0, b1);
                 let sumi: __m512i = $pair;
@@ -644,12 +602,6 @@ macro_rules! lanes8_rows4 {
         let [low1, high1] = halves_ps(acc[1]);
         [hsum_ps(low0), hsum_ps(high0), hsum_ps(low1), hsum_ps(high1)]
     }};
-}
-
-/// The f16 bits at the start of `block` (two bytes at least).
-#[inline(always)]
-fn f16_bits(block: &[u8]) -> u16 {
-    u16::from_le_bytes([block[0], block[1]])
 }
 
 /// The low and the high eight lanes of `v`.
