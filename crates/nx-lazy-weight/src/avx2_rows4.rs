@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 use nx_gguf::GgmlType;
 
 use crate::avx2::{available, f16_scalar, hsum_ps, load16, load32, prefetch_block, q5_0_high_bits};
-use crate::dispatch::DotKernelRows4;
+use crate::dispatch::{checked_entry_rows4, DotKernelRows4};
 use crate::formats::{q5_0, read_u32, Q4_0_BYTES, Q5_0_BYTES, Q8_0_BYTES};
 
 /// The four-row kernel of `weight_type`, when this module has one and the CPU can run it.
@@ -27,18 +27,6 @@ pub(crate) fn kernel_rows4(weight_type: GgmlType) -> Option<DotKernelRows4> {
         _ => return None,
     };
     Some(k)
-}
-
-/// Safe four-row entry points, handed out only by [`kernel_rows4`].
-macro_rules! checked_entry_rows4 {
-    ($($name:ident => $imp:ident),* $(,)?) => {$(
-        fn $name(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
-            // SAFETY: reachable only through `kernel_rows4`, which verified AVX2, FMA and
-            // F16C on this CPU; the implementation reads only inside whole blocks of
-            // every `w` and of `x`.
-            unsafe { $imp(w, x) }
-        }
-    )*};
 }
 
 checked_entry_rows4! {

@@ -26,7 +26,7 @@ use crate::avx2::{
     hsum_epi32_8, hsum_ps, k4_min_lanes, lanes8_chain, lanes8_chain4, load16, load32,
     prefetch_ahead, q4_1_levels, Iq4nlAcc,
 };
-use crate::dispatch::{DotKernel4, DotKernelRows4};
+use crate::dispatch::{checked_entry_rows4, DotKernel4, DotKernelRows4};
 use crate::dot_scalar::DotKernel;
 use crate::formats::{
     iq4_nl, iq4_xs, mxfp4, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32, read_u32,
@@ -527,18 +527,6 @@ pub(crate) fn kernel_rows4(weight_type: GgmlType) -> Option<DotKernelRows4> {
         _ => return None,
     };
     Some(k)
-}
-
-/// Safe four-row entry points, handed out only by [`kernel_rows4`].
-macro_rules! checked_entry_rows4 {
-    ($($name:ident => $imp:ident),* $(,)?) => {$(
-        fn $name(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
-            // SAFETY: reachable only through `kernel_rows4`, which verified AVX-512
-            // F/BW/VL/VNNI, AVX2, FMA and F16C on this CPU; the implementation reads only
-            // inside whole blocks of every `w` and of `x`.
-            unsafe { $imp(w, x) }
-        }
-    )*};
 }
 
 checked_entry_rows4! {

@@ -170,6 +170,22 @@ pub fn dot_row(
     Ok(active_dot_kernel(weight_type)?(w_row, x_row))
 }
 
+/// Safe four-row entry points of a tier module (`name => implementation`), handed out
+/// only by that module's `kernel_rows4`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! checked_entry_rows4 {
+    ($($name:ident => $imp:ident),* $(,)?) => {$(
+        fn $name(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+            // SAFETY: reachable only through this module's `kernel_rows4`, which verified
+            // the CPU features the module's kernels need; the implementation reads only
+            // inside whole blocks of every `w` and of `x`.
+            unsafe { $imp(w, x) }
+        }
+    )*};
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use checked_entry_rows4;
+
 #[cfg(test)]
 mod tests {
     use super::*;
