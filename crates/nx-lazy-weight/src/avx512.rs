@@ -1287,13 +1287,6 @@ unsafe fn table_pairs<const R: usize, const MX: bool>(
     let minus128 = _mm512_set1_epi8(-128);
     let zero = _mm512_setzero_si512();
     let paired = n_blocks & !1;
-    // Where row r's two products d_w·d_x sit in `d8` below: [2r; 8] then [2r + 1; 8].
-    let spread: [__m512i; R] = std::array::from_fn(|r| {
-        _mm512_inserti64x4::<1>(
-            _mm512_set1_epi32(2 * r as i32),
-            _mm256_set1_epi32(2 * r as i32 + 1),
-        )
-    });
     let mut acc = [_mm512_setzero_ps(); R];
     for ib in (0..paired).step_by(2) {
         let (x0, x1) = (&x[ib * Q8_0_BYTES..], &x[(ib + 1) * Q8_0_BYTES..]);
@@ -1305,26 +1298,6 @@ unsafe fn table_pairs<const R: usize, const MX: bool>(
         // starts from it, so Σ(v+128)·x − 128·Σx needs no subtraction.
         let base = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, minus128, xq));
         let (dx0, dx1) = (f16_scalar(x0, 0), f16_scalar(x1, 0));
-        // With four rows of IQ4_NL, the eight f16 scales convert in one instruction and
-        // multiply by [dx0, dx1, ...] in one more: each product d_w·d_x as the scalar
-        // multiplications below form it.
-        let d8 = if R == 4 && !MX {
-            let mut halves = [0u16; 8];
-            for r in 0..R {
-                let at = ib * b;
-                halves[2 * r] = u16::from_le_bytes([w[r][at], w[r][at + 1]]);
-                halves[2 * r + 1] = u16::from_le_bytes([w[r][at + b], w[r][at + b + 1]]);
-            }
-            // SAFETY: sixteen bytes; unaligned load.
-            let bits = unsafe { _mm_loadu_si128(halves.as_ptr() as *const __m128i) };
-            let dx = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_unpacklo_ps(
-                _mm_set_ss(dx0),
-                _mm_set_ss(dx1),
-            ))));
-            _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtph_ps(bits), dx))
-        } else {
-            _mm512_setzero_ps()
-        };
         for r in 0..R {
             crate::avx2::prefetch_block(w[r], ib * b, b, R);
             let (w0, w1) = (
@@ -1334,11 +1307,7 @@ unsafe fn table_pairs<const R: usize, const MX: bool>(
             // SAFETY: whole blocks (qs is 16 bytes at `qs_at`).
             let biased = unsafe { biased_pair(w0, w1, qs_at, table) };
             let lanes = _mm512_dpbusd_epi32(base, biased, xq);
-            let d = if R == 4 && !MX {
-                _mm512_permutexvar_ps(spread[r], d8)
-            } else {
-                splat_pair(dx0 * d_w(w0), dx1 * d_w(w1))
-            };
+            let d = splat_pair(dx0 * d_w(w0), dx1 * d_w(w1));
             acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes), acc[r]);
         }
     }
@@ -1522,7 +1491,65 @@ unsafe fn iq4_nl_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
 /// The CPU has the features of this module.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn iq4_nl_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
-    let n_blocks = rows4_blocks(&w, x, iq4_nl::BYTES, Q8_0_BYTES);
-    // SAFETY: the same features; whole blocks of every row.
-    unsafe { table_pairs::<4, IQ4_NL>(w, x, n_blocks) }
+    // The order of `avx2::Iq4nlAcc` (see [`table_pairs`]): per row an even-block and an
+    // odd-block chain of eight lanes, added lane-wise at the end. Here a register holds
+    // one block of two rows (as in the Q4_0 four-row kernel), so the activation block
+    // reaches both halves by a broadcast load, no lane crossing joins two blocks, and the
+    // four rows' f16 scales convert in one instruction. (MXFP4's E8M0 scales convert one
+    // by one, which made this layout slower for it than `table_pairs`.)
+    let mut rows = crate::avx2_rows4::Rows4::<{ iq4_nl::BYTES }>::new(w, x.len() / Q8_0_BYTES);
+    let n_blocks = rows.n_blocks();
+    let paired = n_blocks & !1;
+    // SAFETY: the table is 16 bytes; unaligned load.
+    let table = _mm512_broadcast_i32x4(unsafe {
+        _mm_loadu_si128(KVALUES_BIASED.as_ptr() as *const __m128i)
+    });
+    let minus128 = _mm512_set1_epi8(-128);
+    let zero = _mm512_setzero_si512();
+    let spread = [
+        _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi32(1)),
+        _mm512_inserti64x4::<1>(_mm512_set1_epi32(2), _mm256_set1_epi32(3)),
+    ];
+    // [even block: rows 0 and 1, rows 2 and 3; odd block: rows 0 and 1, rows 2 and 3]
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for even in (0..paired).step_by(2) {
+        for parity in 0..2 {
+            let ib = even + parity;
+            let xb = &x[ib * Q8_0_BYTES..(ib + 1) * Q8_0_BYTES];
+            // SAFETY: x quants are bytes 2..34 of a 34-byte block.
+            let xq = unsafe { load32_both(xb, 2) };
+            // −128·Σx per quad, where each row's `dpbusd` starts.
+            let base = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, minus128, xq));
+            let blocks = rows.block(ib);
+            // SAFETY: this module's kernels run on CPUs with AVX2 and F16C.
+            let d4 =
+                _mm512_castps128_ps512(unsafe { crate::avx2_rows4::scale_products4(blocks, xb) });
+            for pair in 0..2 {
+                // SAFETY: qs is 16 bytes at `iq4_nl::QS` of a whole block.
+                let nibbles =
+                    unsafe { nibbles_pair(blocks[2 * pair], blocks[2 * pair + 1], iq4_nl::QS) };
+                let lanes = _mm512_dpbusd_epi32(base, _mm512_shuffle_epi8(table, nibbles), xq);
+                let d = _mm512_permutexvar_ps(spread[pair], d4);
+                let a = &mut acc[2 * parity + pair];
+                *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes), *a);
+            }
+        }
+    }
+    let mut out = [0f32; 4];
+    for (r, out) in out.iter_mut().enumerate() {
+        let (pair, half) = (r / 2, r % 2);
+        let even = halves_ps(acc[pair])[half];
+        let odd = halves_ps(acc[2 + pair])[half];
+        let sumf = hsum_ps(_mm256_add_ps(even, odd));
+        *out = if paired < n_blocks {
+            let xb = &x[paired * Q8_0_BYTES..];
+            let wb = &w[r][paired * iq4_nl::BYTES..];
+            // SAFETY: the last whole blocks.
+            let lanes = unsafe { iq4_quads(iq4_biased(load16(wb, iq4_nl::QS)), xb, 2) };
+            (f16_scalar(xb, 0) * f16_scalar(wb, 0)).mul_add(hsum_epi32_8(lanes) as f32, sumf)
+        } else {
+            sumf
+        };
+    }
+    out
 }

@@ -637,7 +637,7 @@ pub struct Tuned {
 /// 4: a chunk's first weight lines prefetched into L2; the narrow tiles' prefetch rule.
 /// 5: f16 scales converted without a false dependency; four-row Q4_0 / Q5_0 / Q8_0 /
 ///    IQ4_NL kernels with their scales in one conversion; AVX2 four-row kernels.
-pub const KERNELS_REVISION: u32 = 5;
+pub const KERNELS_REVISION: u32 = 6;
 
 /// Most weight bytes a decode candidate streams per pass: enough to leave the caches
 /// on most CPUs for the large matrices, bounded so tuning stays short.
