@@ -637,7 +637,9 @@ pub struct Tuned {
 /// 4: a chunk's first weight lines prefetched into L2; the narrow tiles' prefetch rule.
 /// 5: f16 scales converted without a false dependency; four-row Q4_0 / Q5_0 / Q8_0 /
 ///    IQ4_NL kernels with their scales in one conversion; AVX2 four-row kernels.
-pub const KERNELS_REVISION: u32 = 6;
+/// 6: IQ4_NL four-row kernel with a block of two rows per register.
+/// 7: AVX-512 Q4_K rows with twelve multiplies per super-block.
+pub const KERNELS_REVISION: u32 = 7;
 
 /// Most weight bytes a decode candidate streams per pass: enough to leave the caches
 /// on most CPUs for the large matrices, bounded so tuning stays short.
