@@ -511,8 +511,16 @@ unsafe fn q6_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
     // bits 4,5); quants 64..96 / 96..128 take bits 4,5 / 6,7 (shift right 0 / 2).
     let shift_first = halves_epi16(4, 2);
     let shift_second = halves_epi16(0, 2);
-    // Each 128-bit quarter (16 quants) has its own scale: 8h + 0..4, 8h + 4..8.
-    let scale_index: [__m512i; 4] = std::array::from_fn(|i| quarters_epi16(4 * i as i16));
+    // Quarter i (16 quants, four quad lanes) of half h takes the scale pair of dword
+    // 4h + i of `scale_pairs` below.
+    let pair_index: [__m512i; 2] = std::array::from_fn(|h| {
+        let q = |i: i32| _mm_set1_epi32(4 * h as i32 + i);
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set_m128i(q(1), q(0))),
+            _mm256_set_m128i(q(3), q(2)),
+        )
+    });
+    let word_mask = _mm512_set1_epi32(0xFFFF);
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..n_blocks {
         let xb = &x[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
@@ -531,7 +539,10 @@ unsafe fn q6_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
             // SAFETY: scales are bytes 192..208 of 210.
             let sc16 = _mm256_cvtepi8_epi16(unsafe { load16(wb, q6_k::SCALES) });
             let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
-            let scales = _mm512_castsi256_si512(sc16);
+            // Dword 4h + i: the scales of quarter i of half h's first and second quants,
+            // (sc[8h + i], sc[8h + 4 + i]), as a word pair.
+            let scale_pairs =
+                _mm512_castsi256_si512(_mm256_unpacklo_epi16(sc16, _mm256_srli_si256::<8>(sc16)));
             let mut sumi = _mm512_setzero_si512();
             for half in 0..2 {
                 // SAFETY: ql half is bytes 64h..64h+64 and qh half 128+32h..160+32h of 210.
@@ -549,16 +560,20 @@ unsafe fn q6_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
                     _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4),
                     _mm512_and_si512(_mm512_srlv_epi16(qh, shift_second), bits45),
                 );
-                let scale_first = _mm512_permutexvar_epi16(scale_index[2 * half], scales);
-                let scale_second = _mm512_permutexvar_epi16(scale_index[2 * half + 1], scales);
-                let (x_first, x_second) = (xq[2 * half], xq[2 * half + 1]);
-                sumi =
-                    _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q_first, x_first), scale_first);
-                sumi = _mm512_dpwssd_epi32(
-                    sumi,
-                    _mm512_maddubs_epi16(q_second, x_second),
-                    scale_second,
+                // Quad sums of both sets (|Q| ≤ 4·63·128, a word), interleaved as word
+                // pairs (first, second) and scaled by one `vpdpwssd`: six multiplies per
+                // half where `maddubs` + `madd` per set need eight (see `q4_k_rows`).
+                let zero = _mm512_setzero_si512();
+                let q_first = _mm512_dpbusd_epi32(zero, q_first, xq[2 * half]);
+                let q_second = _mm512_dpbusd_epi32(zero, q_second, xq[2 * half + 1]);
+                // (q_first & 0xFFFF) | (q_second << 16)
+                let pairs = _mm512_ternarylogic_epi32::<0xF8>(
+                    _mm512_slli_epi32::<16>(q_second),
+                    q_first,
+                    word_mask,
                 );
+                let scale = _mm512_permutexvar_epi32(pair_index[half], scale_pairs);
+                sumi = _mm512_dpwssd_epi32(sumi, pairs, scale);
             }
             let lanes = _mm256_sub_epi32(fold_halves(sumi), offset);
             acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[r]);
