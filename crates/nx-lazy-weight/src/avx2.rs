@@ -1052,6 +1052,69 @@ pub(crate) unsafe fn k4_min_lanes(xb: &[u8], mins: u64) -> __m128i {
     )
 }
 
+/// The pair sums `bsum[2s] + bsum[2s+1]` of a Q8_K block's sixteen 16-quant sums, as
+/// eight words: sub-block `s`'s activation sum, which its 6-bit min multiplies (see
+/// [`k4_scales_mins`]).
+///
+/// (`inline(always)`, not a `target_feature` function: see `avx2_rows4::scale_products4`.)
+///
+/// # Safety
+/// The CPU has AVX2; `xb` is a whole Q8_K block.
+#[inline(always)]
+pub(crate) unsafe fn k4_sub_block_sums(xb: &[u8]) -> __m128i {
+    // SAFETY: bsums are bytes 260..292 of a 292-byte block; AVX2 per the contract.
+    unsafe {
+        let bsums = load32(xb, q8_k::BSUMS);
+        // |bsum| ≤ 16·128, so a pair sum fits a word and the pack never saturates.
+        let pairs = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
+        _mm_packs_epi32(
+            _mm256_castsi256_si128(pairs),
+            _mm256_extracti128_si256::<1>(pairs),
+        )
+    }
+}
+
+/// The eight 6-bit scales and the eight 6-bit mins of a Q4_K / Q5_K super-block, as
+/// words, unpacked in vector registers: two byte shuffles put each byte of the 12-byte
+/// field beside the one that lends it its high bits. `_mm_madd_epi16(mins,
+/// k4_sub_block_sums(xb))` is then [`k4_min_lanes`]'s four lanes (the same integers).
+/// In general registers this unpacking was a third of the AVX-512 Q4_K kernel's time.
+///
+/// # Safety
+/// The CPU has AVX2; `wb` is a whole super-block (asserted).
+#[inline(always)]
+pub(crate) unsafe fn k4_scales_mins(wb: &[u8]) -> (__m128i, __m128i) {
+    assert!(wb.len() >= q4_k::SCALES + 16);
+    // SAFETY: 16 bytes from the scale field on, inside the block (asserted); AVX2 per
+    // the contract.
+    unsafe {
+        let v = _mm_loadu_si128(wb.as_ptr().add(q4_k::SCALES) as *const __m128i);
+        // Bytes a = v[0..4], b = v[4..8], c = v[8..12]. Low parts [a, c, b, c >> 4]:
+        // scales 0..4 are a & 63, 4..8 c & 15; mins 0..4 are b & 63, 4..8 c >> 4.
+        let abc = _mm_shuffle_epi8(
+            v,
+            _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11),
+        );
+        let low = _mm_and_si128(
+            _mm_blend_epi16::<0b1100_0000>(abc, _mm_srli_epi16::<4>(abc)),
+            _mm_setr_epi8(
+                63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15,
+            ),
+        );
+        // High bits of scales and mins 4..8: the top two bits of a and of b, at bits 4, 5.
+        let ab = _mm_shuffle_epi8(
+            v,
+            _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7),
+        );
+        let high = _mm_srli_epi16::<2>(_mm_and_si128(ab, _mm_set1_epi8(0xC0u8 as i8)));
+        let scales_mins = _mm_or_si128(low, high);
+        (
+            _mm_cvtepu8_epi16(scales_mins),
+            _mm_cvtepu8_epi16(_mm_srli_si128::<8>(scales_mins)),
+        )
+    }
+}
+
 /// The sum of four i32 lanes (exact for the min terms: |Σ| < 2^31).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1090,11 +1153,12 @@ unsafe fn q4_k_impl(w: &[u8], x: &[u8]) -> f32 {
             _mm_set1_ps(-read_f32(xb, 0)),
             _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN)),
         );
-        let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
-        // SAFETY: xb is a whole Q8_K block.
-        let min_lanes = unsafe { k4_min_lanes(xb, mn) };
+        // SAFETY: whole blocks; AVX2 per the contract.
+        let (sc16, min_lanes) = unsafe {
+            let (sc16, mins) = k4_scales_mins(wb);
+            (sc16, _mm_madd_epi16(mins, k4_sub_block_sums(xb)))
+        };
         acc_min = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(min_lanes), acc_min);
-        let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
         let scales = _mm256_set_m128i(sc16, sc16);
         let mut sumi = _mm256_setzero_si256();
         for chunk in 0..4 {

@@ -217,32 +217,10 @@ fn k_rows_blocks<const R: usize>(w: &[&[u8]; R], x: &[u8], bytes: usize) -> usiz
         .fold(x.len() / Q8_K_BYTES, usize::min)
 }
 
-/// The pair sums `bsum[2s] + bsum[2s+1]` of a Q8_K block's sixteen 16-quant sums, as
-/// eight words: sub-block `s`'s activation sum, which its 6-bit min multiplies.
-///
-/// # Safety
-/// The CPU has the features of this module; `xb` is a whole Q8_K block.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn k4_sub_block_sums(xb: &[u8]) -> __m128i {
-    // SAFETY: bsums are bytes 260..292 of a 292-byte block.
-    let bsums = unsafe { load32(xb, q8_k::BSUMS) };
-    // |bsum| ≤ 16·128, so a pair sum fits a word and the pack never saturates.
-    let pairs = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
-    _mm_packs_epi32(
-        _mm256_castsi256_si128(pairs),
-        _mm256_extracti128_si256::<1>(pairs),
-    )
-}
-
 /// The per-super-block terms of Q4_K: `d_w·d_x` (eight lanes), `−d_x·dmin_w`
 /// (four lanes, as the scalar twin forms it), the eight 6-bit scales as words, and the
-/// four min lanes `m[2j]·S[2j] + m[2j+1]·S[2j+1]` (`S` from [`k4_sub_block_sums`]: the
-/// integers of `avx2::k4_min_lanes`).
-///
-/// The 12-byte scale field unpacks in vector registers (two byte shuffles place each
-/// byte beside the one that lends it its high bits) rather than in general registers:
-/// per super-block row that was a third of the Q4_K kernel's time.
+/// four min lanes `m[2j]·S[2j] + m[2j+1]·S[2j+1]` (`S` from `avx2::k4_sub_block_sums`),
+/// the scale field unpacked in vector registers (`avx2::k4_scales_mins`).
 ///
 /// # Safety
 /// The CPU has the features of this module; `wb` holds a whole Q4_K super-block.
@@ -256,30 +234,8 @@ unsafe fn k4_block_terms(
 ) -> (__m256, __m128, __m128i, __m128i) {
     let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
     let neg_dmin = _mm_mul_ps(minus_dx, _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN)));
-    assert!(wb.len() >= q4_k::SCALES + 16);
-    // SAFETY: 16 bytes from the scale field on, inside the block (asserted).
-    let v = unsafe { _mm_loadu_si128(wb.as_ptr().add(q4_k::SCALES) as *const __m128i) };
-    // Scale bytes a = v[0..4], b = v[4..8], c = v[8..12]. Low parts [a, c, b, c >> 4]:
-    // scales 0..4 are a & 63, 4..8 are c & 15; mins 0..4 are b & 63, 4..8 are c >> 4.
-    let abc = _mm_shuffle_epi8(
-        v,
-        _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11),
-    );
-    let low = _mm_and_si128(
-        _mm_blend_epi16::<0b1100_0000>(abc, _mm_srli_epi16::<4>(abc)),
-        _mm_setr_epi8(
-            63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15,
-        ),
-    );
-    // High bits of scales and mins 4..8: the top two bits of a and of b, moved to bits 4, 5.
-    let ab = _mm_shuffle_epi8(
-        v,
-        _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7),
-    );
-    let high = _mm_srli_epi16::<2>(_mm_and_si128(ab, _mm_set1_epi8(0xC0u8 as i8)));
-    let scales_mins = _mm_or_si128(low, high);
-    let scales = _mm_cvtepu8_epi16(scales_mins);
-    let mins = _mm_cvtepu8_epi16(_mm_srli_si128::<8>(scales_mins));
+    // SAFETY: a whole super-block; the features per the contract.
+    let (scales, mins) = unsafe { crate::avx2::k4_scales_mins(wb) };
     (d, neg_dmin, scales, _mm_madd_epi16(mins, sub_block_sums))
 }
 
@@ -385,7 +341,7 @@ unsafe fn q4_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
         let dx = f32_splat(xb, 0);
         let minus_dx = _mm_set1_ps(-read_f32(xb, 0));
         // SAFETY: xb is a whole Q8_K block.
-        let sub_block_sums = unsafe { k4_sub_block_sums(xb) };
+        let sub_block_sums = unsafe { crate::avx2::k4_sub_block_sums(xb) };
         for r in 0..R {
             let wb = &w[r][b * B..(b + 1) * B];
             crate::avx2::prefetch_block(w[r], b * B, B, R);
