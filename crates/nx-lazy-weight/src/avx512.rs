@@ -292,6 +292,42 @@ macro_rules! k_row_entries {
     };
 }
 
+/// `(first & 0xFFFF) | (second << 16)` per dword: two sets' quad sums, each of which fits
+/// a word, as the word pairs `(first, second)` that one `vpdpwssd` multiplies by a pair
+/// of scales (exact: the dword's halves are the two sums).
+///
+/// (`inline(always)`, not a `target_feature` function: see `avx2_rows4::scale_products4`.)
+///
+/// # Safety
+/// The CPU has AVX-512 F and VL.
+#[inline(always)]
+unsafe fn word_pairs(first: __m256i, second: __m256i) -> __m256i {
+    // SAFETY: the features per the contract.
+    unsafe {
+        _mm256_ternarylogic_epi32::<0xF8>(
+            _mm256_slli_epi32::<16>(second),
+            first,
+            _mm256_set1_epi32(0xFFFF),
+        )
+    }
+}
+
+/// [`word_pairs`] on 512-bit registers.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[inline(always)]
+unsafe fn word_pairs_512(first: __m512i, second: __m512i) -> __m512i {
+    // SAFETY: the features per the contract.
+    unsafe {
+        _mm512_ternarylogic_epi32::<0xF8>(
+            _mm512_slli_epi32::<16>(second),
+            first,
+            _mm512_set1_epi32(0xFFFF),
+        )
+    }
+}
+
 /// `$acc += ` the pair products of the words `$p` with the word pair at `$scale`
 /// (a `*const u32`, broadcast to every dword by the instruction itself): `vpdpwssd` with
 /// an embedded broadcast. Written out because the compiler otherwise turns the broadcast
@@ -368,12 +404,8 @@ unsafe fn q4_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
                 let zero = _mm256_setzero_si256();
                 let q_lo = _mm256_dpbusd_epi32(zero, lo, xq[2 * chunk]);
                 let q_hi = _mm256_dpbusd_epi32(zero, hi, xq[2 * chunk + 1]);
-                // (q_lo & 0xFFFF) | (q_hi << 16)
-                let pairs = _mm256_ternarylogic_epi32::<0xF8>(
-                    _mm256_slli_epi32::<16>(q_hi),
-                    q_lo,
-                    _mm256_set1_epi32(0xFFFF),
-                );
+                // SAFETY: this module's features.
+                let pairs = unsafe { word_pairs(q_lo, q_hi) };
                 // SAFETY: in bounds of `scale_pairs`.
                 unsafe { dpwssd_scale!(sums[chunk % 2], pairs, scale_pairs.as_ptr().add(chunk)) };
             }
@@ -476,7 +508,6 @@ unsafe fn q6_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
             _mm256_set_m128i(q(3), q(2)),
         )
     });
-    let word_mask = _mm512_set1_epi32(0xFFFF);
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..n_blocks {
         let xb = &x[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
@@ -522,12 +553,8 @@ unsafe fn q6_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
                 let zero = _mm512_setzero_si512();
                 let q_first = _mm512_dpbusd_epi32(zero, q_first, xq[2 * half]);
                 let q_second = _mm512_dpbusd_epi32(zero, q_second, xq[2 * half + 1]);
-                // (q_first & 0xFFFF) | (q_second << 16)
-                let pairs = _mm512_ternarylogic_epi32::<0xF8>(
-                    _mm512_slli_epi32::<16>(q_second),
-                    q_first,
-                    word_mask,
-                );
+                // SAFETY: this module's features.
+                let pairs = unsafe { word_pairs_512(q_first, q_second) };
                 let scale = _mm512_permutexvar_epi32(pair_index[half], scale_pairs);
                 sumi = _mm512_dpwssd_epi32(sumi, pairs, scale);
             }
