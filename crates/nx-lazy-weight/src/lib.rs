@@ -47,6 +47,8 @@ mod error;
 pub mod formats;
 #[cfg(target_arch = "x86_64")]
 mod groups_avx2;
+#[cfg(target_arch = "x86_64")]
+mod kgroups_avx2;
 pub mod lazy;
 pub mod matmul;
 #[cfg(target_arch = "x86_64")]

@@ -50,6 +50,10 @@ pub struct QuantizedActs {
     /// for Q8_0 activations of at least two tokens).
     #[cfg(target_arch = "x86_64")]
     groups: crate::groups_avx2::GroupActs,
+    /// Every token again, for the AVX2 tier's K-quant token groups (built only on that
+    /// tier, for Q8_K activations of at least two tokens).
+    #[cfg(target_arch = "x86_64")]
+    kgroups: crate::kgroups_avx2::KGroupActs,
 }
 
 impl Default for QuantizedActs {
@@ -73,6 +77,8 @@ impl QuantizedActs {
             narrow: crate::narrow::NarrowTiles::default(),
             #[cfg(target_arch = "x86_64")]
             groups: crate::groups_avx2::GroupActs::default(),
+            #[cfg(target_arch = "x86_64")]
+            kgroups: crate::kgroups_avx2::KGroupActs::default(),
         }
     }
 
@@ -224,6 +230,11 @@ impl QuantizedActs {
             self.groups.build(&self.data, n, rb);
         } else {
             self.groups.clear();
+        }
+        if act_type == GgmlType::Q8_K && groups && crate::kgroups_avx2::available() {
+            self.kgroups.build(&self.data, n, rb);
+        } else {
+            self.kgroups.clear();
         }
     }
 
@@ -774,6 +785,20 @@ unsafe fn layouts_into(
                 w_rows,
                 row_bytes,
                 &xq.groups,
+                out.add(row0 - col0),
+                stride,
+            )
+        };
+        return n;
+    }
+    if kernels.groups && xq.kgroups.n_tokens() == n && crate::kgroups_avx2::has_kernel(ty) {
+        // SAFETY: as for the groups above, with the K-quant groups built from `xq`.
+        unsafe {
+            crate::kgroups_avx2::run(
+                ty,
+                w_rows,
+                row_bytes,
+                &xq.kgroups,
                 out.add(row0 - col0),
                 stride,
             )

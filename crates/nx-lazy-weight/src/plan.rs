@@ -258,7 +258,9 @@ pub fn prefill_candidates(active: CpuTier, ty: GgmlType) -> Vec<PrefillKernel> {
         }
         let avx2 = tier_allowed(active, CpuTier::Avx2);
         // The groups are AVX2's default; under AVX-512 the tiles come first.
-        if avx2 && crate::groups_avx2::has_kernel(ty) && crate::groups_avx2::available() {
+        let groups = (crate::groups_avx2::has_kernel(ty) && crate::groups_avx2::available())
+            || (crate::kgroups_avx2::has_kernel(ty) && crate::kgroups_avx2::available());
+        if avx2 && groups {
             out.push(PrefillKernel::Groups);
         }
     }
@@ -639,7 +641,8 @@ pub struct Tuned {
 ///    IQ4_NL kernels with their scales in one conversion; AVX2 four-row kernels.
 /// 6: IQ4_NL four-row kernel with a block of two rows per register.
 /// 7: AVX-512 Q4_K rows with twelve multiplies per super-block.
-pub const KERNELS_REVISION: u32 = 7;
+/// 8: AVX2 token groups for Q4_K and Q6_K.
+pub const KERNELS_REVISION: u32 = 8;
 
 /// Most weight bytes a decode candidate streams per pass: enough to leave the caches
 /// on most CPUs for the large matrices, bounded so tuning stays short.

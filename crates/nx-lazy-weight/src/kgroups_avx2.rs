@@ -1,0 +1,566 @@
+//! Token groups for the AVX2 tier's K-quants: up to eight Q8_K tokens against each Q4_K /
+//! Q5_K / Q6_K weight super-block, for prefill, batched decode steps and draft verification.
+//!
+//! The single-token kernels give i32 lane `l` of a super-block the sum, over its eight
+//! 32-quant vectors `v`, of `scale(v, l)·quad_l(v)`, where `quad_l(v)` is the dot of quants
+//! `4l..4l+4` of `v`; each vector costs them a `maddubs` (pair sums) and a `madd` by its
+//! scale (pairs to quads and the scale at once), two multiplies per token. Here two
+//! neighbouring vectors are taken together: their weight bytes are regrouped once for the
+//! group (word `2l` of one register holds vector `v`'s quants `4l, 4l+1`, word `2l+1`
+//! vector `v+1`'s; the other register the quants `4l+2, 4l+3`), and every token's
+//! activations are regrouped the same way once per step ([`KGroupActs::build`]). Then two
+//! `maddubs` and a word add give both vectors' quad sums side by side, and one `madd` by
+//! the scale pair gives `scale(v)·quad_l(v) + scale(v+1)·quad_l(v+1)`: three multiplies
+//! per token for two vectors instead of four. The integers are the single-token
+//! kernel's (a quad sum fits an i16: `4·63·128` at most), and the float part per token is
+//! its FMA chains, so every output keeps the single-token kernel's bits.
+
+use std::arch::x86_64::*;
+
+use nx_gguf::GgmlType;
+
+use crate::avx2::{
+    hsum4_ps, hsum_epi32, hsum_ps, k4_sub_block_sums, load16, load32, prefetch_ahead,
+};
+use crate::formats::{
+    q4_k, q6_k, q8_k, read_f32, scales_mins_k4_packed, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES,
+    Q8_K_BYTES,
+};
+
+/// Most tokens one pass over the weight rows takes (their eight i32 sums, the two weight
+/// registers and the scales fit the sixteen AVX2 registers).
+pub(crate) const GROUP: usize = 8;
+
+/// Bytes of one token's super-block in [`KGroupActs`]: the 256 regrouped quants, the
+/// sixteen 16-quant sums (`bsums`, as in Q8_K) and the eight 32-quant sums.
+const SLOT: usize = 256 + 32 + 16;
+/// Offset of the `bsums` in a slot.
+const SLOT_BSUMS: usize = 256;
+/// Offset of the 32-quant sums in a slot.
+const SLOT_SUB_SUMS: usize = 288;
+
+/// Q8_K activations regrouped for the kernels of this module, super-block by super-block
+/// (token `t` of block `b` at slot `b·n_tokens + t`), and their scales `d_x`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KGroupActs {
+    slots: Vec<u8>,
+    dx: Vec<f32>,
+    n_tokens: usize,
+    n_blocks: usize,
+}
+
+impl KGroupActs {
+    /// Tokens held (0 when empty).
+    pub(crate) fn n_tokens(&self) -> usize {
+        self.n_tokens
+    }
+
+    /// Forgets the contents (keeps the buffers).
+    pub(crate) fn clear(&mut self) {
+        self.n_tokens = 0;
+        self.n_blocks = 0;
+    }
+
+    /// Lays out the `n` Q8_K activation rows of `rows` (`row_bytes` each); leaves nothing
+    /// unless there are at least two whole rows of whole blocks and the CPU has AVX2.
+    pub(crate) fn build(&mut self, rows: &[u8], n: usize, row_bytes: usize) {
+        self.clear();
+        if n < 2
+            || row_bytes == 0
+            || !row_bytes.is_multiple_of(Q8_K_BYTES)
+            || rows.len() < n * row_bytes
+            || !available()
+        {
+            return;
+        }
+        let n_blocks = row_bytes / Q8_K_BYTES;
+        self.slots.clear();
+        self.slots.resize(n_blocks * n * SLOT, 0);
+        self.dx.clear();
+        self.dx.resize(n_blocks * n, 0.0);
+        for t in 0..n {
+            for b in 0..n_blocks {
+                let at = t * row_bytes + b * Q8_K_BYTES;
+                let xb = &rows[at..at + Q8_K_BYTES];
+                let slot = b * n + t;
+                self.dx[slot] = read_f32(xb, 0);
+                let out = &mut self.slots[slot * SLOT..(slot + 1) * SLOT];
+                // SAFETY: `available` was checked above; `xb` is a whole Q8_K block and
+                // `out` a whole slot.
+                unsafe { regroup_block(xb, out) };
+            }
+        }
+        self.n_tokens = n;
+        self.n_blocks = n_blocks;
+    }
+}
+
+/// One Q8_K block into one slot: each 64 quants as the register pair of
+/// [`pair_vectors`], then the `bsums`, then the 32-quant sums.
+///
+/// # Safety
+/// The CPU has AVX2; `xb` is a whole Q8_K block, `out` a whole slot.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn regroup_block(xb: &[u8], out: &mut [u8]) {
+    assert!(xb.len() >= Q8_K_BYTES && out.len() >= SLOT);
+    let dst = out.as_mut_ptr();
+    // SAFETY: the loads lie inside the Q8_K block and the stores inside the slot
+    // (asserted above).
+    unsafe {
+        for c in 0..4 {
+            let x0 = load32(xb, q8_k::QS + 64 * c);
+            let x1 = load32(xb, q8_k::QS + 64 * c + 32);
+            let (a, b) = pair_vectors(x0, x1);
+            _mm256_storeu_si256(dst.add(64 * c) as *mut __m256i, a);
+            _mm256_storeu_si256(dst.add(64 * c + 32) as *mut __m256i, b);
+        }
+        let bsums = load32(xb, q8_k::BSUMS);
+        _mm256_storeu_si256(dst.add(SLOT_BSUMS) as *mut __m256i, bsums);
+        _mm_storeu_si128(
+            dst.add(SLOT_SUB_SUMS) as *mut __m128i,
+            k4_sub_block_sums(xb),
+        );
+    }
+}
+
+/// Two 32-byte vectors `v`, `w` regrouped by words: dword `l` of the first result is
+/// `v[4l], v[4l+1], w[4l], w[4l+1]`, of the second `v[4l+2], v[4l+3], w[4l+2], w[4l+3]`.
+/// The same for weights and activations, so byte `i` of one meets byte `i` of the other.
+#[inline(always)]
+unsafe fn pair_vectors(v: __m256i, w: __m256i) -> (__m256i, __m256i) {
+    // SAFETY: the caller runs with AVX2 (every user is an AVX2 `target_feature` fn).
+    unsafe {
+        (
+            _mm256_blend_epi16::<0xAA>(v, _mm256_slli_epi32::<16>(w)),
+            _mm256_blend_epi16::<0xAA>(_mm256_srli_epi32::<16>(v), w),
+        )
+    }
+}
+
+/// The i32 lanes `s_v·quad_l(v) + s_{v+1}·quad_l(v+1)` of one regrouped weight pair
+/// (`wa`, `wb`) and scale pairs `scales` against the 64 regrouped activation bytes at
+/// `x`, added to `sum`.
+///
+/// # Safety
+/// The CPU has AVX2; `x` is valid for 64 bytes of reads.
+#[inline(always)]
+unsafe fn pair_dot(
+    sum: __m256i,
+    wa: __m256i,
+    wb: __m256i,
+    scales: __m256i,
+    x: *const u8,
+) -> __m256i {
+    // SAFETY: the contract.
+    unsafe {
+        let xa = _mm256_loadu_si256(x as *const __m256i);
+        let xb = _mm256_loadu_si256(x.add(32) as *const __m256i);
+        // Each pair sum is at most 2·63·128 and their sum 4·63·128 < 2^15: no wrap.
+        let quads = _mm256_add_epi16(_mm256_maddubs_epi16(wa, xa), _mm256_maddubs_epi16(wb, xb));
+        _mm256_add_epi32(sum, _mm256_madd_epi16(quads, scales))
+    }
+}
+
+/// Zero, as a value the compiler cannot know until every sum in `sums` is computed. Each
+/// 64-quant step offsets its loads (weights and activations) by the zero from the
+/// step before's sums: without that LLVM hoists every step's loads and products of a
+/// super-block (all tokens, all four steps) to its start and spills most of them to the
+/// stack. The `asm` blocks are empty (no instruction, no memory access); as blocks with
+/// side effects they keep their order, so the zero comes after all the sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn zero_after<const N: usize>(sums: &mut [__m256i; N]) -> usize {
+    let mut zero = 0usize;
+    // SAFETY: empty instruction sequences; every operand comes back unchanged.
+    unsafe {
+        for sum in sums.iter_mut() {
+            std::arch::asm!(
+                "/* {s} */",
+                s = inout(ymm_reg) * sum,
+                options(nomem, nostack, preserves_flags)
+            );
+        }
+        std::arch::asm!("/* {z} */", z = inout(reg) zero, options(nomem, nostack, preserves_flags));
+    }
+    zero
+}
+
+/// Weight types the group kernels of this module take (with Q8_K activations).
+pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
+    matches!(
+        weight_type,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
+    )
+}
+
+/// True when this CPU has the group kernels' features.
+pub(crate) fn available() -> bool {
+    crate::avx2::available()
+}
+
+/// For every token of `acts` and every row of `w_rows` (`row_bytes` each, of
+/// `weight_type`), the dot product with the single-token kernel's bits, written for row
+/// `r`, token `t` to `out_ptr[t·out_stride + r]`.
+///
+/// # Safety
+/// [`available`] and [`has_kernel`] must be true, `acts` built from Q8_K activations of
+/// the weight's row length; `out_ptr` must be valid for writes at every such index, with
+/// no other thread accessing them during the call.
+pub(crate) unsafe fn run(
+    weight_type: GgmlType,
+    w_rows: &[u8],
+    row_bytes: usize,
+    acts: &KGroupActs,
+    out_ptr: *mut f32,
+    out_stride: usize,
+) {
+    if acts.n_tokens == 0 || row_bytes == 0 || w_rows.len() < row_bytes {
+        return;
+    }
+    for g0 in (0..acts.n_tokens).step_by(GROUP) {
+        let count = GROUP.min(acts.n_tokens - g0);
+        let args = (w_rows, row_bytes, acts, g0);
+        // SAFETY: the caller's contract; token `g0 + t` of row `r` goes to
+        // `out[(g0 + t)·stride + r]`.
+        let out = unsafe { out_ptr.add(g0 * out_stride) };
+        macro_rules! counts {
+            ($kernel:ident $(, $five:literal)?) => {
+                // SAFETY: as above.
+                unsafe {
+                    match count {
+                        1 => $kernel::<1 $(, $five)?>(args, out, out_stride),
+                        2 => $kernel::<2 $(, $five)?>(args, out, out_stride),
+                        3 => $kernel::<3 $(, $five)?>(args, out, out_stride),
+                        4 => $kernel::<4 $(, $five)?>(args, out, out_stride),
+                        5 => $kernel::<5 $(, $five)?>(args, out, out_stride),
+                        6 => $kernel::<6 $(, $five)?>(args, out, out_stride),
+                        7 => $kernel::<7 $(, $five)?>(args, out, out_stride),
+                        _ => $kernel::<8 $(, $five)?>(args, out, out_stride),
+                    }
+                }
+            };
+        }
+        match weight_type {
+            GgmlType::Q4_K => counts!(q4_k_group, false),
+            GgmlType::Q5_K => counts!(q4_k_group, true),
+            GgmlType::Q6_K => counts!(q6_k_group),
+            _ => return,
+        }
+    }
+}
+
+/// What every group kernel takes: the weight rows, their bytes per row, the activations
+/// and the group's first token.
+type GroupArgs<'a> = (&'a [u8], usize, &'a KGroupActs, usize);
+
+/// Checks the layout against the weight rows and returns `(n_tokens, n_blocks)`.
+fn checked_shape<const N: usize>(
+    (w, row_bytes, acts, g0): GroupArgs<'_>,
+    block_bytes: usize,
+) -> (usize, usize) {
+    let (n, n_blocks) = (acts.n_tokens, acts.n_blocks);
+    assert!(g0 + N <= n && row_bytes >= n_blocks * block_bytes && w.len() >= row_bytes);
+    assert!(acts.slots.len() >= n_blocks * n * SLOT && acts.dx.len() >= n_blocks * n);
+    (n, n_blocks)
+}
+
+/// `weight_scale·d_x` for tokens `g0..g0 + N` of block `b` (same products as a scalar
+/// multiply per token), stored for broadcast loads.
+///
+/// # Safety
+/// The CPU has AVX2; `b·n + g0 + N <= dx.len()`, `N <= GROUP`.
+#[inline(always)]
+unsafe fn scale_products<const N: usize>(weight_scale: __m256, dx: &[f32], out: &mut [f32; GROUP]) {
+    let mut lanes = [0.0f32; GROUP];
+    lanes[..N].copy_from_slice(&dx[..N]);
+    // SAFETY: AVX2 by the contract; `lanes` and `out` hold eight f32.
+    unsafe {
+        let products = _mm256_mul_ps(weight_scale, _mm256_loadu_ps(lanes.as_ptr()));
+        _mm256_storeu_ps(out.as_mut_ptr(), products);
+    }
+}
+
+/// Q4_K rows (Q5_K when `FIVE`) against tokens `g0..g0 + N`: row `r`, token `g0 + t` to
+/// `out[t·out_stride + r]`. Same integers and float chains as `avx2::q4_k_impl` (and
+/// `avx2::q5_k_impl`, whose min term is one scalar chain instead of four lanes).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `out` is valid for those writes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_group<const N: usize, const FIVE: bool>(
+    args: GroupArgs<'_>,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let (w, row_bytes, acts, g0) = args;
+    let block_bytes = if FIVE { Q5_K_BYTES } else { Q4_K_BYTES };
+    let quants = if FIVE { q4_k::Q5_QS } else { q4_k::QS };
+    let (n, n_blocks) = checked_shape::<N>(args, block_bytes);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let slots = acts.slots.as_ptr();
+    let mut d = [0.0f32; GROUP];
+    let mut neg_dmin = [0.0f32; GROUP];
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut acc_min = [_mm_setzero_ps(); N];
+        let mut summs = [0.0f32; N];
+        for b in 0..n_blocks {
+            prefetch_ahead(row, b * block_bytes);
+            let wb = &row[b * block_bytes..(b + 1) * block_bytes];
+            let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
+            let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
+            // Dword `c`: the scale pair of sub-blocks 2c, 2c+1.
+            let scales = _mm256_set_m128i(sc16, sc16);
+            let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+            // The fifth bits (Q5_K): bits 2c, 2c+1 of each byte for chunk c.
+            // SAFETY: qh is bytes 16..48 of 176.
+            let mut qh = if FIVE {
+                unsafe { load32(wb, q4_k::Q5_QH) }
+            } else {
+                low4
+            };
+            // SAFETY: slot b·n + g0 + N ≤ n_blocks·n (checked_shape).
+            let x0 = unsafe { slots.add((b * n + g0) * SLOT) };
+            let mut sumi = [_mm256_setzero_si256(); N];
+            macro_rules! chunk {
+                ($c:literal, $imm:literal) => {
+                    let z = zero_after(&mut sumi);
+                    // SAFETY: quants chunk is bytes 32c..32c+32 of the quants (z is 0).
+                    let qs = unsafe { load32(wb, quants + 32 * $c + z) };
+                    let mut lo = _mm256_and_si256(qs, low4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), low4);
+                    if FIVE {
+                        lo =
+                            _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bit4));
+                        hi =
+                            _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(qh), bit4));
+                        qh = _mm256_srli_epi16::<2>(qh);
+                    }
+                    // SAFETY: AVX2 (this function's features).
+                    let (wa, wb2) = unsafe { pair_vectors(lo, hi) };
+                    let pair = _mm256_shuffle_epi32::<$imm>(scales);
+                    // SAFETY: inside the slots (checked_shape; z is 0).
+                    let xc = unsafe { x0.add(64 * $c + z) };
+                    for (t, sum) in sumi.iter_mut().enumerate() {
+                        // SAFETY: 64 bytes of token g0 + t's slot.
+                        *sum = unsafe { pair_dot(*sum, wa, wb2, pair, xc.add(t * SLOT)) };
+                    }
+                };
+            }
+            chunk!(0, 0x00);
+            chunk!(1, 0x55);
+            chunk!(2, 0xAA);
+            chunk!(3, 0xFF);
+            let _ = qh;
+            let dx = &acts.dx[b * n + g0..b * n + g0 + N];
+            let dmin_w = f16_splat(wb, q4_k::DMIN);
+            // SAFETY: AVX2; `dx` holds N ≤ GROUP scales.
+            unsafe {
+                scale_products::<N>(f16_splat(wb, 0), dx, &mut d);
+                // −d_x·dmin_w, as the single-token kernel forms it (a negation is exact).
+                scale_products::<N>(
+                    _mm256_xor_ps(dmin_w, _mm256_set1_ps(-0.0)),
+                    dx,
+                    &mut neg_dmin,
+                );
+            }
+            let (d, neg_dmin) = (std::hint::black_box(&d), std::hint::black_box(&neg_dmin));
+            for t in 0..N {
+                // SAFETY: the 32-quant sums of token g0 + t's slot.
+                let sub_sums =
+                    unsafe { _mm_loadu_si128(x0.add(t * SLOT + SLOT_SUB_SUMS) as *const __m128i) };
+                let min_lanes = _mm_madd_epi16(sub_sums, mins);
+                if FIVE {
+                    summs[t] = neg_dmin[t].mul_add(hsum_epi32(min_lanes) as f32, summs[t]);
+                } else {
+                    acc_min[t] = _mm_fmadd_ps(
+                        _mm_broadcast_ss(&neg_dmin[t]),
+                        _mm_cvtepi32_ps(min_lanes),
+                        acc_min[t],
+                    );
+                }
+                acc[t] = _mm256_fmadd_ps(
+                    _mm256_broadcast_ss(&d[t]),
+                    _mm256_cvtepi32_ps(sumi[t]),
+                    acc[t],
+                );
+            }
+        }
+        for t in 0..N {
+            let y = if FIVE {
+                hsum_ps(acc[t]) + summs[t]
+            } else {
+                hsum_ps(acc[t]) + hsum4_ps(acc_min[t])
+            };
+            // SAFETY: the caller's contract on `out`.
+            unsafe { *out.add(t * out_stride + r) = y };
+        }
+    }
+}
+
+/// Q6_K rows against tokens `g0..g0 + N`: row `r`, token `g0 + t` to
+/// `out[t·out_stride + r]`. Same integers and float chain as `avx2::q6_k_impl`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `out` is valid for those writes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_group<const N: usize>(args: GroupArgs<'_>, out: *mut f32, out_stride: usize) {
+    let (w, row_bytes, acts, g0) = args;
+    let (n, n_blocks) = checked_shape::<N>(args, Q6_K_BYTES);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let bits45 = _mm256_set1_epi8(0x30);
+    // The scale pairs of 32-quant vectors k, k+1 (k even) of a half: lanes 0..4 take
+    // their first 16 quants' scales (words 2k, 2k+2 of the half's eight), lanes 4..8
+    // their last 16's (words 2k+1, 2k+3).
+    let pair_ctrl = |k: i8| {
+        let (a, b) = (4 * k, 4 * k + 4);
+        let lo = [a, a + 1, b, b + 1];
+        let hi = [a + 2, a + 3, b + 2, b + 3];
+        _mm256_setr_epi8(
+            lo[0], lo[1], lo[2], lo[3], lo[0], lo[1], lo[2], lo[3], lo[0], lo[1], lo[2], lo[3],
+            lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3], hi[0], hi[1], hi[2], hi[3],
+            hi[0], hi[1], hi[2], hi[3], hi[0], hi[1], hi[2], hi[3],
+        )
+    };
+    let (ctrl0, ctrl2) = (pair_ctrl(0), pair_ctrl(2));
+    let slots = acts.slots.as_ptr();
+    let mut d = [0.0f32; GROUP];
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); N];
+        for b in 0..n_blocks {
+            prefetch_ahead(row, b * Q6_K_BYTES);
+            let wb = &row[b * Q6_K_BYTES..(b + 1) * Q6_K_BYTES];
+            // SAFETY: scales are bytes 192..208 of 210.
+            let sc16 = _mm256_cvtepi8_epi16(unsafe { load16(wb, q6_k::SCALES) });
+            // SAFETY: slot b·n + g0 + N ≤ n_blocks·n (checked_shape).
+            let x0 = unsafe { slots.add((b * n + g0) * SLOT) };
+            let mut sumi = [_mm256_setzero_si256(); N];
+            for half in 0..2 {
+                let sc_half = if half == 0 {
+                    _mm256_castsi256_si128(sc16)
+                } else {
+                    _mm256_extracti128_si256::<1>(sc16)
+                };
+                let sc_both = _mm256_set_m128i(sc_half, sc_half);
+                // SAFETY: ql half is bytes 64h..64h+64, qh half 128+32h..160+32h, of 210.
+                let (ql0, ql1, qh) = unsafe {
+                    (
+                        load32(wb, q6_k::QL + 64 * half),
+                        load32(wb, q6_k::QL + 64 * half + 32),
+                        load32(wb, q6_k::QH + 32 * half),
+                    )
+                };
+                // Quants 0..32, 32..64 of this half (vectors 0, 1), then 64..128 (2, 3).
+                let q0 = _mm256_or_si256(
+                    _mm256_and_si256(ql0, low4),
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bits45),
+                );
+                let q1 = _mm256_or_si256(
+                    _mm256_and_si256(ql1, low4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), bits45),
+                );
+                let q2 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4),
+                    _mm256_and_si256(qh, bits45),
+                );
+                let q3 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), bits45),
+                );
+                macro_rules! pair {
+                    ($va:expr, $vb:expr, $ctrl:expr, $pair:literal) => {
+                        // SAFETY: AVX2 (this function's features).
+                        let (wa, wb2) = unsafe { pair_vectors($va, $vb) };
+                        let scales = _mm256_shuffle_epi8(sc_both, $ctrl);
+                        let z = zero_after(&mut sumi);
+                        // SAFETY: inside the slots (checked_shape; z is 0).
+                        let xc = unsafe { x0.add(64 * (2 * half + $pair) + z) };
+                        for (t, sum) in sumi.iter_mut().enumerate() {
+                            // SAFETY: 64 bytes of token g0 + t's slot.
+                            *sum = unsafe { pair_dot(*sum, wa, wb2, scales, xc.add(t * SLOT)) };
+                        }
+                    };
+                }
+                pair!(q0, q1, ctrl0, 0);
+                pair!(q2, q3, ctrl2, 1);
+            }
+            let dx = &acts.dx[b * n + g0..b * n + g0 + N];
+            // SAFETY: AVX2; `dx` holds N ≤ GROUP scales.
+            unsafe { scale_products::<N>(f16_splat(wb, q6_k::D), dx, &mut d) };
+            let d = std::hint::black_box(&d);
+            for t in 0..N {
+                // SAFETY: the bsums of token g0 + t's slot.
+                let bsums =
+                    unsafe { _mm256_loadu_si256(x0.add(t * SLOT + SLOT_BSUMS) as *const __m256i) };
+                let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
+                let lanes = _mm256_sub_epi32(sumi[t], offset);
+                acc[t] = _mm256_fmadd_ps(
+                    _mm256_broadcast_ss(&d[t]),
+                    _mm256_cvtepi32_ps(lanes),
+                    acc[t],
+                );
+            }
+        }
+        for t in 0..N {
+            // SAFETY: the caller's contract on `out`.
+            unsafe { *out.add(t * out_stride + r) = hsum_ps(acc[t]) };
+        }
+    }
+}
+
+/// The f16 at `bytes[offset..]` splatted as f32 (F16C).
+#[inline(always)]
+fn f16_splat(bytes: &[u8], offset: usize) -> __m256 {
+    let bits = u16::from_le_bytes([bytes[offset], bytes[offset + 1]]);
+    // SAFETY: every caller is a `target_feature(enable = "avx2,fma,f16c")` function.
+    unsafe { _mm256_cvtph_ps(_mm_set1_epi16(bits as i16)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_pairs_each_sixty_four_quants_by_words() {
+        if !available() {
+            return;
+        }
+        // Two tokens of one block: token t's quant k is (t·7 + k) as i8, d_x = t + 1.
+        let mut rows = vec![0u8; 2 * Q8_K_BYTES];
+        for t in 0..2 {
+            let xb = &mut rows[t * Q8_K_BYTES..(t + 1) * Q8_K_BYTES];
+            xb[..4].copy_from_slice(&(t as f32 + 1.0).to_le_bytes());
+            for k in 0..256 {
+                xb[q8_k::QS + k] = (t * 7 + k) as u8;
+            }
+            for j in 0..16 {
+                let s: i16 = (0..16)
+                    .map(|i| xb[q8_k::QS + 16 * j + i] as i8 as i16)
+                    .sum();
+                xb[q8_k::BSUMS + 2 * j..q8_k::BSUMS + 2 * j + 2].copy_from_slice(&s.to_le_bytes());
+            }
+        }
+        let mut g = KGroupActs::default();
+        g.build(&rows, 2, Q8_K_BYTES);
+        assert_eq!((g.n_tokens(), g.n_blocks), (2, 1));
+        assert_eq!(g.dx, vec![1.0, 2.0]);
+        let q = |t: usize, k: usize| (t * 7 + k) as u8;
+        // Token 1 (slot 1), chunk 2 (quants 128..192): dword 3 of the first register is
+        // quants 140, 141 | 172, 173; of the second 142, 143 | 174, 175.
+        let s = &g.slots[SLOT + 128..SLOT + 192];
+        assert_eq!(s[12..16], [q(1, 140), q(1, 141), q(1, 172), q(1, 173)]);
+        assert_eq!(s[44..48], [q(1, 142), q(1, 143), q(1, 174), q(1, 175)]);
+        // The 32-quant sums are the bsum pairs.
+        let sums = &g.slots[SLOT + SLOT_SUB_SUMS..2 * SLOT];
+        let bsum = |j: usize| {
+            i16::from_le_bytes([
+                rows[Q8_K_BYTES + q8_k::BSUMS + 2 * j],
+                rows[Q8_K_BYTES + q8_k::BSUMS + 2 * j + 1],
+            ])
+        };
+        assert_eq!(i16::from_le_bytes([sums[6], sums[7]]), bsum(6) + bsum(7));
+        g.build(&rows, 1, Q8_K_BYTES);
+        assert_eq!(g.n_tokens(), 0, "one token takes the single-token kernel");
+    }
+}
