@@ -109,6 +109,10 @@ impl KvElem for f16 {
 /// The cache stores each position as one row of `row_stride` elements (all KV heads
 /// side by side); head `h` of row `j` is `data[j·row_stride + col_offset ..][..head_dim]`
 /// with `col_offset = h·head_dim`. The number of rows is `data.len() / row_stride`.
+///
+/// A paged view ([`HeadRows::head_paged`]) reads the rows in place from a block pool:
+/// row `j` is pool row `blocks[j / block_size]·block_size + j % block_size`, so attention
+/// over a paged cache copies nothing.
 #[derive(Debug, Clone, Copy)]
 pub struct HeadRows<'a, T> {
     data: &'a [T],
@@ -116,6 +120,10 @@ pub struct HeadRows<'a, T> {
     col_offset: usize,
     head_dim: usize,
     n_rows: usize,
+    /// The block table of a paged view (empty when the rows are contiguous).
+    blocks: &'a [u32],
+    /// log2 of the block size of a paged view.
+    block_shift: u32,
 }
 
 impl<'a, T: KvElem> HeadRows<'a, T> {
@@ -141,6 +149,8 @@ impl<'a, T: KvElem> HeadRows<'a, T> {
             col_offset,
             head_dim,
             n_rows: data.len() / row_stride,
+            blocks: &[],
+            block_shift: 0,
         })
     }
 
@@ -163,6 +173,37 @@ impl<'a, T: KvElem> HeadRows<'a, T> {
         )
     }
 
+    /// [`HeadRows::head`] over the first `n_rows` rows of a paged cache: `pool` holds
+    /// blocks of `block_size` rows (a power of two) and `blocks` lists this sequence's
+    /// blocks in position order. `None` when the shape does not fit, the block size is
+    /// not a power of two, or a block the rows reach lies outside `pool`.
+    pub fn head_paged(
+        pool: &'a [T],
+        blocks: &'a [u32],
+        block_size: usize,
+        n_rows: usize,
+        (n_kv_heads, head_dim, kv_head): (usize, usize, usize),
+    ) -> Option<HeadRows<'a, T>> {
+        if kv_head >= n_kv_heads || !block_size.is_power_of_two() {
+            return None;
+        }
+        let row_stride = n_kv_heads.checked_mul(head_dim)?;
+        let mut view = HeadRows::new(&pool[..0], row_stride, kv_head * head_dim, head_dim)?;
+        let used = blocks.get(..n_rows.div_ceil(block_size))?;
+        let block_len = block_size.checked_mul(row_stride)?;
+        for &id in used {
+            let end = (id as usize).checked_add(1)?.checked_mul(block_len)?;
+            if end > pool.len() {
+                return None;
+            }
+        }
+        view.data = pool;
+        view.n_rows = n_rows;
+        view.blocks = used;
+        view.block_shift = block_size.trailing_zeros();
+        Some(view)
+    }
+
     /// Number of rows (positions) in the view.
     #[inline]
     pub fn n_rows(&self) -> usize {
@@ -178,7 +219,14 @@ impl<'a, T: KvElem> HeadRows<'a, T> {
     /// Row `j` of this head. Panics if `j >= n_rows()` (a caller bug).
     #[inline]
     pub fn row(&self, j: usize) -> &'a [T] {
-        let start = j * self.row_stride + self.col_offset;
+        let slot = if self.blocks.is_empty() {
+            j
+        } else {
+            assert!(j < self.n_rows, "row {j} of {}", self.n_rows);
+            let shift = self.block_shift;
+            ((self.blocks[j >> shift] as usize) << shift) | (j & ((1 << shift) - 1))
+        };
+        let start = slot * self.row_stride + self.col_offset;
         &self.data[start..start + self.head_dim]
     }
 }

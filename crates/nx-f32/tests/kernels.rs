@@ -1347,3 +1347,56 @@ fn f16_store_row_rounds_as_from_f32() {
         assert_eq!(bits(&got), bits(&want), "len {len}");
     }
 }
+
+#[test]
+fn paged_rows_attend_with_the_contiguous_rows_bits() {
+    // 45 positions of two KV heads in blocks of 8, scattered over a pool of 9 blocks in
+    // a shuffled order: attention through the block table must give the bits of the
+    // same rows laid out contiguously, for every head, range and element type.
+    let (head_dim, n_kv_heads, block, n_rows) = (64, 2, 8, 45);
+    let w = n_kv_heads * head_dim;
+    let table: Vec<u32> = vec![7, 2, 5, 0, 8, 3];
+    let k = kv_rows(140, n_rows, n_kv_heads, head_dim);
+    let v = kv_rows(141, n_rows, n_kv_heads, head_dim);
+    let mut k_pool = vec![f32::NAN; 9 * block * w];
+    let mut v_pool = vec![f32::NAN; 9 * block * w];
+    for p in 0..n_rows {
+        let slot = table[p / block] as usize * block + p % block;
+        k_pool[slot * w..(slot + 1) * w].copy_from_slice(&k[p * w..(p + 1) * w]);
+        v_pool[slot * w..(slot + 1) * w].copy_from_slice(&v[p * w..(p + 1) * w]);
+    }
+    let k16: Vec<f16> = k_pool.iter().map(|&x| f16::from_f32(x)).collect();
+    let v16: Vec<f16> = v_pool.iter().map(|&x| f16::from_f32(x)).collect();
+    let k16c: Vec<f16> = k.iter().map(|&x| f16::from_f32(x)).collect();
+    let v16c: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+    let q = values(142, head_dim);
+    let mut scratch = vec![0.0; attend_scratch_len(n_rows, head_dim)];
+    for h in 0..n_kv_heads {
+        for rows in [0..n_rows, 3..17, 8..16, 40..45, 44..45] {
+            let shape = (n_kv_heads, head_dim, h);
+            let (mut want, mut got) = (vec![0.0; head_dim], vec![0.0; head_dim]);
+            let kc = HeadRows::head(&k, n_kv_heads, head_dim, h).unwrap();
+            let vc = HeadRows::head(&v, n_kv_heads, head_dim, h).unwrap();
+            attend_head(&q, kc, vc, rows.clone(), 0.125, &mut want, &mut scratch);
+            let kp = HeadRows::head_paged(&k_pool, &table, block, n_rows, shape).unwrap();
+            let vp = HeadRows::head_paged(&v_pool, &table, block, n_rows, shape).unwrap();
+            attend_head(&q, kp, vp, rows.clone(), 0.125, &mut got, &mut scratch);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "f32 head {h} rows {rows:?}");
+            let kc = HeadRows::head(&k16c, n_kv_heads, head_dim, h).unwrap();
+            let vc = HeadRows::head(&v16c, n_kv_heads, head_dim, h).unwrap();
+            attend_head(&q, kc, vc, rows.clone(), 0.125, &mut want, &mut scratch);
+            let kp = HeadRows::head_paged(&k16, &table, block, n_rows, shape).unwrap();
+            let vp = HeadRows::head_paged(&v16, &table, block, n_rows, shape).unwrap();
+            attend_head(&q, kp, vp, rows.clone(), 0.125, &mut got, &mut scratch);
+            assert_eq!(bits(&got), bits(&want), "f16 head {h} rows {rows:?}");
+        }
+    }
+    // Refused: a block size that is not a power of two, more rows than the table
+    // reaches, a block outside the pool, a head past the last.
+    let shape = (n_kv_heads, head_dim, 0);
+    assert!(HeadRows::head_paged(&k_pool, &table, 6, 30, shape).is_none());
+    assert!(HeadRows::head_paged(&k_pool, &table, block, 49, shape).is_none());
+    assert!(HeadRows::head_paged(&k_pool, &[9], block, 8, shape).is_none());
+    assert!(HeadRows::head_paged(&k_pool, &table, block, 8, (2, head_dim, 2)).is_none());
+}

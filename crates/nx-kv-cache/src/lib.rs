@@ -30,7 +30,7 @@ mod paged;
 mod segments;
 
 pub use paged::{BlockId, BlockTable, PagedBatch, PagedKv, PoolUsage};
-pub use segments::KvSegments;
+pub use segments::{KvSegments, PagedRows};
 
 /// Storage element type of a cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

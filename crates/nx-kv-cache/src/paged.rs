@@ -26,7 +26,7 @@ use std::ops::Range;
 use half::f16;
 use nx_f32::KvElem;
 
-use crate::segments::KvSegments;
+use crate::segments::{KvSegments, PagedRows};
 use crate::{KvDtype, KvError, KvRows, LayerWidths};
 
 /// Index of a block in the pool.
@@ -629,6 +629,48 @@ impl PagedKv {
         })
     }
 
+    /// Rows `0..end` of `layer` of `table` in place (`None` when `end` passes the
+    /// table's blocks or the layer does not exist).
+    pub fn paged_rows<'a>(
+        &'a self,
+        table: &'a BlockTable,
+        layer: usize,
+        end: usize,
+    ) -> Option<PagedRows<'a>> {
+        let w = self.layer_widths(layer).ok()?;
+        if end > table.blocks.len() * self.block_size {
+            return None;
+        }
+        let (keys, values) = match self.layers.get(layer)? {
+            Storage::F16 { k, v } => (
+                KvRows::F16 {
+                    data: k,
+                    width: w.k,
+                },
+                KvRows::F16 {
+                    data: v,
+                    width: w.v,
+                },
+            ),
+            Storage::F32 { k, v } => (
+                KvRows::F32 {
+                    data: k,
+                    width: w.k,
+                },
+                KvRows::F32 {
+                    data: v,
+                    width: w.v,
+                },
+            ),
+        };
+        Some(PagedRows {
+            keys,
+            values,
+            blocks: &table.blocks,
+            block_size: self.block_size,
+        })
+    }
+
     /// Checks a gather of `rows` into destinations of `dst_lens` values (K, V).
     fn check_gather(
         &self,
@@ -773,6 +815,11 @@ impl KvSegments for PagedBatch<'_> {
             .get(seg)
             .ok_or(KvError::InvalidShape("segment index out of range"))?;
         self.pool.write_rows(table, layer, pos, k_rows, v_rows)
+    }
+
+    fn paged(&self, seg: usize, layer: usize, end: usize) -> Option<PagedRows<'_>> {
+        let table = self.table(seg).ok()?;
+        self.pool.paged_rows(table, layer, end)
     }
 
     fn gather_f32(

@@ -44,6 +44,11 @@ pub trait KvSegments: Sync {
     ) -> Option<(KvRows<'_>, KvRows<'_>)> {
         None
     }
+    /// Rows `0..end` of `layer` in place, when the storage is a block pool: the layer's
+    /// whole K and V pools and the segment's block table (see [`PagedRows`]).
+    fn paged(&self, _seg: usize, _layer: usize, _end: usize) -> Option<PagedRows<'_>> {
+        None
+    }
     /// Copies rows `rows` of `layer` into `k_dst` / `v_dst` as f32 (f16 widened
     /// exactly), `rows.len()` rows of the layer's widths each.
     fn gather_f32(
@@ -68,6 +73,21 @@ pub trait KvSegments: Sync {
     fn commit(&mut self, seg: usize, n_new: usize) -> Result<(), KvError>;
     /// Forgets rows written past the committed ones (after a failed forward pass).
     fn rollback(&mut self, seg: usize);
+}
+
+/// One segment's rows of one layer in a block pool: position `p` is pool row
+/// `blocks[p / block_size]·block_size + p % block_size` of `keys` and `values` (each the
+/// layer's whole pool, rows of the layer's widths).
+#[derive(Debug, Clone, Copy)]
+pub struct PagedRows<'a> {
+    /// The layer's K pool.
+    pub keys: KvRows<'a>,
+    /// The layer's V pool.
+    pub values: KvRows<'a>,
+    /// The segment's blocks in position order (at least the ones rows `0..end` reach).
+    pub blocks: &'a [u32],
+    /// Positions per block.
+    pub block_size: usize,
 }
 
 fn only_segment_zero(seg: usize) -> Result<(), KvError> {

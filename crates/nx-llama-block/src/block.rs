@@ -489,6 +489,10 @@ struct CacheRows<'a, T> {
     values: &'a [T],
     first_row: usize,
     precision: KvPrecision,
+    /// In place in a block pool: `keys` and `values` are the layer's whole pools, these
+    /// the segment's blocks, their size and the segment's rows (see
+    /// [`nx_kv_cache::PagedRows`]).
+    paged: Option<(&'a [u32], usize, usize)>,
 }
 
 impl<'a, T: KvElem> CacheRows<'a, T> {
@@ -506,9 +510,31 @@ impl<'a, T: KvElem> CacheRows<'a, T> {
             Some(wnd) => end.saturating_sub(wnd),
             None => 0,
         };
+        let (keys, values) = match self.paged {
+            None => (
+                HeadRows::head(self.keys, cfg.n_head_kv, cfg.head_dim, kv_head)?,
+                HeadRows::head(self.values, cfg.n_head_kv, cfg.value_dim, kv_head)?,
+            ),
+            Some((blocks, block_size, n_rows)) => (
+                HeadRows::head_paged(
+                    self.keys,
+                    blocks,
+                    block_size,
+                    n_rows,
+                    (cfg.n_head_kv, cfg.head_dim, kv_head),
+                )?,
+                HeadRows::head_paged(
+                    self.values,
+                    blocks,
+                    block_size,
+                    n_rows,
+                    (cfg.n_head_kv, cfg.value_dim, kv_head),
+                )?,
+            ),
+        };
         let view = CacheView {
-            keys: HeadRows::head(self.keys, cfg.n_head_kv, cfg.head_dim, kv_head)?,
-            values: HeadRows::head(self.values, cfg.n_head_kv, cfg.value_dim, kv_head)?,
+            keys,
+            values,
             first_row: self.first_row,
             precision: self.precision,
         };
@@ -529,16 +555,18 @@ enum SegmentRows<'a> {
 enum RowSource {
     /// Borrowed from contiguous storage.
     Direct,
+    /// Read in place from a block pool.
+    Paged,
     /// Copied as stored (f16), from this first row.
     Stored(usize),
     /// Copied and widened to f32, from this first row.
     Widened(usize),
 }
 
-/// The cache rows each segment's queries read in `layer`: borrowed where the storage is
-/// contiguous and no widening pays, otherwise gathered into `gathered` from the first
-/// row any of the segment's queries sees (widened to f32 when several queries share the
-/// rows, as stored when one query reads each once).
+/// The cache rows each segment's queries read in `layer`: borrowed in place (contiguous
+/// storage, or a block pool read through the segment's block table) where no widening
+/// pays, otherwise gathered into `gathered` from the first row any of the segment's
+/// queries sees and widened to f32 once (several queries of an f16 cache share them).
 fn segment_views<'a>(
     cfg: &LayerConfig,
     layer: usize,
@@ -560,8 +588,14 @@ fn segment_views<'a>(
         .map(|(i, g)| {
             let end = g.pos + g.n;
             let one_query = g.n == 1;
-            if kv.contiguous(i, layer, end).is_some() && (!f16_storage || one_query) {
-                return RowSource::Direct;
+            // Rows read as stored: borrowed in place, contiguous or paged.
+            if !f16_storage || one_query {
+                if kv.contiguous(i, layer, end).is_some() {
+                    return RowSource::Direct;
+                }
+                if kv.paged(i, layer, end).is_some() {
+                    return RowSource::Paged;
+                }
             }
             let first = match cfg.window {
                 Some(wnd) => (g.pos + 1).saturating_sub(wnd),
@@ -598,7 +632,7 @@ fn segment_views<'a>(
     for (i, (g, &src)) in segs.iter().zip(&sources).enumerate() {
         let end = g.pos + g.n;
         match src {
-            RowSource::Direct => {}
+            RowSource::Direct | RowSource::Paged => {}
             RowSource::Stored(first) => copies.push(RowCopy {
                 seg: i,
                 rows: first..end,
@@ -635,6 +669,7 @@ fn segment_views<'a>(
     for (i, (g, &src)) in segs.iter().zip(&sources).enumerate() {
         let view = match src {
             RowSource::Direct => direct_view(kv, i, layer, g.pos + g.n)?,
+            RowSource::Paged => paged_view(kv, i, layer, g.pos + g.n)?,
             RowSource::Stored(first) | RowSource::Widened(first) => {
                 let c = copied.next().expect("one copy per copied segment");
                 c.result?;
@@ -644,12 +679,14 @@ fn segment_views<'a>(
                         values,
                         first_row: first,
                         precision,
+                        paged: None,
                     }),
                     CopyDst::F32(keys, values) => SegmentRows::F32(CacheRows {
                         keys,
                         values,
                         first_row: first,
                         precision,
+                        paged: None,
                     }),
                 }
             }
@@ -690,6 +727,7 @@ fn direct_view<'a>(
                 values: vd,
                 first_row: 0,
                 precision: KvPrecision::F16,
+                paged: None,
             }))
         }
         (KvRows::F32 { data: kd, .. }, KvRows::F32 { data: vd, .. }) => {
@@ -698,6 +736,41 @@ fn direct_view<'a>(
                 values: vd,
                 first_row: 0,
                 precision: KvPrecision::F32,
+                paged: None,
+            }))
+        }
+        _ => Err(bad_view(layer, "mixed K/V storage types")),
+    }
+}
+
+/// Segment `seg`'s rows `0..end` of `layer`, read in place from a block pool.
+fn paged_view<'a>(
+    kv: &'a dyn KvSegments,
+    seg: usize,
+    layer: usize,
+    end: usize,
+) -> Result<SegmentRows<'a>, BlockError> {
+    let rows = kv
+        .paged(seg, layer, end)
+        .ok_or_else(|| bad_view(layer, "paged cache rows"))?;
+    let paged = Some((rows.blocks, rows.block_size, end));
+    match (rows.keys, rows.values) {
+        (KvRows::F16 { data: kd, .. }, KvRows::F16 { data: vd, .. }) => {
+            Ok(SegmentRows::F16(CacheRows {
+                keys: kd,
+                values: vd,
+                first_row: 0,
+                precision: KvPrecision::F16,
+                paged,
+            }))
+        }
+        (KvRows::F32 { data: kd, .. }, KvRows::F32 { data: vd, .. }) => {
+            Ok(SegmentRows::F32(CacheRows {
+                keys: kd,
+                values: vd,
+                first_row: 0,
+                precision: KvPrecision::F32,
+                paged,
             }))
         }
         _ => Err(bad_view(layer, "mixed K/V storage types")),
