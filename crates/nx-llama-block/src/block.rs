@@ -261,7 +261,6 @@ pub fn forward_batch(
     attend_batch(cfg, layer, &views, segs, q, attn, probs, pool)?;
     drop(views);
     let proj = sized(&mut s.proj, n * n_embd); // [n, n_embd]
-    s.projector.reset();
     s.projector.project(&w.wo, attn, n, proj, pool)?;
     residual_add(
         cfg,
@@ -278,13 +277,11 @@ pub fn forward_batch(
     pre_norm(cfg, layer, "ffn_norm", w.ffn_norm, normed, x, pool)?;
     match &w.ffn {
         FfnWeights::Dense { gate, up, down } => {
-            s.projector.reset();
             let g = sized(&mut s.gate, n * cfg.n_ff); // [n, n_ff]
-            s.projector.project(gate, normed, n, g, pool)?;
             let u = sized(&mut s.up, n * cfg.n_ff); // [n, n_ff]
-            s.projector.project(up, normed, n, u, pool)?;
+            s.projector
+                .project_all(normed, n, &mut [(gate, &mut *g), (up, &mut *u)], pool)?;
             gated_activation(cfg, g, u, pool); // hidden = act(gate)·up, over gate
-            s.projector.reset();
             s.projector.project(down, g, n, proj, pool)?;
         }
         FfnWeights::Experts(m) => moe_ffn(m, layer, n_embd, normed, n, proj, &mut s.moe, pool)?,
@@ -351,13 +348,11 @@ fn project_qkv(
     let k_dim = cfg.n_head_kv * cfg.head_dim;
     let v_dim = cfg.n_head_kv * cfg.value_dim;
     let normed = &s.normed[..n * cfg.n_embd];
-    s.projector.reset();
     let q = sized(&mut s.q, n * q_dim);
-    s.projector.project(&w.wq, normed, n, q, pool)?;
     let k = sized(&mut s.k, n * k_dim);
-    s.projector.project(&w.wk, normed, n, k, pool)?;
     let v = sized(&mut s.v, n * v_dim);
-    s.projector.project(&w.wv, normed, n, v, pool)?;
+    let products = &mut [(&w.wq, &mut *q), (&w.wk, &mut *k), (&w.wv, &mut *v)];
+    s.projector.project_all(normed, n, products, pool)?;
     add_bias_rows(q, w.bq);
     add_bias_rows(k, w.bk);
     add_bias_rows(v, w.bv);

@@ -19,4 +19,4 @@ pub use block::{
     LayerWeights, Segment,
 };
 pub use moe::MoeWeights;
-pub use project::Projector;
+pub use project::{Projection, Projector};

@@ -134,7 +134,6 @@ pub(crate) fn moe_ffn(
     }
     // ---- router ----
     let logits = sized(&mut s.logits, n * n_expert); // [n, n_expert]
-    s.projector.reset();
     s.projector.project(&m.router, normed, n, logits, pool)?;
     s.choice.resize(n * m.n_used, (0, 0.0));
     for (row, out) in logits

@@ -1,28 +1,25 @@
 //! Projections that share one quantized copy of their input.
 
-use nx_lazy_weight::{matmul_quantized_pool, GgmlType, LazyWeight, LazyWeightError, QuantizedActs};
+use nx_lazy_weight::{
+    matmul_batch_pool, matmul_quantized_pool, LazyWeight, LazyWeightError, MatmulJob, QuantizedActs,
+};
 use nx_syscalls::ThreadPool;
 
-/// Quantizes an activation matrix at most once per activation type and multiplies it by
-/// any number of weights. Q, K and V (and gate and up) read the same normalised input;
-/// quantizing it once per type is both faster and what the reference engine does.
+/// Multiplies one activation matrix by several weights, quantizing it once per activation
+/// type. Q, K and V (and gate and up) read the same normalised input; quantizing it once
+/// per type is both faster and what the reference engine does. Each call takes its input
+/// afresh, so nothing carries over between calls but the buffers.
 #[derive(Debug, Default)]
 pub struct Projector {
     holders: Vec<QuantizedActs>,
 }
 
-impl Projector {
-    /// Forgets the previous input; the next [`Projector::project`] quantizes afresh.
-    pub fn reset(&mut self) {
-        for h in &mut self.holders {
-            // An empty holder never fits a weight, so it is re-quantized on demand.
-            let _ = h.quantize(GgmlType::F32, &[], 0, 0);
-        }
-    }
+/// One product of [`Projector::project_all`]: the weight and where `x·Wᵀ` goes.
+pub type Projection<'p, 'w> = (&'p LazyWeight<'w>, &'p mut [f32]);
 
+impl Projector {
     /// `y = x·Wᵀ` for `x: [n, K]`, `y: [n, N]`, the weight rows split across `pool`
-    /// (bit-identical for any thread count). `x` must be the same matrix on every call
-    /// between two resets.
+    /// (bit-identical for any thread count).
     pub fn project(
         &mut self,
         w: &LazyWeight<'_>,
@@ -31,25 +28,54 @@ impl Projector {
         y: &mut [f32],
         pool: &ThreadPool,
     ) -> Result<(), LazyWeightError> {
-        let idx = match self
-            .holders
-            .iter()
-            .position(|h| h.n_rows() == n && n > 0 && h.fits(w))
-        {
-            Some(i) => i,
-            None => {
-                let slot = self
-                    .holders
-                    .iter()
-                    .position(|h| h.n_rows() == 0)
-                    .unwrap_or_else(|| {
+        self.project_all(x, n, &mut [(w, y)], pool)
+    }
+
+    /// `y = x·Wᵀ` for every `(W, y)` of `products`, `x` quantized once per activation type
+    /// they need. A single token's products run as one parallel pass over all their
+    /// weight rows (small matrices such as K and V would otherwise each pay a pass of
+    /// their own); several tokens' run one after the other, each cut as prefill wants.
+    /// Every output has the bits of its own [`Projector::project`].
+    pub fn project_all(
+        &mut self,
+        x: &[f32],
+        n: usize,
+        products: &mut [Projection<'_, '_>],
+        pool: &ThreadPool,
+    ) -> Result<(), LazyWeightError> {
+        // Holders `..used` hold `x` in this call; `which[i]` is product i's.
+        let mut used = 0;
+        let mut which = Vec::with_capacity(products.len());
+        for (w, _) in products.iter() {
+            let fitting = self.holders[..used].iter().position(|h| h.fits(w));
+            let idx = match fitting {
+                Some(i) => i,
+                None => {
+                    if used == self.holders.len() {
                         self.holders.push(QuantizedActs::new());
-                        self.holders.len() - 1
-                    });
-                self.holders[slot].quantize_for_pool(w, x, n, pool)?;
-                slot
-            }
-        };
-        matmul_quantized_pool(w, &self.holders[idx], y, pool)
+                    }
+                    self.holders[used].quantize_for_pool(w, x, n, pool)?;
+                    used += 1;
+                    used - 1
+                }
+            };
+            which.push(idx);
+        }
+        if n == 1 && products.len() > 1 {
+            let mut jobs: Vec<MatmulJob<'_, '_>> = products
+                .iter_mut()
+                .zip(&which)
+                .map(|((w, y), &i)| MatmulJob {
+                    w,
+                    xq: &self.holders[i],
+                    y,
+                })
+                .collect();
+            return matmul_batch_pool(&mut jobs, pool);
+        }
+        for ((w, y), &i) in products.iter_mut().zip(&which) {
+            matmul_quantized_pool(w, &self.holders[i], y, pool)?;
+        }
+        Ok(())
     }
 }
