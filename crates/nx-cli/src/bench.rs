@@ -157,6 +157,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         prefill_chunk: args.prefill_chunk,
         n_ctx: (args.n_prompt + 1).max(args.n_gen + 2),
         max_tokens: 1,
+        // llama-bench computes no log-probabilities either.
+        token_logprobs: false,
         sampler: SamplerConfig::greedy(),
         // Every repetition computes its prompt: no rows from the previous one.
         prefix_cache: false,

@@ -200,6 +200,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let config = RunConfig {
         prefill_chunk: args.prefill_chunk,
         n_ctx,
+        token_logprobs: false,
         sampler,
         ..RunConfig::default()
     };

@@ -232,6 +232,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         max_bytes: args.max_bytes,
         stop_strings: args.stop.clone(),
         logprobs: if args.json { args.logprobs } else { 0 },
+        // Only the JSON lines report them.
+        token_logprobs: args.json,
         sampler,
         speculation,
         ..RunConfig::default()

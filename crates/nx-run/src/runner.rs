@@ -88,7 +88,7 @@ pub enum Event {
         /// a tokenizer.
         text: String,
         /// Log-probability of `id` under the model's distribution (raw logits, before
-        /// penalties, temperature and filters).
+        /// penalties, temperature and filters); NaN unless [`crate::RunConfig::token_logprobs`].
         logprob: f32,
         /// The `logprobs` most likely tokens with their log-probabilities, best first
         /// (same distribution as `logprob`).
@@ -331,7 +331,7 @@ impl Runner {
             sampler: c.sampler.clone(),
             stop_strings: c.stop_strings.clone(),
             logprobs: c.logprobs,
-            token_logprobs: true,
+            token_logprobs: c.token_logprobs,
             ignore_eos: false,
             max_bytes: c.max_bytes,
             speculation: c.speculation,
