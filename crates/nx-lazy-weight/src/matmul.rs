@@ -775,35 +775,22 @@ unsafe fn layouts_into(
     col0: usize,
 ) -> usize {
     let (n, row_bytes, ty) = (xq.n_rows(), w.row_bytes(), w.ggml_type());
-    if kernels.groups && xq.groups.n_tokens() == n {
+    if kernels.groups {
         // SAFETY: `kernels.groups` means the CPU has the features and the type has a
         // group kernel; the groups were built from `xq`, which fits `w` (checked by the
         // caller). Writes go to `t·stride + r − col0` for `t < n`, `r ∈ rows`.
-        unsafe {
-            crate::groups_avx2::run(
-                ty,
-                w_rows,
-                row_bytes,
-                &xq.groups,
-                out.add(row0 - col0),
-                stride,
-            )
-        };
-        return n;
-    }
-    if kernels.groups && xq.kgroups.n_tokens() == n && crate::kgroups_avx2::has_kernel(ty) {
-        // SAFETY: as for the groups above, with the K-quant groups built from `xq`.
-        unsafe {
-            crate::kgroups_avx2::run(
-                ty,
-                w_rows,
-                row_bytes,
-                &xq.kgroups,
-                out.add(row0 - col0),
-                stride,
-            )
-        };
-        return n;
+        let out_rows = unsafe { out.add(row0 - col0) };
+        if xq.groups.n_tokens() == n {
+            // SAFETY: as above (Q8_0 activations, a Q4_0 / Q5_0 / Q8_0 weight).
+            unsafe { crate::groups_avx2::run(ty, w_rows, row_bytes, &xq.groups, out_rows, stride) };
+            return n;
+        }
+        if xq.kgroups.n_tokens() == n && crate::kgroups_avx2::has_kernel(ty) {
+            // SAFETY: as above (Q8_K activations, a Q4_K / Q5_K / Q6_K weight).
+            let k = &xq.kgroups;
+            unsafe { crate::kgroups_avx2::run(ty, w_rows, row_bytes, k, out_rows, stride) };
+            return n;
+        }
     }
     let mut t0 = 0;
     let narrow_whole = kernels.tiled

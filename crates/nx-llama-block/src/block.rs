@@ -715,27 +715,7 @@ fn direct_view<'a>(
     let (keys, values) = kv
         .contiguous(seg, layer, end)
         .ok_or_else(|| bad_view(layer, "contiguous cache rows"))?;
-    match (keys, values) {
-        (KvRows::F16 { data: kd, .. }, KvRows::F16 { data: vd, .. }) => {
-            Ok(SegmentRows::F16(CacheRows {
-                keys: kd,
-                values: vd,
-                first_row: 0,
-                precision: KvPrecision::F16,
-                paged: None,
-            }))
-        }
-        (KvRows::F32 { data: kd, .. }, KvRows::F32 { data: vd, .. }) => {
-            Ok(SegmentRows::F32(CacheRows {
-                keys: kd,
-                values: vd,
-                first_row: 0,
-                precision: KvPrecision::F32,
-                paged: None,
-            }))
-        }
-        _ => Err(bad_view(layer, "mixed K/V storage types")),
-    }
+    borrowed_rows(keys, values, None, layer)
 }
 
 /// Segment `seg`'s rows `0..end` of `layer`, read in place from a block pool.
@@ -749,7 +729,17 @@ fn paged_view<'a>(
         .paged(seg, layer, end)
         .ok_or_else(|| bad_view(layer, "paged cache rows"))?;
     let paged = Some((rows.blocks, rows.block_size, end));
-    match (rows.keys, rows.values) {
+    borrowed_rows(rows.keys, rows.values, paged, layer)
+}
+
+/// Borrowed K and V storage as one segment's rows, read as stored (from cache row 0).
+fn borrowed_rows<'a>(
+    keys: KvRows<'a>,
+    values: KvRows<'a>,
+    paged: Option<(&'a [u32], usize, usize)>,
+    layer: usize,
+) -> Result<SegmentRows<'a>, BlockError> {
+    match (keys, values) {
         (KvRows::F16 { data: kd, .. }, KvRows::F16 { data: vd, .. }) => {
             Ok(SegmentRows::F16(CacheRows {
                 keys: kd,
