@@ -101,8 +101,8 @@ pub fn run_level(
     }
     Ok(Level {
         n_seqs,
-        pp_tps: crate::bench::median(pp).unwrap_or(0.0),
-        tg_tps: crate::bench::median(tg).unwrap_or(0.0),
-        total_tps: crate::bench::median(total).unwrap_or(0.0),
+        pp_tps: crate::stats::median(pp).unwrap_or(0.0),
+        tg_tps: crate::stats::median(tg).unwrap_or(0.0),
+        total_tps: crate::stats::median(total).unwrap_or(0.0),
     })
 }

@@ -24,7 +24,8 @@ use nx_bpe::{TokenType, Tokenizer};
 use nx_run::{Prompt, RunConfig, Runner, SamplerConfig};
 use serde_json::json;
 
-use crate::run::{apply_threads, resolve_model};
+use crate::models::{apply_threads, resolve_model};
+use crate::stats::median;
 use crate::weights::open_model_with_plan;
 
 /// Arguments of `nx bench`.
@@ -101,19 +102,6 @@ fn bench_ids(n: usize, n_vocab: usize, tokenizer: Option<&Tokenizer>) -> Vec<u32
     ids
 }
 
-pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    Some(if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    })
-}
-
 /// Peak resident set size in MB (`VmHWM`), if the platform reports it.
 fn peak_rss_mb() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -133,7 +121,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.n_prompt == 0 && args.n_gen == 0 && !args.show_plan {
         bail!("nothing to measure: -p and -n are both 0");
     }
-    let path = resolve_model(args.model.as_deref(), crate::run::ModelUse::Text)?;
+    let path = resolve_model(args.model.as_deref(), crate::models::ModelUse::Text)?;
     let opened = std::time::Instant::now();
     let (model, plan) = open_model_with_plan(&path, &args.weights)?;
     let open_s = opened.elapsed().as_secs_f64();

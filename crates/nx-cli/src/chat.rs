@@ -31,7 +31,7 @@ use nx_run::{
     SamplerConfig, StopReason, TemplateChoice,
 };
 
-use crate::run::{apply_threads, resolve_model};
+use crate::models::{apply_threads, resolve_model};
 use crate::weights::open_model;
 
 /// Arguments of `nx chat`.
@@ -189,7 +189,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         .map(TemplateChoice::parse)
         .transpose()?;
 
-    let path = resolve_model(args.model.as_deref(), crate::run::ModelUse::Chat)?;
+    let path = resolve_model(args.model.as_deref(), crate::models::ModelUse::Chat)?;
     let model = open_model(&path, &args.weights)?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(model.gguf())

@@ -121,7 +121,7 @@ pub fn prepare(model: &Model) -> Result<PlanReport> {
         });
     }
     let key = cache_key(model, &weights, tier);
-    let path = crate::run::cache_dir()
+    let path = crate::models::cache_dir()
         .join("plans")
         .join(format!("{:016x}.plan", fnv1a(&key)));
     let cached = if retune {

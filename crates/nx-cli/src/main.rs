@@ -9,11 +9,13 @@ mod bench;
 mod chat;
 mod inspect;
 mod kernel_plan;
+mod models;
 mod perplexity;
 mod run;
 mod sampling;
 mod serve;
 mod spec;
+mod stats;
 mod tokenize;
 mod weights;
 

@@ -16,7 +16,7 @@ use nx_bpe::Tokenizer;
 use nx_run::perplexity::MIN_N_CTX;
 use nx_run::{perplexity, KvDtype, Model, PerplexityConfig, PerplexityError};
 
-use crate::run::resolve_model;
+use crate::models::resolve_model;
 
 /// Storage type of the KV cache.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,7 +77,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
     // Read the text before loading the model, so a bad file fails fast.
     let text = read_text(&args.file)?;
 
-    let path = resolve_model(args.model.as_deref(), crate::run::ModelUse::Text)?;
+    let path = resolve_model(args.model.as_deref(), crate::models::ModelUse::Text)?;
     let mut model = Model::open_placed(&path, args.weights.placement(&path).0)
         .with_context(|| format!("{}", path.display()))?;
     if let Some(n) = args.threads {

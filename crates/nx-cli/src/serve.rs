@@ -17,7 +17,7 @@ use nx_bpe::Tokenizer;
 use nx_run::{ChatTemplate, EngineConfig, TemplateChoice};
 use nx_serve::ServeConfig;
 
-use crate::run::{apply_threads, resolve_model};
+use crate::models::{apply_threads, resolve_model};
 use crate::weights::open_model;
 
 /// Arguments of `nx serve`.
@@ -142,7 +142,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         .map(TemplateChoice::parse)
         .transpose()?;
 
-    let path = resolve_model(args.model.as_deref(), crate::run::ModelUse::Chat)?;
+    let path = resolve_model(args.model.as_deref(), crate::models::ModelUse::Chat)?;
     let model = open_model(&path, &args.weights)?;
     let draft = match &args.spec.draft_model {
         Some(p) => Some(open_model(p, &args.weights)?),

@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use half::f16;
 
-use crate::attention::{HeadRows, KvElem, MAX_HEAD_DIM};
+use crate::kv_rows::{HeadRows, KvElem, MAX_HEAD_DIM};
 
 /// True when this CPU has AVX2 and F16C.
 pub(crate) fn available() -> bool {
@@ -221,11 +221,11 @@ pub(crate) unsafe fn weighted_values_heads<T: KvElem>(
                 }
             }
             let r = &mut sets[(h * 16 + l) * vd..(h * 16 + l + 1) * vd];
-            crate::attention::first_step(four, vd, r);
+            crate::scalar::first_step(four, vd, r);
         }
     }
     for (set, o) in sets.chunks_exact_mut(16 * vd).zip(out.chunks_exact_mut(vd)) {
-        crate::attention::reduce_sixteen_lanes(set, vd, o);
+        crate::scalar::reduce_sixteen_lanes(set, vd, o);
     }
 }
 

@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 
 use std::ops::Range;
 
-use crate::attention::{HeadRows, KvElem, MAX_HEAD_DIM};
+use crate::kv_rows::{HeadRows, KvElem, MAX_HEAD_DIM};
 
 /// True when this CPU has what these builds use (AVX-512 F/DQ on top of AVX2, FMA, F16C).
 pub(crate) fn available() -> bool {
@@ -313,11 +313,11 @@ pub(crate) unsafe fn weighted_values_heads<T: KvElem, const Z: usize>(
                 };
             }
             let r = &mut sets[(h * 16 + l) * vd..(h * 16 + l + 1) * vd];
-            crate::attention::first_step(four, vd, r);
+            crate::scalar::first_step(four, vd, r);
         }
     }
     for (set, o) in sets.chunks_exact_mut(16 * vd).zip(out.chunks_exact_mut(vd)) {
-        crate::attention::reduce_sixteen_lanes(set, vd, o);
+        crate::scalar::reduce_sixteen_lanes(set, vd, o);
     }
 }
 

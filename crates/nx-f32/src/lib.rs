@@ -25,6 +25,7 @@ mod avx2;
 mod avx512;
 pub mod convert;
 pub mod gelu_table;
+mod kv_rows;
 pub mod rope;
 pub mod scalar;
 

@@ -405,6 +405,34 @@ pub fn rotate_half_pairs(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
+/// The first step of attention's value-lane reduction (64 lanes to one, as
+/// [`reduce_lanes_64`]) for one set of lanes `l, l+16, l+32, l+48`
+/// (`four`, in that order, `vd` values each): `r = (l + l+32) + (l+16 + l+48)`.
+pub(crate) fn first_step(four: &[f32], vd: usize, r: &mut [f32]) {
+    for (d, r) in r[..vd].iter_mut().enumerate() {
+        *r = (four[d] + four[2 * vd + d]) + (four[vd + d] + four[3 * vd + d]);
+    }
+}
+
+/// The rest of attention's value-lane reduction once its first step has left `r_l` in lane `l` of
+/// `lanes` (`l < 16`): the sixteen-lane horizontal sum (halves, quarters, pairs).
+pub(crate) fn reduce_sixteen_lanes(lanes: &mut [f32], value_dim: usize, out: &mut [f32]) {
+    let vd = value_dim;
+    for width in [8usize, 4] {
+        for i in 0..width {
+            let (lo, hi) = lanes.split_at_mut(width * vd);
+            let dst = &mut lo[i * vd..(i + 1) * vd];
+            let src = &hi[i * vd..(i + 1) * vd];
+            for d in 0..vd {
+                dst[d] += src[d];
+            }
+        }
+    }
+    for (d, o) in out.iter_mut().enumerate() {
+        *o = (lanes[d] + lanes[2 * vd + d]) + (lanes[vd + d] + lanes[3 * vd + d]);
+    }
+}
+
 #[cfg(test)]
 mod vec_order_tests {
     use super::*;

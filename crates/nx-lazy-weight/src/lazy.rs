@@ -7,9 +7,7 @@
 use nx_gguf::{GgmlType, TensorInfo};
 
 use crate::dequant::dequantize_row_unchecked;
-use crate::dispatch::active_dot_kernel;
 use crate::formats::{is_supported_weight, row_bytes, vec_dot_type};
-use crate::matmul::{matmul, QuantizedActs};
 use crate::LazyWeightError;
 
 /// A borrowed view of one tensor: ggml type, shape and the bytes of all its rows.
@@ -192,32 +190,6 @@ impl<'a> LazyWeight<'a> {
         }
         dequantize_row_unchecked(self.ggml_type, row, out);
         Ok(())
-    }
-
-    /// Dot product of row `i` with activation row `t` of `xq`.
-    pub fn dot(&self, i: usize, xq: &QuantizedActs, t: usize) -> Result<f32, LazyWeightError> {
-        xq.check_for(self)?;
-        let row = self.get_row(i).ok_or(LazyWeightError::RowOutOfRange {
-            row: i,
-            n_rows: self.n_rows,
-        })?;
-        let x = xq.get_row(t).ok_or(LazyWeightError::RowOutOfRange {
-            row: t,
-            n_rows: xq.n_rows(),
-        })?;
-        Ok(active_dot_kernel(self.ggml_type)?(row, x))
-    }
-
-    /// `y[t][r] = Σ_k W[r][k]·x[t][k]` for `n` activation rows `x` (`[n, K]`) into
-    /// `y` (`[n, N]`); see [`crate::matmul`].
-    pub fn matmul(
-        &self,
-        x: &[f32],
-        n: usize,
-        y: &mut [f32],
-        scratch: &mut QuantizedActs,
-    ) -> Result<(), LazyWeightError> {
-        matmul(self, x, n, y, scratch)
     }
 }
 

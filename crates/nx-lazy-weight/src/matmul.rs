@@ -921,6 +921,38 @@ impl OutPtr {
 // SAFETY: threads write disjoint elements through it; see `matmul_quantized_pool`.
 unsafe impl Sync for OutPtr {}
 
+/// The matmul entry points of a weight (here, beside what they call, so that `lazy.rs`
+/// does not depend on this module).
+impl LazyWeight<'_> {
+    /// Dot product of row `i` with activation row `t` of `xq`.
+    pub fn dot(&self, i: usize, xq: &QuantizedActs, t: usize) -> Result<f32, LazyWeightError> {
+        xq.check_for(self)?;
+        let row = self.get_row(i).ok_or(LazyWeightError::RowOutOfRange {
+            row: i,
+            n_rows: self.n_rows(),
+        })?;
+        let x = xq.get_row(t).ok_or(LazyWeightError::RowOutOfRange {
+            row: t,
+            n_rows: xq.n_rows(),
+        })?;
+        Ok(crate::dispatch::active_dot_kernel(self.ggml_type())?(
+            row, x,
+        ))
+    }
+
+    /// `y[t][r] = Σ_k W[r][k]·x[t][k]` for `n` activation rows `x` (`[n, K]`) into
+    /// `y` (`[n, N]`); see [`mod@crate::matmul`].
+    pub fn matmul(
+        &self,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        scratch: &mut QuantizedActs,
+    ) -> Result<(), LazyWeightError> {
+        matmul(self, x, n, y, scratch)
+    }
+}
+
 #[cfg(test)]
 mod thread_split_tests {
     use super::*;
