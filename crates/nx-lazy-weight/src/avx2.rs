@@ -34,8 +34,8 @@ use std::arch::x86_64::*;
 
 use nx_gguf::GgmlType;
 
-use crate::dispatch::DotKernel4;
 use crate::dot_scalar::DotKernel;
+use crate::formats::DotKernel4;
 use crate::formats::{
     iq4_nl, iq4_xs, mxfp4, q2_k, q3_k, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32,
     read_u32, scales_mins_k4_packed, tq1_0, tq2_0, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES,
@@ -1529,7 +1529,7 @@ pub(crate) fn hsum_epi32_8(v: __m256i) -> i32 {
     ))
 }
 
-/// The Q8_K activation quantizer ([`crate::quant::quantize_q8_k_scalar`]) eight values
+/// The Q8_K activation quantizer ([`crate::formats::q8_k::quantize_block`] per block) eight values
 /// at a time, as [`crate::avx512::quantize_q8_k`] does sixteen: the first value of the
 /// largest magnitude, the `−127/max` multiplier, magic-number rounding, the same group
 /// sums; the same bytes. Blocks with a NaN or no non-zero magnitude take the scalar
@@ -1552,7 +1552,7 @@ pub(crate) unsafe fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
         }
         let amax = hmax_ps(amax_v);
         if _mm256_movemask_ps(nan) != 0 || amax <= 0.0 {
-            crate::quant::quantize_q8_k_scalar(xb, ob);
+            crate::formats::q8_k::quantize_block(xb, ob);
             continue;
         }
         // The first value of that magnitude, with its sign (the scalar's strict `>`).
@@ -2301,7 +2301,7 @@ unsafe fn q3_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
     decoded_chain4!(w, x, q3_k::BYTES, q3_k_decode, q3_k_token)
 }
 
-/// The AVX2 four-token kernel of a weight type (see [`crate::dispatch::DotKernel4`]);
+/// The AVX2 four-token kernel of a weight type (see [`crate::formats::DotKernel4`]);
 /// `None` for types without one or when this CPU lacks AVX2, FMA or F16C.
 pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
     if !available() {

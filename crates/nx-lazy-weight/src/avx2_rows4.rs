@@ -12,8 +12,22 @@ use std::arch::x86_64::*;
 use nx_gguf::GgmlType;
 
 use crate::avx2::{available, f16_scalar, hsum_ps, load16, load32, prefetch_block, q5_0_high_bits};
-use crate::dispatch::{checked_entry_rows4, DotKernelRows4};
+use crate::formats::DotKernelRows4;
 use crate::formats::{q5_0, read_u32, Q4_0_BYTES, Q5_0_BYTES, Q8_0_BYTES};
+
+/// Safe four-row entry points of a tier module (`name => implementation`), handed out
+/// only by that module's `kernel_rows4`.
+macro_rules! checked_entry_rows4 {
+    ($($name:ident => $imp:ident),* $(,)?) => {$(
+        fn $name(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+            // SAFETY: reachable only through this module's `kernel_rows4`, which verified
+            // the CPU features the module's kernels need; the implementation reads only
+            // inside whole blocks of every `w` and of `x`.
+            unsafe { $imp(w, x) }
+        }
+    )*};
+}
+pub(crate) use checked_entry_rows4;
 
 /// The four-row kernel of `weight_type`, when this module has one and the CPU can run it.
 pub(crate) fn kernel_rows4(weight_type: GgmlType) -> Option<DotKernelRows4> {

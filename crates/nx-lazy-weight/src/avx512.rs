@@ -26,13 +26,14 @@ use crate::avx2::{
     hsum_epi32_8, hsum_ps, k4_min_lanes, lanes8_chain, lanes8_chain4, load16, load32,
     prefetch_ahead, q4_1_levels, Iq4nlAcc,
 };
-use crate::dispatch::{checked_entry_rows4, DotKernel4, DotKernelRows4};
+use crate::avx2_rows4::checked_entry_rows4;
 use crate::dot_scalar::DotKernel;
 use crate::formats::{
     iq4_nl, iq4_xs, mxfp4, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32, read_u32,
     scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
     Q8_K_BYTES,
 };
+use crate::formats::{DotKernel4, DotKernelRows4};
 
 /// True when this CPU can run the kernels of this module.
 pub(crate) fn available() -> bool {
@@ -568,7 +569,7 @@ unsafe fn q6_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
 k_row_entries!(q6_k_impl, q6_k_rows4_impl, q6_k_rows, Q6_K_BYTES, "Q6_K");
 
 /// The AVX-512 VNNI four-token kernel of a weight type (see
-/// [`crate::dispatch::DotKernel4`]); `None` for types without one or when this CPU
+/// [`crate::formats::DotKernel4`]); `None` for types without one or when this CPU
 /// lacks one of the features.
 pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
     if !available() {
@@ -1066,7 +1067,7 @@ unsafe fn q6_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
     ]
 }
 
-/// The Q8_K activation quantizer ([`crate::quant::quantize_q8_k_scalar`]) sixteen values
+/// The Q8_K activation quantizer ([`crate::formats::q8_k::quantize_block`] per block) sixteen values
 /// at a time: the same signed maximum (first of equal magnitudes), the same
 /// `−127/max` multiplier and magic-number rounding, the same group sums; same bytes.
 ///
@@ -1088,7 +1089,7 @@ pub(crate) unsafe fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
         let amax = _mm512_reduce_max_ps(amax_v);
         if amax.is_nan() || amax <= 0.0 {
             // All zero (or no finite magnitude): the scalar path decides.
-            crate::quant::quantize_q8_k_scalar(xb, ob);
+            crate::formats::q8_k::quantize_block(xb, ob);
             continue;
         }
         // The first element of that magnitude, with its sign.

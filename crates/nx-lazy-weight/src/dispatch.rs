@@ -1,4 +1,4 @@
-//! Kernel dispatch: the dot kernel of a weight type for a CPU tier, and the process tier.
+//! Kernel dispatch: the dot kernel of a weight type for a CPU tier.
 //!
 //! Which of a format's kernels runs is the kernel plan's choice (`crate::plan`); this
 //! module hands out the kernels of a tier. A plan may mix tiers (an AVX2 decode kernel
@@ -7,53 +7,14 @@
 //! reference engine's (`tests/simd_twins.rs`, `tests/simd_twins_formats.rs`,
 //! `tests/dot_reference.rs`); the float types use the scalar kernels on every tier.
 
-use std::sync::OnceLock;
-
 use nx_gguf::GgmlType;
 use nx_syscalls::CpuTier;
 
 use crate::dot_scalar::{self, DotKernel};
 use crate::formats::{row_bytes, vec_dot_type};
+pub use crate::formats::{DotKernel4, DotKernelRows4};
+use crate::tier::tier_supported;
 use crate::LazyWeightError;
-
-/// The tier every kernel of this process uses: [`nx_syscalls::cpu_tier`] (detected
-/// once, lowered by `NX_TIER`). An `NX_TIER` the CPU cannot honour is an error, reported
-/// by every matmul; callers should check it once at model load.
-pub fn active_tier() -> Result<CpuTier, LazyWeightError> {
-    Ok(nx_syscalls::cpu_tier()?)
-}
-
-/// The best tier of this CPU, ignoring `NX_TIER` (cached).
-fn detected_tier() -> CpuTier {
-    static DETECTED: OnceLock<CpuTier> = OnceLock::new();
-    *DETECTED.get_or_init(nx_syscalls::detect_tier)
-}
-
-/// True when this CPU can run kernels of `tier` (Scalar always; the x86 tiers up to
-/// the detected one; Neon on AArch64).
-pub fn tier_supported(tier: CpuTier) -> bool {
-    // The rule of `nx_syscalls::parse_tier_override`, without its string handling (this
-    // runs once per matmul call).
-    let detected = detected_tier();
-    match tier {
-        CpuTier::Scalar => true,
-        CpuTier::Neon => detected == CpuTier::Neon,
-        CpuTier::Avx2 | CpuTier::Avx512Vnni => detected != CpuTier::Neon && tier <= detected,
-    }
-}
-
-/// Every tier this CPU can run, lowest first (for tests and benchmarks).
-pub fn supported_tiers() -> Vec<CpuTier> {
-    [
-        CpuTier::Scalar,
-        CpuTier::Avx2,
-        CpuTier::Avx512Vnni,
-        CpuTier::Neon,
-    ]
-    .into_iter()
-    .filter(|&t| tier_supported(t))
-    .collect()
-}
 
 /// The dot kernel of `weight_type` at `tier`: the tier's SIMD kernel when it has one,
 /// else the scalar one (the float types, and every type on Neon for now). `None` when
@@ -80,12 +41,6 @@ pub fn dot_kernel_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel>
     simd.or_else(|| dot_scalar::dot_kernel(weight_type))
 }
 
-/// A four-token dot kernel: `dot(w, x[t])` for four activation rows at once, each
-/// weight block decoded once. Output `t` is bit-identical to the same tier's
-/// single-token [`DotKernel`] on `(w, x[t])`: same integer lanes, same per-block FMA
-/// chain per token, same final reduction (see `tests/multi_token.rs`).
-pub type DotKernel4 = fn(w: &[u8], x: [&[u8]; 4]) -> [f32; 4];
-
 /// The four-token kernel of `weight_type` at `tier`, when the tier has one (Q4_0,
 /// Q5_0, Q8_0, Q4_K, Q5_K, Q6_K and the formats of `formats::BLOCK_FORMATS` on AVX2 and AVX-512
 /// VNNI). `None` otherwise: callers then use
@@ -104,11 +59,6 @@ pub fn dot_kernel4_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel
         _ => None,
     }
 }
-
-/// A four-row dot kernel: `dot(w[r], x)` for four weight rows and one activation row
-/// (matrix-vector products, as in decoding). Output `r` is bit-identical to the same
-/// tier's single-token [`DotKernel`] on `(w[r], x)` (see `tests/multi_token.rs`).
-pub type DotKernelRows4 = fn(w: [&[u8]; 4], x: &[u8]) -> [f32; 4];
 
 /// The four-row kernel of `weight_type` at `tier`, when the tier has one (Q5_0, Q8_0,
 /// Q4_1, Q5_1 and IQ4_NL on AVX-512 VNNI). `None` otherwise: callers then use
@@ -170,25 +120,10 @@ pub fn dot_row(
     Ok(active_dot_kernel(weight_type)?(w_row, x_row))
 }
 
-/// Safe four-row entry points of a tier module (`name => implementation`), handed out
-/// only by that module's `kernel_rows4`.
-#[cfg(target_arch = "x86_64")]
-macro_rules! checked_entry_rows4 {
-    ($($name:ident => $imp:ident),* $(,)?) => {$(
-        fn $name(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
-            // SAFETY: reachable only through this module's `kernel_rows4`, which verified
-            // the CPU features the module's kernels need; the implementation reads only
-            // inside whole blocks of every `w` and of `x`.
-            unsafe { $imp(w, x) }
-        }
-    )*};
-}
-#[cfg(target_arch = "x86_64")]
-pub(crate) use checked_entry_rows4;
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tier::supported_tiers;
 
     #[test]
     fn scalar_is_always_supported_and_matches_dot_scalar() {

@@ -18,15 +18,16 @@ pub enum LazyWeightError {
     },
     /// A named tensor's type is one nx cannot compute with.
     #[error(
-        "tensor `{name}` has ggml type {}, which nx cannot compute with (it reads {})",
-        .ggml_type.name(),
-        crate::formats::supported_weight_names()
+        "tensor `{name}` has ggml type {}, which nx cannot compute with (it reads {supported})",
+        .ggml_type.name()
     )]
     UnsupportedTensorType {
         /// Tensor name.
         name: String,
         /// The tensor's type.
         ggml_type: GgmlType,
+        /// The weight types nx computes with, comma-separated.
+        supported: String,
     },
     /// A row length is not a whole number of the type's blocks.
     #[error("row length {row_len} is not a multiple of the {} block size {block_size}", .ggml_type.name())]
@@ -86,7 +87,7 @@ pub enum LazyWeightError {
     Tier(#[from] nx_syscalls::TierError),
     /// An `NX_PLAN` or kernel plan this process cannot use.
     #[error(transparent)]
-    Plan(#[from] crate::plan::PlanError),
+    Plan(#[from] PlanError),
     /// A row index past the end of the tensor.
     #[error("row {row} out of range: tensor has {n_rows} rows")]
     RowOutOfRange {
@@ -94,5 +95,38 @@ pub enum LazyWeightError {
         row: usize,
         /// Rows in the tensor.
         n_rows: usize,
+    },
+}
+
+/// A bad `NX_PLAN` item or a choice this CPU (or `NX_TIER`, `NX_AMX`) cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// An item that is not `FORMAT.ROLE=KERNEL`, or names no format, role or kernel.
+    #[error("NX_PLAN item `{item}`: {reason}")]
+    BadItem {
+        /// The item as given.
+        item: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A kernel that exists but cannot run here for this format.
+    #[error("NX_PLAN: {kernel} cannot run {role} matmuls of {} here (eligible: {eligible})", .format.name())]
+    NotEligible {
+        /// The weight format.
+        format: GgmlType,
+        /// The role.
+        role: &'static str,
+        /// The kernel asked for.
+        kernel: String,
+        /// The kernels that can.
+        eligible: String,
+    },
+    /// Formats that share activation tiles asked for different tile kernels.
+    #[error("NX_PLAN: {} and {} share their activation tiles, so both take amx-tiles or neither", .first.name(), .second.name())]
+    SharedTiles {
+        /// One format.
+        first: GgmlType,
+        /// The other.
+        second: GgmlType,
     },
 }

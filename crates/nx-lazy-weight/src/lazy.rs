@@ -53,6 +53,7 @@ impl<'a> LazyWeight<'a> {
                 return Err(LazyWeightError::UnsupportedTensorType {
                     name: name.to_string(),
                     ggml_type,
+                    supported: crate::formats::supported_weight_names(),
                 });
             }
             return Err(LazyWeightError::UnsupportedType {

@@ -12,12 +12,13 @@
 //!   engine's x86 kernels (`reduce`: the shared lane and reduction helpers).
 //! - `avx2`, `avx512` (x86-64), `neon` (AArch64, a scalar fallback for now): SIMD
 //!   twins of the quantized dot products, bit-identical to the scalar ones.
-//! - [`dispatch`]: the kernel of a weight type for a [`CpuTier`], the process tier
-//!   ([`active_tier`], from `nx_syscalls::cpu_tier`), and [`dot_row`].
+//! - [`tier`]: the process tier ([`active_tier`], from `nx_syscalls::cpu_tier`) and the
+//!   tiers this CPU can run.
+//! - [`dispatch`]: the kernel of a weight type for a [`CpuTier`], and [`dot_row`].
 //! - [`plan`]: the kernel plan, the one place that decides which of the bit-identical
 //!   implementations (tier, one-row or four-row, four tokens, groups, tiles, AMX) runs
-//!   each format's decode and prefill matmuls; [`plan::tune`] times them on a model.
-//! - [`matmul`]: quantize activations once, then `y[t][r] = dot(w row r, xq[t])`.
+//!   each format's decode and prefill matmuls; [`tune::tune`] times them on a model.
+//! - [`mod@matmul`]: quantize activations once, then `y[t][r] = dot(w row r, xq[t])`.
 //! - `tiled` (x86-64): the prefill matmul on AVX-512 VNNI with sixteen tokens per
 //!   register, each output still bit-identical to the per-output kernels.
 //! - [`lazy`]: [`LazyWeight`], a borrowed view of one tensor's bytes.
@@ -58,13 +59,14 @@ mod neon;
 pub mod plan;
 pub mod quant;
 mod reduce;
+pub mod tier;
 #[cfg(target_arch = "x86_64")]
 mod tiled;
+pub mod tune;
 
 pub use dequant::dequantize_row;
 pub use dispatch::{
-    active_tier, dot_kernel4_for, dot_kernel_for, dot_kernel_rows4_for, dot_row, supported_tiers,
-    DotKernel4, DotKernelRows4,
+    dot_kernel4_for, dot_kernel_for, dot_kernel_rows4_for, dot_row, DotKernel4, DotKernelRows4,
 };
 pub use dot_scalar::DotKernel;
 pub use error::LazyWeightError;
@@ -78,3 +80,4 @@ pub use nx_gguf::GgmlType;
 pub use nx_syscalls::CpuTier;
 pub use plan::{active_plan, KernelPlan, PlanError};
 pub use quant::{quantize_row, quantize_row_q8_0, quantize_row_q8_k};
+pub use tier::{active_tier, supported_tiers};

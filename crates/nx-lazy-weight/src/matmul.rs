@@ -7,7 +7,7 @@
 //! rows — the batch- and thread-invariance guarantee. Threads split the work by
 //! weight rows ([`matmul_quantized_pool`]), never along K.
 //!
-//! Tokens go through the tier's four-token kernel ([`crate::dispatch::DotKernel4`]) in
+//! Tokens go through the tier's four-token kernel ([`crate::formats::DotKernel4`]) in
 //! groups of four where it has one: each weight block is decoded once per group, and
 //! each output still has the single-token kernel's exact bits (`tests/multi_token.rs`).
 

@@ -11,7 +11,7 @@
 //! [`prefill_candidates`]) and what runs by default ([`KernelPlan::default_rules`]).
 //!
 //! A plan never changes a result: any choice gives every output the same bits
-//! (`tests/plan_bits.rs` checks every candidate of every format). [`tune`] times the
+//! (`tests/plan_bits.rs` checks every candidate of every format). [`crate::tune`] times the
 //! eligible candidates on a model's own weights; binaries cache its result. `NX_PLAN`
 //! forces choices ([`KernelPlan::apply_spec`]): a comma-separated list of
 //! `FORMAT.ROLE=KERNEL` items (`FORMAT` a ggml type name or `*`, `ROLE` `decode` or
@@ -31,16 +31,14 @@
 
 use std::fmt;
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
 
 use nx_gguf::GgmlType;
-use nx_syscalls::{CpuTier, ThreadPool};
+use nx_syscalls::CpuTier;
 
-use crate::dispatch::active_tier;
 use crate::dot_scalar;
+pub use crate::error::PlanError;
 use crate::formats::vec_dot_type;
-use crate::lazy::LazyWeight;
-use crate::matmul::{matmul_quantized_pool_with, QuantizedActs};
+use crate::tier::active_tier;
 use crate::LazyWeightError;
 
 /// The implementation of a one-token matmul (a matrix-vector product).
@@ -127,40 +125,7 @@ impl PrefillKernel {
     }
 }
 
-/// A bad `NX_PLAN` item or a choice this CPU (or `NX_TIER`, `NX_AMX`) cannot run.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
-    /// An item that is not `FORMAT.ROLE=KERNEL`, or names no format, role or kernel.
-    #[error("NX_PLAN item `{item}`: {reason}")]
-    BadItem {
-        /// The item as given.
-        item: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A kernel that exists but cannot run here for this format.
-    #[error("NX_PLAN: {kernel} cannot run {role} matmuls of {} here (eligible: {eligible})", .format.name())]
-    NotEligible {
-        /// The weight format.
-        format: GgmlType,
-        /// The role.
-        role: &'static str,
-        /// The kernel asked for.
-        kernel: String,
-        /// The kernels that can.
-        eligible: String,
-    },
-    /// Formats that share activation tiles asked for different tile kernels.
-    #[error("NX_PLAN: {} and {} share their activation tiles, so both take amx-tiles or neither", .first.name(), .second.name())]
-    SharedTiles {
-        /// One format.
-        first: GgmlType,
-        /// The other.
-        second: GgmlType,
-    },
-}
-
-/// The kernels of every weight format: the formats given explicitly (by [`tune`] or
+/// The kernels of every weight format: the formats given explicitly (by [`crate::tune::tune`] or
 /// `NX_PLAN`), and the default rules for the rest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelPlan {
@@ -309,7 +274,7 @@ fn default_kernels(tier: CpuTier, ty: GgmlType) -> FormatPlan {
 }
 
 /// True for the formats whose activations are Q8_K, which share one set of tiles.
-fn shares_k_tiles(ty: GgmlType) -> bool {
+pub(crate) fn shares_k_tiles(ty: GgmlType) -> bool {
     vec_dot_type(ty) == Some(GgmlType::Q8_K)
 }
 
@@ -398,7 +363,7 @@ impl KernelPlan {
 
     /// Applies an `NX_PLAN` spec (see the module docs) on top of this plan. A leading
     /// `default` item first drops every choice. Returns whether the spec asked for the
-    /// default rules (callers then skip [`tune`]).
+    /// default rules (callers then skip [`crate::tune::tune`]).
     pub fn apply_spec(&mut self, spec: &str) -> Result<bool, PlanError> {
         let mut defaults = false;
         for (i, item) in spec.split(',').map(str::trim).enumerate() {
@@ -601,34 +566,6 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
     Ok(())
 }
 
-/// One timed candidate of [`tune`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct Timing {
-    /// The weight format.
-    pub format: GgmlType,
-    /// Decode or prefill.
-    pub role: Role,
-    /// The kernel's name.
-    pub kernel: String,
-    /// Best of the timed passes, in seconds.
-    pub seconds: f64,
-    /// Weight bytes one pass reads.
-    pub bytes: usize,
-    /// Tokens per pass.
-    pub tokens: usize,
-}
-
-/// The result of [`tune`]: the plan and what was measured.
-#[derive(Debug, Clone)]
-pub struct Tuned {
-    /// The fastest candidates (the default where nothing beat it clearly).
-    pub plan: KernelPlan,
-    /// Every candidate timed.
-    pub timings: Vec<Timing>,
-    /// Wall time of the whole tuning, in seconds.
-    pub seconds: f64,
-}
-
 /// The kernels' revision: raised whenever a kernel's speed changes enough that a plan
 /// timed before may no longer pick the fastest, so that plans cached by an older build
 /// (same version number, same candidates) are timed again. Part of the CLI's plan cache
@@ -643,181 +580,6 @@ pub struct Tuned {
 /// 7: AVX-512 Q4_K rows with twelve multiplies per super-block.
 /// 8: AVX2 token groups for Q4_K and Q6_K.
 pub const KERNELS_REVISION: u32 = 8;
-
-/// Most weight bytes a decode candidate streams per pass: enough to leave the caches
-/// on most CPUs for the large matrices, bounded so tuning stays short.
-const TUNE_DECODE_BYTES: usize = 96 << 20;
-/// Weight rows and tokens of a prefill candidate's pass.
-const TUNE_PREFILL_ROWS: usize = 128;
-const TUNE_PREFILL_TOKENS: usize = 256;
-/// Timed passes per candidate (after one untimed warm-up); the best counts.
-const TUNE_PASSES: usize = 3;
-/// A candidate replaces the default only when it is at least this much faster, so noise
-/// does not flip choices between runs.
-const TUNE_MARGIN: f64 = 0.03;
-
-/// Times every eligible candidate of every format among `weights` on `pool` and returns
-/// the fastest per format and role. For each format the largest of its weights is used:
-/// decode streams up to `TUNE_DECODE_BYTES` of its rows, prefill multiplies 256 tokens (a
-/// prefill chunk) by 128 of its rows. Reads the weights' bytes (touching those pages).
-pub fn tune(weights: &[LazyWeight<'_>], pool: &ThreadPool) -> Result<Tuned, LazyWeightError> {
-    let start = Instant::now();
-    let tier = active_tier()?;
-    let mut plan = KernelPlan::default_rules(tier);
-    let mut timings = Vec::new();
-    let mut formats: Vec<GgmlType> = weights.iter().map(|w| w.ggml_type()).collect();
-    formats.sort();
-    formats.dedup();
-    for ty in formats {
-        let Some(w) = weights
-            .iter()
-            .filter(|w| w.ggml_type() == ty)
-            .max_by_key(|w| w.bytes().len())
-        else {
-            continue;
-        };
-        let decode_rows = (TUNE_DECODE_BYTES / w.row_bytes().max(1)).clamp(1, w.n_rows());
-        let dw = w.row_range(0..decode_rows)?;
-        let pw = w.row_range(0..TUNE_PREFILL_ROWS.min(w.n_rows()))?;
-        let mut best = plan.get(ty);
-        let default = best;
-        let time_decode = |k: DecodeKernel| -> Result<Timing, LazyWeightError> {
-            time_candidate(
-                &plan,
-                ty,
-                FormatPlan {
-                    decode: k,
-                    ..default
-                },
-                &dw,
-                1,
-                pool,
-            )
-        };
-        let decode: Vec<(DecodeKernel, Timing)> = decode_candidates(tier, ty)
-            .into_iter()
-            .map(|k| time_decode(k).map(|t| (k, t)))
-            .collect::<Result<_, _>>()?;
-        best.decode = fastest(&decode, default.decode);
-        let time_prefill = |k: PrefillKernel| -> Result<Timing, LazyWeightError> {
-            let fp = FormatPlan {
-                prefill: k,
-                ..default
-            };
-            time_candidate(&plan, ty, fp, &pw, TUNE_PREFILL_TOKENS, pool)
-        };
-        let prefill: Vec<(PrefillKernel, Timing)> = prefill_candidates(tier, ty)
-            .into_iter()
-            .map(|k| time_prefill(k).map(|t| (k, t)))
-            .collect::<Result<_, _>>()?;
-        best.prefill = fastest(&prefill, default.prefill);
-        timings.extend(decode.into_iter().map(|(_, t)| t));
-        timings.extend(prefill.into_iter().map(|(_, t)| t));
-        plan.set(ty, best)?;
-    }
-    settle_shared_tiles(&mut plan, &timings)?;
-    Ok(Tuned {
-        plan,
-        timings,
-        seconds: start.elapsed().as_secs_f64(),
-    })
-}
-
-/// The fastest of `timed`, keeping `default` unless another is [`TUNE_MARGIN`] faster.
-fn fastest<K: Copy + PartialEq>(timed: &[(K, Timing)], default: K) -> K {
-    let default_secs = timed
-        .iter()
-        .find(|(k, _)| *k == default)
-        .map(|(_, t)| t.seconds);
-    let Some((k, t)) = timed
-        .iter()
-        .min_by(|a, b| a.1.seconds.total_cmp(&b.1.seconds))
-    else {
-        return default;
-    };
-    match default_secs {
-        Some(d) if t.seconds > d * (1.0 - TUNE_MARGIN) => default,
-        _ => *k,
-    }
-}
-
-/// The formats with Q8_K activations share one set of tiles: when their fastest tile
-/// kernels differ, all take the one with the smaller summed time.
-fn settle_shared_tiles(plan: &mut KernelPlan, timings: &[Timing]) -> Result<(), LazyWeightError> {
-    if plan.check_shared_tiles().is_ok() {
-        return Ok(());
-    }
-    let sum = |name: &str| -> f64 {
-        timings
-            .iter()
-            .filter(|t| t.role == Role::Prefill && shares_k_tiles(t.format) && t.kernel == name)
-            .map(|t| t.seconds)
-            .sum()
-    };
-    let pick = if sum(&PrefillKernel::Amx.name()) <= sum(&PrefillKernel::Tiles.name()) {
-        PrefillKernel::Amx
-    } else {
-        PrefillKernel::Tiles
-    };
-    let formats: Vec<GgmlType> = plan
-        .chosen
-        .iter()
-        .map(|(t, _)| *t)
-        .filter(|&t| shares_k_tiles(t))
-        .collect();
-    for ty in formats {
-        let mut p = plan.get(ty);
-        if matches!(p.prefill, PrefillKernel::Amx | PrefillKernel::Tiles) {
-            p.prefill = pick;
-            plan.set(ty, p)?;
-        }
-    }
-    plan.check_shared_tiles()?;
-    Ok(())
-}
-
-/// Best-of-[`TUNE_PASSES`] time of `w` times `n` tokens with `ty`'s kernels set to
-/// `candidate` on top of `base`.
-fn time_candidate(
-    base: &KernelPlan,
-    ty: GgmlType,
-    candidate: FormatPlan,
-    w: &LazyWeight<'_>,
-    n: usize,
-    pool: &ThreadPool,
-) -> Result<Timing, LazyWeightError> {
-    let mut plan = base.clone();
-    plan.set(ty, candidate)?;
-    // Activations of unit size with a little variation: the kernels' speed does not
-    // depend on the values.
-    let x: Vec<f32> = (0..n * w.row_len())
-        .map(|i| ((i * 7919) % 257) as f32 / 128.0 - 1.0)
-        .collect();
-    let mut xq = QuantizedActs::new();
-    xq.quantize_with_plan(&plan, w.vec_dot_type(), &x, n, w.row_len(), Some(pool))?;
-    let mut y = vec![0f32; n * w.n_rows()];
-    let mut best = f64::INFINITY;
-    for pass in 0..=TUNE_PASSES {
-        let t0 = Instant::now();
-        matmul_quantized_pool_with(&plan, w, &xq, &mut y, pool)?;
-        let secs = t0.elapsed().as_secs_f64();
-        if pass > 0 {
-            best = best.min(secs);
-        }
-    }
-    let role = if n == 1 { Role::Decode } else { Role::Prefill };
-    Ok(Timing {
-        format: ty,
-        role,
-        kernel: match role {
-            Role::Decode => candidate.decode.name(),
-            Role::Prefill => candidate.prefill.name(),
-        },
-        seconds: best,
-        bytes: w.bytes().len(),
-        tokens: n,
-    })
-}
 
 #[cfg(test)]
 mod tests {
@@ -874,20 +636,5 @@ mod tests {
         // `*` applies wherever it can.
         plan.apply_spec("*.decode=scalar").unwrap();
         assert_eq!(plan.chosen().len(), planned_formats().count());
-    }
-
-    #[test]
-    fn fastest_keeps_the_default_within_the_margin() {
-        let t = |s: f64| Timing {
-            format: GgmlType::Q8_0,
-            role: Role::Decode,
-            kernel: String::new(),
-            seconds: s,
-            bytes: 0,
-            tokens: 1,
-        };
-        assert_eq!(fastest(&[(1, t(1.0)), (2, t(0.99))], 1), 1);
-        assert_eq!(fastest(&[(1, t(1.0)), (2, t(0.9))], 1), 2);
-        assert_eq!(fastest(&[(1, t(1.0)), (2, t(1.5))], 1), 1);
     }
 }

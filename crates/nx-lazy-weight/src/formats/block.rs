@@ -14,6 +14,17 @@ pub const Q8_K_BSUMS: usize = 260;
 /// A dot kernel: weight row bytes, activation row bytes (same element count) → f32.
 pub type DotKernel = fn(&[u8], &[u8]) -> f32;
 
+/// A four-token dot kernel: `dot(w, x[t])` for four activation rows at once, each
+/// weight block decoded once. Output `t` is bit-identical to the same tier's
+/// single-token [`DotKernel`] on `(w, x[t])`: same integer lanes, same per-block FMA
+/// chain per token, same final reduction (see `tests/multi_token.rs`).
+pub type DotKernel4 = fn(w: &[u8], x: [&[u8]; 4]) -> [f32; 4];
+
+/// A four-row dot kernel: `dot(w[r], x)` for four weight rows and one activation row
+/// (matrix-vector products, as in decoding). Output `r` is bit-identical to the same
+/// tier's single-token [`DotKernel`] on `(w[r], x)` (see `tests/multi_token.rs`).
+pub type DotKernelRows4 = fn(w: [&[u8]; 4], x: &[u8]) -> [f32; 4];
+
 /// Quantizes one block of values into one block's bytes.
 pub type QuantizeBlock = fn(&[f32], &mut [u8]);
 

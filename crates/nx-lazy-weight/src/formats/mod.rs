@@ -79,6 +79,7 @@ pub mod tq2_0;
 pub use block::{
     best_index_int8, bf16_to_f32, f16_bits_at_least, f16_to_f32, f32_to_bf16, f32_to_f16,
     nearest_int, read_f16, read_f32, read_i16, read_u32, signed_abs_max, BlockFormat, DotKernel,
+    DotKernel4, DotKernelRows4,
 };
 
 /// The quantized formats, one module each.

@@ -1,0 +1,242 @@
+//! Kernel tuning: times every eligible candidate of the kernel plan on a model's own
+//! weights and keeps the fastest per format and role.
+//!
+//! Apart from [`crate::plan`] so that the plan (data, rules, the active plan) does not
+//! depend on the matmuls that read it; only this module runs them to time a choice.
+
+use std::time::Instant;
+
+use nx_gguf::GgmlType;
+use nx_syscalls::ThreadPool;
+
+use crate::lazy::LazyWeight;
+use crate::matmul::{matmul_quantized_pool_with, QuantizedActs};
+use crate::plan::{
+    decode_candidates, prefill_candidates, shares_k_tiles, DecodeKernel, FormatPlan, KernelPlan,
+    PrefillKernel, Role,
+};
+use crate::tier::active_tier;
+use crate::LazyWeightError;
+
+/// One timed candidate of [`tune`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timing {
+    /// The weight format.
+    pub format: GgmlType,
+    /// Decode or prefill.
+    pub role: Role,
+    /// The kernel's name.
+    pub kernel: String,
+    /// Best of the timed passes, in seconds.
+    pub seconds: f64,
+    /// Weight bytes one pass reads.
+    pub bytes: usize,
+    /// Tokens per pass.
+    pub tokens: usize,
+}
+
+/// The result of [`tune`]: the plan and what was measured.
+#[derive(Debug, Clone)]
+pub struct Tuned {
+    /// The fastest candidates (the default where nothing beat it clearly).
+    pub plan: KernelPlan,
+    /// Every candidate timed.
+    pub timings: Vec<Timing>,
+    /// Wall time of the whole tuning, in seconds.
+    pub seconds: f64,
+}
+
+/// Most weight bytes a decode candidate streams per pass: enough to leave the caches
+/// on most CPUs for the large matrices, bounded so tuning stays short.
+const TUNE_DECODE_BYTES: usize = 96 << 20;
+/// Weight rows and tokens of a prefill candidate's pass.
+const TUNE_PREFILL_ROWS: usize = 128;
+const TUNE_PREFILL_TOKENS: usize = 256;
+/// Timed passes per candidate (after one untimed warm-up); the best counts.
+const TUNE_PASSES: usize = 3;
+/// A candidate replaces the default only when it is at least this much faster, so noise
+/// does not flip choices between runs.
+const TUNE_MARGIN: f64 = 0.03;
+
+/// Times every eligible candidate of every format among `weights` on `pool` and returns
+/// the fastest per format and role. For each format the largest of its weights is used:
+/// decode streams up to `TUNE_DECODE_BYTES` of its rows, prefill multiplies 256 tokens (a
+/// prefill chunk) by 128 of its rows. Reads the weights' bytes (touching those pages).
+pub fn tune(weights: &[LazyWeight<'_>], pool: &ThreadPool) -> Result<Tuned, LazyWeightError> {
+    let start = Instant::now();
+    let tier = active_tier()?;
+    let mut plan = KernelPlan::default_rules(tier);
+    let mut timings = Vec::new();
+    let mut formats: Vec<GgmlType> = weights.iter().map(|w| w.ggml_type()).collect();
+    formats.sort();
+    formats.dedup();
+    for ty in formats {
+        let Some(w) = weights
+            .iter()
+            .filter(|w| w.ggml_type() == ty)
+            .max_by_key(|w| w.bytes().len())
+        else {
+            continue;
+        };
+        let decode_rows = (TUNE_DECODE_BYTES / w.row_bytes().max(1)).clamp(1, w.n_rows());
+        let dw = w.row_range(0..decode_rows)?;
+        let pw = w.row_range(0..TUNE_PREFILL_ROWS.min(w.n_rows()))?;
+        let mut best = plan.get(ty);
+        let default = best;
+        let time_decode = |k: DecodeKernel| -> Result<Timing, LazyWeightError> {
+            time_candidate(
+                &plan,
+                ty,
+                FormatPlan {
+                    decode: k,
+                    ..default
+                },
+                &dw,
+                1,
+                pool,
+            )
+        };
+        let decode: Vec<(DecodeKernel, Timing)> = decode_candidates(tier, ty)
+            .into_iter()
+            .map(|k| time_decode(k).map(|t| (k, t)))
+            .collect::<Result<_, _>>()?;
+        best.decode = fastest(&decode, default.decode);
+        let time_prefill = |k: PrefillKernel| -> Result<Timing, LazyWeightError> {
+            let fp = FormatPlan {
+                prefill: k,
+                ..default
+            };
+            time_candidate(&plan, ty, fp, &pw, TUNE_PREFILL_TOKENS, pool)
+        };
+        let prefill: Vec<(PrefillKernel, Timing)> = prefill_candidates(tier, ty)
+            .into_iter()
+            .map(|k| time_prefill(k).map(|t| (k, t)))
+            .collect::<Result<_, _>>()?;
+        best.prefill = fastest(&prefill, default.prefill);
+        timings.extend(decode.into_iter().map(|(_, t)| t));
+        timings.extend(prefill.into_iter().map(|(_, t)| t));
+        plan.set(ty, best)?;
+    }
+    settle_shared_tiles(&mut plan, &timings)?;
+    Ok(Tuned {
+        plan,
+        timings,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// The fastest of `timed`, keeping `default` unless another is [`TUNE_MARGIN`] faster.
+fn fastest<K: Copy + PartialEq>(timed: &[(K, Timing)], default: K) -> K {
+    let default_secs = timed
+        .iter()
+        .find(|(k, _)| *k == default)
+        .map(|(_, t)| t.seconds);
+    let Some((k, t)) = timed
+        .iter()
+        .min_by(|a, b| a.1.seconds.total_cmp(&b.1.seconds))
+    else {
+        return default;
+    };
+    match default_secs {
+        Some(d) if t.seconds > d * (1.0 - TUNE_MARGIN) => default,
+        _ => *k,
+    }
+}
+
+/// The formats with Q8_K activations share one set of tiles: when their fastest tile
+/// kernels differ, all take the one with the smaller summed time.
+fn settle_shared_tiles(plan: &mut KernelPlan, timings: &[Timing]) -> Result<(), LazyWeightError> {
+    if plan.check_shared_tiles().is_ok() {
+        return Ok(());
+    }
+    let sum = |name: &str| -> f64 {
+        timings
+            .iter()
+            .filter(|t| t.role == Role::Prefill && shares_k_tiles(t.format) && t.kernel == name)
+            .map(|t| t.seconds)
+            .sum()
+    };
+    let pick = if sum(&PrefillKernel::Amx.name()) <= sum(&PrefillKernel::Tiles.name()) {
+        PrefillKernel::Amx
+    } else {
+        PrefillKernel::Tiles
+    };
+    let formats: Vec<GgmlType> = plan
+        .chosen()
+        .iter()
+        .map(|(t, _)| *t)
+        .filter(|&t| shares_k_tiles(t))
+        .collect();
+    for ty in formats {
+        let mut p = plan.get(ty);
+        if matches!(p.prefill, PrefillKernel::Amx | PrefillKernel::Tiles) {
+            p.prefill = pick;
+            plan.set(ty, p)?;
+        }
+    }
+    plan.check_shared_tiles()?;
+    Ok(())
+}
+
+/// Best-of-[`TUNE_PASSES`] time of `w` times `n` tokens with `ty`'s kernels set to
+/// `candidate` on top of `base`.
+fn time_candidate(
+    base: &KernelPlan,
+    ty: GgmlType,
+    candidate: FormatPlan,
+    w: &LazyWeight<'_>,
+    n: usize,
+    pool: &ThreadPool,
+) -> Result<Timing, LazyWeightError> {
+    let mut plan = base.clone();
+    plan.set(ty, candidate)?;
+    // Activations of unit size with a little variation: the kernels' speed does not
+    // depend on the values.
+    let x: Vec<f32> = (0..n * w.row_len())
+        .map(|i| ((i * 7919) % 257) as f32 / 128.0 - 1.0)
+        .collect();
+    let mut xq = QuantizedActs::new();
+    xq.quantize_with_plan(&plan, w.vec_dot_type(), &x, n, w.row_len(), Some(pool))?;
+    let mut y = vec![0f32; n * w.n_rows()];
+    let mut best = f64::INFINITY;
+    for pass in 0..=TUNE_PASSES {
+        let t0 = Instant::now();
+        matmul_quantized_pool_with(&plan, w, &xq, &mut y, pool)?;
+        let secs = t0.elapsed().as_secs_f64();
+        if pass > 0 {
+            best = best.min(secs);
+        }
+    }
+    let role = if n == 1 { Role::Decode } else { Role::Prefill };
+    Ok(Timing {
+        format: ty,
+        role,
+        kernel: match role {
+            Role::Decode => candidate.decode.name(),
+            Role::Prefill => candidate.prefill.name(),
+        },
+        seconds: best,
+        bytes: w.bytes().len(),
+        tokens: n,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fastest_keeps_the_default_within_the_margin() {
+        let t = |s: f64| Timing {
+            format: GgmlType::Q8_0,
+            role: Role::Decode,
+            kernel: String::new(),
+            seconds: s,
+            bytes: 0,
+            tokens: 1,
+        };
+        assert_eq!(fastest(&[(1, t(1.0)), (2, t(0.99))], 1), 1);
+        assert_eq!(fastest(&[(1, t(1.0)), (2, t(0.9))], 1), 2);
+        assert_eq!(fastest(&[(1, t(1.0)), (2, t(1.5))], 1), 1);
+    }
+}
