@@ -3,116 +3,16 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use half::f16;
-use nx_f32::{
-    attend, attend_group, CacheView, GeluTable, HeadRows, KvElem, KvPrecision, RopeStyle, Scoring,
-};
+use nx_f32::{attend, attend_group, CacheView, GeluTable, HeadRows, KvElem, KvPrecision, Scoring};
 use nx_kv_cache::{KvCache, KvDtype, KvError, KvRows, KvSegments};
-use nx_lazy_weight::{LazyWeight, LazyWeightError};
 use nx_syscalls::ThreadPool;
 
-use crate::moe::{moe_ffn, MoeScratch, MoeWeights};
+use crate::layer::{
+    sized, BlockError, FfnActivation, FfnWeights, LayerConfig, LayerWeights, Segment,
+};
+use crate::moe::{moe_ffn, MoeScratch};
 use crate::rope_rows::RopeRows;
 use crate::Projector;
-
-/// The gated FFN's activation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FfnActivation {
-    /// `down(silu(gate)·up)` (llama, qwen).
-    Silu,
-    /// `down(gelu_tanh(gate)·up)` (gemma).
-    GeluTanh,
-}
-
-/// What one layer computes, independent of where its weights come from.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LayerConfig {
-    pub n_embd: usize,
-    pub n_ff: usize,
-    pub n_head: usize,
-    pub n_head_kv: usize,
-    pub head_dim: usize,
-    pub value_dim: usize,
-    pub rms_eps: f32,
-    /// Whether the layer rotates Q and K at all (SmolLM3 leaves some layers without).
-    pub use_rope: bool,
-    pub rope_base: f32,
-    /// Linear position interpolation: every angle times this (1.0 = none).
-    pub rope_freq_scale: f32,
-    /// Every cosine and sine times this (LongRoPE's `attn_factor`; 1.0 = none).
-    pub rope_attn_factor: f32,
-    /// YaRN with the original context it was trained for (`None`: no YaRN).
-    pub rope_yarn_orig_ctx: Option<usize>,
-    pub rope_dim: usize,
-    pub rope_style: RopeStyle,
-    /// Look-back of a local layer, the query's own row included.
-    pub window: Option<usize>,
-    /// Multiplier applied to Q after RoPE (Gemma scales Q instead of the scores).
-    pub q_scale: f32,
-    /// Multiplier applied to the scores `q·k`.
-    pub kq_scale: f32,
-    /// Soft cap of the raw scores, `tanh(s/cap)·cap` (Gemma 2), applied before `kq_scale`.
-    pub attn_softcap: Option<f32>,
-    /// Multiplier of the attention and FFN outputs before their residual adds (Granite).
-    pub residual_scale: Option<f32>,
-    pub ffn_activation: FfnActivation,
-}
-
-/// The tensors of one layer. Norms and biases arrive as f32 vectors; matrices stay
-/// quantized views into the mapping.
-pub struct LayerWeights<'a> {
-    /// RMSNorm weights before attention (OLMo 2 has none).
-    pub attn_norm: Option<&'a [f32]>,
-    pub wq: LazyWeight<'a>,
-    pub wk: LazyWeight<'a>,
-    pub wv: LazyWeight<'a>,
-    pub bq: Option<&'a [f32]>,
-    pub bk: Option<&'a [f32]>,
-    pub bv: Option<&'a [f32]>,
-    /// RMSNorm weights of Q and K: `head_dim` values normalise each head on its own
-    /// (Qwen3, Gemma 3); a whole row's worth normalises the projection at once (OLMo 2).
-    pub q_norm: Option<&'a [f32]>,
-    pub k_norm: Option<&'a [f32]>,
-    pub wo: LazyWeight<'a>,
-    /// Norm of the attention output before the residual add (Gemma, OLMo 2).
-    pub post_attn_norm: Option<&'a [f32]>,
-    /// RMSNorm weights before the FFN (OLMo 2 has none).
-    pub ffn_norm: Option<&'a [f32]>,
-    pub ffn: FfnWeights<'a>,
-    /// Norm of the FFN output before the residual add (Gemma, OLMo 2).
-    pub post_ffn_norm: Option<&'a [f32]>,
-    /// Llama 3.1 `rope_freqs.weight`.
-    pub rope_freq_factors: Option<&'a [f32]>,
-}
-
-/// The FFN's matrices: one gated FFN, or experts behind a router.
-pub enum FfnWeights<'a> {
-    /// `down(act(gate·x)·(up·x))`.
-    Dense {
-        gate: LazyWeight<'a>,
-        up: LazyWeight<'a>,
-        down: LazyWeight<'a>,
-    },
-    /// A mixture of experts ([`MoeWeights`]).
-    Experts(MoeWeights<'a>),
-}
-
-/// Why a block could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum BlockError {
-    #[error(transparent)]
-    Weight(#[from] LazyWeightError),
-    #[error(transparent)]
-    Cache(#[from] KvError),
-    #[error("layer {layer}: {what} has {actual} values, expected {expected}")]
-    Shape {
-        layer: usize,
-        what: &'static str,
-        expected: usize,
-        actual: usize,
-    },
-    #[error("bad RoPE setup: {0}")]
-    Rope(String),
-}
 
 /// Buffers reused across chunks and layers; they grow to the largest chunk seen and never
 /// shrink, so decoding allocates nothing.
@@ -144,13 +44,6 @@ struct GatheredRows {
     v32: Vec<f32>,
     k16: Vec<f16>,
     v16: Vec<f16>,
-}
-
-pub(crate) fn sized<T: Copy + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
-    if buf.len() < len {
-        buf.resize(len, T::default());
-    }
-    &mut buf[..len]
 }
 
 /// The first `len` values of `rest`, which keeps the others.
@@ -196,16 +89,6 @@ pub fn forward(
     pool: &ThreadPool,
 ) -> Result<(), BlockError> {
     forward_batch(cfg, w, layer, x, &[Segment { n, pos }], cache, s, pool)
-}
-
-/// One sequence's rows in a batch: `n` tokens at positions `pos..pos+n`, segment `i` of
-/// the batch being sequence `i` of the [`KvSegments`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Segment {
-    /// Tokens of this sequence in the batch.
-    pub n: usize,
-    /// Position of the first of them.
-    pub pos: usize,
 }
 
 /// Runs layer `layer` over a batch `x` (`[Σn, n_embd]`, updated in place): the rows of
@@ -570,15 +453,67 @@ fn segment_views<'a>(
     gathered: &'a mut GatheredRows,
     pool: &ThreadPool,
 ) -> Result<Vec<SegmentRows<'a>>, BlockError> {
-    let (k_dim, v_dim) = (cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.value_dim);
-    let f16_storage = kv.dtype() == KvDtype::F16;
-    let precision = if f16_storage {
+    let precision = if kv.dtype() == KvDtype::F16 {
         KvPrecision::F16
     } else {
         KvPrecision::F32
     };
-    let sources: Vec<RowSource> = segs
-        .iter()
+    let sources = row_sources(cfg, layer, segs, kv);
+    let mut copies = gathered.destinations(cfg, segs, &sources);
+    // The copies are independent (a batched decode step copies every sequence's rows
+    // on every layer): spread over the pool.
+    let mut no_state = vec![(); pool.n_threads()];
+    pool.parallel_chunks_mut(&mut copies, 1, 1, &mut no_state, |_, _, part| {
+        for c in part {
+            c.result = match &mut c.dst {
+                CopyDst::F16(kh, vh) => kv.gather_f16(c.seg, layer, c.rows.clone(), kh, vh),
+                CopyDst::F32(kh, vh) => kv.gather_f32(c.seg, layer, c.rows.clone(), kh, vh),
+            };
+        }
+    });
+    let mut copied = copies.into_iter();
+    let mut views = Vec::with_capacity(segs.len());
+    for (i, (g, &src)) in segs.iter().zip(&sources).enumerate() {
+        let view = match src {
+            RowSource::Direct => direct_view(kv, i, layer, g.pos + g.n)?,
+            RowSource::Paged => paged_view(kv, i, layer, g.pos + g.n)?,
+            RowSource::Stored(_) | RowSource::Widened(_) => {
+                let c = copied.next().expect("one copy per copied segment");
+                c.result?;
+                let first_row = c.rows.start;
+                match c.dst {
+                    CopyDst::F16(keys, values) => SegmentRows::F16(CacheRows {
+                        keys,
+                        values,
+                        first_row,
+                        precision,
+                        paged: None,
+                    }),
+                    CopyDst::F32(keys, values) => SegmentRows::F32(CacheRows {
+                        keys,
+                        values,
+                        first_row,
+                        precision,
+                        paged: None,
+                    }),
+                }
+            }
+        };
+        views.push(view);
+    }
+    Ok(views)
+}
+
+/// Where each segment's queries read their cache rows from in `layer` (see
+/// [`segment_views`]).
+fn row_sources(
+    cfg: &LayerConfig,
+    layer: usize,
+    segs: &[Segment],
+    kv: &dyn KvSegments,
+) -> Vec<RowSource> {
+    let f16_storage = kv.dtype() == KvDtype::F16;
+    segs.iter()
         .enumerate()
         .map(|(i, g)| {
             let end = g.pos + g.n;
@@ -602,93 +537,67 @@ fn segment_views<'a>(
                 RowSource::Widened(first)
             }
         })
-        .collect();
-    let rows_of = |want: fn(RowSource) -> Option<usize>| -> usize {
-        segs.iter()
-            .zip(&sources)
-            .filter_map(|(g, &src)| want(src).map(|first| g.pos + g.n - first))
-            .sum()
-    };
-    let stored = |s: RowSource| match s {
-        RowSource::Stored(f) => Some(f),
-        _ => None,
-    };
-    let widened = |s: RowSource| match s {
-        RowSource::Widened(f) => Some(f),
-        _ => None,
-    };
-    let (n_stored, n_widened) = (rows_of(stored), rows_of(widened));
-    let mut k32 = sized(&mut gathered.k32, n_widened * k_dim);
-    let mut v32 = sized(&mut gathered.v32, n_widened * v_dim);
-    let mut k16 = sized(&mut gathered.k16, n_stored * k_dim);
-    let mut v16 = sized(&mut gathered.v16, n_stored * v_dim);
-    // Each copied segment's destination, cut from the buffers in segment order.
-    let mut copies: Vec<RowCopy<'_>> = Vec::new();
-    for (i, (g, &src)) in segs.iter().zip(&sources).enumerate() {
-        let end = g.pos + g.n;
-        match src {
-            RowSource::Direct | RowSource::Paged => {}
-            RowSource::Stored(first) => copies.push(RowCopy {
-                seg: i,
-                rows: first..end,
-                dst: CopyDst::F16(
-                    take_front(&mut k16, (end - first) * k_dim),
-                    take_front(&mut v16, (end - first) * v_dim),
-                ),
-                result: Ok(()),
-            }),
-            RowSource::Widened(first) => copies.push(RowCopy {
-                seg: i,
-                rows: first..end,
-                dst: CopyDst::F32(
-                    take_front(&mut k32, (end - first) * k_dim),
-                    take_front(&mut v32, (end - first) * v_dim),
-                ),
-                result: Ok(()),
-            }),
-        }
-    }
-    // The copies are independent (a batched decode step copies every sequence's rows
-    // on every layer): spread over the pool.
-    let mut no_state = vec![(); pool.n_threads()];
-    pool.parallel_chunks_mut(&mut copies, 1, 1, &mut no_state, |_, _, part| {
-        for c in part {
-            c.result = match &mut c.dst {
-                CopyDst::F16(kh, vh) => kv.gather_f16(c.seg, layer, c.rows.clone(), kh, vh),
-                CopyDst::F32(kh, vh) => kv.gather_f32(c.seg, layer, c.rows.clone(), kh, vh),
-            };
-        }
-    });
-    let mut copied = copies.into_iter();
-    let mut views = Vec::with_capacity(segs.len());
-    for (i, (g, &src)) in segs.iter().zip(&sources).enumerate() {
-        let view = match src {
-            RowSource::Direct => direct_view(kv, i, layer, g.pos + g.n)?,
-            RowSource::Paged => paged_view(kv, i, layer, g.pos + g.n)?,
-            RowSource::Stored(first) | RowSource::Widened(first) => {
-                let c = copied.next().expect("one copy per copied segment");
-                c.result?;
-                match c.dst {
-                    CopyDst::F16(keys, values) => SegmentRows::F16(CacheRows {
-                        keys,
-                        values,
-                        first_row: first,
-                        precision,
-                        paged: None,
-                    }),
-                    CopyDst::F32(keys, values) => SegmentRows::F32(CacheRows {
-                        keys,
-                        values,
-                        first_row: first,
-                        precision,
-                        paged: None,
-                    }),
-                }
-            }
+        .collect()
+}
+
+impl GatheredRows {
+    /// One copy per segment that `sources` says is copied, its destination cut from these
+    /// buffers (grown to fit) in segment order.
+    fn destinations(
+        &mut self,
+        cfg: &LayerConfig,
+        segs: &[Segment],
+        sources: &[RowSource],
+    ) -> Vec<RowCopy<'_>> {
+        let (k_dim, v_dim) = (cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.value_dim);
+        let rows_of = |want: fn(RowSource) -> Option<usize>| -> usize {
+            segs.iter()
+                .zip(sources)
+                .filter_map(|(g, &src)| want(src).map(|first| g.pos + g.n - first))
+                .sum()
         };
-        views.push(view);
+        let stored = |s: RowSource| match s {
+            RowSource::Stored(f) => Some(f),
+            _ => None,
+        };
+        let widened = |s: RowSource| match s {
+            RowSource::Widened(f) => Some(f),
+            _ => None,
+        };
+        let (n_stored, n_widened) = (rows_of(stored), rows_of(widened));
+        let mut k32 = sized(&mut self.k32, n_widened * k_dim);
+        let mut v32 = sized(&mut self.v32, n_widened * v_dim);
+        let mut k16 = sized(&mut self.k16, n_stored * k_dim);
+        let mut v16 = sized(&mut self.v16, n_stored * v_dim);
+        let mut copies = Vec::new();
+        for (seg, (g, &src)) in segs.iter().zip(sources).enumerate() {
+            let end = g.pos + g.n;
+            let (first, dst) = match src {
+                RowSource::Direct | RowSource::Paged => continue,
+                RowSource::Stored(first) => (
+                    first,
+                    CopyDst::F16(
+                        take_front(&mut k16, (end - first) * k_dim),
+                        take_front(&mut v16, (end - first) * v_dim),
+                    ),
+                ),
+                RowSource::Widened(first) => (
+                    first,
+                    CopyDst::F32(
+                        take_front(&mut k32, (end - first) * k_dim),
+                        take_front(&mut v32, (end - first) * v_dim),
+                    ),
+                ),
+            };
+            copies.push(RowCopy {
+                seg,
+                rows: first..end,
+                dst,
+                result: Ok(()),
+            });
+        }
+        copies
     }
-    Ok(views)
 }
 
 /// One segment's rows copied out of the cache by [`segment_views`].

@@ -10,13 +10,13 @@
 //! which optional steps apply, and [`LayerWeights`] borrows the tensors.
 
 mod block;
+mod layer;
 mod moe;
 mod project;
 mod rope_rows;
 
-pub use block::{
-    forward, forward_batch, BlockError, BlockScratch, FfnActivation, FfnWeights, LayerConfig,
-    LayerWeights, Segment,
+pub use block::{forward, forward_batch, BlockScratch};
+pub use layer::{
+    BlockError, FfnActivation, FfnWeights, LayerConfig, LayerWeights, MoeWeights, Segment,
 };
-pub use moe::MoeWeights;
 pub use project::{Projection, Projector};

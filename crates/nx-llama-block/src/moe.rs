@@ -18,32 +18,11 @@
 //! (`matmul_batch_pool`, which gives each small matrix one chunk), and then all their
 //! down products.
 
-use nx_lazy_weight::{matmul_batch_pool, LazyWeight, MatmulJob, QuantizedActs};
+use nx_lazy_weight::{matmul_batch_pool, LazyWeight, LazyWeightError, MatmulJob, QuantizedActs};
 use nx_syscalls::ThreadPool;
 
-use crate::block::{sized, BlockError};
+use crate::layer::{sized, BlockError, MoeWeights};
 use crate::Projector;
-
-/// One layer's experts: the router and the three 3-D expert tensors
-/// (`[n_embd, n_ff_exp, n_expert]` for gate and up, `[n_ff_exp, n_embd, n_expert]` for
-/// down), viewed per expert without a copy.
-pub struct MoeWeights<'a> {
-    /// `[n_embd, n_expert]`.
-    pub router: LazyWeight<'a>,
-    pub gate: LazyWeight<'a>,
-    pub up: LazyWeight<'a>,
-    pub down: LazyWeight<'a>,
-    /// Experts per token.
-    pub n_used: usize,
-    /// Divide the chosen experts' weights by their sum (Qwen3-MoE's `norm_topk_prob`).
-    pub norm_weights: bool,
-}
-
-impl MoeWeights<'_> {
-    fn n_expert(&self) -> usize {
-        self.router.n_rows()
-    }
-}
 
 /// Reused buffers of the expert FFN.
 #[derive(Default)]
@@ -80,6 +59,22 @@ struct ExpertViews<'a> {
     gate: LazyWeight<'a>,
     up: LazyWeight<'a>,
     down: LazyWeight<'a>,
+}
+
+impl<'a> ExpertViews<'a> {
+    /// Expert `e`'s rows of the layer's 3-D tensors.
+    fn of(
+        m: &MoeWeights<'a>,
+        e: usize,
+        n_ff: usize,
+        n_embd: usize,
+    ) -> Result<Self, LazyWeightError> {
+        Ok(ExpertViews {
+            gate: m.gate.row_range(e * n_ff..(e + 1) * n_ff)?,
+            up: m.up.row_range(e * n_ff..(e + 1) * n_ff)?,
+            down: m.down.row_range(e * n_embd..(e + 1) * n_embd)?,
+        })
+    }
 }
 
 /// The softmax probabilities of one token's router logits, the `n_used` best experts
@@ -132,10 +127,10 @@ pub(crate) fn moe_ffn(
             actual: m.n_used,
         });
     }
-    // ---- router ----
+    // ---- router: each token's experts, best first, with their weights ----
     let logits = sized(&mut s.logits, n * n_expert); // [n, n_expert]
     s.projector.project(&m.router, normed, n, logits, pool)?;
-    s.choice.resize(n * m.n_used, (0, 0.0));
+    s.choice.resize(n * m.n_used, (0, 0.0)); // [n, n_used]
     for (row, out) in logits
         .chunks_exact_mut(n_expert)
         .zip(s.choice.chunks_exact_mut(m.n_used))
@@ -143,100 +138,38 @@ pub(crate) fn moe_ffn(
         choose(row, m.n_used, m.norm_weights, &mut s.order, out);
     }
     // ---- the batch rows (token · n_used + slot) grouped by the expert they chose ----
-    s.rows.clear();
-    s.groups.clear();
-    for e in 0..n_expert {
-        let start = s.rows.len();
-        s.rows
-            .extend((0..n * m.n_used).filter(|&r| s.choice[r].0 == e));
-        if s.rows.len() > start {
-            s.groups.push(ExpertGroup {
-                expert: e,
-                start,
-                len: s.rows.len() - start,
-            });
-        }
-        // an expert nobody chose is never read
-    }
+    group_rows(&s.choice, n_expert, &mut s.rows, &mut s.groups);
     let rows = s.rows.len(); // n · n_used
     let input = sized(&mut s.input, rows * n_embd); // [rows, n_embd], grouped
     for (dst, &r) in input.chunks_exact_mut(n_embd).zip(&s.rows) {
         let t = r / m.n_used;
         dst.copy_from_slice(&normed[t * n_embd..(t + 1) * n_embd]);
     }
-    let mut views = Vec::with_capacity(s.groups.len());
-    for g in &s.groups {
-        let e = g.expert;
-        views.push(ExpertViews {
-            gate: m.gate.row_range(e * n_ff..(e + 1) * n_ff)?,
-            up: m.up.row_range(e * n_ff..(e + 1) * n_ff)?,
-            down: m.down.row_range(e * n_embd..(e + 1) * n_embd)?,
-        });
+    let views = s
+        .groups
+        .iter()
+        .map(|g| ExpertViews::of(m, g.expert, n_ff, n_embd))
+        .collect::<Result<Vec<_>, _>>()?;
+    let n_groups = s.groups.len();
+    if s.acts.len() < 3 * n_groups {
+        s.acts.resize_with(3 * n_groups, QuantizedActs::new);
     }
-    if s.acts.len() < 3 * s.groups.len() {
-        s.acts.resize_with(3 * s.groups.len(), QuantizedActs::new);
-    }
-    // Per expert: its rows quantized for gate (and again for up if up's activation type
-    // differs), then every expert's gate and up in one pass over the pool.
-    let (gate_acts, rest) = s.acts.split_at_mut(s.groups.len());
-    let (up_acts, down_acts) = rest.split_at_mut(s.groups.len());
-    for (i, g) in s.groups.iter().enumerate() {
-        let x = &input[g.start * n_embd..(g.start + g.len) * n_embd];
-        gate_acts[i].quantize_for_pool(&views[i].gate, x, g.len, pool)?;
-        if !gate_acts[i].fits(&views[i].up) {
-            up_acts[i].quantize_for_pool(&views[i].up, x, g.len, pool)?;
-        }
-    }
+    let (gate_up_acts, down_acts) = s.acts.split_at_mut(2 * n_groups);
+    // ---- every chosen expert's gate and up in one pass, then SwiGLU ----
     let gate = sized(&mut s.gate, rows * n_ff); // [rows, n_ff_exp]
-    let up = sized(&mut s.up, rows * n_ff);
-    {
-        let mut jobs = Vec::with_capacity(2 * s.groups.len());
-        let (mut gate_rest, mut up_rest) = (&mut gate[..], &mut up[..]);
-        for (i, g) in s.groups.iter().enumerate() {
-            let (gy, gr) = std::mem::take(&mut gate_rest).split_at_mut(g.len * n_ff);
-            let (uy, ur) = std::mem::take(&mut up_rest).split_at_mut(g.len * n_ff);
-            (gate_rest, up_rest) = (gr, ur);
-            let up_xq = if gate_acts[i].fits(&views[i].up) {
-                &gate_acts[i]
-            } else {
-                &up_acts[i]
-            };
-            jobs.push(MatmulJob {
-                w: &views[i].gate,
-                xq: &gate_acts[i],
-                y: gy,
-            });
-            jobs.push(MatmulJob {
-                w: &views[i].up,
-                xq: up_xq,
-                y: uy,
-            });
-        }
-        matmul_batch_pool(&mut jobs, pool)?;
-    }
+    let up = sized(&mut s.up, rows * n_ff); // [rows, n_ff_exp]
+    let io = GroupedRows {
+        groups: &s.groups,
+        views: &views,
+    };
+    io.gate_up(input, n_embd, n_ff, gate_up_acts, gate, up, pool)?;
     for (g, u) in gate.chunks_exact_mut(n_ff).zip(up.chunks_exact(n_ff)) {
         nx_f32::swiglu_row_in_place(g, u);
     }
-    // ---- every expert's down projection in one pass ----
-    for (i, g) in s.groups.iter().enumerate() {
-        let x = &gate[g.start * n_ff..(g.start + g.len) * n_ff];
-        down_acts[i].quantize_for_pool(&views[i].down, x, g.len, pool)?;
-    }
+    // ---- every chosen expert's down projection in one pass ----
     let out = sized(&mut s.out, rows * n_embd); // [rows, n_embd], grouped
-    {
-        let mut jobs = Vec::with_capacity(s.groups.len());
-        let mut out_rest = &mut out[..];
-        for (i, g) in s.groups.iter().enumerate() {
-            let (oy, or) = std::mem::take(&mut out_rest).split_at_mut(g.len * n_embd);
-            out_rest = or;
-            jobs.push(MatmulJob {
-                w: &views[i].down,
-                xq: &down_acts[i],
-                y: oy,
-            });
-        }
-        matmul_batch_pool(&mut jobs, pool)?;
-    }
+    io.down(gate, n_ff, n_embd, &mut down_acts[..n_groups], out, pool)?;
+    // ---- each token's slots, weighted, added in slot order ----
     let slots = sized(&mut s.slots, n * m.n_used * n_embd); // [n, n_used, n_embd]
     for (o, &r) in out.chunks_exact(n_embd).zip(&s.rows) {
         let w = s.choice[r].1;
@@ -244,7 +177,6 @@ pub(crate) fn moe_ffn(
             *d = x * w;
         }
     }
-    // ---- the slots of each token added in order ----
     for (t, out) in proj.chunks_exact_mut(n_embd).enumerate().take(n) {
         let first = t * m.n_used;
         out.copy_from_slice(&slots[first * n_embd..(first + 1) * n_embd]);
@@ -254,6 +186,121 @@ pub(crate) fn moe_ffn(
         }
     }
     Ok(())
+}
+
+/// The batch rows (`token · n_used + slot`) of each expert, experts in index order; an
+/// expert nobody chose gets no group and is never read.
+fn group_rows(
+    choice: &[(usize, f32)],
+    n_expert: usize,
+    rows: &mut Vec<usize>,
+    groups: &mut Vec<ExpertGroup>,
+) {
+    rows.clear();
+    groups.clear();
+    for expert in 0..n_expert {
+        let start = rows.len();
+        rows.extend((0..choice.len()).filter(|&r| choice[r].0 == expert));
+        if rows.len() > start {
+            groups.push(ExpertGroup {
+                expert,
+                start,
+                len: rows.len() - start,
+            });
+        }
+    }
+}
+
+/// The chosen experts' matrices and their groups of rows: each expert's products over
+/// its own rows, all experts' as one pass over the pool.
+struct GroupedRows<'g, 'w> {
+    groups: &'g [ExpertGroup],
+    views: &'g [ExpertViews<'w>],
+}
+
+impl GroupedRows<'_, '_> {
+    /// `gate` and `up` (`[rows, n_ff]`) of the grouped `input` (`[rows, n_embd]`): each
+    /// expert's rows quantized for gate (and again for up where up's activation type
+    /// differs) into `acts` (`[gate acts | up acts]`, one per group each).
+    #[allow(clippy::too_many_arguments)]
+    fn gate_up(
+        &self,
+        input: &[f32],
+        n_embd: usize,
+        n_ff: usize,
+        acts: &mut [QuantizedActs],
+        gate: &mut [f32],
+        up: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), BlockError> {
+        let (gate_acts, up_acts) = acts.split_at_mut(self.groups.len());
+        for ((g, v), (ga, ua)) in self
+            .groups
+            .iter()
+            .zip(self.views)
+            .zip(gate_acts.iter_mut().zip(up_acts.iter_mut()))
+        {
+            let x = &input[g.start * n_embd..(g.start + g.len) * n_embd];
+            ga.quantize_for_pool(&v.gate, x, g.len, pool)?;
+            if !ga.fits(&v.up) {
+                ua.quantize_for_pool(&v.up, x, g.len, pool)?;
+            }
+        }
+        let mut jobs = Vec::with_capacity(2 * self.groups.len());
+        let (mut gate_rest, mut up_rest) = (gate, up);
+        for (i, (g, v)) in self.groups.iter().zip(self.views).enumerate() {
+            let (gy, gr) = std::mem::take(&mut gate_rest).split_at_mut(g.len * n_ff);
+            let (uy, ur) = std::mem::take(&mut up_rest).split_at_mut(g.len * n_ff);
+            (gate_rest, up_rest) = (gr, ur);
+            let up_xq = if gate_acts[i].fits(&v.up) {
+                &gate_acts[i]
+            } else {
+                &up_acts[i]
+            };
+            jobs.push(MatmulJob {
+                w: &v.gate,
+                xq: &gate_acts[i],
+                y: gy,
+            });
+            jobs.push(MatmulJob {
+                w: &v.up,
+                xq: up_xq,
+                y: uy,
+            });
+        }
+        matmul_batch_pool(&mut jobs, pool)?;
+        Ok(())
+    }
+
+    /// `out` (`[rows, n_embd]`) = each expert's down projection of its rows of `hidden`
+    /// (`[rows, n_ff]`), quantized into `acts` (one per group).
+    fn down(
+        &self,
+        hidden: &[f32],
+        n_ff: usize,
+        n_embd: usize,
+        acts: &mut [QuantizedActs],
+        out: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), BlockError> {
+        for ((g, v), xq) in self.groups.iter().zip(self.views).zip(acts.iter_mut()) {
+            let x = &hidden[g.start * n_ff..(g.start + g.len) * n_ff];
+            xq.quantize_for_pool(&v.down, x, g.len, pool)?;
+        }
+        let mut jobs = Vec::with_capacity(self.groups.len());
+        let mut out_rest = out;
+        for ((g, v), xq) in self.groups.iter().zip(self.views).zip(acts.iter()) {
+            let (oy, or) = std::mem::take(&mut out_rest).split_at_mut(g.len * n_embd);
+            out_rest = or;
+            jobs.push(MatmulJob {
+                w: &v.down,
+                xq,
+                y: oy,
+            });
+        }
+        matmul_batch_pool(&mut jobs, pool)?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 use nx_f32::{rotate_heads, RopeTable};
 use nx_syscalls::ThreadPool;
 
-use crate::block::{BlockError, LayerConfig, Segment};
+use crate::layer::{BlockError, LayerConfig, Segment};
 
 /// What a set of angles was computed for: rotated width, the bits of the base, frequency
 /// scale and attention factor, YaRN's original context, and the per-pair frequency

@@ -251,7 +251,7 @@ impl Model {
 
     /// Views of every quantized matrix the forward pass multiplies by (the LM head
     /// included, the token embedding only when it is the head): what
-    /// `nx_lazy_weight::plan::tune` times kernels on. No data is read.
+    /// `nx_lazy_weight::tune::tune` times kernels on. No data is read.
     pub fn matmul_weights(&self) -> Vec<LazyWeight<'_>> {
         self.gguf
             .tensors()
