@@ -57,64 +57,119 @@ pub fn alphabet_to_bytes(text: &[u8], inv: &[Option<u8>; 0x144]) -> Option<Vec<u
     Some(out)
 }
 
+/// Symbol ids while the merges are read: a vocabulary token's own id, or a virtual id past
+/// the vocabulary for a text that only the merges name.
+struct Symbols<'v> {
+    vocab: &'v Vocab,
+    n_vocab: u32,
+    virtual_ids: HashMap<Vec<u8>, u32, FxBuild>,
+    virtual_texts: Vec<Vec<u8>>,
+}
+
+impl Symbols<'_> {
+    /// The id of `text`, a new virtual one the first time a text outside the vocabulary
+    /// is seen.
+    fn intern(&mut self, text: &[u8]) -> u32 {
+        if let Some(id) = self.vocab.id_of(text) {
+            return id;
+        }
+        if let Some(&id) = self.virtual_ids.get(text) {
+            return id;
+        }
+        let id = self.n_vocab + self.virtual_texts.len() as u32;
+        self.virtual_texts.push(text.to_vec());
+        self.virtual_ids.insert(text.to_vec(), id);
+        id
+    }
+}
+
+/// `tokenizer.ggml.merges` as `(left << 32) | right` → `(rank << 32) | merged`, the first
+/// rule for a pair winning; a line without a separating space is skipped.
+fn read_merges(
+    md: &nx_gguf::Metadata,
+    symbols: &mut Symbols<'_>,
+) -> Result<HashMap<u64, u64, FxBuild>, TokenizerError> {
+    let merges_list = md.get_str_array(keys::MERGES)?;
+    let mut merges = HashMap::with_capacity_and_hasher(merges_list.len(), FxBuild::default());
+    let mut joined = Vec::new();
+    for (rank, line) in merges_list.iter().enumerate() {
+        // "left right": split at the first space after the first byte.
+        let bytes = line.as_bytes();
+        let Some(sp) = bytes.iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else {
+            continue;
+        };
+        let (left, right) = (&bytes[..sp], &bytes[sp + 1..]);
+        let l = symbols.intern(left);
+        let r = symbols.intern(right);
+        joined.clear();
+        joined.extend_from_slice(left);
+        joined.extend_from_slice(right);
+        let m = symbols.intern(&joined);
+        merges
+            .entry(((l as u64) << 32) | r as u64)
+            .or_insert(((rank as u64) << 32) | m as u64);
+    }
+    if symbols.n_vocab as usize + symbols.virtual_texts.len() >= u32::MAX as usize {
+        return Err(TokenizerError::BadMetadata {
+            key: keys::MERGES,
+            reason: "too many distinct merge texts".into(),
+        });
+    }
+    Ok(merges)
+}
+
+/// With `ignore_merges`, the raw-byte form of every token whose text is entirely in the
+/// byte alphabet, its id, and an index over those forms (all empty otherwise).
+fn raw_tokens(vocab: &Vocab, ignore_merges: bool) -> (TextArena, Vec<u32>, TextIndex) {
+    let inv = unicode_to_byte_table();
+    let (n_raw, raw_bytes) = if ignore_merges {
+        (vocab.len(), vocab.texts.total_bytes())
+    } else {
+        (0, 0)
+    };
+    let mut raw_texts = TextArena::with_capacity(n_raw, raw_bytes);
+    let mut raw_ids = Vec::with_capacity(n_raw);
+    for id in 0..vocab.len() as u32 * ignore_merges as u32 {
+        if let Some(raw) = alphabet_to_bytes(vocab.text(id), &inv) {
+            if !raw_texts.push(&raw) {
+                break;
+            }
+            raw_ids.push(id);
+        }
+    }
+    let mut raw_index = TextIndex::with_capacity(raw_ids.len());
+    for i in 0..raw_ids.len() as u32 {
+        raw_index.insert_last_wins(&raw_texts, i);
+    }
+    (raw_texts, raw_ids, raw_index)
+}
+
 impl BpeModel {
     pub fn new(
         md: &nx_gguf::Metadata,
         vocab: &Vocab,
         pre: PreTokenizerConfig,
     ) -> Result<BpeModel, TokenizerError> {
-        let merges_list = md.get_str_array(keys::MERGES)?;
         let n_vocab = vocab.len() as u32;
-        let plan = SplitPlan::new(&pre)?;
-        let mut virtual_ids: HashMap<Vec<u8>, u32, FxBuild> = HashMap::default();
-        let mut virtual_texts: Vec<Vec<u8>> = Vec::new();
-        let mut intern = |text: &[u8]| -> u32 {
-            if let Some(id) = vocab.id_of(text) {
-                return id;
-            }
-            if let Some(&id) = virtual_ids.get(text) {
-                return id;
-            }
-            let id = n_vocab + virtual_texts.len() as u32;
-            virtual_texts.push(text.to_vec());
-            virtual_ids.insert(text.to_vec(), id);
-            id
+        let mut symbols = Symbols {
+            vocab,
+            n_vocab,
+            virtual_ids: HashMap::default(),
+            virtual_texts: Vec::new(),
         };
-
         let table = byte_to_unicode_table();
         let mut byte_ids = [0u32; 256];
         for (b, ch) in table.iter().enumerate() {
             let mut buf = [0u8; 4];
-            byte_ids[b] = intern(ch.encode_utf8(&mut buf).as_bytes());
+            byte_ids[b] = symbols.intern(ch.encode_utf8(&mut buf).as_bytes());
         }
-
-        let mut merges = HashMap::with_capacity_and_hasher(merges_list.len(), FxBuild::default());
-        let mut joined = Vec::new();
-        for (rank, line) in merges_list.iter().enumerate() {
-            // "left right": split at the first space after the first byte.
-            let bytes = line.as_bytes();
-            let Some(sp) = bytes.iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else {
-                continue;
-            };
-            let (left, right) = (&bytes[..sp], &bytes[sp + 1..]);
-            let l = intern(left);
-            let r = intern(right);
-            joined.clear();
-            joined.extend_from_slice(left);
-            joined.extend_from_slice(right);
-            let m = intern(&joined);
-            // The first rule for a pair wins.
-            merges
-                .entry(((l as u64) << 32) | r as u64)
-                .or_insert(((rank as u64) << 32) | m as u64);
-        }
-        if n_vocab as usize + virtual_texts.len() >= u32::MAX as usize {
-            return Err(TokenizerError::BadMetadata {
-                key: keys::MERGES,
-                reason: "too many distinct merge texts".into(),
-            });
-        }
-
+        let merges = read_merges(md, &mut symbols)?;
+        let plan = SplitPlan::new(&pre)?;
+        let Symbols {
+            mut virtual_ids,
+            virtual_texts,
+            ..
+        } = symbols;
         let mut byte_fallback = [None; 256];
         if pre.raw_utf8 {
             for (b, slot) in byte_fallback.iter_mut().enumerate() {
@@ -124,28 +179,7 @@ impl BpeModel {
             // Only SentencePiece-style vocabularies look characters up by text.
             virtual_ids = HashMap::default();
         }
-
-        let inv = unicode_to_byte_table();
-        let (n_raw, raw_bytes) = if pre.ignore_merges {
-            (vocab.len(), vocab.texts.total_bytes())
-        } else {
-            (0, 0)
-        };
-        let mut raw_texts = TextArena::with_capacity(n_raw, raw_bytes);
-        let mut raw_ids = Vec::with_capacity(n_raw);
-        for id in 0..n_vocab * pre.ignore_merges as u32 {
-            if let Some(raw) = alphabet_to_bytes(vocab.text(id), &inv) {
-                if !raw_texts.push(&raw) {
-                    break;
-                }
-                raw_ids.push(id);
-            }
-        }
-        let mut raw_index = TextIndex::with_capacity(raw_ids.len());
-        for i in 0..raw_ids.len() as u32 {
-            raw_index.insert_last_wins(&raw_texts, i);
-        }
-
+        let (raw_texts, raw_ids, raw_index) = raw_tokens(vocab, pre.ignore_merges);
         Ok(BpeModel {
             pre,
             plan,

@@ -12,8 +12,13 @@ pub enum TokenizerError {
     #[error("unsupported tokenizer model {0:?} (tokenizer.ggml.model); supported: \"gpt2\" (byte-level BPE), \"gemma4\" (SentencePiece-style BPE), \"llama\" (SentencePiece)")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate does not implement.
-    #[error("unsupported pre-tokenizer {0:?} (tokenizer.ggml.pre); supported: {supported}", supported = crate::plan::supported_names())]
-    UnsupportedPreTokenizer(String),
+    #[error("unsupported pre-tokenizer {name:?} (tokenizer.ggml.pre); supported: {supported}")]
+    UnsupportedPreTokenizer {
+        /// The name the file gives.
+        name: String,
+        /// The names this crate implements, quoted and comma-separated.
+        supported: String,
+    },
     /// A split pattern of the pre-tokenizer table could not be compiled (a bug of this
     /// crate's table, reported rather than panicking).
     #[error("pre-tokenizer {name:?}: split pattern: {reason}")]

@@ -108,8 +108,12 @@ impl Tokenizer {
                     // GPT-2's historical BOS/EOS); the file normally overrides them.
                     (pre, Some(11))
                 };
-                let pre = PreTokenizer::from_name(pre_name)
-                    .ok_or_else(|| TokenizerError::UnsupportedPreTokenizer(pre_name.to_string()))?;
+                let pre = PreTokenizer::from_name(pre_name).ok_or_else(|| {
+                    TokenizerError::UnsupportedPreTokenizer {
+                        name: pre_name.to_string(),
+                        supported: plan::supported_names(),
+                    }
+                })?;
                 let vocab = Vocab::load(md, defaults, defaults, None)?;
                 let model = BpeModel::new(md, &vocab, pre)?;
                 let mut add_bos =

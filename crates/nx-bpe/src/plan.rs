@@ -222,6 +222,16 @@ pub const NAMES: &[PreTokenizerConfig] = &[
     },
 ];
 
+// In this module rather than beside the type so that `pretok` does not import the table
+// that imports it.
+impl PreTokenizer {
+    /// Maps a `tokenizer.ggml.pre` value to its configuration ([`NAMES`]);
+    /// `None` for any other name.
+    pub fn from_name(name: &str) -> Option<PreTokenizerConfig> {
+        NAMES.iter().find(|c| c.name == name).copied()
+    }
+}
+
 /// The names of [`NAMES`], quoted and comma-separated (for error messages).
 pub fn supported_names() -> String {
     NAMES

@@ -89,12 +89,6 @@ pub struct PreTokenizerConfig {
 }
 
 impl PreTokenizer {
-    /// Maps a `tokenizer.ggml.pre` value to its configuration ([`crate::plan::NAMES`]);
-    /// `None` for any other name.
-    pub fn from_name(name: &str) -> Option<PreTokenizerConfig> {
-        crate::plan::NAMES.iter().find(|c| c.name == name).copied()
-    }
-
     /// A short name for messages.
     pub fn name(self) -> &'static str {
         match self {

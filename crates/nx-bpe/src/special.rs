@@ -106,7 +106,34 @@ impl SpecialMatcher {
         if text.is_empty() {
             return;
         }
-        // Pass 1: which special tokens occur anywhere (bit k = tokens[k]).
+        let Some(present) = self.present(text, parse_special) else {
+            out.push(Fragment::Text {
+                start: 0,
+                end: text.len(),
+            });
+            return;
+        };
+        let placed = self.place(vocab, text, &present);
+        let mut pos = 0usize;
+        for &(s, e, id) in &placed {
+            if s > pos {
+                out.push(Fragment::Text { start: pos, end: s });
+            }
+            out.push(Fragment::Token(id));
+            pos = e;
+        }
+        if pos < text.len() {
+            out.push(Fragment::Text {
+                start: pos,
+                end: text.len(),
+            });
+        }
+    }
+
+    /// Pass 1: which special tokens occur anywhere in `text` (bit `k` = `tokens[k]`), among
+    /// those allowed (all with `parse_special`, else the always-parsed ones); `None` when
+    /// none does.
+    fn present(&self, text: &[u8], parse_special: bool) -> Option<Vec<u64>> {
         let mut present = vec![0u64; self.tokens.len().div_ceil(64)];
         let mut any = false;
         for i in 0..text.len() {
@@ -131,16 +158,13 @@ impl SpecialMatcher {
                 j += 1;
             }
         }
-        if !any {
-            out.push(Fragment::Text {
-                start: 0,
-                end: text.len(),
-            });
-            return;
-        }
+        any.then_some(present)
+    }
 
-        // Pass 2: in priority order, place each present token at its leftmost
-        // non-overlapping occurrences inside the gaps between tokens already placed.
+    /// Pass 2: in priority order, each present token placed at its leftmost
+    /// non-overlapping occurrences inside the gaps between the tokens already placed, as
+    /// `(start, end, id)` in text order.
+    fn place(&self, vocab: &Vocab, text: &[u8], present: &[u64]) -> Vec<(usize, usize, u32)> {
         let mut placed: Vec<(usize, usize, u32)> = Vec::new();
         let mut next: Vec<(usize, usize, u32)> = Vec::new();
         for (word, bits) in present.iter().enumerate() {
@@ -173,20 +197,6 @@ impl SpecialMatcher {
                 std::mem::swap(&mut placed, &mut next);
             }
         }
-
-        let mut pos = 0usize;
-        for &(s, e, id) in &placed {
-            if s > pos {
-                out.push(Fragment::Text { start: pos, end: s });
-            }
-            out.push(Fragment::Token(id));
-            pos = e;
-        }
-        if pos < text.len() {
-            out.push(Fragment::Text {
-                start: pos,
-                end: text.len(),
-            });
-        }
+        placed
     }
 }

@@ -116,47 +116,8 @@ impl SpmModel {
             });
         }
 
-        w.syms.clear();
-        let mut off = 0usize;
-        while off < n_bytes {
-            let len = utf8_len_from_lead(text[off]).min(n_bytes - off);
-            let idx = w.syms.len() as i32;
-            w.syms.push(Sym {
-                start: off as u32,
-                len: len as u32,
-                prev: idx - 1,
-                next: if off + len < n_bytes { idx + 1 } else { -1 },
-                id: u32::MAX,
-            });
-            off += len;
-        }
-
-        w.heap.clear();
-        for i in 1..w.syms.len() {
-            push_pair(vocab, text, &w.syms, &mut w.heap, i - 1, i);
-        }
-        while let Some(c) = w.heap.pop() {
-            let (left, right) = (c.left as usize, c.right as usize);
-            let (ll, rl) = (w.syms[left].len, w.syms[right].len);
-            if ll == 0 || rl == 0 || ll + rl != c.size {
-                continue; // stale
-            }
-            w.syms[left].len = ll + rl;
-            w.syms[left].id = c.id;
-            w.syms[right].len = 0;
-            let next = w.syms[right].next;
-            w.syms[left].next = next;
-            if next >= 0 {
-                w.syms[next as usize].prev = left as i32;
-            }
-            let prev = w.syms[left].prev;
-            if prev >= 0 {
-                push_pair(vocab, text, &w.syms, &mut w.heap, prev as usize, left);
-            }
-            if next >= 0 {
-                push_pair(vocab, text, &w.syms, &mut w.heap, left, next as usize);
-            }
-        }
+        char_symbols(text, &mut w.syms);
+        merge_best_pairs(vocab, text, &mut w.syms, &mut w.heap);
 
         if w.syms.is_empty() {
             return Ok(());
@@ -182,6 +143,57 @@ impl SpmModel {
             }
         }
         Ok(())
+    }
+}
+
+/// One symbol per UTF-8 character of `text` (a truncated last character keeps the bytes
+/// that are there), linked to its neighbours.
+fn char_symbols(text: &[u8], syms: &mut Vec<Sym>) {
+    let n_bytes = text.len();
+    syms.clear();
+    let mut off = 0usize;
+    while off < n_bytes {
+        let len = utf8_len_from_lead(text[off]).min(n_bytes - off);
+        let idx = syms.len() as i32;
+        syms.push(Sym {
+            start: off as u32,
+            len: len as u32,
+            prev: idx - 1,
+            next: if off + len < n_bytes { idx + 1 } else { -1 },
+            id: u32::MAX,
+        });
+        off += len;
+    }
+}
+
+/// Merges neighbouring symbols, best-scored pair first, while a merge forms a vocabulary
+/// token; a merged-away symbol keeps length 0 and a stale candidate is skipped.
+fn merge_best_pairs(vocab: &Vocab, text: &[u8], syms: &mut [Sym], heap: &mut BinaryHeap<Cand>) {
+    heap.clear();
+    for i in 1..syms.len() {
+        push_pair(vocab, text, syms, heap, i - 1, i);
+    }
+    while let Some(c) = heap.pop() {
+        let (left, right) = (c.left as usize, c.right as usize);
+        let (ll, rl) = (syms[left].len, syms[right].len);
+        if ll == 0 || rl == 0 || ll + rl != c.size {
+            continue; // stale
+        }
+        syms[left].len = ll + rl;
+        syms[left].id = c.id;
+        syms[right].len = 0;
+        let next = syms[right].next;
+        syms[left].next = next;
+        if next >= 0 {
+            syms[next as usize].prev = left as i32;
+        }
+        let prev = syms[left].prev;
+        if prev >= 0 {
+            push_pair(vocab, text, syms, heap, prev as usize, left);
+        }
+        if next >= 0 {
+            push_pair(vocab, text, syms, heap, left, next as usize);
+        }
     }
 }
 

@@ -270,6 +270,118 @@ fn drop_conflicting_eog(
     }
 }
 
+/// The texts an end-of-turn token has when the file names none, in the reference's order.
+const EOT_FALLBACK_TEXTS: [&str; 7] = [
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<EOT>",
+    "<|end_of_text|>",
+];
+
+/// `tokenizer.ggml.tokens` into an arena (an empty text becomes `[EMPTY_i]`, as in the
+/// reference), and the vocabulary size; it must be non-zero and its ids fit in 31 bits.
+fn token_texts(md: &Metadata) -> Result<(TextArena, usize), TokenizerError> {
+    let tokens = md.get_str_array(keys::TOKENS)?;
+    let n = tokens.len();
+    if n == 0 || n > (u32::MAX / 2) as usize {
+        return Err(TokenizerError::BadMetadata {
+            key: keys::TOKENS,
+            reason: format!("vocabulary size {n} is not usable"),
+        });
+    }
+    let total: usize = tokens.iter().map(|t| t.len()).sum();
+    let mut texts = TextArena::with_capacity(n, total);
+    for (i, t) in tokens.iter().enumerate() {
+        let ok = if t.is_empty() {
+            texts.push(format!("[EMPTY_{i}]").as_bytes())
+        } else {
+            texts.push(t.as_bytes())
+        };
+        if !ok {
+            return Err(TokenizerError::BadMetadata {
+                key: keys::TOKENS,
+                reason: "token texts exceed 4 GiB".into(),
+            });
+        }
+    }
+    Ok((texts, n))
+}
+
+/// The first `n` scores (zeros when the file has none); fewer than `n` is an error.
+fn scores_for(md: &Metadata, n: usize) -> Result<Vec<f32>, TokenizerError> {
+    match read_scores(md)? {
+        Some(s) if s.len() < n => Err(TokenizerError::BadMetadata {
+            key: keys::SCORES,
+            reason: format!("{} scores for {n} tokens", s.len()),
+        }),
+        Some(mut s) => {
+            s.truncate(n);
+            Ok(s)
+        }
+        None => Ok(vec![0.0; n]),
+    }
+}
+
+/// The first `n` token types (all normal when the file has none); fewer is an error.
+fn types_for(md: &Metadata, n: usize) -> Result<Vec<TokenType>, TokenizerError> {
+    match optional(md, keys::TOKEN_TYPE, Metadata::get_i32_array)? {
+        Some(t) if t.len() < n => Err(TokenizerError::BadMetadata {
+            key: keys::TOKEN_TYPE,
+            reason: format!("{} token types for {n} tokens", t.len()),
+        }),
+        Some(t) => Ok(t[..n].iter().map(|&v| TokenType::from_i32(v)).collect()),
+        None => Ok(vec![TokenType::Normal; n]),
+    }
+}
+
+/// Marks control-looking tokens (end of generation, fill-in-the-middle) as control and a
+/// few chat formats' structural tokens as user-defined, whatever their stored type, as
+/// the reference does; returns the end-of-generation ids found this way. `found` looks a
+/// text up in the vocabulary.
+fn mark_control_tokens(
+    md: &Metadata,
+    n: usize,
+    found: impl Fn(&str) -> Option<u32>,
+    attrs: &mut [u8],
+) -> Result<Vec<u32>, TokenizerError> {
+    let mut eog = Vec::new();
+    for text in END_OF_GENERATION_TEXTS {
+        if let Some(id) = found(text) {
+            attrs[id as usize] |= attr::CONTROL;
+            eog.push(id);
+        }
+    }
+    for (kind, candidates) in FIM_TEXTS {
+        let key = format!("tokenizer.ggml.fim_{kind}_token_id");
+        let mut id_of_kind = match optional(md, &key, Metadata::get_u32)? {
+            Some(id) if (id as usize) < n => Some(id),
+            _ => None,
+        };
+        if !md.contains(&key) {
+            for text in *candidates {
+                if let Some(id) = found(text) {
+                    attrs[id as usize] |= attr::CONTROL;
+                    id_of_kind = id_of_kind.or(Some(id));
+                }
+            }
+        }
+        // The padding, repository and file-separator markers also end a generation.
+        if matches!(*kind, "pad" | "rep" | "sep") {
+            eog.extend(id_of_kind);
+        }
+    }
+    // A few chat formats' structural tokens are rendered and matched as user-defined.
+    for text in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
+        if let Some(id) = found(text) {
+            attrs[id as usize] = attr::USER_DEFINED;
+        }
+    }
+    Ok(eog)
+}
+
 impl Vocab {
     /// Loads the token table. `default_bos`/`default_eos`/`default_unk` are the model
     /// kind's defaults, used when the file names no id (ids past the vocabulary are ignored).
@@ -279,54 +391,9 @@ impl Vocab {
         default_eos: Option<u32>,
         default_unk: Option<u32>,
     ) -> Result<Vocab, TokenizerError> {
-        let tokens = md.get_str_array(keys::TOKENS)?;
-        let n = tokens.len();
-        if n == 0 || n > (u32::MAX / 2) as usize {
-            return Err(TokenizerError::BadMetadata {
-                key: keys::TOKENS,
-                reason: format!("vocabulary size {n} is not usable"),
-            });
-        }
-        let total: usize = tokens.iter().map(|t| t.len()).sum();
-        let mut texts = TextArena::with_capacity(n, total);
-        for (i, t) in tokens.iter().enumerate() {
-            let ok = if t.is_empty() {
-                texts.push(format!("[EMPTY_{i}]").as_bytes())
-            } else {
-                texts.push(t.as_bytes())
-            };
-            if !ok {
-                return Err(TokenizerError::BadMetadata {
-                    key: keys::TOKENS,
-                    reason: "token texts exceed 4 GiB".into(),
-                });
-            }
-        }
-        drop(tokens);
-
-        let scores = match read_scores(md)? {
-            Some(s) if s.len() < n => {
-                return Err(TokenizerError::BadMetadata {
-                    key: keys::SCORES,
-                    reason: format!("{} scores for {n} tokens", s.len()),
-                })
-            }
-            Some(mut s) => {
-                s.truncate(n);
-                s
-            }
-            None => vec![0.0; n],
-        };
-        let types: Vec<TokenType> = match optional(md, keys::TOKEN_TYPE, Metadata::get_i32_array)? {
-            Some(t) if t.len() < n => {
-                return Err(TokenizerError::BadMetadata {
-                    key: keys::TOKEN_TYPE,
-                    reason: format!("{} token types for {n} tokens", t.len()),
-                })
-            }
-            Some(t) => t[..n].iter().map(|&v| TokenType::from_i32(v)).collect(),
-            None => vec![TokenType::Normal; n],
-        };
+        let (texts, n) = token_texts(md)?;
+        let scores = scores_for(md, n)?;
+        let types = types_for(md, n)?;
         let mut attrs: Vec<u8> = types.iter().map(|&t| attr_of(t)).collect();
 
         let mut index = TextIndex::with_capacity(n);
@@ -350,55 +417,10 @@ impl Vocab {
         let pad = special(keys::PAD_ID, None)?;
         let mut eot = special(keys::EOT_ID, None)?;
         let eom = special(keys::EOM_ID, None)?;
-
-        // Control-looking tokens become control tokens whatever their stored type.
-        let mut eog = Vec::new();
-        for text in END_OF_GENERATION_TEXTS {
-            if let Some(id) = index.get(&texts, text.as_bytes()) {
-                attrs[id as usize] |= attr::CONTROL;
-                eog.push(id);
-            }
-        }
-        for (kind, candidates) in FIM_TEXTS {
-            let key = format!("tokenizer.ggml.fim_{kind}_token_id");
-            let mut id_of_kind = match optional(md, &key, Metadata::get_u32)? {
-                Some(id) if (id as usize) < n => Some(id),
-                _ => None,
-            };
-            if !md.contains(&key) {
-                for text in *candidates {
-                    if let Some(id) = index.get(&texts, text.as_bytes()) {
-                        attrs[id as usize] |= attr::CONTROL;
-                        id_of_kind = id_of_kind.or(Some(id));
-                    }
-                }
-            }
-            // The padding, repository and file-separator markers also end a generation.
-            if matches!(*kind, "pad" | "rep" | "sep") {
-                eog.extend(id_of_kind);
-            }
-        }
-        // A few chat formats' structural tokens are rendered and matched as user-defined.
-        for text in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
-            if let Some(id) = index.get(&texts, text.as_bytes()) {
-                attrs[id as usize] = attr::USER_DEFINED;
-            }
-        }
+        let found = |text: &str| index.get(&texts, text.as_bytes());
+        let mut eog = mark_control_tokens(md, n, found, &mut attrs)?;
         if eot.is_none() {
-            for text in [
-                "<|eot_id|>",
-                "<|im_end|>",
-                "<|end|>",
-                "<end_of_turn>",
-                "<|endoftext|>",
-                "<EOT>",
-                "<|end_of_text|>",
-            ] {
-                if let Some(id) = index.get(&texts, text.as_bytes()) {
-                    eot = Some(id);
-                    break;
-                }
-            }
+            eot = EOT_FALLBACK_TEXTS.iter().find_map(|t| found(t));
         }
         eog.extend(eos.iter().chain(eot.iter()).chain(eom.iter()).copied());
         eog.sort_unstable();
