@@ -112,15 +112,7 @@ fn peak_rss_mb() -> Option<f64> {
 
 pub fn run(args: &BenchArgs) -> Result<()> {
     apply_threads(args.threads)?;
-    if args.reps == 0 {
-        bail!("--reps must be at least 1");
-    }
-    if args.prefill_chunk == 0 {
-        bail!("--prefill-chunk must be at least 1");
-    }
-    if args.n_prompt == 0 && args.n_gen == 0 && !args.show_plan {
-        bail!("nothing to measure: -p and -n are both 0");
-    }
+    check_args(args)?;
     let path = resolve_model(args.model.as_deref(), crate::models::ModelUse::Text)?;
     let opened = std::time::Instant::now();
     let (model, plan) = open_model_with_plan(&path, &args.weights)?;
@@ -156,8 +148,56 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut runner = args
         .spec
         .attach(Runner::new(model, None, config)?, &args.weights)?;
-    let ignore = |_| std::ops::ControlFlow::Continue(());
+    let (pp, ttft, tg) = measure(&mut runner, &prompt, args)?;
+    // Before the probe, whose buffer would count in the high-water mark.
+    let peak_rss = peak_rss_mb();
+    let threads = args.threads.unwrap_or_else(nx_syscalls::threads_from_env);
+    let decode_bytes = runner.model().decode_bytes_per_token();
+    let probe = (tg.is_some() && !args.no_probe)
+        .then(|| nx_syscalls::read_bandwidth(nx_syscalls::PROBE_BYTES, threads));
+    let report = Report {
+        model: path.display().to_string(),
+        threads,
+        pp,
+        ttft,
+        tg,
+        peak_rss,
+        decode_bytes,
+        decode_gbs: tg.map(|t| decode_bytes as f64 * t / 1e9),
+        probe,
+        kernel_plan: plan.plan.to_spec(),
+        weights,
+        open_s,
+    };
+    if args.json {
+        println!("{}", report.json(args));
+    } else {
+        report.print(args);
+    }
+    Ok(())
+}
 
+fn check_args(args: &BenchArgs) -> Result<()> {
+    if args.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    if args.prefill_chunk == 0 {
+        bail!("--prefill-chunk must be at least 1");
+    }
+    if args.n_prompt == 0 && args.n_gen == 0 && !args.show_plan {
+        bail!("nothing to measure: -p and -n are both 0");
+    }
+    Ok(())
+}
+
+/// The medians of prompt tok/s, TTFT (ms) and generation tok/s over `--reps` runs, after
+/// one untimed warm-up of each (unless `--no-warmup`).
+fn measure(
+    runner: &mut Runner,
+    prompt: &[u32],
+    args: &BenchArgs,
+) -> Result<(Option<f64>, Option<f64>, Option<f64>)> {
+    let ignore = |_| std::ops::ControlFlow::Continue(());
     if !args.no_warmup {
         if args.n_prompt > 0 {
             runner.set_max_tokens(1);
@@ -183,78 +223,102 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             tg.push(c.stats.gen_tps);
         }
     }
-    let (pp, ttft, tg) = (median(pp), median(ttft), median(tg));
-    // Before the probe, whose buffer would count in the high-water mark.
-    let rss = peak_rss_mb();
-    let threads = args.threads.unwrap_or_else(nx_syscalls::threads_from_env);
-    let decode_bytes = runner.model().decode_bytes_per_token();
-    let decode_gbs = tg.map(|t| decode_bytes as f64 * t / 1e9);
-    let probe = (tg.is_some() && !args.no_probe)
-        .then(|| nx_syscalls::read_bandwidth(nx_syscalls::PROBE_BYTES, threads));
-    let model_name = path.display().to_string();
+    Ok((median(pp), median(ttft), median(tg)))
+}
 
-    if args.json {
-        let v = json!({
-            "model": model_name,
-            "threads": threads,
+/// What one `nx bench` run measured.
+struct Report {
+    model: String,
+    threads: usize,
+    pp: Option<f64>,
+    ttft: Option<f64>,
+    tg: Option<f64>,
+    peak_rss: Option<f64>,
+    decode_bytes: u64,
+    decode_gbs: Option<f64>,
+    probe: Option<nx_syscalls::ReadBandwidth>,
+    kernel_plan: String,
+    weights: &'static str,
+    open_s: f64,
+}
+
+impl Report {
+    /// `--json`: one object.
+    fn json(&self, args: &BenchArgs) -> serde_json::Value {
+        json!({
+            "model": self.model,
+            "threads": self.threads,
             "pp_tokens": args.n_prompt,
             "tg_tokens": args.n_gen,
-            "pp_tps": pp,
-            "tg_tps": tg,
-            "ttft_ms": ttft,
-            "peak_rss_mb": rss,
+            "pp_tps": self.pp,
+            "tg_tps": self.tg,
+            "ttft_ms": self.ttft,
+            "peak_rss_mb": self.peak_rss,
             "reps": args.reps,
             "warmup": !args.no_warmup,
-            "decode_bytes_per_token": decode_bytes,
-            "decode_gbs": decode_gbs,
-            "read_gbs_1_thread": probe.map(|p| p.single_thread_gbs),
-            "read_gbs": probe.map(|p| p.multi_thread_gbs),
-            "kernel_plan": plan.plan.to_spec(),
-            "weights": weights,
-            "open_s": open_s,
-        });
-        println!("{v}");
-        return Ok(());
+            "decode_bytes_per_token": self.decode_bytes,
+            "decode_gbs": self.decode_gbs,
+            "read_gbs_1_thread": self.probe.map(|p| p.single_thread_gbs),
+            "read_gbs": self.probe.map(|p| p.multi_thread_gbs),
+            "kernel_plan": self.kernel_plan,
+            "weights": self.weights,
+            "open_s": self.open_s,
+        })
     }
-    let fmt = |x: Option<f64>, digits: usize| match x {
-        Some(v) => format!("{v:.digits$}"),
-        None => "-".to_string(),
-    };
-    println!("model: {model_name}");
-    println!(
-        "threads: {threads}   reps: {}   prefill chunk: {}   warm-up: {}",
-        args.reps,
-        args.prefill_chunk,
-        if args.no_warmup { "no" } else { "yes" }
-    );
-    println!("weights: {weights}   model opened in {open_s:.2} s");
-    println!("{:<10} {:>12}", "test", "t/s (median)");
-    if args.n_prompt > 0 {
-        println!("{:<10} {:>12}", format!("pp{}", args.n_prompt), fmt(pp, 2));
-    }
-    if args.n_gen > 0 {
-        println!("{:<10} {:>12}", format!("tg{}", args.n_gen), fmt(tg, 2));
-    }
-    if args.n_prompt > 0 {
-        println!("ttft:      {} ms", fmt(ttft, 1));
-    }
-    println!("peak RSS:  {} MB", fmt(rss, 1));
-    if let Some(gbs) = decode_gbs {
+
+    /// The table llama-bench users know, then memory and bandwidth.
+    fn print(&self, args: &BenchArgs) {
+        let fmt = |x: Option<f64>, digits: usize| match x {
+            Some(v) => format!("{v:.digits$}"),
+            None => "-".to_string(),
+        };
+        let threads = self.threads;
+        println!("model: {}", self.model);
         println!(
-            "decode:    {:.1} MB per token, {gbs:.1} GB/s",
-            decode_bytes as f64 / 1e6
+            "threads: {threads}   reps: {}   prefill chunk: {}   warm-up: {}",
+            args.reps,
+            args.prefill_chunk,
+            if args.no_warmup { "no" } else { "yes" }
         );
-    }
-    if let (Some(p), Some(gbs)) = (probe, decode_gbs) {
         println!(
-            "plain read ({} MiB): {:.1} GB/s on 1 thread, {:.1} GB/s on {threads}: decode at {:.0} %",
-            p.buffer_bytes >> 20,
-            p.single_thread_gbs,
-            p.multi_thread_gbs,
-            100.0 * gbs / p.multi_thread_gbs
+            "weights: {}   model opened in {:.2} s",
+            self.weights, self.open_s
         );
+        println!("{:<10} {:>12}", "test", "t/s (median)");
+        if args.n_prompt > 0 {
+            println!(
+                "{:<10} {:>12}",
+                format!("pp{}", args.n_prompt),
+                fmt(self.pp, 2)
+            );
+        }
+        if args.n_gen > 0 {
+            println!(
+                "{:<10} {:>12}",
+                format!("tg{}", args.n_gen),
+                fmt(self.tg, 2)
+            );
+        }
+        if args.n_prompt > 0 {
+            println!("ttft:      {} ms", fmt(self.ttft, 1));
+        }
+        println!("peak RSS:  {} MB", fmt(self.peak_rss, 1));
+        if let Some(gbs) = self.decode_gbs {
+            println!(
+                "decode:    {:.1} MB per token, {gbs:.1} GB/s",
+                self.decode_bytes as f64 / 1e6
+            );
+        }
+        if let (Some(p), Some(gbs)) = (self.probe, self.decode_gbs) {
+            println!(
+                "plain read ({} MiB): {:.1} GB/s on 1 thread, {:.1} GB/s on {threads}: decode at {:.0} %",
+                p.buffer_bytes >> 20,
+                p.single_thread_gbs,
+                p.multi_thread_gbs,
+                100.0 * gbs / p.multi_thread_gbs
+            );
+        }
     }
-    Ok(())
 }
 
 /// `--parallel`: the batched table.

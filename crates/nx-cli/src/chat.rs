@@ -217,6 +217,12 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         );
     }
 
+    converse(&mut session, args.verbose)
+}
+
+/// Reads messages from standard input, one per line, and answers each, until the end of
+/// input, `/exit`, or a closed standard output; `/reset` starts over.
+fn converse(session: &mut ChatSession, verbose: bool) -> Result<()> {
     let stdin = std::io::stdin();
     let interactive = stdin.is_terminal();
     let mut input = stdin.lock();
@@ -251,7 +257,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             }
             Input::Message(text) => text,
         };
-        match answer(&mut session, message, args.verbose)? {
+        match answer(session, message, verbose)? {
             Flow::Continue => {}
             Flow::OutputClosed => return Ok(()),
         }

@@ -11,7 +11,8 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use nx_lazy_weight::plan::{self, Timing};
+use nx_lazy_weight::plan;
+use nx_lazy_weight::tune::{self, Timing};
 use nx_lazy_weight::{GgmlType, KernelPlan, LazyWeight};
 use nx_llama_stack::Model;
 
@@ -132,7 +133,7 @@ pub fn prepare(model: &Model) -> Result<PlanReport> {
     let (mut tuned, source) = match cached {
         Some(plan) => (plan, PlanSource::Cached(path)),
         None => {
-            let t = plan::tune(&weights, model.pool())?;
+            let t = tune::tune(&weights, model.pool())?;
             if let Err(e) = write_cached(&path, &key, &t.plan) {
                 eprintln!(
                     "nx: could not cache the kernel plan in {}: {e:#}",

@@ -80,110 +80,24 @@ impl GgufHeader {
 
         let mut metadata = Metadata::default();
         for i in 0..kv_count {
-            let key_at = r.pos as u64;
-            let key = r.string(&format!("metadata key #{i}"))?;
-            let type_at = r.pos as u64;
-            let type_id = r.u32(&format!("type of metadata {key:?}"))?;
-            let ty = ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
-                field: format!("metadata {key:?}"),
-                offset: type_at,
-                type_id,
-            })?;
-            let value = r.value(&format!("metadata {key:?}"), ty, 0)?;
-            if !metadata.insert(key.clone(), value) {
-                return Err(GgufError::DuplicateKey {
-                    key,
-                    offset: key_at,
-                });
-            }
+            r.metadata_pair(i, &mut metadata)?;
         }
-
-        let alignment = match metadata.get("general.alignment") {
-            None => DEFAULT_ALIGNMENT,
-            Some(v) => {
-                let a = v.as_u64().ok_or_else(|| GgufError::WrongType {
-                    key: "general.alignment".into(),
-                    expected: "u32",
-                    found: v.type_description(),
-                })?;
-                if a == 0 || !a.is_power_of_two() || a > 65536 {
-                    return Err(GgufError::BadAlignment { value: a });
-                }
-                a
-            }
-        };
-
+        let alignment = alignment_of(&metadata)?;
         let mut tensors = Vec::with_capacity(tensor_count as usize);
         let mut names = HashSet::with_capacity(tensor_count as usize);
         for i in 0..tensor_count {
             let name_at = r.pos as u64;
-            let name = r.string(&format!("tensor name #{i}"))?;
-            let dims_at = r.pos as u64;
-            let n_dims = r.u32(&format!("n_dims of tensor {name:?}"))?;
-            if n_dims as usize > MAX_DIMS {
-                return Err(GgufError::TooManyDims {
-                    tensor: name,
-                    offset: dims_at,
-                    n_dims,
-                    max: MAX_DIMS,
-                });
-            }
-            let mut ne = Vec::with_capacity(n_dims as usize);
-            for d in 0..n_dims {
-                ne.push(r.u64(&format!("ne[{d}] of tensor {name:?}"))?);
-            }
-            let type_at = r.pos as u64;
-            let type_id = r.u32(&format!("type of tensor {name:?}"))?;
-            let ggml_type =
-                GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownGgmlType {
-                    tensor: name.clone(),
-                    offset: type_at,
-                    type_id,
-                })?;
-            let offset = r.u64(&format!("data offset of tensor {name:?}"))?;
-            let n_bytes = tensor_bytes(&name, &ne, ggml_type)?;
-            if !offset.is_multiple_of(alignment) {
-                return Err(GgufError::MisalignedTensor {
-                    tensor: name,
-                    offset,
-                    alignment,
-                });
-            }
-            if !names.insert(name.clone()) {
+            let t = r.tensor_info(i, alignment)?;
+            if !names.insert(t.name.clone()) {
                 return Err(GgufError::DuplicateTensor {
-                    name,
+                    name: t.name,
                     offset: name_at,
                 });
             }
-            tensors.push(TensorInfo {
-                name,
-                ne,
-                ggml_type,
-                offset,
-                n_bytes,
-            });
+            tensors.push(t);
         }
-
-        let file_len = bytes.len() as u64;
         let data_offset = (r.pos as u64).div_ceil(alignment) * alignment;
-        for t in &tensors {
-            let start = data_offset.checked_add(t.offset);
-            let end = start.and_then(|s| s.checked_add(t.n_bytes));
-            match (start, end) {
-                (Some(_), Some(end)) if end <= file_len => {}
-                _ => {
-                    return Err(GgufError::TensorOutOfBounds {
-                        tensor: t.name.clone(),
-                        start: data_offset.saturating_add(t.offset),
-                        end: data_offset
-                            .saturating_add(t.offset)
-                            .saturating_add(t.n_bytes),
-                        file_len,
-                    })
-                }
-            }
-        }
-
+        check_bounds(&tensors, data_offset, bytes.len() as u64)?;
         Ok(GgufHeader {
             version,
             metadata,
@@ -230,7 +144,110 @@ struct Reader<'a> {
     pos: usize,
 }
 
+/// `general.alignment` (32 when absent): a power of two up to 65536.
+fn alignment_of(metadata: &Metadata) -> Result<u64, GgufError> {
+    match metadata.get("general.alignment") {
+        None => Ok(DEFAULT_ALIGNMENT),
+        Some(v) => {
+            let a = v.as_u64().ok_or_else(|| GgufError::WrongType {
+                key: "general.alignment".into(),
+                expected: "u32",
+                found: v.type_description(),
+            })?;
+            if a == 0 || !a.is_power_of_two() || a > 65536 {
+                return Err(GgufError::BadAlignment { value: a });
+            }
+            Ok(a)
+        }
+    }
+}
+
+/// Every tensor's bytes lie inside the file (offsets from `data_offset`, no overflow).
+fn check_bounds(tensors: &[TensorInfo], data_offset: u64, file_len: u64) -> Result<(), GgufError> {
+    for t in tensors {
+        let start = data_offset.checked_add(t.offset);
+        let end = start.and_then(|s| s.checked_add(t.n_bytes));
+        match (start, end) {
+            (Some(_), Some(end)) if end <= file_len => {}
+            _ => {
+                return Err(GgufError::TensorOutOfBounds {
+                    tensor: t.name.clone(),
+                    start: data_offset.saturating_add(t.offset),
+                    end: data_offset
+                        .saturating_add(t.offset)
+                        .saturating_add(t.n_bytes),
+                    file_len,
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
 impl<'a> Reader<'a> {
+    /// Metadata pair `i` (key, type, value) into `metadata`; a repeated key is an error.
+    fn metadata_pair(&mut self, i: u64, metadata: &mut Metadata) -> Result<(), GgufError> {
+        let key_at = self.pos as u64;
+        let key = self.string(&format!("metadata key #{i}"))?;
+        let type_at = self.pos as u64;
+        let type_id = self.u32(&format!("type of metadata {key:?}"))?;
+        let ty = ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
+            field: format!("metadata {key:?}"),
+            offset: type_at,
+            type_id,
+        })?;
+        let value = self.value(&format!("metadata {key:?}"), ty, 0)?;
+        if !metadata.insert(key.clone(), value) {
+            return Err(GgufError::DuplicateKey {
+                key,
+                offset: key_at,
+            });
+        }
+        Ok(())
+    }
+
+    /// Tensor info `i`: name, dimensions, type and an `alignment`-aligned data offset.
+    fn tensor_info(&mut self, i: u64, alignment: u64) -> Result<TensorInfo, GgufError> {
+        let name = self.string(&format!("tensor name #{i}"))?;
+        let dims_at = self.pos as u64;
+        let n_dims = self.u32(&format!("n_dims of tensor {name:?}"))?;
+        if n_dims as usize > MAX_DIMS {
+            return Err(GgufError::TooManyDims {
+                tensor: name,
+                offset: dims_at,
+                n_dims,
+                max: MAX_DIMS,
+            });
+        }
+        let mut ne = Vec::with_capacity(n_dims as usize);
+        for d in 0..n_dims {
+            ne.push(self.u64(&format!("ne[{d}] of tensor {name:?}"))?);
+        }
+        let type_at = self.pos as u64;
+        let type_id = self.u32(&format!("type of tensor {name:?}"))?;
+        let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownGgmlType {
+            tensor: name.clone(),
+            offset: type_at,
+            type_id,
+        })?;
+        let offset = self.u64(&format!("data offset of tensor {name:?}"))?;
+        let n_bytes = tensor_bytes(&name, &ne, ggml_type)?;
+        if !offset.is_multiple_of(alignment) {
+            return Err(GgufError::MisalignedTensor {
+                tensor: name,
+                offset,
+                alignment,
+            });
+        }
+        Ok(TensorInfo {
+            name,
+            ne,
+            ggml_type,
+            offset,
+            n_bytes,
+        })
+    }
+
     fn remaining(&self) -> u64 {
         (self.bytes.len() - self.pos) as u64
     }

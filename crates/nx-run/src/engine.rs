@@ -747,117 +747,152 @@ impl Engine {
     /// on the sequence's tokens, then proposes its greedy choices one pass at a time,
     /// all sequences batched. A sequence whose draft rows do not fit goes without.
     fn draft_with_model(&mut self, plan: &mut [Slot]) {
-        let Some(d) = self.draft.as_mut() else {
+        if self.draft.is_none() {
             return;
-        };
-        let chunk = self.config.prefill_chunk;
-        let n_vocab = d.model.config().n_vocab;
+        }
         // Slots whose draft rows found no room or whose draft pass failed this step.
         let mut gave_up = vec![false; plan.len()];
         loop {
-            // (slot, tokens to feed, position, wants logits)
-            let mut work: Vec<(usize, Vec<u32>, usize, bool)> = Vec::new();
-            for (k, slot) in plan.iter().enumerate() {
-                if gave_up[k] {
-                    continue;
-                }
-                let seq = &self.running[slot.index];
-                let Some(spec) = seq.spec.as_ref() else {
-                    continue;
-                };
-                let (dl, len) = (spec.draft_table.len(), seq.tokens.len());
-                if slot.n > 1 && spec.spec.source == DraftSource::Model {
-                    // A prompt chunk: the draft reads it in the same step, so that its
-                    // prefill counts as prompt processing rather than delaying the first
-                    // guesses. It stops short of the last token, which the first
-                    // guessing pass reads.
-                    let upto = (seq.table.len() + slot.n).min(len - 1);
-                    if dl < upto {
-                        work.push((k, seq.tokens[dl..upto.min(dl + chunk)].to_vec(), dl, false));
-                    }
-                    continue;
-                }
-                if slot.drafts.len() >= slot.model_drafts {
-                    continue; // no draft-model drafts asked, or all there
-                }
-                if dl < len {
-                    let end = len.min(dl + chunk);
-                    work.push((k, seq.tokens[dl..end].to_vec(), dl, end == len));
-                } else {
-                    let last = *slot.drafts.last().expect("caught up after one draft");
-                    work.push((k, vec![last], dl, true));
-                }
-            }
+            let work = self.draft_work(plan, &gave_up);
             if work.is_empty() {
                 return;
             }
-            // Reserve draft rows; a sequence that does not fit gives up its drafts.
-            let mut ok = Vec::with_capacity(work.len());
-            for (k, toks, pos, want) in work {
-                let spec = self.running[plan[k].index]
-                    .spec
-                    .as_mut()
-                    .expect("speculation");
-                match d.kv.reserve(&mut spec.draft_table, pos + toks.len()) {
-                    Ok(()) => ok.push((k, toks, pos, want)),
-                    Err(_) => {
-                        d.kv.release(&mut spec.draft_table);
-                        plan[k].model_drafts = 0;
-                        gave_up[k] = true;
+            let work = self.reserve_draft_rows(work, plan, &mut gave_up);
+            match self.draft_pass(&work) {
+                Some(guesses) => {
+                    for (w, guess) in work.iter().filter(|w| w.wants_logits).zip(guesses) {
+                        plan[w.slot].drafts.push(guess);
+                    }
+                }
+                None => {
+                    // Drafting is only a guess: without it every slot decodes plainly.
+                    for w in &work {
+                        plan[w.slot].model_drafts = 0;
+                        gave_up[w.slot] = true;
                     }
                 }
             }
-            let rows: Vec<[usize; 1]> = ok.iter().map(|w| [w.1.len() - 1]).collect();
-            let mut tables: Vec<&mut BlockTable> = Vec::with_capacity(ok.len());
-            let mut slots: Vec<Option<&mut Sequence>> = self.running.iter_mut().map(Some).collect();
-            for (k, ..) in &ok {
-                let seq = slots[plan[*k].index].take().expect("one slot per sequence");
-                tables.push(&mut seq.spec.as_mut().expect("speculation").draft_table);
+        }
+    }
+
+    /// What the draft model reads next for each slot of `plan` that wants draft-model
+    /// drafts: a chunk of the tokens it has not seen, or its own last guess.
+    fn draft_work(&self, plan: &[Slot], gave_up: &[bool]) -> Vec<DraftWork> {
+        let chunk = self.config.prefill_chunk;
+        let mut work = Vec::new();
+        for (k, slot) in plan.iter().enumerate() {
+            if gave_up[k] {
+                continue;
             }
-            let items: Vec<BatchItem<'_>> = ok
-                .iter()
-                .zip(&rows)
-                .map(|((_, toks, pos, want), row)| BatchItem {
-                    tokens: toks,
-                    pos: *pos,
-                    logit_rows: if *want { &row[..] } else { &[] },
-                })
-                .collect();
-            let mut batch = PagedBatch {
-                pool: &mut d.kv,
-                tables,
+            let seq = &self.running[slot.index];
+            let Some(spec) = seq.spec.as_ref() else {
+                continue;
             };
-            let guessing = items
-                .iter()
-                .all(|i| i.tokens.len() == 1 && !i.logit_rows.is_empty());
-            let started = std::time::Instant::now();
-            let result = d
-                .model
-                .forward_batch(&items, &mut batch, &mut d.state, &mut d.logits);
-            if guessing {
-                d.pass_s.add(started.elapsed().as_secs_f64());
-            }
-            if result.is_ok() {
-                self.metrics.draft_model_tokens_total +=
-                    items.iter().map(|i| i.tokens.len() as u64).sum::<u64>();
-            }
-            if result.is_err() {
-                // Drafting is only a guess: without it every slot decodes plainly.
-                for (k, ..) in &ok {
-                    plan[*k].model_drafts = 0;
-                    gave_up[*k] = true;
+            let (dl, len) = (spec.draft_table.len(), seq.tokens.len());
+            let item = |tokens: &[u32], wants_logits: bool| DraftWork {
+                slot: k,
+                seq_index: slot.index,
+                tokens: tokens.to_vec(),
+                pos: dl,
+                wants_logits,
+            };
+            if slot.n > 1 && spec.spec.source == DraftSource::Model {
+                // A prompt chunk: the draft reads it in the same step, so that its
+                // prefill counts as prompt processing rather than delaying the first
+                // guesses. It stops short of the last token, which the first
+                // guessing pass reads.
+                let upto = (seq.table.len() + slot.n).min(len - 1);
+                if dl < upto {
+                    work.push(item(&seq.tokens[dl..upto.min(dl + chunk)], false));
                 }
                 continue;
             }
-            let mut row = 0;
-            for (k, _, _, want) in &ok {
-                if *want {
-                    let logits = &d.logits[row * n_vocab..(row + 1) * n_vocab];
-                    row += 1;
-                    plan[*k].drafts.push(greedy_choice(logits));
+            if slot.drafts.len() >= slot.model_drafts {
+                continue; // no draft-model drafts asked, or all there
+            }
+            if dl < len {
+                let end = len.min(dl + chunk);
+                work.push(item(&seq.tokens[dl..end], end == len));
+            } else {
+                let last = *slot.drafts.last().expect("caught up after one draft");
+                work.push(item(&[last], true));
+            }
+        }
+        work
+    }
+
+    /// Reserves the draft cache rows of `work`; a sequence that does not fit gives up its
+    /// drafts for this step (and is left out of what is returned).
+    fn reserve_draft_rows(
+        &mut self,
+        work: Vec<DraftWork>,
+        plan: &mut [Slot],
+        gave_up: &mut [bool],
+    ) -> Vec<DraftWork> {
+        let d = self.draft.as_mut().expect("a draft model");
+        let mut ok = Vec::with_capacity(work.len());
+        for w in work {
+            let spec = self.running[w.seq_index]
+                .spec
+                .as_mut()
+                .expect("speculation");
+            match d.kv.reserve(&mut spec.draft_table, w.pos + w.tokens.len()) {
+                Ok(()) => ok.push(w),
+                Err(_) => {
+                    d.kv.release(&mut spec.draft_table);
+                    plan[w.slot].model_drafts = 0;
+                    gave_up[w.slot] = true;
                 }
             }
         }
+        ok
+    }
+
+    /// One batched draft-model pass over `work` (rows reserved); the greedy guess of each
+    /// item that wants logits, in order, or `None` when the pass failed.
+    fn draft_pass(&mut self, work: &[DraftWork]) -> Option<Vec<u32>> {
+        let d = self.draft.as_mut().expect("a draft model");
+        let n_vocab = d.model.config().n_vocab;
+        let rows: Vec<[usize; 1]> = work.iter().map(|w| [w.tokens.len() - 1]).collect();
+        let mut tables: Vec<&mut BlockTable> = Vec::with_capacity(work.len());
+        let mut slots: Vec<Option<&mut Sequence>> = self.running.iter_mut().map(Some).collect();
+        let indices: Vec<usize> = work.iter().map(|w| w.seq_index).collect();
+        for &i in &indices {
+            let seq = slots[i].take().expect("one slot per sequence");
+            tables.push(&mut seq.spec.as_mut().expect("speculation").draft_table);
+        }
+        let items: Vec<BatchItem<'_>> = work
+            .iter()
+            .zip(&rows)
+            .map(|(w, row)| BatchItem {
+                tokens: &w.tokens,
+                pos: w.pos,
+                logit_rows: if w.wants_logits { &row[..] } else { &[] },
+            })
+            .collect();
+        let mut batch = PagedBatch {
+            pool: &mut d.kv,
+            tables,
+        };
+        let guessing = items
+            .iter()
+            .all(|i| i.tokens.len() == 1 && !i.logit_rows.is_empty());
+        let started = std::time::Instant::now();
+        let result = d
+            .model
+            .forward_batch(&items, &mut batch, &mut d.state, &mut d.logits);
+        if guessing {
+            d.pass_s.add(started.elapsed().as_secs_f64());
+        }
+        result.ok()?;
+        self.metrics.draft_model_tokens_total +=
+            items.iter().map(|i| i.tokens.len() as u64).sum::<u64>();
+        let n_guesses = work.iter().filter(|w| w.wants_logits).count();
+        Some(
+            (0..n_guesses)
+                .map(|row| greedy_choice(&d.logits[row * n_vocab..(row + 1) * n_vocab]))
+                .collect(),
+        )
     }
 
     /// Reserves blocks for `n` more tokens of sequence `id`, preempting the newest
@@ -1394,6 +1429,29 @@ fn sample_one(
     }
     seq.generated += 1;
     seq.tokens.push(id);
+    let (text, stop) = release_text(seq, tokenizer, id)?;
+    let event = EngineEvent::Token {
+        seq: seq.id,
+        id,
+        text,
+        logprob,
+        top,
+    };
+    Ok(match stop {
+        Some(reason) => Sampled::Finished(Some(event), reason, String::new()),
+        None => Sampled::Continue(event),
+    })
+}
+
+/// The text token `id` (just appended to `seq`) releases, and why the sequence stops
+/// there if it does: a stop string, the byte cap or the token limit. Control tokens
+/// print nothing; the last allowed token flushes what the decoder and the stop matcher
+/// held back.
+fn release_text(
+    seq: &mut Sequence,
+    tokenizer: Option<&Tokenizer>,
+    id: u32,
+) -> Result<(String, Option<StopReason>), RunError> {
     let last_allowed = seq.generated == seq.max_tokens;
     let is_control = match tokenizer {
         Some(t) => t.is_control(id)?,
@@ -1427,17 +1485,7 @@ fn sample_one(
         }
         Released::Text(out) => (out, None),
     };
-    let event = EngineEvent::Token {
-        seq: seq.id,
-        id,
-        text,
-        logprob,
-        top,
-    };
-    Ok(match stop {
-        Some(reason) => Sampled::Finished(Some(event), reason, String::new()),
-        None => Sampled::Continue(event),
-    })
+    Ok((text, stop))
 }
 
 /// Cuts `s` to at most `max` bytes, at a character boundary.
@@ -1450,6 +1498,19 @@ pub(crate) fn truncate_at_char(s: &mut String, max: usize) {
         end -= 1;
     }
     s.truncate(end);
+}
+
+/// What the draft model reads for one slot in one pass.
+struct DraftWork {
+    /// The slot's index in the step's plan.
+    slot: usize,
+    /// Its sequence's index in `running`.
+    seq_index: usize,
+    /// The tokens to feed, from position `pos`.
+    tokens: Vec<u32>,
+    pos: usize,
+    /// Whether its last row's logits give a guess.
+    wants_logits: bool,
 }
 
 #[cfg(test)]

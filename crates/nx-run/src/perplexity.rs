@@ -196,26 +196,8 @@ pub fn perplexity_of_tokens(
     mut on_chunk: impl FnMut(&ChunkProgress),
 ) -> Result<PerplexityReport, PerplexityError> {
     check_config(config)?;
+    check_tokens(model, tokens, bos, config.n_ctx)?;
     let n_ctx = config.n_ctx;
-    if tokens.is_empty() {
-        return Err(PerplexityError::EmptyText);
-    }
-    if tokens.len() < 2 * n_ctx {
-        return Err(PerplexityError::TooFewTokens {
-            n_tokens: tokens.len(),
-            needed: 2 * n_ctx,
-            n_ctx,
-        });
-    }
-    let n_vocab = model.config().n_vocab;
-    if let Some(&id) = tokens
-        .iter()
-        .chain(bos.as_ref())
-        .find(|&&id| id as usize >= n_vocab)
-    {
-        return Err(PerplexityError::TokenOutOfRange { id, n_vocab });
-    }
-
     let n_chunk_max = tokens.len() / n_ctx;
     let n_chunks = config
         .max_chunks
@@ -246,19 +228,8 @@ pub fn perplexity_of_tokens(
         }
         // Targets: the window token after each scored position. The window's first
         // token was replaced by BOS, but it is never a target (first >= 1).
-        score_window(&mut engine, &window, first + 1, &mut nll_rows).map_err(|e| match e {
-            RunError::NonFiniteLogits {
-                position,
-                token,
-                value,
-            } => PerplexityError::NonFiniteLogits {
-                chunk,
-                position,
-                token,
-                value,
-            },
-            other => PerplexityError::Engine(other),
-        })?;
+        score_window(&mut engine, &window, first + 1, &mut nll_rows)
+            .map_err(|e| PerplexityError::in_chunk(chunk, e))?;
 
         let mut chunk_sum = 0f64;
         for &v in &nll_rows {
@@ -290,6 +261,54 @@ pub fn perplexity_of_tokens(
         running_ppl,
         elapsed: started.elapsed(),
     })
+}
+
+/// The text is long enough for two windows and every id (BOS too) is in the vocabulary.
+fn check_tokens(
+    model: &Model,
+    tokens: &[u32],
+    bos: Option<u32>,
+    n_ctx: usize,
+) -> Result<(), PerplexityError> {
+    if tokens.is_empty() {
+        return Err(PerplexityError::EmptyText);
+    }
+    if tokens.len() < 2 * n_ctx {
+        return Err(PerplexityError::TooFewTokens {
+            n_tokens: tokens.len(),
+            needed: 2 * n_ctx,
+            n_ctx,
+        });
+    }
+    let n_vocab = model.config().n_vocab;
+    if let Some(&id) = tokens
+        .iter()
+        .chain(bos.as_ref())
+        .find(|&&id| id as usize >= n_vocab)
+    {
+        return Err(PerplexityError::TokenOutOfRange { id, n_vocab });
+    }
+
+    Ok(())
+}
+
+impl PerplexityError {
+    /// An engine error of window `chunk`, non-finite logits named with their chunk.
+    fn in_chunk(chunk: usize, e: RunError) -> PerplexityError {
+        match e {
+            RunError::NonFiniteLogits {
+                position,
+                token,
+                value,
+            } => PerplexityError::NonFiniteLogits {
+                chunk,
+                position,
+                token,
+                value,
+            },
+            other => PerplexityError::Engine(other),
+        }
+    }
 }
 
 /// `(mean_nll, ppl, ppl_error)` from the sums of NLL and NLL² over `count` tokens, with

@@ -189,7 +189,46 @@ pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<GenParams, ApiEr
         Endpoint::Completion => parse_prompt(&f)?,
     };
     let stream = f.bool("stream")?.unwrap_or(false);
-    let include_usage = match f.get("stream_options") {
+    let include_usage = parse_include_usage(&f)?;
+
+    let max_tokens = match endpoint {
+        Endpoint::Chat => match f.count("max_completion_tokens", 1, None)? {
+            Some(n) => Some(n),
+            None => f.count("max_tokens", 1, None)?,
+        },
+        Endpoint::Completion => f.count("max_tokens", 1, None)?,
+    };
+
+    let sampler = parse_sampler(&f)?;
+    let stop = parse_stop(&f)?;
+    let n = f.count("n", 1, Some(MAX_N))?.unwrap_or(1);
+    let logprobs = parse_logprobs(endpoint, &f)?;
+    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+    let parse_special = match endpoint {
+        Endpoint::Completion => f.bool("parse_special")?.unwrap_or(false),
+        Endpoint::Chat => false,
+    };
+    let speculation = parse_speculation(&f)?;
+    Ok(GenParams {
+        endpoint,
+        model,
+        prompt,
+        stream,
+        include_usage,
+        max_tokens,
+        sampler,
+        stop,
+        logprobs,
+        n,
+        ignore_eos,
+        parse_special,
+        speculation,
+    })
+}
+
+/// `stream_options.include_usage` (false when absent).
+fn parse_include_usage(f: &Fields<'_>) -> Result<bool, ApiError> {
+    Ok(match f.get("stream_options") {
         None => false,
         Some(Value::Object(o)) => Fields(o)
             .bool_named("include_usage", "stream_options.include_usage")?
@@ -200,16 +239,13 @@ pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<GenParams, ApiEr
                 format!("stream_options must be an object, got {}", type_name(v)),
             ))
         }
-    };
+    })
+}
 
-    let max_tokens = match endpoint {
-        Endpoint::Chat => match f.count("max_completion_tokens", 1, None)? {
-            Some(n) => Some(n),
-            None => f.count("max_tokens", 1, None)?,
-        },
-        Endpoint::Completion => f.count("max_tokens", 1, None)?,
-    };
-
+/// The sampling fields: OpenAI's `temperature`, `top_p`, `presence_penalty`,
+/// `frequency_penalty`, `seed`, and nx's `top_k`, `min_p`, `repeat_penalty`,
+/// `repeat_last_n`; the defaults of [`SamplerConfig`] for those absent.
+fn parse_sampler(f: &Fields<'_>) -> Result<SamplerConfig, ApiError> {
     let mut sampler = SamplerConfig::default();
     if let Some(t) = f.number("temperature", 0.0, 2.0, true)? {
         sampler.temperature = t as f32;
@@ -258,10 +294,13 @@ pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<GenParams, ApiEr
         };
         sampler.seed = seed;
     }
+    Ok(sampler)
+}
 
-    let stop = parse_stop(&f)?;
-    let n = f.count("n", 1, Some(MAX_N))?.unwrap_or(1);
-    let logprobs = match endpoint {
+/// `logprobs` / `top_logprobs` (chat: a flag and a count; completions: a count):
+/// `None` for no log-probabilities, else how many alternatives per token.
+fn parse_logprobs(endpoint: Endpoint, f: &Fields<'_>) -> Result<Option<usize>, ApiError> {
+    Ok(match endpoint {
         Endpoint::Chat => {
             let wanted = f.bool("logprobs")?.unwrap_or(false);
             let top = f.count("top_logprobs", 0, Some(MAX_TOP_LOGPROBS_CHAT))?;
@@ -281,27 +320,6 @@ pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<GenParams, ApiEr
             Some(Value::Bool(false)) => None,
             _ => f.count("logprobs", 0, Some(MAX_LOGPROBS_COMPLETION))?,
         },
-    };
-    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
-    let parse_special = match endpoint {
-        Endpoint::Completion => f.bool("parse_special")?.unwrap_or(false),
-        Endpoint::Chat => false,
-    };
-    let speculation = parse_speculation(&f)?;
-    Ok(GenParams {
-        endpoint,
-        model,
-        prompt,
-        stream,
-        include_usage,
-        max_tokens,
-        sampler,
-        stop,
-        logprobs,
-        n,
-        ignore_eos,
-        parse_special,
-        speculation,
     })
 }
 

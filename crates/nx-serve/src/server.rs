@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use nx_bpe::{EncodeOptions, Tokenizer};
-use nx_run::{ChatTemplate, EngineEvent, SeqId, Usage};
+use nx_run::{ChatTemplate, EngineEvent, EngineMetrics, SeqId, Usage};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -361,115 +361,18 @@ async fn metrics(State(state): State<AppState>) -> Response {
 /// `/metrics` in the Prometheus text format.
 fn render_metrics(state: &AppState) -> String {
     use std::fmt::Write;
-    let m = state.engine().metrics();
+    let http_requests = state.0.http_requests.load(Ordering::Relaxed);
+    let metrics = metric_table(&state.engine().metrics(), http_requests);
     let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
+    for (name, kind, help, value) in metrics {
+        let kind = match kind {
+            MetricKind::Counter => "counter",
+            MetricKind::Gauge => "gauge",
+        };
         let _ = writeln!(out, "# HELP nx_{name} {help}");
         let _ = writeln!(out, "# TYPE nx_{name} {kind}");
         let _ = writeln!(out, "nx_{name} {value}");
-    };
-    metric(
-        "requests_total",
-        "counter",
-        "Requests submitted to the engine.",
-        m.requests_total,
-    );
-    metric(
-        "prompt_tokens_total",
-        "counter",
-        "Prompt tokens submitted.",
-        m.prompt_tokens_total,
-    );
-    metric(
-        "generated_tokens_total",
-        "counter",
-        "Tokens generated.",
-        m.generated_tokens_total,
-    );
-    metric(
-        "prefix_cache_hit_tokens_total",
-        "counter",
-        "Prompt tokens served from the prefix cache.",
-        m.prefix_hit_tokens_total,
-    );
-    metric(
-        "preemptions_total",
-        "counter",
-        "Sequences preempted and recomputed.",
-        m.preemptions_total,
-    );
-    metric(
-        "steps_total",
-        "counter",
-        "Engine forward steps.",
-        m.steps_total,
-    );
-    metric(
-        "drafted_tokens_total",
-        "counter",
-        "Draft tokens verified (speculative decoding).",
-        m.drafted_tokens_total,
-    );
-    metric(
-        "accepted_tokens_total",
-        "counter",
-        "Draft tokens accepted (speculative decoding).",
-        m.accepted_tokens_total,
-    );
-    metric(
-        "draft_model_tokens_total",
-        "counter",
-        "Tokens the draft model read (prompt chunks, catching up, guessing).",
-        m.draft_model_tokens_total,
-    );
-    metric(
-        "requests_waiting",
-        "gauge",
-        "Requests waiting for admission.",
-        m.waiting as u64,
-    );
-    metric(
-        "requests_running",
-        "gauge",
-        "Sequences admitted (prefilling or decoding).",
-        m.running as u64,
-    );
-    metric(
-        "kv_blocks_used",
-        "gauge",
-        "KV blocks referenced by sequences.",
-        m.kv_blocks_used as u64,
-    );
-    metric(
-        "kv_blocks_free",
-        "gauge",
-        "KV blocks free or held only by the prefix cache.",
-        m.kv_blocks_free as u64,
-    );
-    metric(
-        "kv_blocks_total",
-        "gauge",
-        "KV blocks in the pool.",
-        m.kv_blocks_total as u64,
-    );
-    metric(
-        "batch_tokens",
-        "gauge",
-        "Rows of the last step's forward pass.",
-        m.last_batch_tokens as u64,
-    );
-    metric(
-        "batch_sequences",
-        "gauge",
-        "Sequences in the last step's forward pass.",
-        m.last_batch_seqs as u64,
-    );
-    metric(
-        "http_requests_total",
-        "counter",
-        "HTTP requests answered.",
-        state.0.http_requests.load(Ordering::Relaxed),
-    );
+    }
     let _ = writeln!(
         out,
         "# HELP nx_http_errors_total HTTP error responses by status."
@@ -481,6 +384,124 @@ fn render_metrics(state: &AppState) -> String {
         }
     }
     out
+}
+
+/// A Prometheus metric type.
+#[derive(Clone, Copy)]
+enum MetricKind {
+    Counter,
+    Gauge,
+}
+
+/// Every plain metric of `/metrics`: (name without the `nx_` prefix, type, help, value).
+fn metric_table(
+    m: &EngineMetrics,
+    http_requests: u64,
+) -> [(&'static str, MetricKind, &'static str, u64); 17] {
+    [
+        (
+            "requests_total",
+            MetricKind::Counter,
+            "Requests submitted to the engine.",
+            m.requests_total,
+        ),
+        (
+            "prompt_tokens_total",
+            MetricKind::Counter,
+            "Prompt tokens submitted.",
+            m.prompt_tokens_total,
+        ),
+        (
+            "generated_tokens_total",
+            MetricKind::Counter,
+            "Tokens generated.",
+            m.generated_tokens_total,
+        ),
+        (
+            "prefix_cache_hit_tokens_total",
+            MetricKind::Counter,
+            "Prompt tokens served from the prefix cache.",
+            m.prefix_hit_tokens_total,
+        ),
+        (
+            "preemptions_total",
+            MetricKind::Counter,
+            "Sequences preempted and recomputed.",
+            m.preemptions_total,
+        ),
+        (
+            "steps_total",
+            MetricKind::Counter,
+            "Engine forward steps.",
+            m.steps_total,
+        ),
+        (
+            "drafted_tokens_total",
+            MetricKind::Counter,
+            "Draft tokens verified (speculative decoding).",
+            m.drafted_tokens_total,
+        ),
+        (
+            "accepted_tokens_total",
+            MetricKind::Counter,
+            "Draft tokens accepted (speculative decoding).",
+            m.accepted_tokens_total,
+        ),
+        (
+            "draft_model_tokens_total",
+            MetricKind::Counter,
+            "Tokens the draft model read (prompt chunks, catching up, guessing).",
+            m.draft_model_tokens_total,
+        ),
+        (
+            "requests_waiting",
+            MetricKind::Gauge,
+            "Requests waiting for admission.",
+            m.waiting as u64,
+        ),
+        (
+            "requests_running",
+            MetricKind::Gauge,
+            "Sequences admitted (prefilling or decoding).",
+            m.running as u64,
+        ),
+        (
+            "kv_blocks_used",
+            MetricKind::Gauge,
+            "KV blocks referenced by sequences.",
+            m.kv_blocks_used as u64,
+        ),
+        (
+            "kv_blocks_free",
+            MetricKind::Gauge,
+            "KV blocks free or held only by the prefix cache.",
+            m.kv_blocks_free as u64,
+        ),
+        (
+            "kv_blocks_total",
+            MetricKind::Gauge,
+            "KV blocks in the pool.",
+            m.kv_blocks_total as u64,
+        ),
+        (
+            "batch_tokens",
+            MetricKind::Gauge,
+            "Rows of the last step's forward pass.",
+            m.last_batch_tokens as u64,
+        ),
+        (
+            "batch_sequences",
+            MetricKind::Gauge,
+            "Sequences in the last step's forward pass.",
+            m.last_batch_seqs as u64,
+        ),
+        (
+            "http_requests_total",
+            MetricKind::Counter,
+            "HTTP requests answered.",
+            http_requests,
+        ),
+    ]
 }
 
 async fn chat_completions(State(state): State<AppState>, req: Request) -> Response {
