@@ -21,9 +21,10 @@
 //! with `--quick`) the table with its context in `docs/benchmarks.md`.
 
 use crate::fetch::{default_model_path, ensure_model};
+use crate::machine::{cpu_model, load_average, target_dir, utc_date_time, vm_hwm_kib};
 use crate::reference::{ensure_reference, llama_bin, DEFAULT_JOBS};
 use crate::synth;
-use crate::util::{cargo_command, cargo_metadata, duration_text, run_checked, workspace_root};
+use crate::util::{cargo_command, duration_text, run_checked, workspace_root};
 use anyhow::{bail, Context, Result};
 use nx_gguf::Gguf;
 use serde::{Deserialize, Serialize};
@@ -261,62 +262,71 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     println!("{table}");
 
     let bench_dir = target_dir.join("bench");
-    std::fs::create_dir_all(&bench_dir)
-        .with_context(|| format!("cannot create {}", bench_dir.display()))?;
-    let suffix = if args.quick { "-quick" } else { "" };
-    let json_path = bench_dir.join(format!("bench-{date}{suffix}.json"));
-    let json = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
-    std::fs::write(&json_path, json + "\n")
-        .with_context(|| format!("cannot write {}", json_path.display()))?;
-    eprintln!("bench: wrote {}", json_path.display());
+    write_json(&report, &bench_dir, &date, args.quick)?;
     if args.quick {
         eprintln!("bench: --quick leaves docs/benchmarks.md alone");
     } else {
-        let docs = workspace_root().join("docs").join("benchmarks.md");
-        let old = std::fs::read_to_string(&docs).unwrap_or_default();
-        if args.formats {
-            write_formats_section(&docs, &old, &report, &table)?;
-            eprintln!("bench: done in {}", duration_text(started.elapsed()));
-            return Ok(());
-        }
-        if let Some(tier) = crate::bench_spec::pinned_tier()? {
-            // A run pinned to a lower tier keeps the main table: it has a section of its own.
-            let (begin, end) = tier_markers(tier);
-            let section = format!(
-                "{begin}\n## nx on its {tier} tier: `NX_TIER={tier} NX_AMX=0 cargo xtask bench`\n\n\
-                 The same files and method as the main table; llama.cpp: {}.\n\n{}\n\n{table}{end}\n",
-                report.llama_cpp_config,
-                summary_lines(&report)
-            );
-            let text = crate::util::replace_doc_section(&old, &begin, &end, &section);
-            std::fs::write(&docs, text)
-                .with_context(|| format!("cannot write {}", docs.display()))?;
-            eprintln!("bench: wrote the {tier} section of {}", docs.display());
-            eprintln!("bench: done in {}", duration_text(started.elapsed()));
-            return Ok(());
-        }
-        // The loadtest's section (`cargo xtask loadtest --write`) survives a new table.
-        let mut text = benchmarks_doc(&report, &table);
-        if let Some(section) = crate::loadtest::section_of(&old) {
-            text = crate::loadtest::update_section(&text, section);
-        }
-        // So do `cargo xtask bench --spec`'s, one per tier, and the pinned tiers' tables.
-        let tiers = crate::bench_spec::PINNED_TIERS.map(Some);
-        let mut sections: Vec<(String, String)> = std::iter::once(None)
-            .chain(tiers)
-            .map(crate::bench_spec::markers)
-            .collect();
-        sections.extend(crate::bench_spec::PINNED_TIERS.map(tier_markers));
-        sections.extend(FORMAT_SECTION_TIERS.map(formats_markers));
-        for (begin, end) in sections {
-            if let Some(section) = crate::util::doc_section(&old, &begin, &end) {
-                text = crate::util::replace_doc_section(&text, &begin, &end, section);
-            }
-        }
-        std::fs::write(&docs, text).with_context(|| format!("cannot write {}", docs.display()))?;
-        eprintln!("bench: wrote {}", docs.display());
+        write_docs(&report, &table, args.formats)?;
     }
     eprintln!("bench: done in {}", duration_text(started.elapsed()));
+    Ok(())
+}
+
+/// The report as JSON under `bench_dir` (`bench-DATE[-quick].json`).
+fn write_json(report: &Report, bench_dir: &Path, date: &str, quick: bool) -> Result<()> {
+    std::fs::create_dir_all(bench_dir)
+        .with_context(|| format!("cannot create {}", bench_dir.display()))?;
+    let suffix = if quick { "-quick" } else { "" };
+    let json_path = bench_dir.join(format!("bench-{date}{suffix}.json"));
+    let json = serde_json::to_string_pretty(report).context("cannot encode the report")?;
+    std::fs::write(&json_path, json + "\n")
+        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    eprintln!("bench: wrote {}", json_path.display());
+    Ok(())
+}
+
+/// Writes `docs/benchmarks.md`: the formats section (`--formats`), a pinned tier's
+/// section (`NX_TIER`), or the main table, keeping every other command's section.
+fn write_docs(report: &Report, table: &str, formats: bool) -> Result<()> {
+    let docs = workspace_root().join("docs").join("benchmarks.md");
+    let old = std::fs::read_to_string(&docs).unwrap_or_default();
+    if formats {
+        return write_formats_section(&docs, &old, report, table);
+    }
+    if let Some(tier) = crate::sections::pinned_tier()? {
+        // A run pinned to a lower tier keeps the main table: it has a section of its own.
+        let (begin, end) = tier_markers(tier);
+        let section = format!(
+            "{begin}\n## nx on its {tier} tier: `NX_TIER={tier} NX_AMX=0 cargo xtask bench`\n\n\
+             The same files and method as the main table; llama.cpp: {}.\n\n{}\n\n{table}{end}\n",
+            report.llama_cpp_config,
+            summary_lines(report)
+        );
+        let text = crate::util::replace_doc_section(&old, &begin, &end, &section);
+        std::fs::write(&docs, text).with_context(|| format!("cannot write {}", docs.display()))?;
+        eprintln!("bench: wrote the {tier} section of {}", docs.display());
+        return Ok(());
+    }
+    // The loadtest's section (`cargo xtask loadtest --write`) survives a new table.
+    let mut text = benchmarks_doc(report, table);
+    if let Some(section) = crate::sections::loadtest_section(&old) {
+        text = crate::sections::with_loadtest_section(&text, section);
+    }
+    // So do `cargo xtask bench --spec`'s, one per tier, and the pinned tiers' tables.
+    let tiers = crate::sections::PINNED_TIERS.map(Some);
+    let mut sections: Vec<(String, String)> = std::iter::once(None)
+        .chain(tiers)
+        .map(crate::sections::spec_markers)
+        .collect();
+    sections.extend(crate::sections::PINNED_TIERS.map(tier_markers));
+    sections.extend(FORMAT_SECTION_TIERS.map(formats_markers));
+    for (begin, end) in sections {
+        if let Some(section) = crate::util::doc_section(&old, &begin, &end) {
+            text = crate::util::replace_doc_section(&text, &begin, &end, section);
+        }
+    }
+    std::fs::write(&docs, text).with_context(|| format!("cannot write {}", docs.display()))?;
+    eprintln!("bench: wrote {}", docs.display());
     Ok(())
 }
 
@@ -329,14 +339,6 @@ pub(crate) fn resolve_model(name: &str) -> Result<PathBuf> {
     }
     eprintln!("bench: making sure synth shape {name} is present (generates it if missing)");
     synth::ensure(name)
-}
-
-pub(crate) fn target_dir() -> Result<PathBuf> {
-    let meta = cargo_metadata()?;
-    let dir = meta["target_directory"]
-        .as_str()
-        .context("cargo metadata has no target_directory")?;
-    Ok(PathBuf::from(dir))
 }
 
 /// Runs both engines `reps` times on one file, alternating, and summarises.
@@ -434,7 +436,7 @@ pub fn choose_llama_bench(model: &Path, threads: usize) -> Result<LlamaBench> {
     if !pinned.is_file() {
         ensure_reference(DEFAULT_JOBS)?;
     }
-    if crate::bench_spec::pinned_tier()? == Some("avx2") {
+    if crate::sections::pinned_tier()? == Some("avx2") {
         // nx pinned to AVX2 stands in for a CPU without AVX-512: llama.cpp's best there
         // is its AVX2 build.
         let bin = crate::reference::ensure_avx2_bench(DEFAULT_JOBS)?;
@@ -754,12 +756,6 @@ pub fn parse_time_max_rss(text: &str) -> Option<u64> {
     text.lines().rev().find_map(|l| l.trim().parse().ok())
 }
 
-/// `VmHWM` from a `/proc/<pid>/status` text, in KiB.
-pub fn vm_hwm_kib(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// Sums a `bytes`-byte buffer with 1 and with `threads` threads (best of 3 each).
 pub fn read_bandwidth_probe(bytes: usize, threads: usize) -> Probe {
     let r = nx_syscalls::read_bandwidth(bytes, threads);
@@ -769,50 +765,6 @@ pub fn read_bandwidth_probe(bytes: usize, threads: usize) -> Probe {
         threads: r.threads,
         multi_thread_gbs: r.multi_thread_gbs,
     }
-}
-
-/// `(YYYY-MM-DD, HH:MM)` in UTC for a Unix time in seconds.
-pub fn utc_date_time(unix_secs: u64) -> (String, String) {
-    let days = (unix_secs / 86_400) as i64;
-    let secs_of_day = unix_secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    (
-        format!("{y:04}-{m:02}-{d:02}"),
-        format!("{:02}:{:02}", secs_of_day / 3600, secs_of_day % 3600 / 60),
-    )
-}
-
-/// Proleptic Gregorian (year, month, day) of `days` since 1970-01-01.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    // Count in 400-year eras starting on 0000-03-01, so the leap day ends each year.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_from_march = (5 * day_of_year + 2) / 153;
-    let day = (day_of_year - (153 * month_from_march + 2) / 5 + 1) as u32;
-    let month = if month_from_march < 10 {
-        month_from_march + 3
-    } else {
-        month_from_march - 9
-    } as u32;
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
-/// `model name` from `/proc/cpuinfo`, or "unknown CPU".
-pub(crate) fn cpu_model() -> String {
-    nx_syscalls::cpu_model().unwrap_or_else(|| "unknown CPU".to_string())
-}
-
-pub use nx_syscalls::cpu_model_from;
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".to_string())
 }
 
 /// The `cargo xtask bench` command line that reproduces this run.
@@ -961,7 +913,7 @@ fn decode_share_lines(report: &Report) -> String {
 
 /// Writes (or replaces) the `--formats` section of `docs/benchmarks.md`.
 fn write_formats_section(docs: &Path, old: &str, report: &Report, table: &str) -> Result<()> {
-    let tier = crate::bench_spec::pinned_tier()?;
+    let tier = crate::sections::pinned_tier()?;
     let (begin, end) = formats_markers(tier);
     let (heading, env) = match tier {
         Some(t) => (
@@ -1166,16 +1118,13 @@ mod tests {
     }
 
     #[test]
-    fn time_and_proc_rss_parsing() {
+    fn time_max_rss_parsing() {
         assert_eq!(parse_time_max_rss("310332\n"), Some(310332));
         assert_eq!(
             parse_time_max_rss("Command exited with non-zero status 1\n4242\n"),
             Some(4242)
         );
         assert_eq!(parse_time_max_rss(""), None);
-        let status = "Name:\tx\nVmPeak:\t  9000 kB\nVmHWM:\t    1234 kB\nVmRSS:\t 1000 kB\n";
-        assert_eq!(vm_hwm_kib(status), Some(1234));
-        assert_eq!(vm_hwm_kib("Name:\tx\n"), None);
     }
 
     #[test]
@@ -1302,45 +1251,6 @@ mod tests {
         assert_eq!(probe.buffer_bytes, 8 << 20);
         assert!(probe.single_thread_gbs > 0.0 && probe.single_thread_gbs.is_finite());
         assert!(probe.multi_thread_gbs > 0.0 && probe.multi_thread_gbs.is_finite());
-    }
-
-    #[test]
-    fn utc_dates_match_gnu_date() {
-        // Expected values from `date -u -d @SECS '+%F %H:%M'`.
-        assert_eq!(utc_date_time(0), ("1970-01-01".into(), "00:00".into()));
-        assert_eq!(
-            utc_date_time(951_868_800),
-            ("2000-03-01".into(), "00:00".into())
-        );
-        assert_eq!(
-            utc_date_time(1_709_164_800),
-            ("2024-02-29".into(), "00:00".into())
-        );
-        assert_eq!(
-            utc_date_time(4_102_444_799),
-            ("2099-12-31".into(), "23:59".into())
-        );
-        assert_eq!(
-            utc_date_time(1_795_996_800),
-            ("2026-11-30".into(), "00:00".into())
-        );
-    }
-
-    #[test]
-    fn cpu_model_is_the_first_model_name() {
-        let text = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) \
-                    Processor\nprocessor\t: 1\nmodel name\t: other\n";
-        assert_eq!(
-            cpu_model_from(text).as_deref(),
-            Some("Intel(R) Xeon(R) Processor")
-        );
-        assert_eq!(cpu_model_from("processor: 0\n"), None);
-        let amd = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n\
-                   model name\t: AMD EPYC\nstepping\t: 1\n";
-        assert_eq!(
-            cpu_model_from(amd).as_deref(),
-            Some("AMD EPYC (family 25, model 17)")
-        );
     }
 
     #[test]

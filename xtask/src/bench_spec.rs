@@ -17,37 +17,8 @@ use std::time::Instant;
 
 use crate::bench::{llama_args, median, parse_llama_json, LlamaBench, Settings};
 use crate::reference::llama_bin;
+use crate::sections::{pinned_tier, spec_markers};
 use crate::util::{cargo_command, duration_text, run_checked, workspace_root};
-
-pub const SECTION_BEGIN: &str = "<!-- spec:begin (written by `cargo xtask bench --spec`) -->";
-pub const SECTION_END: &str = "<!-- spec:end -->";
-
-/// The lower tiers a run may be pinned to with `NX_TIER` (each gets its own section).
-pub const PINNED_TIERS: [&str; 2] = ["avx2", "scalar"];
-
-/// The section markers of a run with `NX_TIER` = `tier` (`None`: the CPU's best tier).
-pub fn markers(tier: Option<&str>) -> (String, String) {
-    match tier {
-        None => (SECTION_BEGIN.to_string(), SECTION_END.to_string()),
-        Some(t) => (
-            format!("<!-- spec-{t}:begin (written by `NX_TIER={t} NX_AMX=0 cargo xtask bench --spec`) -->"),
-            format!("<!-- spec-{t}:end -->"),
-        ),
-    }
-}
-
-/// The `NX_TIER` this run is pinned to, if one of [`PINNED_TIERS`].
-pub(crate) fn pinned_tier() -> Result<Option<&'static str>> {
-    match std::env::var("NX_TIER") {
-        Err(_) => Ok(None),
-        Ok(t) if t.is_empty() || t == "native" => Ok(None),
-        Ok(t) => PINNED_TIERS
-            .iter()
-            .find(|&&p| p == t)
-            .map(|&p| Some(p))
-            .with_context(|| format!("NX_TIER={t}: the bench pins only {PINNED_TIERS:?}")),
-    }
-}
 
 /// Tokens generated per run.
 const N_GEN: usize = 128;
@@ -225,7 +196,7 @@ pub fn run(reps: usize, threads: usize, no_build: bool) -> Result<()> {
     let started = Instant::now();
     let tier = pinned_tier()?;
     let model = crate::bench::resolve_model("default")?;
-    let target = crate::bench::target_dir()?;
+    let target = crate::machine::target_dir()?;
     let nx = target.join("release").join("nx");
     if !no_build {
         eprintln!("bench --spec: building nx (release)");
@@ -261,7 +232,7 @@ pub fn run(reps: usize, threads: usize, no_build: bool) -> Result<()> {
         threads,
         tier,
     ));
-    let (begin, end) = markers(tier);
+    let (begin, end) = spec_markers(tier);
     let section = format!("{begin}\n{section}{end}\n");
     println!("{section}");
     let docs = workspace_root().join("docs").join("benchmarks.md");
@@ -411,7 +382,7 @@ fn section(rows: &[Row], llama_tg: f64, reps: usize, threads: usize, tier: Optio
          alternating runs of `nx run -f PROMPT --temp 0 -n {N_GEN} -t {threads} [--spec ngram]`; \
          every speculative text was byte-identical to the plain one. llama.cpp: `llama-bench -n \
          {N_GEN}` (configuration as in the table above): {llama_tg:.1} tok/s.\n\n",
-        crate::bench::cpu_model()
+        crate::machine::cpu_model()
     );
     out.push_str(&table(rows, llama_tg));
     out
@@ -435,7 +406,7 @@ fn draft_section(
          byte-identical to the plain one. llama.cpp: `llama-bench -n {N_GEN}` on the target: \
          {llama_tg:.1} tok/s. The draft length weighs the draft's measured pass time against a \
          plain step; where no length pays, drafting pauses.\n\n",
-        crate::bench::cpu_model()
+        crate::machine::cpu_model()
     );
     out.push_str(&table(rows, llama_tg));
     out

@@ -44,13 +44,14 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::bench::{cpu_model_from, utc_date_time, vm_hwm_kib};
 use crate::fetch::default_model_path;
 use crate::http;
+use crate::machine::{cpu_model_from, load_average, target_dir, utc_date_time, vm_hwm_kib};
 use crate::reference::llama_bin;
-use crate::util::{
-    cargo_command, cargo_metadata, duration_text, free_port, log_tail, run_checked, workspace_root,
+use crate::sections::{
+    with_loadtest_section, LOADTEST_BEGIN as SECTION_BEGIN, LOADTEST_END as SECTION_END,
 };
+use crate::util::{cargo_command, duration_text, free_port, log_tail, run_checked, workspace_root};
 
 /// Concurrency levels driven by default.
 pub const DEFAULT_CLIENTS_TEXT: &str = "1,2,4,8,16";
@@ -75,10 +76,6 @@ pub const SEED: u64 = 42;
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
 /// Longest wait for any single read from a server.
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
-/// Markers around the section this command owns in `docs/benchmarks.md`.
-pub const SECTION_BEGIN: &str =
-    "<!-- loadtest:begin (written by `cargo xtask loadtest --write`) -->";
-pub const SECTION_END: &str = "<!-- loadtest:end -->";
 /// The flag llama-server falls back to when it crashes with its defaults.
 const NO_REPACK: &str = "--no-repack";
 
@@ -1562,38 +1559,41 @@ fn llama_prefix_note(report: &Report) -> &'static str {
     }
 }
 
-/// The loadtest section of `doc` (markers included, and its trailing newline), if any.
-pub fn section_of(doc: &str) -> Option<&str> {
-    crate::util::doc_section(doc, SECTION_BEGIN, SECTION_END)
-}
-
-/// `doc` with its loadtest section replaced by `section`, or `section` appended.
-pub fn update_section(doc: &str, section: &str) -> String {
-    crate::util::replace_doc_section(doc, SECTION_BEGIN, SECTION_END, section)
-}
-
 // ---------------------------------------------------------------------------------------
 // Entry point
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".to_string())
-}
-
-fn target_dir() -> Result<PathBuf> {
-    let meta = cargo_metadata()?;
-    let dir = meta["target_directory"]
-        .as_str()
-        .context("cargo metadata has no target_directory")?;
-    Ok(PathBuf::from(dir))
-}
 
 /// `cargo xtask loadtest`.
 pub fn run(args: &LoadtestArgs) -> Result<()> {
     args.validate()?;
     let started = Instant::now();
     let load_before = load_average();
+    let mut cx = harness(args)?;
+    let mut levels = Vec::new();
+    for &clients in &args.clients {
+        let nx = run_level(&mut cx, Engine::Nx, clients, args)?;
+        let llama = if args.no_reference {
+            None
+        } else {
+            Some(run_level(&mut cx, Engine::Llama, clients, args)?)
+        };
+        levels.push(LevelRow { clients, nx, llama });
+    }
+    let prefix_nx = run_prefix(&mut cx, Engine::Nx, args)?;
+    let prefix_llama = if args.no_reference {
+        None
+    } else {
+        Some(run_prefix(&mut cx, Engine::Llama, args)?)
+    };
+    let prefix = (prefix_nx, prefix_llama);
+    let report = report_of(args, &cx, load_before, levels, prefix, started);
+    write_outputs(&report, &cx.log_dir, args)?;
+    eprintln!("loadtest: done in {}", duration_text(started.elapsed()));
+    Ok(())
+}
+
+/// Checks that the model and llama-server are there, builds nx (unless `--no-build`)
+/// and makes the log folder.
+fn harness(args: &LoadtestArgs) -> Result<Harness> {
     let model = default_model_path();
     if !model.is_file() {
         bail!(
@@ -1622,44 +1622,28 @@ pub fn run(args: &LoadtestArgs) -> Result<()> {
     let log_dir = target.join("loadtest");
     std::fs::create_dir_all(&log_dir)
         .with_context(|| format!("cannot create {}", log_dir.display()))?;
-
-    let mut cx = Harness {
+    Ok(Harness {
         nx,
         llama,
-        model: model.clone(),
-        log_dir: log_dir.clone(),
+        model,
+        log_dir,
         threads: args.threads,
         ctx: args.ctx,
         llama_extra: Vec::new(),
         llama_fallback: None,
-    };
-    let engines: &[Engine] = if args.no_reference {
-        &[Engine::Nx]
-    } else {
-        &[Engine::Nx, Engine::Llama]
-    };
+    })
+}
 
-    let mut levels = Vec::new();
-    for &clients in &args.clients {
-        let nx_stats = run_level(&mut cx, Engine::Nx, clients, args)?;
-        let llama_stats = if engines.contains(&Engine::Llama) {
-            Some(run_level(&mut cx, Engine::Llama, clients, args)?)
-        } else {
-            None
-        };
-        levels.push(LevelRow {
-            clients,
-            nx: nx_stats,
-            llama: llama_stats,
-        });
-    }
-    let prefix_nx = run_prefix(&mut cx, Engine::Nx, args)?;
-    let prefix_llama = if engines.contains(&Engine::Llama) {
-        Some(run_prefix(&mut cx, Engine::Llama, args)?)
-    } else {
-        None
-    };
-
+/// The report of a run started at `started`: its levels and its prefix-cache figures
+/// (nx's, llama-server's).
+fn report_of(
+    args: &LoadtestArgs,
+    cx: &Harness,
+    load_before: String,
+    levels: Vec<LevelRow>,
+    (prefix_nx, prefix_llama): (PrefixStats, Option<PrefixStats>),
+    started: Instant,
+) -> Report {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -1669,7 +1653,7 @@ pub fn run(args: &LoadtestArgs) -> Result<()> {
     let ctx_total = args
         .parallel
         .map_or(format!("N*{}", args.ctx), |n| (n * args.ctx).to_string());
-    let report = Report {
+    Report {
         command: args.command_line(),
         date: date.clone(),
         time_utc,
@@ -1680,8 +1664,8 @@ pub fn run(args: &LoadtestArgs) -> Result<()> {
         logical_cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
         load_average_before: load_before,
         load_average_after: load_average(),
-        model: model.file_name().map_or_else(
-            || model.display().to_string(),
+        model: cx.model.file_name().map_or_else(
+            || cx.model.display().to_string(),
             |f| f.to_string_lossy().into_owned(),
         ),
         threads: args.threads,
@@ -1706,37 +1690,41 @@ pub fn run(args: &LoadtestArgs) -> Result<()> {
         prefix_nx,
         prefix_llama,
         wall_s: started.elapsed().as_secs_f64(),
-    };
+    }
+}
 
-    println!("{}\n", summary_lines(&report));
-    println!("{}", levels_table(&report));
+/// Prints the tables, writes the JSON next to the logs and, with `--write`, the section
+/// of `docs/benchmarks.md`.
+fn write_outputs(report: &Report, log_dir: &std::path::Path, args: &LoadtestArgs) -> Result<()> {
+    println!("{}\n", summary_lines(report));
+    println!("{}", levels_table(report));
     println!(
         "Prefix cache (one slot, {PREFIX_REQUESTS} requests sharing a ~400-token system prompt):\n"
     );
-    println!("{}", prefix_table(&report));
+    println!("{}", prefix_table(report));
 
-    let json_path = log_dir.join(json_name(&report));
-    let json = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
+    let json_path = log_dir.join(json_name(report));
+    let json = serde_json::to_string_pretty(report).context("cannot encode the report")?;
     std::fs::write(&json_path, json + "\n")
         .with_context(|| format!("cannot write {}", json_path.display()))?;
     eprintln!("loadtest: wrote {}", json_path.display());
     if args.write {
         let docs = workspace_root().join("docs").join("benchmarks.md");
         let old = std::fs::read_to_string(&docs).unwrap_or_default();
-        std::fs::write(&docs, update_section(&old, &doc_section(&report)))
+        std::fs::write(&docs, with_loadtest_section(&old, &doc_section(report)))
             .with_context(|| format!("cannot write {}", docs.display()))?;
         eprintln!(
             "loadtest: updated the loadtest section of {}",
             docs.display()
         );
     }
-    eprintln!("loadtest: done in {}", duration_text(started.elapsed()));
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sections::loadtest_section;
 
     #[test]
     fn percentiles_interpolate_between_ranks() {
@@ -2029,20 +2017,20 @@ mod tests {
             "{section}"
         );
         let doc = "# Benchmarks\n\ntable\n";
-        let once = update_section(doc, &section);
+        let once = with_loadtest_section(doc, &section);
         assert!(once.starts_with("# Benchmarks\n\ntable\n\n<!-- loadtest:begin"));
         // A regenerated bench table keeps the section.
-        let kept = section_of(&once).expect("section");
-        let again = update_section("# Benchmarks\n\nnew table\n", kept);
-        assert_eq!(section_of(&again), Some(kept));
+        let kept = loadtest_section(&once).expect("section");
+        let again = with_loadtest_section("# Benchmarks\n\nnew table\n", kept);
+        assert_eq!(loadtest_section(&again), Some(kept));
         // Updating again replaces, never duplicates, and keeps text after the section.
         let with_tail = format!("{once}\n## Later\n");
-        let twice = update_section(&with_tail, &section.replace("Some CPU", "Other CPU"));
+        let twice = with_loadtest_section(&with_tail, &section.replace("Some CPU", "Other CPU"));
         assert_eq!(twice.matches(SECTION_BEGIN).count(), 1);
         assert!(twice.contains("Other CPU") && !twice.contains("Some CPU"));
         assert!(twice.ends_with("\n## Later\n"));
         assert!(twice.starts_with("# Benchmarks\n\ntable\n"));
-        assert_eq!(update_section("", &section), section);
+        assert_eq!(with_loadtest_section("", &section), section);
     }
 
     #[derive(clap::Parser, Debug)]

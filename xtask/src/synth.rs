@@ -1307,32 +1307,11 @@ fn set_grid_scale(ty: GgmlType, block: &mut [u8], bits: u16) {
     }
 }
 
-/// Builds the whole file for `shape` in memory.
-pub fn generate(shape: &Shape) -> Result<Vec<u8>> {
-    if let TypeMix::FileType(ftype) = shape.mix {
-        if file_type_table(ftype).is_none_or(|(_, types)| types.is_empty()) {
-            bail!(
-                "fixtures/synth/filetypes.txt has no valid types for {ftype}; run `cargo xtask \
-                 golden filetypes` (it needs the reference build) and rebuild xtask"
-            );
-        }
-    }
-    let vocab_file = vocab_path(shape.vocab);
-    if !vocab_file.is_file() {
-        ensure_llama_src()?;
-    }
-    let vocab = Gguf::open(&vocab_file)
-        .with_context(|| format!("cannot read vocab {}", vocab_file.display()))?;
-    let n_vocab = vocab
-        .metadata()
-        .get_array("tokenizer.ggml.tokens")
-        .with_context(|| format!("vocab {}", vocab_file.display()))?
-        .values
-        .len() as u64;
-
+/// The metadata every synthetic file has, in the order the pinned digests were made with:
+/// name, file type, and the hyperparameters under the architecture's prefix.
+fn add_hparams(w: &mut GgufWriter, shape: &Shape) {
     let arch = shape.arch.name();
     let key = |suffix: &str| format!("{arch}.{suffix}");
-    let mut w = GgufWriter::new();
     w.add_metadata("general.architecture", Value::String(arch.into()));
     w.add_metadata(
         "general.name",
@@ -1355,6 +1334,13 @@ pub fn generate(shape: &Shape) -> Result<Vec<u8>> {
         Value::F32(shape.rms_eps),
     );
     w.add_metadata(key("rope.freq_base"), Value::F32(shape.rope_freq_base));
+}
+
+/// The metadata only some architectures have (head widths, scales, windows, experts,
+/// RoPE scaling), after [`add_hparams`]'s.
+fn add_arch_metadata(w: &mut GgufWriter, shape: &Shape, n_vocab: u64) {
+    let arch = shape.arch.name();
+    let key = |suffix: &str| format!("{arch}.{suffix}");
     match shape.arch {
         Arch::Qwen3 | Arch::Qwen3Moe => {
             w.add_metadata(
@@ -1431,6 +1417,35 @@ pub fn generate(shape: &Shape) -> Result<Vec<u8>> {
             Value::F32(PHI3_ATTN_FACTOR),
         );
     }
+}
+
+/// Builds the whole file for `shape` in memory.
+pub fn generate(shape: &Shape) -> Result<Vec<u8>> {
+    if let TypeMix::FileType(ftype) = shape.mix {
+        if file_type_table(ftype).is_none_or(|(_, types)| types.is_empty()) {
+            bail!(
+                "fixtures/synth/filetypes.txt has no valid types for {ftype}; run `cargo xtask \
+                 golden filetypes` (it needs the reference build) and rebuild xtask"
+            );
+        }
+    }
+    let vocab_file = vocab_path(shape.vocab);
+    if !vocab_file.is_file() {
+        ensure_llama_src()?;
+    }
+    let vocab = Gguf::open(&vocab_file)
+        .with_context(|| format!("cannot read vocab {}", vocab_file.display()))?;
+    let n_vocab = vocab
+        .metadata()
+        .get_array("tokenizer.ggml.tokens")
+        .with_context(|| format!("vocab {}", vocab_file.display()))?
+        .values
+        .len() as u64;
+
+    let arch = shape.arch.name();
+    let mut w = GgufWriter::new();
+    add_hparams(&mut w, shape);
+    add_arch_metadata(&mut w, shape, n_vocab);
     if shape.n_embd != shape.n_head * shape.head_dim && shape.arch != Arch::Qwen3 {
         bail!(
             "{}: head_dim must be n_embd / n_head for {arch}",
@@ -1627,7 +1642,10 @@ fn needs_imatrix(ftype: &str) -> bool {
 }
 
 /// The text the importance matrices are computed on (the GPL-3 GOLD-PPL scores).
-const IMATRIX_TEXT: &str = crate::golden::ppl::TEXT_PATH;
+/// The text of the perplexity goldens and of the synthetic files' importance matrix: the
+/// GPL version 3, shipped by every Debian system in `base-files`.
+pub const TEXT_PATH: &str = "/usr/share/common-licenses/GPL-3";
+const IMATRIX_TEXT: &str = TEXT_PATH;
 
 /// Runs the pinned `llama-imatrix` on `source` over the first chunks of
 /// [`IMATRIX_TEXT`]; returns the matrix file's path (next to `source`).

@@ -10,6 +10,7 @@
 use crate::fetch::{ensure_model, sha256_file};
 use crate::pins;
 use crate::reference::{ensure_reference, llama_bin, DEFAULT_JOBS};
+use crate::synth::TEXT_PATH;
 use crate::util::{display_command, duration_text, workspace_root};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -17,9 +18,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
-
-/// The text: the GPL version 3, shipped by every Debian system in `base-files`.
-pub const TEXT_PATH: &str = "/usr/share/common-licenses/GPL-3";
 /// Window length (`-c`).
 pub const N_CTX: usize = 512;
 /// Committed golden file, relative to the workspace root.
