@@ -7,6 +7,7 @@
 //! a crash leaves its input in `target/fuzz/artifacts/TARGET/`, and the fix starts by
 //! copying it into `fuzz/regressions/TARGET/`, which the gate's FUZZ-SMOKE replays.
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
@@ -84,6 +85,28 @@ fn show(v: Option<u64>) -> String {
 
 pub fn run(args: &FuzzArgs) -> Result<()> {
     let root = workspace_root();
+    check_cargo_fuzz()?;
+    let corpus_root = root.join("target/fuzz/corpus");
+    write_seeds(&corpus_root)?;
+    let targets: Vec<&str> = if args.targets.is_empty() {
+        TARGETS.to_vec()
+    } else {
+        args.targets.iter().map(String::as_str).collect()
+    };
+    let mut failed = Vec::new();
+    for target in targets {
+        if !fuzz_target(args, &root, &corpus_root, target)? {
+            failed.push(target);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("fuzz targets failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// Fails with how to install `cargo fuzz` when `cargo +nightly fuzz` does not run.
+fn check_cargo_fuzz() -> Result<()> {
     let have_fuzz = Command::new("cargo")
         .args(["+nightly", "fuzz", "--version"])
         .stdout(Stdio::null())
@@ -96,7 +119,11 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
              (and a nightly toolchain with `rustup toolchain install nightly`)"
         );
     }
-    let corpus_root = root.join("target/fuzz/corpus");
+    Ok(())
+}
+
+/// Writes the seed corpus (built from the synthetic fixtures) under `corpus_root`.
+fn write_seeds(corpus_root: &Path) -> Result<()> {
     let mut seeds = cargo_command();
     seeds.args([
         "run",
@@ -108,73 +135,67 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
         "nx-fuzz-seeds",
         "--",
     ]);
-    seeds.arg(&corpus_root);
+    seeds.arg(corpus_root);
     eprintln!("== {}", display_command(&seeds));
     if !seeds.status().context("running nx-fuzz-seeds")?.success() {
         bail!("writing the seed corpus failed");
     }
-    let targets: Vec<&str> = if args.targets.is_empty() {
-        TARGETS.to_vec()
-    } else {
-        args.targets.iter().map(String::as_str).collect()
-    };
-    let mut failed = Vec::new();
-    for target in targets {
-        let corpus = corpus_root.join(target);
-        let regressions = root.join("fuzz/regressions").join(target);
-        let corpus_min = root.join("fuzz/corpus-min").join(target);
-        let artifacts = root.join("target/fuzz/artifacts").join(target);
-        std::fs::create_dir_all(&artifacts)?;
-        std::fs::create_dir_all(&regressions)?;
-        let mut cmd = Command::new("cargo");
-        cmd.current_dir(&root)
-            .args(["+nightly", "fuzz", "run", "--features", "libfuzzer", target])
-            .arg(&corpus)
-            .arg(&regressions)
-            .args(corpus_min.is_dir().then_some(&corpus_min))
-            .arg("--")
-            .arg(format!("-max_total_time={}", args.seconds))
-            .arg(format!("-timeout={}", args.timeout))
-            .arg(format!("-rss_limit_mb={}", args.rss_limit_mb))
-            .arg(format!("-artifact_prefix={}/", artifacts.display()))
-            .arg("-print_final_stats=1");
-        eprintln!("== {}", display_command(&cmd));
-        let started = std::time::Instant::now();
-        let output = cmd
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting cargo fuzz")?
-            .wait_with_output()?;
-        let log = String::from_utf8_lossy(&output.stderr);
-        let log_path = root.join(format!("target/fuzz/{target}.log"));
-        std::fs::write(&log_path, log.as_bytes())?;
-        let s = summarize(&log);
-        let verdict = if output.status.success() {
-            "0 crashes".to_string()
-        } else {
-            failed.push(target);
-            format!(
-                "FAILED ({}); the input is in {} — copy it into {} and fix",
-                output.status,
-                artifacts.display(),
-                regressions.display()
-            )
-        };
-        println!(
-            "fuzz {target}: {} runs in {} s, cov {}, ft {}, corpus {}: {verdict} (log {})",
-            show(s.runs),
-            started.elapsed().as_secs(),
-            show(s.cov),
-            show(s.features),
-            show(s.corpus),
-            log_path.display()
-        );
-    }
-    if !failed.is_empty() {
-        bail!("fuzz targets failed: {}", failed.join(", "));
-    }
     Ok(())
+}
+
+/// Fuzzes one target for `args.seconds` and prints a summary line; `Ok(false)` when it
+/// found a crashing input (kept under `target/fuzz/artifacts`).
+fn fuzz_target(args: &FuzzArgs, root: &Path, corpus_root: &Path, target: &str) -> Result<bool> {
+    let corpus = corpus_root.join(target);
+    let regressions = root.join("fuzz/regressions").join(target);
+    let corpus_min = root.join("fuzz/corpus-min").join(target);
+    let artifacts = root.join("target/fuzz/artifacts").join(target);
+    std::fs::create_dir_all(&artifacts)?;
+    std::fs::create_dir_all(&regressions)?;
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root)
+        .args(["+nightly", "fuzz", "run", "--features", "libfuzzer", target])
+        .arg(&corpus)
+        .arg(&regressions)
+        .args(corpus_min.is_dir().then_some(&corpus_min))
+        .arg("--")
+        .arg(format!("-max_total_time={}", args.seconds))
+        .arg(format!("-timeout={}", args.timeout))
+        .arg(format!("-rss_limit_mb={}", args.rss_limit_mb))
+        .arg(format!("-artifact_prefix={}/", artifacts.display()))
+        .arg("-print_final_stats=1");
+    eprintln!("== {}", display_command(&cmd));
+    let started = std::time::Instant::now();
+    let output = cmd
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting cargo fuzz")?
+        .wait_with_output()?;
+    let log = String::from_utf8_lossy(&output.stderr);
+    let log_path = root.join(format!("target/fuzz/{target}.log"));
+    std::fs::write(&log_path, log.as_bytes())?;
+    let s = summarize(&log);
+    let verdict = if output.status.success() {
+        "0 crashes".to_string()
+    } else {
+        format!(
+            "FAILED ({}); the input is in {} — copy it into {} and fix",
+            output.status,
+            artifacts.display(),
+            regressions.display()
+        )
+    };
+    println!(
+        "fuzz {target}: {} runs in {} s, cov {}, ft {}, corpus {}: {verdict} (log {})",
+        show(s.runs),
+        started.elapsed().as_secs(),
+        show(s.cov),
+        show(s.features),
+        show(s.corpus),
+        log_path.display()
+    );
+    Ok(output.status.success())
 }
 
 #[cfg(test)]

@@ -553,21 +553,39 @@ pub struct Failed {
 pub fn stream_post(port: u16, path: &str, body: &Value) -> Result<Streamed, Failed> {
     let started = Instant::now();
     let mut got = Streamed::default();
-    let fail = |message: String, got: &Streamed| Failed {
-        message,
-        partial: Streamed {
-            total: started.elapsed(),
-            ..got.clone()
-        },
-    };
+    let result = stream_events(port, path, body, &mut got);
+    got.total = started.elapsed();
+    match result {
+        Ok(()) => Ok(got),
+        Err(message) => Err(Failed {
+            message,
+            partial: got,
+        }),
+    }
+}
+
+/// `stream_post`'s steps: send, read the head, then the events into `got`.
+fn stream_events(port: u16, path: &str, body: &Value, got: &mut Streamed) -> Result<(), String> {
+    let (mut stream, sent) = send_post(port, path, body)?;
+    let mut buf = vec![0u8; 16 * 1024];
+    let (status, chunked, rest) = read_head(&mut stream, &mut buf)?;
+    if status != 200 {
+        return Err(error_body(&mut stream, status, chunked, rest));
+    }
+    read_events(&mut stream, &mut buf, chunked, rest, sent, got)
+}
+
+/// Connects to 127.0.0.1:`port` and writes the request; returns the socket and when the
+/// request was sent (the clock every event time counts from).
+fn send_post(port: u16, path: &str, body: &Value) -> Result<(TcpStream, Instant), String> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
-        .map_err(|e| fail(format!("cannot connect to {addr}: {e}"), &got))?;
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
     let _ = stream.set_nodelay(true);
     stream
         .set_read_timeout(Some(READ_TIMEOUT))
         .and_then(|_| stream.set_write_timeout(Some(READ_TIMEOUT)))
-        .map_err(|e| fail(format!("socket options: {e}"), &got))?;
+        .map_err(|e| format!("socket options: {e}"))?;
     let payload = serde_json::to_vec(body).unwrap_or_default();
     let mut request = format!(
         "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\
@@ -579,57 +597,69 @@ pub fn stream_post(port: u16, path: &str, body: &Value) -> Result<Streamed, Fail
     let sent = Instant::now();
     stream
         .write_all(&request)
-        .map_err(|e| fail(format!("cannot send the request: {e}"), &got))?;
+        .map_err(|e| format!("cannot send the request: {e}"))?;
+    Ok((stream, sent))
+}
 
+/// Reads up to the end of the response head: its status, whether the body is chunked, and
+/// the body bytes that came with the head.
+fn read_head(stream: &mut TcpStream, buf: &mut [u8]) -> Result<(u16, bool, Vec<u8>), String> {
     let mut raw = Vec::new();
-    let mut buf = vec![0u8; 16 * 1024];
-    // The head.
-    let (status, headers, mut rest) = loop {
+    loop {
         if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
-            let (status, headers) =
-                parse_head(&raw[..end]).map_err(|e| fail(format!("{e:#}"), &got))?;
-            break (status, headers, raw[end + 4..].to_vec());
+            let (status, headers) = parse_head(&raw[..end]).map_err(|e| format!("{e:#}"))?;
+            let chunked = headers.iter().any(|(k, v)| {
+                k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked")
+            });
+            return Ok((status, chunked, raw[end + 4..].to_vec()));
         }
-        match stream.read(&mut buf) {
-            Ok(0) => return Err(fail("connection closed before the headers".into(), &got)),
+        match stream.read(buf) {
+            Ok(0) => return Err("connection closed before the headers".into()),
             Ok(n) => raw.extend_from_slice(&buf[..n]),
-            Err(e) => return Err(fail(format!("reading the headers: {e}"), &got)),
+            Err(e) => return Err(format!("reading the headers: {e}")),
         }
-    };
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
-    if status != 200 {
-        // Read what is left of the error body (bounded by the read timeout).
-        let _ = stream.read_to_end(&mut rest);
-        let body = if chunked {
-            let mut d = ChunkedDecoder::default();
-            d.push(&rest).unwrap_or(rest)
-        } else {
-            rest
-        };
-        let text = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
-        return Err(fail(format!("HTTP {status}: {}", text.trim()), &got));
     }
+}
 
+/// The message for a non-200 answer: its status and the start of its body, read to the
+/// end (bounded by the read timeout).
+fn error_body(stream: &mut TcpStream, status: u16, chunked: bool, mut rest: Vec<u8>) -> String {
+    let _ = stream.read_to_end(&mut rest);
+    let body = if chunked {
+        let mut d = ChunkedDecoder::default();
+        d.push(&rest).unwrap_or(rest)
+    } else {
+        rest
+    };
+    let text = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+    format!("HTTP {status}: {}", text.trim())
+}
+
+/// Reads server-sent events to `[DONE]`, timestamping each text event when the read that
+/// completed it returned.
+fn read_events(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    chunked: bool,
+    mut pending: Vec<u8>,
+    sent: Instant,
+    got: &mut Streamed,
+) -> Result<(), String> {
     let mut chunks = ChunkedDecoder::default();
     let mut sse = SseParser::default();
-    let mut pending = rest;
     let mut done = false;
     loop {
         let now = sent.elapsed();
         let body = if chunked {
-            chunks
-                .push(&pending)
-                .map_err(|e| fail(format!("{e:#}"), &got))?
+            chunks.push(&pending).map_err(|e| format!("{e:#}"))?
         } else {
             std::mem::take(&mut pending)
         };
         pending.clear();
         for data in sse.push(&body) {
-            let info = parse_event(&data).map_err(|e| fail(format!("{e:#}"), &got))?;
+            let info = parse_event(&data).map_err(|e| format!("{e:#}"))?;
             if let Some(err) = info.error {
-                return Err(fail(format!("stream error: {err}"), &got));
+                return Err(format!("stream error: {err}"));
             }
             if !info.text.is_empty() {
                 got.token_times.push(now);
@@ -644,17 +674,17 @@ pub fn stream_post(port: u16, path: &str, body: &Value) -> Result<Streamed, Fail
         if done || (chunked && chunks.is_done()) {
             break;
         }
-        match stream.read(&mut buf) {
+        match stream.read(buf) {
             Ok(0) => break,
             Ok(n) => pending.extend_from_slice(&buf[..n]),
-            Err(e) => return Err(fail(format!("reading the stream: {e}"), &got)),
+            Err(e) => return Err(format!("reading the stream: {e}")),
         }
     }
-    got.total = started.elapsed();
-    if !done {
-        return Err(fail("the stream ended without [DONE]".into(), &got));
+    if done {
+        Ok(())
+    } else {
+        Err("the stream ended without [DONE]".into())
     }
-    Ok(got)
 }
 
 // ---------------------------------------------------------------------------------------

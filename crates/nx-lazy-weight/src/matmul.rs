@@ -120,76 +120,10 @@ impl QuantizedActs {
         row_len: usize,
         pool: Option<&ThreadPool>,
     ) -> Result<(), LazyWeightError> {
-        if !matches!(
-            act_type,
-            GgmlType::F32
-                | GgmlType::F16
-                | GgmlType::BF16
-                | GgmlType::Q8_0
-                | GgmlType::Q8_1
-                | GgmlType::Q8_K
-        ) {
-            return Err(LazyWeightError::UnsupportedType {
-                ggml_type: act_type,
-                op: "quantize activations",
-            });
-        }
-        let expected = n
-            .checked_mul(row_len)
-            .ok_or(LazyWeightError::LengthMismatch {
-                what: "activations: n·K overflows",
-                expected: usize::MAX,
-                actual: x.len(),
-            })?;
-        if x.len() != expected {
-            return Err(LazyWeightError::LengthMismatch {
-                what: "activations [n, K]",
-                expected,
-                actual: x.len(),
-            });
-        }
-        let rb = row_bytes(act_type, row_len)?;
-        let total = rb.checked_mul(n).ok_or(LazyWeightError::LengthMismatch {
-            what: "quantized activations: size overflows",
-            expected: usize::MAX,
-            actual: 0,
-        })?;
+        let (rb, total) = checked_act_sizes(act_type, x.len(), n, row_len)?;
         self.data.resize(total, 0);
         if rb > 0 {
-            let quantize_rows = |xs: &[f32], qs: &mut [u8]| -> Result<(), LazyWeightError> {
-                for (xr, qr) in xs.chunks_exact(row_len).zip(qs.chunks_exact_mut(rb)) {
-                    if act_type == GgmlType::Q8_0 {
-                        crate::quant::quantize_q8_0_acts(xr, qr);
-                    } else {
-                        quantize_row(act_type, xr, qr)?;
-                    }
-                }
-                Ok(())
-            };
-            match pool {
-                Some(pool) if pool.n_threads() > 1 && n >= MIN_PARALLEL_QUANTIZE_ROWS => {
-                    // The type and sizes were checked above, so a row cannot fail.
-                    let failed = std::sync::atomic::AtomicBool::new(false);
-                    let chunk = n.div_ceil(pool.n_threads() * 4);
-                    pool.parallel_chunks_mut(
-                        &mut self.data,
-                        rb,
-                        chunk,
-                        &mut vec![(); pool.n_threads()],
-                        |_, rows, qs| {
-                            let xs = &x[rows.start * row_len..rows.end * row_len];
-                            if quantize_rows(xs, qs).is_err() {
-                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                            }
-                        },
-                    );
-                    if failed.into_inner() {
-                        // Redo serially for the error value.
-                        quantize_rows(x, &mut self.data)?;
-                    }
-                }
-                _ => quantize_rows(x, &mut self.data)?,
-            }
+            quantize_act_rows(act_type, x, row_len, &mut self.data, rb, pool)?;
         }
         self.act_type = act_type;
         self.row_len = row_len;
@@ -950,6 +884,99 @@ impl LazyWeight<'_> {
         scratch: &mut QuantizedActs,
     ) -> Result<(), LazyWeightError> {
         matmul(self, x, n, y, scratch)
+    }
+}
+
+/// Checks that `act_type` is an activation type and `x_len` is `n` rows of `row_len`;
+/// returns the bytes of one quantized row and of all `n`.
+fn checked_act_sizes(
+    act_type: GgmlType,
+    x_len: usize,
+    n: usize,
+    row_len: usize,
+) -> Result<(usize, usize), LazyWeightError> {
+    if !matches!(
+        act_type,
+        GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::BF16
+            | GgmlType::Q8_0
+            | GgmlType::Q8_1
+            | GgmlType::Q8_K
+    ) {
+        return Err(LazyWeightError::UnsupportedType {
+            ggml_type: act_type,
+            op: "quantize activations",
+        });
+    }
+    let expected = n
+        .checked_mul(row_len)
+        .ok_or(LazyWeightError::LengthMismatch {
+            what: "activations: n·K overflows",
+            expected: usize::MAX,
+            actual: x_len,
+        })?;
+    if x_len != expected {
+        return Err(LazyWeightError::LengthMismatch {
+            what: "activations [n, K]",
+            expected,
+            actual: x_len,
+        });
+    }
+    let rb = row_bytes(act_type, row_len)?;
+    let total = rb.checked_mul(n).ok_or(LazyWeightError::LengthMismatch {
+        what: "quantized activations: size overflows",
+        expected: usize::MAX,
+        actual: 0,
+    })?;
+    Ok((rb, total))
+}
+
+/// Quantizes the rows of `x` (each `row_len` long) into `data` (each `rb` bytes), split
+/// over `pool` when it has threads to spare and there are enough rows.
+fn quantize_act_rows(
+    act_type: GgmlType,
+    x: &[f32],
+    row_len: usize,
+    data: &mut [u8],
+    rb: usize,
+    pool: Option<&ThreadPool>,
+) -> Result<(), LazyWeightError> {
+    let quantize_rows = |xs: &[f32], qs: &mut [u8]| -> Result<(), LazyWeightError> {
+        for (xr, qr) in xs.chunks_exact(row_len).zip(qs.chunks_exact_mut(rb)) {
+            if act_type == GgmlType::Q8_0 {
+                crate::quant::quantize_q8_0_acts(xr, qr);
+            } else {
+                quantize_row(act_type, xr, qr)?;
+            }
+        }
+        Ok(())
+    };
+    let n = data.len() / rb;
+    match pool {
+        Some(pool) if pool.n_threads() > 1 && n >= MIN_PARALLEL_QUANTIZE_ROWS => {
+            // The type and sizes were checked before, so a row cannot fail.
+            let failed = std::sync::atomic::AtomicBool::new(false);
+            let chunk = n.div_ceil(pool.n_threads() * 4);
+            pool.parallel_chunks_mut(
+                data,
+                rb,
+                chunk,
+                &mut vec![(); pool.n_threads()],
+                |_, rows, qs| {
+                    let xs = &x[rows.start * row_len..rows.end * row_len];
+                    if quantize_rows(xs, qs).is_err() {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                },
+            );
+            if failed.into_inner() {
+                // Redo serially for the error value.
+                quantize_rows(x, data)?;
+            }
+            Ok(())
+        }
+        _ => quantize_rows(x, data),
     }
 }
 
