@@ -4,10 +4,12 @@
 //! per run, so neither gets a systematically warmer or quieter machine:
 //!
 //! - nx: `nx bench --model F -p P -n N --threads T --reps 1 --json` (release build);
-//! - llama.cpp: `llama-bench -m F -t T -p P -n N -r 1 --repack 1 -o json` in its fastest
-//!   configuration that runs here ([`choose_llama_bench`]): on the dev machines the pinned
-//!   build faults in its AMX kernels once repacking selects them, so the bench builds and
-//!   runs a copy without AMX, repacking on.
+//! - llama.cpp: `llama-bench -m F -t T -p P -n N -r 1 --repack 1 -o json` on the first
+//!   build that runs with repacking on ([`choose_llama_bench`]: the pinned one, else a
+//!   copy without AMX, for CPUs where its AMX kernels fault), and the same with
+//!   `--repack 0` ([`llama_variants`]). Per file and test the faster of the two medians is
+//!   compared ([`best_of`]): llama.cpp at its best, whichever way its repacked layouts
+//!   fall on the CPU.
 //!
 //! Reported per engine: the median prompt-processing and generation speed (t/s), the
 //! median peak RSS of the process (`/usr/bin/time -f %M` when present, else polling
@@ -127,6 +129,9 @@ pub struct Sample {
     pub self_reported_rss_mb: Option<f64>,
     /// Wall time of the whole process, load and warm-up included.
     pub wall_s: f64,
+    /// llama.cpp's `--repack` setting of the run; `None` for nx.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub llama_repack: Option<bool>,
 }
 
 /// Medians over one engine's samples on one file.
@@ -150,13 +155,28 @@ pub struct ModelResult {
     /// Weight bytes one decode step reads (see [`decode_bytes_per_token`]).
     pub decode_bytes_per_token: u64,
     pub nx: EngineSummary,
+    /// llama.cpp at its best: per test the faster of its configurations' medians.
     pub llama_cpp: EngineSummary,
+    /// Each llama.cpp configuration's medians, in the order they ran.
+    pub llama_cpp_configs: Vec<LlamaConfigResult>,
+    /// The `--repack` setting whose median pp (and tg) is in `llama_cpp`.
+    pub llama_cpp_pp_repack: bool,
+    pub llama_cpp_tg_repack: bool,
     /// nx ÷ llama.cpp; above 1 means nx is faster.
     pub pp_ratio: f64,
     pub tg_ratio: f64,
     /// `decode_bytes_per_token × tg t/s`, in GB/s (10^9 bytes).
     pub nx_decode_gbs: f64,
     pub llama_cpp_decode_gbs: f64,
+}
+
+/// One llama.cpp configuration's medians on one file.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LlamaConfigResult {
+    pub repack: bool,
+    pub pp_tps: f64,
+    pub tg_tps: f64,
+    pub peak_rss_mb: Option<f64>,
 }
 
 /// The read-bandwidth probe's result (GB/s = 10^9 bytes per second, best of 3 passes).
@@ -182,7 +202,8 @@ pub struct Report {
     pub quick: bool,
     pub nx_command: String,
     pub llama_cpp_command: String,
-    /// Which llama.cpp configuration ran ([`choose_llama_bench`]).
+    /// Which llama.cpp configuration ran ([`choose_llama_bench`]), and the others beside
+    /// it ([`llama_variants`]), in words.
     pub llama_cpp_config: String,
     pub rss_method: String,
     pub probe: Probe,
@@ -215,7 +236,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         run_checked(cargo_command().args(["build", "--release", "-p", "nx-cli", "--bin", "nx"]))?;
     }
     let llama = choose_llama_bench(&files[0].1, settings.threads)?;
-    eprintln!("bench: llama.cpp configuration: {}", llama.config);
+    let llamas = llama_variants(&llama);
+    let llama_config = llama_config_text(&llamas);
+    eprintln!("bench: llama.cpp configuration: {llama_config}");
 
     eprintln!(
         "bench: read-bandwidth probe ({} MiB, 1 and {} threads, best of 3)",
@@ -230,7 +253,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
     let mut models = Vec::new();
     for (name, path) in &files {
-        models.push(bench_file(name, path, &nx, &llama, &settings)?);
+        models.push(bench_file(name, path, &nx, &llamas, &settings)?);
     }
 
     let now = SystemTime::now()
@@ -250,7 +273,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         quick: args.quick,
         nx_command: nx_args(Path::new("F"), &settings).join(" "),
         llama_cpp_command: llama_args(Path::new("F"), &settings, llama.repack).join(" "),
-        llama_cpp_config: llama.config.to_string(),
+        llama_cpp_config: llama_config,
         rss_method: rss_method().to_string(),
         probe,
         models,
@@ -259,7 +282,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let table = markdown_table(&report);
     println!("{}", summary_lines(&report));
     println!();
-    println!("{table}");
+    println!("{table}{}", config_paragraph(&report));
 
     let bench_dir = target_dir.join("bench");
     write_json(&report, &bench_dir, &date, args.quick)?;
@@ -298,9 +321,10 @@ fn write_docs(report: &Report, table: &str, formats: bool) -> Result<()> {
         let (begin, end) = tier_markers(tier);
         let section = format!(
             "{begin}\n## nx on its {tier} tier: `NX_TIER={tier} NX_AMX=0 cargo xtask bench`\n\n\
-             The same files and method as the main table; llama.cpp: {}.\n\n{}\n\n{table}{end}\n",
+             The same files and method as the main table; llama.cpp: {}.\n\n{}\n\n{table}{}{end}\n",
             report.llama_cpp_config,
-            summary_lines(report)
+            summary_lines(report),
+            config_paragraph(report),
         );
         let text = crate::util::replace_doc_section(&old, &begin, &end, &section);
         std::fs::write(&docs, text).with_context(|| format!("cannot write {}", docs.display()))?;
@@ -346,7 +370,7 @@ fn bench_file(
     name: &str,
     path: &Path,
     nx: &Path,
-    llama: &LlamaBench,
+    llamas: &[LlamaBench],
     settings: &Settings,
 ) -> Result<ModelResult> {
     let gguf = Gguf::open(path).with_context(|| format!("cannot open {}", path.display()))?;
@@ -363,13 +387,17 @@ fn bench_file(
         let s = run_nx(nx, path, settings)?;
         eprintln!("bench: [{tag}] nx        {}", sample_text(&s, settings));
         nx_samples.push(s);
-        eprintln!("bench: [{tag}] llama.cpp ...");
-        let s = run_llama(llama, path, settings)?;
-        eprintln!("bench: [{tag}] llama.cpp {}", sample_text(&s, settings));
-        llama_samples.push(s);
+        for llama in llamas {
+            let repack = if llama.repack { 1 } else { 0 };
+            eprintln!("bench: [{tag}] llama.cpp --repack {repack} ...");
+            let s = run_llama(llama, path, settings)?;
+            eprintln!("bench: [{tag}] llama.cpp {}", sample_text(&s, settings));
+            llama_samples.push(s);
+        }
     }
     let nx_summary = summarize(nx_samples, settings.n_prompt)?;
-    let llama_summary = summarize(llama_samples, settings.n_prompt)?;
+    let best = best_of(llamas, llama_samples, settings.n_prompt)?;
+    let llama_summary = best.summary;
     let gbs = |tps: f64| decode_bytes as f64 * tps / 1e9;
     Ok(ModelResult {
         name: name.to_string(),
@@ -382,6 +410,63 @@ fn bench_file(
         llama_cpp_decode_gbs: gbs(llama_summary.tg_tps),
         nx: nx_summary,
         llama_cpp: llama_summary,
+        llama_cpp_configs: best.configs,
+        llama_cpp_pp_repack: best.pp_repack,
+        llama_cpp_tg_repack: best.tg_repack,
+    })
+}
+
+/// llama.cpp's configurations on one file, and the best of them per test.
+#[derive(Debug)]
+pub struct BestOf {
+    /// Per test the faster configuration's median; TTFT derived from those two, peak
+    /// RSS the decode winner's.
+    pub summary: EngineSummary,
+    pub configs: Vec<LlamaConfigResult>,
+    pub pp_repack: bool,
+    pub tg_repack: bool,
+}
+
+/// The best of llama.cpp's configurations (`llamas`, each with its samples in
+/// `samples`) per test: the higher median prompt speed, and the higher median decode
+/// speed, each possibly from a different configuration.
+pub fn best_of(llamas: &[LlamaBench], samples: Vec<Sample>, n_prompt: usize) -> Result<BestOf> {
+    let mut configs = Vec::new();
+    for llama in llamas {
+        let own: Vec<Sample> = samples
+            .iter()
+            .filter(|s| s.llama_repack == Some(llama.repack))
+            .cloned()
+            .collect();
+        let s = summarize(own, n_prompt)?;
+        configs.push(LlamaConfigResult {
+            repack: llama.repack,
+            pp_tps: s.pp_tps,
+            tg_tps: s.tg_tps,
+            peak_rss_mb: s.peak_rss_mb,
+        });
+    }
+    let fastest = |speed: fn(&LlamaConfigResult) -> f64| {
+        configs
+            .iter()
+            .max_by(|a, b| speed(a).total_cmp(&speed(b)))
+            .cloned()
+            .context("no llama.cpp configuration ran")
+    };
+    let pp = fastest(|c| c.pp_tps)?;
+    let tg = fastest(|c| c.tg_tps)?;
+    Ok(BestOf {
+        summary: EngineSummary {
+            pp_tps: pp.pp_tps,
+            tg_tps: tg.tg_tps,
+            ttft_ms: derived_ttft_ms(n_prompt, pp.pp_tps, tg.tg_tps),
+            ttft_derived: true,
+            peak_rss_mb: tg.peak_rss_mb,
+            samples,
+        },
+        configs,
+        pp_repack: pp.repack,
+        tg_repack: tg.repack,
     })
 }
 
@@ -485,6 +570,39 @@ pub fn choose_llama_bench(model: &Path, threads: usize) -> Result<LlamaBench> {
     })
 }
 
+/// The llama.cpp configurations every file runs under: `best` and, when `best` repacks
+/// its weights, the same build with repacking off. Repacking is llama.cpp's default and
+/// usually its fastest, but not for every format, test and CPU; running both and keeping
+/// the faster median per test ([`best_of`]) compares nx with llama.cpp at its best.
+pub fn llama_variants(best: &LlamaBench) -> Vec<LlamaBench> {
+    let mut variants = vec![best.clone()];
+    if best.repack {
+        variants.push(LlamaBench {
+            bin: best.bin.clone(),
+            repack: false,
+            config: "the same build with weight repacking off",
+        });
+    }
+    variants
+}
+
+/// The llama.cpp configurations of a run, in words, for the report.
+pub fn llama_config_text(llamas: &[LlamaBench]) -> String {
+    match llamas {
+        [only] => only.config.to_string(),
+        [first, rest @ ..] => {
+            let others: Vec<&str> = rest.iter().map(|l| l.config).collect();
+            format!(
+                "{}, and {} (per file and test the faster median of the two, marked * \
+                 where it is repacking off's)",
+                first.config,
+                others.join(", and ")
+            )
+        }
+        [] => String::new(),
+    }
+}
+
 /// `llama-bench` arguments for one run of file `model`.
 pub fn llama_args(model: &Path, s: &Settings, repack: bool) -> Vec<String> {
     vec![
@@ -526,6 +644,7 @@ fn run_nx(nx: &Path, model: &Path, settings: &Settings) -> Result<Sample> {
             .or(report.peak_rss_mb),
         self_reported_rss_mb: report.peak_rss_mb,
         wall_s: out.wall.as_secs_f64(),
+        llama_repack: None,
     })
 }
 
@@ -547,6 +666,7 @@ fn run_llama(llama: &LlamaBench, model: &Path, settings: &Settings) -> Result<Sa
         peak_rss_mb: out.peak_rss_kib.map(|kib| kib as f64 / 1024.0),
         self_reported_rss_mb: None,
         wall_s: out.wall.as_secs_f64(),
+        llama_repack: Some(llama.repack),
     })
 }
 
@@ -803,13 +923,20 @@ pub fn markdown_table(report: &Report) -> String {
                 if e.ttft_derived { " (derived)" } else { "" }
             )
         };
+        // A llama.cpp figure from repacking off is marked, where both ran.
+        let mark = |repack: bool| match m.llama_cpp_configs.len() > 1 && !repack {
+            true => "*",
+            false => "",
+        };
         out.push_str(&format!(
-            "| {file} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {} | {} | {} |\n",
+            "| {file} | {:.1} | {:.1}{} | {:.2} | {:.2} | {:.2}{} | {:.2} | {:.1} | {} | {} | {} | {} |\n",
             m.nx.pp_tps,
             m.llama_cpp.pp_tps,
+            mark(m.llama_cpp_pp_repack),
             m.pp_ratio,
             m.nx.tg_tps,
             m.llama_cpp.tg_tps,
+            mark(m.llama_cpp_tg_repack),
             m.tg_ratio,
             m.nx_decode_gbs,
             opt_mb(m.nx.peak_rss_mb),
@@ -850,9 +977,15 @@ pub fn runs_table(report: &Report) -> String {
          |---|---:|---|---:|---:|---:|---:|\n"
     );
     for m in &report.models {
-        let runs = m.nx.samples.iter().zip(&m.llama_cpp.samples).enumerate();
-        for (i, (nx, llama)) in runs {
-            for (engine, s) in [("nx", nx), ("llama.cpp", llama)] {
+        // Each rep ran nx once, then every llama.cpp configuration once.
+        let per_rep = m.llama_cpp_configs.len().max(1);
+        let llama_runs = m.llama_cpp.samples.chunks(per_rep);
+        for (i, (nx, llamas)) in m.nx.samples.iter().zip(llama_runs).enumerate() {
+            let llamas = llamas.iter().map(|s| match s.llama_repack {
+                Some(false) => ("llama.cpp --repack 0", s),
+                _ => ("llama.cpp", s),
+            });
+            for (engine, s) in std::iter::once(("nx", nx)).chain(llamas) {
                 out.push_str(&format!(
                     "| {} | {} | {engine} | {:.1} | {:.2} | {} | {:.1} s |\n",
                     m.name,
@@ -866,6 +999,40 @@ pub fn runs_table(report: &Report) -> String {
         }
     }
     out
+}
+
+/// Each llama.cpp configuration's medians per file, where more than one ran.
+pub fn llama_config_lines(report: &Report) -> String {
+    let (p, n) = (report.settings.n_prompt, report.settings.n_gen);
+    let mut out = String::new();
+    for m in report
+        .models
+        .iter()
+        .filter(|m| m.llama_cpp_configs.len() > 1)
+    {
+        let figures: Vec<String> = m
+            .llama_cpp_configs
+            .iter()
+            .map(|c| {
+                format!(
+                    "`--repack {}` pp{p} {:.1}, tg{n} {:.2}",
+                    u8::from(c.repack),
+                    c.pp_tps,
+                    c.tg_tps
+                )
+            })
+            .collect();
+        out.push_str(&format!("- `{}`: {}.\n", m.name, figures.join("; ")));
+    }
+    out
+}
+
+/// [`llama_config_lines`] under a heading line, or nothing when one configuration ran.
+fn config_paragraph(report: &Report) -> String {
+    match llama_config_lines(report) {
+        lines if lines.is_empty() => String::new(),
+        lines => format!("\nEach llama.cpp configuration's medians:\n\n{lines}"),
+    }
 }
 
 /// The tiers a `--formats` section is kept for: the native one (`None`) and the pinned.
@@ -930,10 +1097,11 @@ fn write_formats_section(docs: &Path, old: &str, report: &Report, table: &str) -
          fallbacks at their widths) as it makes three grid file types with an importance \
          matrix from `llama-imatrix`. Same method as the main table; \
          llama.cpp: {}.\n\n{}\n\n{table}\nDecode bandwidth (weight bytes one decode step \
-         reads × tg t/s) beside the Q4_K_M file's:\n\n{}{end}\n",
+         reads × tg t/s) beside the Q4_K_M file's:\n\n{}{}{end}\n",
         report.llama_cpp_config,
         summary_lines(report),
         decode_share_lines(report),
+        config_paragraph(report),
     );
     let text = crate::util::replace_doc_section(old, &begin, &end, &section);
     std::fs::write(docs, text).with_context(|| format!("cannot write {}", docs.display()))?;
@@ -986,9 +1154,10 @@ fn benchmarks_doc(report: &Report, table: &str) -> String {
          ## Method\n\n\
          For each file the engines run alternately, one process per run, {reps} times each:\n\n\
          - nx: `target/release/nx {nx_cmd}`\n\
-         - llama.cpp: `llama-bench {llama_cmd}`\n\n\
-         llama.cpp runs as {llama_config}: the fastest configuration that runs on this \
-         machine (`cargo xtask bench` tries the pinned build with repacking first). nx's prefill uses AMX-INT8 tiles for Q4_K and Q6_K \
+         - llama.cpp: `llama-bench {llama_cmd}`{and_off}\n\n\
+         llama.cpp runs as {llama_config}. Repacking on is tried first: the pinned build, \
+         then (if that faults) a build without AMX; the build that runs serves both settings. \
+         {config_lines}nx's prefill uses AMX-INT8 tiles for Q4_K and Q6_K \
          weights where the CPU has them and the kernel grants tile data (`NX_AMX=0` turns \
          that off); its outputs are the same bits either way. Everything else is llama-bench's default (f16 KV cache, \
          flash attention `auto`, micro-batch 512, one untimed warm-up run per test). `nx bench` \
@@ -1030,6 +1199,14 @@ fn benchmarks_doc(report: &Report, table: &str) -> String {
         nx_cmd = report.nx_command,
         llama_cmd = report.llama_cpp_command,
         llama_config = report.llama_cpp_config,
+        config_lines = match llama_config_lines(report) {
+            lines if lines.is_empty() => String::new(),
+            lines => format!("Each configuration's medians:\n\n{lines}\n"),
+        },
+        and_off = match report.models.iter().any(|m| m.llama_cpp_configs.len() > 1) {
+            true => ", and the same with `--repack 0`",
+            false => "",
+        },
         threads = s.threads,
         probe_mib = report.probe.buffer_bytes >> 20,
         cpus = report.logical_cpus,
@@ -1163,6 +1340,7 @@ mod tests {
             peak_rss_mb: Some(pp),
             self_reported_rss_mb: None,
             wall_s: 1.0,
+            llama_repack: None,
         };
         let nx = summarize(
             vec![
@@ -1285,6 +1463,7 @@ mod tests {
                 peak_rss_mb: Some(300.0),
                 self_reported_rss_mb: None,
                 wall_s: 1.0,
+                llama_repack: None,
             }],
         }
     }
@@ -1297,6 +1476,9 @@ mod tests {
             decode_bytes_per_token: 1,
             nx: summary(100.0, 20.0, false),
             llama_cpp: summary(50.0, 10.0, true),
+            llama_cpp_configs: Vec::new(),
+            llama_cpp_pp_repack: true,
+            llama_cpp_tg_repack: true,
             pp_ratio: 2.0,
             tg_ratio: 2.0,
             nx_decode_gbs,
@@ -1375,5 +1557,77 @@ mod tests {
         assert_eq!(runs.lines().count(), 2 + 4, "{runs}");
         assert!(runs.contains("| default | 1 | llama.cpp | 50.0 | 10.00 | 300 MB | 1.0 s |"));
         assert!(doc.contains(&runs));
+    }
+
+    #[test]
+    fn best_of_takes_each_tests_faster_configuration_and_marks_repack_off() {
+        let on = LlamaBench {
+            bin: PathBuf::from("llama-bench"),
+            repack: true,
+            config: "the pinned build",
+        };
+        let llamas = llama_variants(&on);
+        assert_eq!(llamas.len(), 2);
+        assert!(!llamas[1].repack && llamas[1].bin == on.bin);
+        assert_eq!(
+            llama_variants(&llamas[1]).len(),
+            1,
+            "repack off has no variant"
+        );
+        let run = |repack: bool, pp: f64, tg: f64| Sample {
+            pp_tps: pp,
+            tg_tps: tg,
+            ttft_ms: None,
+            peak_rss_mb: Some(if repack { 400.0 } else { 300.0 }),
+            self_reported_rss_mb: None,
+            wall_s: 1.0,
+            llama_repack: Some(repack),
+        };
+        // Repacking wins prefill, loses decode: each test keeps its faster median.
+        let samples = vec![
+            run(true, 700.0, 70.0),
+            run(false, 600.0, 80.0),
+            run(true, 710.0, 72.0),
+            run(false, 610.0, 79.0),
+            run(true, 690.0, 71.0),
+            run(false, 590.0, 81.0),
+        ];
+        let best = best_of(&llamas, samples, 512).unwrap();
+        assert_eq!((best.summary.pp_tps, best.summary.tg_tps), (700.0, 80.0));
+        assert!(best.pp_repack && !best.tg_repack);
+        assert_eq!(best.summary.peak_rss_mb, Some(300.0), "the decode winner's");
+        assert_eq!(best.summary.ttft_ms, derived_ttft_ms(512, 700.0, 80.0));
+        assert_eq!(best.configs.len(), 2);
+        assert_eq!(best.configs[1].tg_tps, 80.0);
+        assert!(best_of(&llamas, Vec::new(), 512).is_err());
+
+        let mut model = model_result("default", 5.0);
+        model.llama_cpp = best.summary;
+        model.llama_cpp_configs = best.configs;
+        model.llama_cpp_pp_repack = best.pp_repack;
+        model.llama_cpp_tg_repack = best.tg_repack;
+        model.nx.samples = (0..3).map(|_| model.nx.samples[0].clone()).collect();
+        let report = report_of(vec![model]);
+        let table = markdown_table(&report);
+        let row = table.lines().nth(2).unwrap();
+        assert!(
+            row.contains("| 700.0 | 2.00 |") && row.contains("| 80.00* |"),
+            "{row}"
+        );
+        let lines = llama_config_lines(&report);
+        assert!(
+            lines.contains(
+                "`--repack 1` pp512 700.0, tg128 71.00; `--repack 0` pp512 600.0, tg128 80.00"
+            ),
+            "{lines}"
+        );
+        let runs = runs_table(&report);
+        assert_eq!(runs.lines().count(), 2 + 9, "{runs}");
+        assert!(
+            runs.contains("| default | 3 | llama.cpp --repack 0 | 590.0 | 81.00 |"),
+            "{runs}"
+        );
+        let doc = benchmarks_doc(&report, &table);
+        assert!(doc.contains("and the same with `--repack 0`") && doc.contains(&lines));
     }
 }
