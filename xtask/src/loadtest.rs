@@ -1144,16 +1144,18 @@ impl Harness {
     }
 }
 
-/// Runs one level on one engine: fresh server, warm-up, load, peak RSS.
+/// Runs one level on one engine: fresh server, warm-up, load, peak RSS. `label` names
+/// the server's log (`ENGINE-LABEL.log`).
 fn run_level(
     cx: &mut Harness,
     engine: Engine,
     clients: usize,
     args: &LoadtestArgs,
+    label: &str,
 ) -> Result<LevelStats> {
     let n = args.parallel.unwrap_or(clients);
     loop {
-        let mut server = cx.start_warm(engine, n, &format!("{clients}"))?;
+        let mut server = cx.start_warm(engine, n, label)?;
         eprintln!(
             "loadtest: {} {clients} clients, {} requests of {} tokens ...",
             engine.name(),
@@ -1296,7 +1298,15 @@ fn run_prefix(cx: &mut Harness, engine: Engine, args: &LoadtestArgs) -> Result<P
 pub struct LevelRow {
     pub clients: usize,
     pub nx: LevelStats,
+    /// llama-server at its best: the faster (tok/s) of its runs with and without
+    /// weight repacking ([`best_llama`]).
     pub llama: Option<LevelStats>,
+    /// Whether `llama` is the `--no-repack` run.
+    #[serde(default)]
+    pub llama_no_repack: bool,
+    /// The slower llama-server run, when both ran.
+    #[serde(default)]
+    pub llama_other: Option<LevelStats>,
 }
 
 /// The whole run, as written to `target/loadtest/loadtest-<date>.json`.
@@ -1361,7 +1371,15 @@ pub fn levels_table(report: &Report) -> String {
         let dash = || "-".to_string();
         let (l_tps, ratio, l_ttft, l_itl, l_rss, l_err) = match &row.llama {
             Some(l) => (
-                format!("{:.1}", l.tok_per_s),
+                format!(
+                    "{:.1}{}",
+                    l.tok_per_s,
+                    if row.llama_no_repack && row.llama_other.is_some() {
+                        "*"
+                    } else {
+                        ""
+                    }
+                ),
                 if l.tok_per_s > 0.0 {
                     format!("{:.2}", nx.tok_per_s / l.tok_per_s)
                 } else {
@@ -1515,6 +1533,7 @@ pub fn doc_section(report: &Report) -> String {
          - llama.cpp: {llama_cmd} (`-c` is split across the `-np` slots, so each gets the same \
            {ctx} positions as an nx sequence; everything else at its defaults: continuous \
            batching, flash attention `auto`, f16 KV cache, prompt cache on{repack}).\n\n\
+         {llama_runs}\
          Peak RSS: `nx serve` sizes its KV pool by `--kv-memory` (256 MiB by default), not \
          by slots × context, and takes it from zeroed memory, so only blocks that have been \
          written become resident: its RSS is the mapped model plus the blocks the level used; \
@@ -1555,8 +1574,12 @@ pub fn doc_section(report: &Report) -> String {
                  which selects ggml's AMX and interleaved weight buffers, see above; no \
                  llama-server flag keeps the interleaved layouts without AMX"
             ),
-            None => ", weight repacking on".to_string(),
+            None => ", weight repacking on; and again with `--no-repack`, the faster of the \
+                     two runs (by tok/s) being the one in the table, marked * where it is \
+                     `--no-repack`'s"
+                .to_string(),
         },
+        llama_runs = llama_runs_lines(report),
         prefix_n = PREFIX_REQUESTS,
         prefix_tokens = PREFIX_MAX_TOKENS,
         prefix = prefix_table(report),
@@ -1565,6 +1588,28 @@ pub fn doc_section(report: &Report) -> String {
         load_before = report.load_average_before,
         load_after = report.load_average_after,
     )
+}
+
+/// Both llama-server runs of every level where both ran, as a paragraph (empty when none).
+pub fn llama_runs_lines(report: &Report) -> String {
+    let mut lines = String::new();
+    for row in &report.levels {
+        let (Some(best), Some(other)) = (&row.llama, &row.llama_other) else {
+            continue;
+        };
+        let (on, off) = match row.llama_no_repack {
+            true => (other, best),
+            false => (best, other),
+        };
+        lines.push_str(&format!(
+            "- {} clients: repacking on {:.1} tok/s ({} errors), `--no-repack` {:.1} tok/s ({} errors)\n",
+            row.clients, on.tok_per_s, on.errors, off.tok_per_s, off.errors
+        ));
+    }
+    match lines.is_empty() {
+        true => String::new(),
+        false => format!("llama-server's two runs per level:\n\n{lines}\n"),
+    }
 }
 
 /// `loadtest-<date>-<HHMM>.json`: one file per run, a later run the same day keeps it.
@@ -1600,13 +1645,19 @@ pub fn run(args: &LoadtestArgs) -> Result<()> {
     let mut cx = harness(args)?;
     let mut levels = Vec::new();
     for &clients in &args.clients {
-        let nx = run_level(&mut cx, Engine::Nx, clients, args)?;
-        let llama = if args.no_reference {
-            None
+        let nx = run_level(&mut cx, Engine::Nx, clients, args, &clients.to_string())?;
+        let row = if args.no_reference {
+            LevelRow {
+                clients,
+                nx,
+                llama: None,
+                llama_no_repack: false,
+                llama_other: None,
+            }
         } else {
-            Some(run_level(&mut cx, Engine::Llama, clients, args)?)
+            best_llama(&mut cx, clients, nx, args)?
         };
-        levels.push(LevelRow { clients, nx, llama });
+        levels.push(row);
     }
     let prefix_nx = run_prefix(&mut cx, Engine::Nx, args)?;
     let prefix_llama = if args.no_reference {
@@ -1619,6 +1670,53 @@ pub fn run(args: &LoadtestArgs) -> Result<()> {
     write_outputs(&report, &cx.log_dir, args)?;
     eprintln!("loadtest: done in {}", duration_text(started.elapsed()));
     Ok(())
+}
+
+/// Runs llama-server's level with its defaults (weight repacking on) and, unless those
+/// already fell back to it, with `--no-repack`, and keeps the faster run (more tok/s, no
+/// more errors): repacking is llama.cpp's default, not always its fastest, and nx is
+/// compared with llama-server at its best.
+fn best_llama(
+    cx: &mut Harness,
+    clients: usize,
+    nx: LevelStats,
+    args: &LoadtestArgs,
+) -> Result<LevelRow> {
+    let label = clients.to_string();
+    let default = run_level(cx, Engine::Llama, clients, args, &label)?;
+    if !cx.llama_extra.is_empty() {
+        // Already `--no-repack`, after the defaults failed.
+        return Ok(LevelRow {
+            clients,
+            nx,
+            llama: Some(default),
+            llama_no_repack: true,
+            llama_other: None,
+        });
+    }
+    cx.llama_extra = vec![NO_REPACK.to_string()];
+    let off = run_level(
+        cx,
+        Engine::Llama,
+        clients,
+        args,
+        &format!("{label}-no-repack"),
+    );
+    cx.llama_extra.clear();
+    let off = off?;
+    let off_wins = off.tok_per_s > default.tok_per_s && off.errors <= default.errors;
+    let (llama, other) = if off_wins {
+        (off, default)
+    } else {
+        (default, off)
+    };
+    Ok(LevelRow {
+        clients,
+        nx,
+        llama: Some(llama),
+        llama_no_repack: off_wins,
+        llama_other: Some(other),
+    })
 }
 
 /// Checks that the model and llama-server are there, builds nx (unless `--no-build`)
@@ -1934,8 +2032,8 @@ mod tests {
         );
     }
 
-    fn report() -> Report {
-        let stats = |tps: f64| LevelStats {
+    fn stats(tps: f64) -> LevelStats {
+        LevelStats {
             clients: 2,
             parallel: 2,
             requests_ok: 16,
@@ -1948,7 +2046,10 @@ mod tests {
             itl_p95_ms: Some(31.0),
             peak_rss_mb: Some(320.0),
             ..LevelStats::default()
-        };
+        }
+    }
+
+    fn report() -> Report {
         let mut failing = stats(50.0);
         failing.errors = 1;
         failing.error_samples = vec!["HTTP 500: boom".into()];
@@ -1974,11 +2075,15 @@ mod tests {
                     clients: 1,
                     nx: stats(100.0),
                     llama: Some(failing),
+                    llama_no_repack: false,
+                    llama_other: None,
                 },
                 LevelRow {
                     clients: 2,
                     nx: stats(150.0),
                     llama: None,
+                    llama_no_repack: false,
+                    llama_other: None,
                 },
             ],
             prefix_nx: PrefixStats {
@@ -2028,6 +2133,29 @@ mod tests {
             prefix.contains("| llama-server | - | - | - | - | 0 | 0 |"),
             "{prefix}"
         );
+    }
+
+    #[test]
+    fn the_faster_llama_server_run_is_compared_and_both_are_listed() {
+        let mut r = report();
+        r.levels[1].llama = Some(stats(75.0));
+        r.levels[1].llama_other = Some(stats(60.0));
+        r.levels[1].llama_no_repack = true;
+        let table = levels_table(&r);
+        let row = table.lines().nth(3).unwrap();
+        assert!(row.starts_with("| 2 | 150.0 | 75.0* | 2.00 |"), "{row}");
+        let runs = llama_runs_lines(&r);
+        assert!(
+            runs.contains(
+                "- 2 clients: repacking on 60.0 tok/s (0 errors), `--no-repack` 75.0 tok/s"
+            ),
+            "{runs}"
+        );
+        assert!(!runs.contains("- 1 clients"), "one run only at that level");
+        let section = doc_section(&r);
+        assert!(section.contains(&runs) && section.contains("marked * where it is"));
+        r.levels[1].llama_other = None;
+        assert_eq!(llama_runs_lines(&r), "");
     }
 
     #[test]
