@@ -730,14 +730,15 @@ fn attend_batch(
     }
     let missing_view = AtomicBool::new(false);
     // Several rows: one item per (row, KV head), its query heads scored together so each
-    // key row is read once for the group. One row (a lone decode step) keeps one item per
-    // query head, so its few heads still spread over the threads.
-    let grouped = row_at.len() > 1;
-    let (heads_per_item, items_per_row) = if grouped {
-        (group, cfg.n_head_kv)
+    // key row is read once for the group. One row (a lone decode step) splits its groups
+    // only as far as it takes to give every thread an item.
+    let heads_per_item = if row_at.len() > 1 {
+        group
     } else {
-        (1, cfg.n_head)
+        heads_per_decode_item(group, cfg.n_head_kv, probs.len())
     };
+    let grouped = heads_per_item > 1;
+    let items_per_row = cfg.n_head / heads_per_item;
     let out_len = heads_per_item * cfg.value_dim;
     let n_items = attn.len() / out_len;
     // Small claims, the latest tokens first: under the causal mask later tokens see more
@@ -770,6 +771,18 @@ fn attend_batch(
     Ok(())
 }
 
+/// Query heads per item of a lone decode row's attention: the largest divisor of `group`
+/// that still leaves `n_threads` items (`n_head_kv · group / heads`), so every thread
+/// works and each reads its KV head's rows once for as many heads as it can. Gemma 3
+/// 270M (4 query heads on 1 KV head) on 2 threads: 2 items of 2 heads.
+fn heads_per_decode_item(group: usize, n_head_kv: usize, n_threads: usize) -> usize {
+    (1..=group)
+        .rev()
+        .filter(|&heads| group.is_multiple_of(heads))
+        .find(|&heads| n_head_kv * (group / heads) >= n_threads)
+        .unwrap_or(1)
+}
+
 /// One item of [`attend_batch`]: the query heads `qs` (a KV group, or one head) of the
 /// token at position `at`; `false` when the rows do not fit the view.
 #[allow(clippy::too_many_arguments)]
@@ -796,4 +809,24 @@ fn attend_item<T: KvElem>(
         attend(qs, view, seen, scoring, out, scratch);
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::heads_per_decode_item;
+
+    #[test]
+    fn decode_items_split_groups_only_as_far_as_the_threads_need() {
+        // Gemma 3 270M: 4 query heads on 1 KV head.
+        assert_eq!(heads_per_decode_item(4, 1, 1), 4);
+        assert_eq!(heads_per_decode_item(4, 1, 2), 2);
+        assert_eq!(heads_per_decode_item(4, 1, 3), 1);
+        assert_eq!(heads_per_decode_item(4, 1, 8), 1);
+        // Qwen2.5 0.5B: 14 query heads on 2 KV heads; a group of 7 has divisors 7 and 1.
+        assert_eq!(heads_per_decode_item(7, 2, 2), 7);
+        assert_eq!(heads_per_decode_item(7, 2, 3), 1);
+        // Multi-head attention (a group of one) and a degenerate thread count.
+        assert_eq!(heads_per_decode_item(1, 8, 2), 1);
+        assert_eq!(heads_per_decode_item(6, 2, 0), 6);
+    }
 }
