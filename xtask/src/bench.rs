@@ -308,43 +308,37 @@ fn write_json(report: &Report, bench_dir: &Path, date: &str, quick: bool) -> Res
     Ok(())
 }
 
-/// Writes `docs/benchmarks.md`: the formats section (`--formats`), a pinned tier's
-/// section (`NX_TIER`), or the main table, keeping every other command's section.
+/// Writes `docs/benchmarks.md`: the formats section (`--formats`), a variant's section
+/// (a run pinned with `NX_TIER` or with other than [`DEFAULT_THREADS`] threads), or the
+/// main table, keeping every other command's section.
 fn write_docs(report: &Report, table: &str, formats: bool) -> Result<()> {
     let docs = workspace_root().join("docs").join("benchmarks.md");
     let old = std::fs::read_to_string(&docs).unwrap_or_default();
     if formats {
         return write_formats_section(&docs, &old, report, table);
     }
-    if let Some(tier) = crate::sections::pinned_tier()? {
-        // A run pinned to a lower tier keeps the main table: it has a section of its own.
-        let (begin, end) = tier_markers(tier);
+    let tier = crate::sections::pinned_tier()?;
+    let threads = report.settings.threads;
+    if tier.is_some() || threads != DEFAULT_THREADS {
+        // A variant keeps the main table: it has a section of its own.
+        let (begin, end) = variant_markers(tier, threads);
         let section = format!(
-            "{begin}\n## nx on its {tier} tier: `NX_TIER={tier} NX_AMX=0 cargo xtask bench`\n\n\
+            "{begin}\n## {}\n\n\
              The same files and method as the main table; llama.cpp: {}.\n\n{}\n\n{table}{}{end}\n",
+            variant_heading(tier, threads),
             report.llama_cpp_config,
             summary_lines(report),
             config_paragraph(report),
         );
         let text = crate::util::replace_doc_section(&old, &begin, &end, &section);
         std::fs::write(&docs, text).with_context(|| format!("cannot write {}", docs.display()))?;
-        eprintln!("bench: wrote the {tier} section of {}", docs.display());
+        eprintln!("bench: wrote the section `{begin}` of {}", docs.display());
         return Ok(());
     }
-    // The loadtest's section (`cargo xtask loadtest --write`) survives a new table.
+    // Every marked section of the old file (the loadtest's, `--spec`'s, the variants' and
+    // the file types') survives a new main table, in its old order.
     let mut text = benchmarks_doc(report, table);
-    if let Some(section) = crate::sections::loadtest_section(&old) {
-        text = crate::sections::with_loadtest_section(&text, section);
-    }
-    // So do `cargo xtask bench --spec`'s, one per tier, and the pinned tiers' tables.
-    let tiers = crate::sections::PINNED_TIERS.map(Some);
-    let mut sections: Vec<(String, String)> = std::iter::once(None)
-        .chain(tiers)
-        .map(crate::sections::spec_markers)
-        .collect();
-    sections.extend(crate::sections::PINNED_TIERS.map(tier_markers));
-    sections.extend(FORMAT_SECTION_TIERS.map(formats_markers));
-    for (begin, end) in sections {
+    for (begin, end) in crate::util::doc_section_markers(&old) {
         if let Some(section) = crate::util::doc_section(&old, &begin, &end) {
             text = crate::util::replace_doc_section(&text, &begin, &end, section);
         }
@@ -1035,9 +1029,6 @@ fn config_paragraph(report: &Report) -> String {
     }
 }
 
-/// The tiers a `--formats` section is kept for: the native one (`None`) and the pinned.
-const FORMAT_SECTION_TIERS: [Option<&str>; 3] = [None, Some("avx2"), Some("scalar")];
-
 /// The markers of the section `cargo xtask bench --formats` writes (one per tier).
 fn formats_markers(tier: Option<&str>) -> (String, String) {
     let (key, env) = match tier {
@@ -1109,14 +1100,43 @@ fn write_formats_section(docs: &Path, old: &str, report: &Report, table: &str) -
     Ok(())
 }
 
-/// The markers of the section a run with `NX_TIER` = `tier` writes.
-fn tier_markers(tier: &str) -> (String, String) {
+/// The command of a variant run: pinned with `NX_TIER` = `tier`, on `threads` threads.
+fn variant_command(tier: Option<&str>, threads: usize) -> String {
+    let env = tier.map_or(String::new(), |t| format!("NX_TIER={t} NX_AMX=0 "));
+    let flag = match threads {
+        DEFAULT_THREADS => String::new(),
+        n => format!(" --threads {n}"),
+    };
+    format!("{env}cargo xtask bench{flag}")
+}
+
+/// The markers of the section a variant run writes (see [`variant_command`]; the main
+/// table's [`DEFAULT_THREADS`] add nothing to the key).
+fn variant_markers(tier: Option<&str>, threads: usize) -> (String, String) {
+    let tier_key = tier.map_or(String::new(), |t| format!("-{t}"));
+    let threads_key = match threads {
+        DEFAULT_THREADS => String::new(),
+        n => format!("-threads{n}"),
+    };
+    let key = format!("bench{tier_key}{threads_key}");
+    let command = variant_command(tier, threads);
     (
-        format!(
-            "<!-- bench-{tier}:begin (written by `NX_TIER={tier} NX_AMX=0 cargo xtask bench`) -->"
-        ),
-        format!("<!-- bench-{tier}:end -->"),
+        format!("<!-- {key}:begin (written by `{command}`) -->"),
+        format!("<!-- {key}:end -->"),
     )
+}
+
+/// The heading of a variant's section.
+fn variant_heading(tier: Option<&str>, threads: usize) -> String {
+    let who = tier.map_or("nx on its best tier".to_string(), |t| {
+        format!("nx on its {t} tier")
+    });
+    let threads_text = match threads {
+        1 => ", one thread".to_string(),
+        DEFAULT_THREADS => String::new(),
+        n => format!(", {n} threads"),
+    };
+    format!("{who}{threads_text}: `{}`", variant_command(tier, threads))
 }
 
 /// The text of `docs/benchmarks.md`.
@@ -1487,6 +1507,45 @@ mod tests {
     }
 
     #[test]
+    fn variants_have_their_own_markers_and_keep_the_tier_sections_names() {
+        // The avx2 section's markers are the ones earlier runs wrote into the docs.
+        assert_eq!(
+            variant_markers(Some("avx2"), DEFAULT_THREADS),
+            (
+                "<!-- bench-avx2:begin (written by `NX_TIER=avx2 NX_AMX=0 cargo xtask bench`) -->"
+                    .to_string(),
+                "<!-- bench-avx2:end -->".to_string()
+            )
+        );
+        let one = variant_markers(None, 1);
+        assert_eq!(
+            one.0,
+            "<!-- bench-threads1:begin (written by `cargo xtask bench --threads 1`) -->"
+        );
+        assert_eq!(one.1, "<!-- bench-threads1:end -->");
+        let avx2_one = variant_markers(Some("avx2"), 1);
+        assert!(
+            avx2_one.0.contains("bench-avx2-threads1:begin"),
+            "{}",
+            avx2_one.0
+        );
+        assert!(avx2_one
+            .0
+            .contains("`NX_TIER=avx2 NX_AMX=0 cargo xtask bench --threads 1`"));
+        assert_eq!(
+            variant_heading(Some("avx2"), 1),
+            "nx on its avx2 tier, one thread: `NX_TIER=avx2 NX_AMX=0 cargo xtask bench --threads 1`"
+        );
+        assert_eq!(
+            variant_heading(None, 4),
+            "nx on its best tier, 4 threads: `cargo xtask bench --threads 4`"
+        );
+        // Every variant's markers are found again by the main table's rewrite.
+        let doc = format!("# T\n{}\nx\n{}\n", one.0, one.1);
+        assert_eq!(crate::util::doc_section_markers(&doc), [one]);
+    }
+
+    #[test]
     fn decode_shares_are_against_the_first_file_and_sections_have_own_markers() {
         let report = report_of(vec![model_result("q4km", 20.0), model_result("q8", 15.0)]);
         let lines = decode_share_lines(&report);
@@ -1500,7 +1559,7 @@ mod tests {
         );
         let (native, avx2) = (formats_markers(None), formats_markers(Some("avx2")));
         assert_ne!(native.0, avx2.0);
-        assert_ne!(native.0, tier_markers("avx2").0);
+        assert_ne!(native.0, variant_markers(Some("avx2"), DEFAULT_THREADS).0);
         assert!(avx2.0.contains("NX_TIER=avx2") && avx2.1.contains("formats-avx2"));
     }
 

@@ -107,7 +107,9 @@ enum Command {
         /// Files to bench: `default` (Gemma 3 270M) and synth shape names.
         #[arg(long, value_delimiter = ',', default_values_t = bench::DEFAULT_MODELS.map(String::from))]
         models: Vec<String>,
-        /// Worker threads for both engines.
+        /// Worker threads for both engines. Other than the default, the run writes a
+        /// section of its own into docs/benchmarks.md (`--threads 1`: the one-thread table)
+        /// and keeps the main table.
         #[arg(long, default_value_t = bench::DEFAULT_THREADS)]
         threads: usize,
         /// Use the existing target/release/nx instead of building it first.

@@ -189,6 +189,18 @@ pub fn doc_section<'a>(doc: &'a str, begin: &str, end: &str) -> Option<&'a str> 
     Some(&doc[from..to])
 }
 
+/// The markers of every marked section of `doc`, in order: each line that opens with
+/// `<!-- KEY:begin` (the rest of the line included) and the `<!-- KEY:end -->` it needs.
+pub fn doc_section_markers(doc: &str) -> Vec<(String, String)> {
+    doc.lines()
+        .filter_map(|line| {
+            let key = line.strip_prefix("<!-- ")?.split_once(":begin")?.0;
+            let valid = !key.is_empty() && !key.contains(char::is_whitespace);
+            valid.then(|| (line.to_string(), format!("<!-- {key}:end -->")))
+        })
+        .collect()
+}
+
 /// `doc` with its section between `begin` and `end` replaced by `section` (which carries
 /// the markers), or `section` appended when `doc` has none.
 pub fn replace_doc_section(doc: &str, begin: &str, end: &str, section: &str) -> String {
@@ -207,6 +219,26 @@ pub fn replace_doc_section(doc: &str, begin: &str, end: &str, section: &str) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn section_markers_are_found_in_order_with_their_ends() {
+        let doc = "# Title\n<!-- a:begin (x) -->\nA\n<!-- a:end -->\ntext <!-- no:begin -->\n\
+                   <!-- bench-avx2-threads1:begin -->\nB\n<!-- bench-avx2-threads1:end -->\n\
+                   <!-- a comment:begin -->\n";
+        assert_eq!(
+            doc_section_markers(doc),
+            [
+                (
+                    "<!-- a:begin (x) -->".to_string(),
+                    "<!-- a:end -->".to_string()
+                ),
+                (
+                    "<!-- bench-avx2-threads1:begin -->".to_string(),
+                    "<!-- bench-avx2-threads1:end -->".to_string()
+                ),
+            ]
+        );
+    }
 
     #[test]
     fn hex_matches_known_bytes() {
