@@ -944,10 +944,15 @@ pub fn markdown_table(report: &Report) -> String {
 
 /// The lines printed above the table: machine, settings and the probe.
 fn summary_lines(report: &Report) -> String {
+    let probe = &report.probe;
+    let multi = match probe.threads {
+        1 => String::new(),
+        n => format!(", {:.1} GB/s with {n} threads", probe.multi_thread_gbs),
+    };
     format!(
         "CPU: {} ({} logical CPUs)\ndate: {} {} UTC (end of run)\nthreads: {}   reps: {}   \
          load average before/after: {} / {}\nread-bandwidth probe ({} MiB of u64, best of 3): \
-         {:.1} GB/s with 1 thread, {:.1} GB/s with {} threads",
+         {:.1} GB/s with 1 thread{multi}",
         report.cpu,
         report.logical_cpus,
         report.date,
@@ -956,10 +961,8 @@ fn summary_lines(report: &Report) -> String {
         report.settings.reps,
         report.load_average_before,
         report.load_average_after,
-        report.probe.buffer_bytes >> 20,
-        report.probe.single_thread_gbs,
-        report.probe.multi_thread_gbs,
-        report.probe.threads,
+        probe.buffer_bytes >> 20,
+        probe.single_thread_gbs,
     )
 }
 
