@@ -233,8 +233,11 @@ unsafe fn k4_block_terms(
     minus_dx: __m128,
     sub_block_sums: __m128i,
 ) -> (__m256, __m128, __m128i, __m128i) {
-    let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
-    let neg_dmin = _mm_mul_ps(minus_dx, _mm256_castps256_ps128(f16_splat(wb, q4_k::DMIN)));
+    // `d` and `dmin` (adjacent f16s) in one conversion, each then spread to its lanes.
+    const _: () = assert!(q4_k::DMIN == 2);
+    let header = _mm_cvtph_ps(_mm_cvtsi32_si128(read_u32(wb, 0) as i32));
+    let d = _mm256_mul_ps(_mm256_broadcastss_ps(header), dx);
+    let neg_dmin = _mm_mul_ps(minus_dx, _mm_permute_ps::<0b01_01_01_01>(header));
     // SAFETY: a whole super-block; the features per the contract.
     let (scales, mins) = unsafe { crate::avx2::k4_scales_mins(wb) };
     (d, neg_dmin, scales, _mm_madd_epi16(mins, sub_block_sums))
@@ -293,27 +296,28 @@ macro_rules! k_row_entries {
     };
 }
 
-/// `(first & 0xFFFF) | (second << 16)` per dword: two sets' quad sums, each of which fits
-/// a word, as the word pairs `(first, second)` that one `vpdpwssd` multiplies by a pair
-/// of scales (exact: the dword's halves are the two sums).
+/// `(first & 0xFFFF) | (second << SHIFT)` per dword, for a `second` that holds its quad
+/// sums times `2^(16 − SHIFT)`: two sets' quad sums, each of which fits a word, as the
+/// word pairs `(first, second / 2^(16 − SHIFT))` that one `vpdpwssd` multiplies by a pair
+/// of scales (exact: the shift only drops bits that pass the top of the dword).
 ///
 /// (`inline(always)`, not a `target_feature` function: see `avx2_rows4::scale_products4`.)
 ///
 /// # Safety
 /// The CPU has AVX-512 F and VL.
 #[inline(always)]
-unsafe fn word_pairs(first: __m256i, second: __m256i) -> __m256i {
+unsafe fn word_pairs_shifted<const SHIFT: i32>(first: __m256i, second: __m256i) -> __m256i {
     // SAFETY: the features per the contract.
     unsafe {
         _mm256_ternarylogic_epi32::<0xF8>(
-            _mm256_slli_epi32::<16>(second),
+            _mm256_slli_epi32::<SHIFT>(second),
             first,
             _mm256_set1_epi32(0xFFFF),
         )
     }
 }
 
-/// [`word_pairs`] on 512-bit registers.
+/// [`word_pairs_shifted`]`::<16>` on 512-bit registers.
 ///
 /// # Safety
 /// The CPU has AVX-512 F.
@@ -349,6 +353,34 @@ macro_rules! dpwssd_scale {
     };
 }
 
+/// `$body` for `$r` in `0..$n`, written out four times when `$n` is 4 (the four-row
+/// kernels), so that each row's accumulators stay in registers instead of being stored
+/// and reloaded by a loop over the rows.
+macro_rules! each_row {
+    ($n:expr, |$r:ident| $body:block) => {
+        if $n == 4 {
+            {
+                let $r = 0;
+                $body
+            }
+            {
+                let $r = 1;
+                $body
+            }
+            {
+                let $r = 2;
+                $body
+            }
+            {
+                let $r = 3;
+                $body
+            }
+        } else {
+            for $r in 0..$n $body
+        }
+    };
+}
+
 /// Q4_K × Q8_K for `R` weight rows and one token: per 32-byte chunk of `qs`, its two
 /// sub-blocks (low and high nibbles) in 256-bit registers, their quad sums by `vpdpbusd`
 /// and both scales by one `vpdpwssd` (see the loop): the integer multiplies are what
@@ -368,6 +400,7 @@ macro_rules! dpwssd_scale {
 unsafe fn q4_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) -> [f32; R] {
     const B: usize = Q4_K_BYTES;
     let low4 = _mm256_set1_epi8(0x0F);
+    let high4 = _mm256_set1_epi8(0xF0u8 as i8);
     let mut acc = [_mm256_setzero_ps(); R];
     let mut acc_min = [_mm_setzero_ps(); R];
     for b in 0..n_blocks {
@@ -379,7 +412,7 @@ unsafe fn q4_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
         let minus_dx = _mm_set1_ps(-read_f32(xb, 0));
         // SAFETY: xb is a whole Q8_K block.
         let sub_block_sums = unsafe { crate::avx2::k4_sub_block_sums(xb) };
-        for r in 0..R {
+        each_row!(R, |r| {
             let wb = &w[r][b * B..(b + 1) * B];
             crate::avx2::prefetch_block(w[r], b * B, B, R);
             // SAFETY: wb is a whole super-block.
@@ -400,19 +433,22 @@ unsafe fn q4_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
             for chunk in 0..4 {
                 // SAFETY: qs chunk is bytes 16+32c..48+32c of 144.
                 let qs = unsafe { load32(wb, q4_k::QS + 32 * chunk) };
+                // The high nibbles stay in place: `qs & 0xF0` is 16·nibble (≤ 240, still
+                // an unsigned byte), its quad sums 16·Q (|16·Q| ≤ 4·240·128, a dword), and
+                // shifting those left by 12 instead of 16 puts Q in the high word exactly.
                 let lo = _mm256_and_si256(qs, low4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), low4);
+                let hi16 = _mm256_and_si256(qs, high4);
                 let zero = _mm256_setzero_si256();
                 let q_lo = _mm256_dpbusd_epi32(zero, lo, xq[2 * chunk]);
-                let q_hi = _mm256_dpbusd_epi32(zero, hi, xq[2 * chunk + 1]);
+                let q_hi16 = _mm256_dpbusd_epi32(zero, hi16, xq[2 * chunk + 1]);
                 // SAFETY: this module's features.
-                let pairs = unsafe { word_pairs(q_lo, q_hi) };
+                let pairs = unsafe { word_pairs_shifted::<12>(q_lo, q_hi16) };
                 // SAFETY: in bounds of `scale_pairs`.
                 unsafe { dpwssd_scale!(sums[chunk % 2], pairs, scale_pairs.as_ptr().add(chunk)) };
             }
             let sumi = _mm256_add_epi32(sums[0], sums[1]);
             acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[r]);
-        }
+        });
     }
     std::array::from_fn(|r| hsum_ps(acc[r]) + hsum4_ps(acc_min[r]))
 }
@@ -450,7 +486,7 @@ unsafe fn q5_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
         let xq: [__m512i; 4] = [0, 1, 2, 3].map(|c| unsafe { load64(xb, q8_k::QS + 64 * c) });
         let dx = f32_splat(xb, 0);
         let minus_dx = _mm_set1_ps(-read_f32(xb, 0));
-        for r in 0..R {
+        each_row!(R, |r| {
             let wb = &w[r][b * B..(b + 1) * B];
             crate::avx2::prefetch_block(w[r], b * B, B, R);
             // SAFETY: wb is a whole super-block, xb a whole Q8_K block.
@@ -475,7 +511,7 @@ unsafe fn q5_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
                 sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q, xq[chunk]), scale);
             }
             acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold_halves(sumi)), acc[r]);
-        }
+        });
     }
     std::array::from_fn(|r| hsum_ps(acc[r]) + summs[r])
 }
@@ -520,7 +556,7 @@ unsafe fn q6_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
             )
         };
         let dx = f32_splat(xb, 0);
-        for r in 0..R {
+        each_row!(R, |r| {
             let wb = &w[r][b * B..(b + 1) * B];
             crate::avx2::prefetch_block(w[r], b * B, B, R);
             let d = _mm256_mul_ps(dx, f16_splat(wb, q6_k::D));
@@ -561,7 +597,7 @@ unsafe fn q6_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
             }
             let lanes = _mm256_sub_epi32(fold_halves(sumi), offset);
             acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[r]);
-        }
+        });
     }
     std::array::from_fn(|r| hsum_ps(acc[r]))
 }
@@ -1404,7 +1440,7 @@ unsafe fn table_pairs<const R: usize, const MX: bool>(
         // starts from it, so Σ(v+128)·x − 128·Σx needs no subtraction.
         let base = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, minus128, xq));
         let (dx0, dx1) = (f16_scalar(x0, 0), f16_scalar(x1, 0));
-        for r in 0..R {
+        each_row!(R, |r| {
             crate::avx2::prefetch_block(w[r], ib * b, b, R);
             let (w0, w1) = (
                 &w[r][ib * b..(ib + 1) * b],
@@ -1415,7 +1451,7 @@ unsafe fn table_pairs<const R: usize, const MX: bool>(
             let lanes = _mm512_dpbusd_epi32(base, biased, xq);
             let d = splat_pair(dx0 * d_w(w0), dx1 * d_w(w1));
             acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes), acc[r]);
-        }
+        });
     }
     let mut out = [0f32; R];
     for r in 0..R {
@@ -1505,7 +1541,7 @@ unsafe fn iq4_xs_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) 
         let xq: [__m512i; 4] = [0, 1, 2, 3].map(|p| unsafe { load64(xb, q8_k::QS + 64 * p) });
         let corr: [__m512i; 4] = [0, 1, 2, 3].map(|p| _mm512_dpbusd_epi32(zero, minus128, xq[p]));
         let dx = f32_splat(xb, 0);
-        for r in 0..R {
+        each_row!(R, |r| {
             let wb = &w[r][b * B..(b + 1) * B];
             crate::avx2::prefetch_block(w[r], b * B, B, R);
             // SAFETY: a whole super-block; the features of this function.
@@ -1531,7 +1567,7 @@ unsafe fn iq4_xs_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) 
             );
             let d = _mm256_mul_ps(f16_splat(wb, 0), dx);
             acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[r]);
-        }
+        });
     }
     let mut out = [0f32; R];
     for r in 0..R {
