@@ -270,7 +270,7 @@ unsafe fn k4_block_terms_gpr(
 /// The one-row and four-row entry points of a K format's `<const R>` row kernel
 /// (`$rows`, blocks of `$bytes`).
 macro_rules! k_row_entries {
-    ($one:ident, $four:ident, $rows:ident, $bytes:expr, $name:literal) => {
+    ($one:ident, $rows:ident, $bytes:expr, $name:literal) => {
         #[doc = concat!($name, " × Q8_K, one row (see [`", stringify!($rows), "`]).")]
         ///
         /// # Safety
@@ -282,6 +282,9 @@ macro_rules! k_row_entries {
             let [sum] = unsafe { $rows([w], x, n_blocks) };
             sum
         }
+    };
+    ($one:ident, $four:ident, $rows:ident, $bytes:expr, $name:literal) => {
+        k_row_entries!($one, $rows, $bytes, $name);
 
         #[doc = concat!($name, " × Q8_K for four weight rows and one token (see [`", stringify!($rows), "`]).")]
         ///
@@ -453,7 +456,146 @@ unsafe fn q4_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
     std::array::from_fn(|r| hsum_ps(acc[r]) + hsum4_ps(acc_min[r]))
 }
 
-k_row_entries!(q4_k_impl, q4_k_rows4_impl, q4_k_rows, Q4_K_BYTES, "Q4_K");
+k_row_entries!(q4_k_impl, q4_k_rows, Q4_K_BYTES, "Q4_K");
+
+/// Q4_K × Q8_K for four weight rows and one token: [`q4_k_rows`] with the per-block
+/// terms of the four rows worked out together, each row in one 128-bit lane of a
+/// 512-bit register. A super-block's first 16 bytes (`d`, `dmin`, the 12-byte scale
+/// field) are all those terms need, so one load per row feeds the scale and min
+/// unpacking (the shuffles of `avx2::k4_scales_mins`, lane by lane), one `vcvtph2ps`
+/// gives the four rows' `d` and `dmin`, and the min lanes of all four rows advance in
+/// one FMA. Each row keeps its own chains (eight `d·lanes` FMA lanes, four min lanes in
+/// its 128-bit lane), so every result has the bits of the one-row kernel; the terms
+/// were over a quarter of this kernel's time (`benches/gemv`, Q4_K 2048×640 four rows).
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+    const B: usize = Q4_K_BYTES;
+    const _: () = assert!(q4_k::DMIN == 2 && q4_k::SCALES == 4 && q4_k::QS == 16);
+    let n_blocks = k_rows_blocks(&w, x, B);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let high4 = _mm256_set1_epi8(0xF0u8 as i8);
+    let zero = _mm512_setzero_si512();
+    // Per 128-bit lane, bytes 0..4 are the header and a, b, c the scale field's
+    // thirds at 4..8, 8..12, 12..16 (see `avx2::k4_scales_mins`): [a, c, b, c] for the
+    // low parts, and the top two bits of a and of b under scales and mins 4..8.
+    let abc_index = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15,
+    ));
+    let low_mask = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15,
+    ));
+    let ab_index = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        -1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11,
+    ));
+    let top2 = _mm512_set1_epi8(0xC0u8 as i8);
+    // Dword 0 (the header) of each row's lane; then each row's dmin over its lane.
+    let header_index = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    let dmin_index = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc_min = _mm512_setzero_ps();
+    for b in 0..n_blocks {
+        let xb = &x[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
+        // SAFETY: x quants 4+32s..36+32s of 292.
+        let xq: [__m256i; 8] =
+            [0, 1, 2, 3, 4, 5, 6, 7].map(|s| unsafe { load32(xb, q8_k::QS + 32 * s) });
+        let dx = read_f32(xb, 0);
+        // [d_x, −d_x] per row: `d_w·d_x` and `−d_x·dmin_w` in one multiply.
+        let dx_pairs = _mm256_setr_ps(dx, -dx, dx, -dx, dx, -dx, dx, -dx);
+        // SAFETY: xb is a whole Q8_K block.
+        let sub_block_sums = _mm512_broadcast_i32x4(unsafe { crate::avx2::k4_sub_block_sums(xb) });
+        // (No closures here: they would be compiled without this function's features.)
+        let range = b * B..(b + 1) * B;
+        let wbs = [
+            &w[0][range.clone()],
+            &w[1][range.clone()],
+            &w[2][range.clone()],
+            &w[3][range],
+        ];
+        for row in w {
+            crate::avx2::prefetch_block(row, b * B, B, 4);
+        }
+        // SAFETY: the first 16 bytes of each whole super-block.
+        let heads = unsafe {
+            let v = _mm512_castsi128_si512(load16(wbs[0], 0));
+            let v = _mm512_inserti32x4::<1>(v, load16(wbs[1], 0));
+            let v = _mm512_inserti32x4::<2>(v, load16(wbs[2], 0));
+            _mm512_inserti32x4::<3>(v, load16(wbs[3], 0))
+        };
+        let abc = _mm512_shuffle_epi8(heads, abc_index);
+        let low = _mm512_and_si512(
+            _mm512_mask_blend_epi16(0xC0C0_C0C0, abc, _mm512_srli_epi16::<4>(abc)),
+            low_mask,
+        );
+        let ab = _mm512_shuffle_epi8(heads, ab_index);
+        let high = _mm512_srli_epi16::<2>(_mm512_and_si512(ab, top2));
+        let scales_mins = _mm512_or_si512(low, high);
+        // Per lane: the eight scales, then the eight mins, as words.
+        let scales = _mm512_unpacklo_epi8(scales_mins, zero);
+        let mins = _mm512_unpackhi_epi8(scales_mins, zero);
+        let min_lanes = _mm512_madd_epi16(mins, sub_block_sums);
+        // [d_0, dmin_0, d_1, dmin_1, …] times [d_x, −d_x, …].
+        let header = _mm512_castsi512_si128(_mm512_permutexvar_epi32(header_index, heads));
+        let products = _mm256_mul_ps(_mm256_cvtph_ps(header), dx_pairs);
+        let neg_dmin = _mm512_permutexvar_ps(dmin_index, _mm512_castps256_ps512(products));
+        acc_min = _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(min_lanes), acc_min);
+        // Row r's scale pairs (s[2c], s[2c + 1]) are dwords 4r..4r + 4, stored lane by
+        // lane: a 16-byte store forwards to the 4-byte broadcasts that read it, where
+        // one 64-byte store made every such load wait for it to reach the cache.
+        let mut scale_pairs = [0u32; 16];
+        let lanes = [
+            _mm512_extracti32x4_epi32::<0>(scales),
+            _mm512_extracti32x4_epi32::<1>(scales),
+            _mm512_extracti32x4_epi32::<2>(scales),
+            _mm512_extracti32x4_epi32::<3>(scales),
+        ];
+        for (r, lane) in lanes.into_iter().enumerate() {
+            // SAFETY: 16 bytes into dwords 4r..4r + 4 of 16.
+            unsafe { _mm_storeu_si128(scale_pairs.as_mut_ptr().add(4 * r) as *mut __m128i, lane) };
+        }
+        each_row!(4, |r| {
+            let d = _mm256_permutexvar_ps(_mm256_set1_epi32(2 * r as i32), products);
+            // As `q4_k_rows`: per chunk, both sub-blocks' quad sums as word pairs and one
+            // `vpdpwssd` for both scales.
+            let mut sums = [_mm256_setzero_si256(); 2];
+            for chunk in 0..4 {
+                // SAFETY: qs chunk is bytes 16+32c..48+32c of 144.
+                let qs = unsafe { load32(wbs[r], q4_k::QS + 32 * chunk) };
+                let lo = _mm256_and_si256(qs, low4);
+                let hi16 = _mm256_and_si256(qs, high4);
+                let z = _mm256_setzero_si256();
+                let q_lo = _mm256_dpbusd_epi32(z, lo, xq[2 * chunk]);
+                let q_hi16 = _mm256_dpbusd_epi32(z, hi16, xq[2 * chunk + 1]);
+                // SAFETY: this module's features.
+                let pairs = unsafe { word_pairs_shifted::<12>(q_lo, q_hi16) };
+                // SAFETY: in bounds of `scale_pairs`.
+                unsafe {
+                    dpwssd_scale!(
+                        sums[chunk % 2],
+                        pairs,
+                        scale_pairs.as_ptr().add(4 * r + chunk)
+                    )
+                };
+            }
+            let sumi = _mm256_add_epi32(sums[0], sums[1]);
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[r]);
+        });
+    }
+    let mins = [
+        _mm512_extractf32x4_ps::<0>(acc_min),
+        _mm512_extractf32x4_ps::<1>(acc_min),
+        _mm512_extractf32x4_ps::<2>(acc_min),
+        _mm512_extractf32x4_ps::<3>(acc_min),
+    ];
+    [
+        hsum_ps(acc[0]) + hsum4_ps(mins[0]),
+        hsum_ps(acc[1]) + hsum4_ps(mins[1]),
+        hsum_ps(acc[2]) + hsum4_ps(mins[2]),
+        hsum_ps(acc[3]) + hsum4_ps(mins[3]),
+    ]
+}
 
 /// Q5_K × Q8_K for `R` weight rows and one token: Q4_K plus the fifth bits, added under a
 /// byte mask tested from `qh`. The activation block is loaded once for the `R` rows; each
