@@ -2013,18 +2013,23 @@ unsafe fn q6_k_tile<const R: usize>(
         let xt = x[b * ACTK_BLOCK..].as_ptr();
         let wbs: [*const u8; R] =
             std::array::from_fn(|r| w[r * stride + b * WQ6K_BLOCK..].as_ptr());
-        // The −32·(b·s + b·s) term starts each lane.
-        // SAFETY (every load below): inside the tile / unpacked super-blocks (asserted
-        // above).
-        let mut lanes: [[__m512i; 8]; R] = std::array::from_fn(|r| {
-            std::array::from_fn(|l| unsafe {
-                _mm512_dpwssd_epi32(
-                    zero,
-                    _mm512_loadu_si512(xt.add(ACTK_BSUMS + 64 * l) as *const _),
-                    splat_i32(wbs[r].add(WQ6K_BSUMS + 4 * l)),
-                )
-            })
-        });
+        // The −32·(b·s + b·s) term starts each lane. (Loops, not `from_fn` closures:
+        // a closure is compiled without this function's features, and this one was
+        // called per block with its lanes returned through memory.)
+        let mut lanes = [[zero; 8]; R];
+        for (lanes, wb) in lanes.iter_mut().zip(wbs) {
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                // SAFETY (every load below): inside the tile / unpacked super-blocks
+                // (asserted above).
+                *lane = unsafe {
+                    _mm512_dpwssd_epi32(
+                        zero,
+                        _mm512_loadu_si512(xt.add(ACTK_BSUMS + 64 * l) as *const _),
+                        splat_i32(wb.add(WQ6K_BSUMS + 4 * l)),
+                    )
+                };
+            }
+        }
         for g in 0..8 {
             // The tile holds `x + 128`; flipping the top bit gives `x` back as a signed
             // byte, so the unsigned levels can be `vpdpbusd`'s unsigned operand and the
