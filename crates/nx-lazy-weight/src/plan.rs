@@ -579,7 +579,9 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 /// 6: IQ4_NL four-row kernel with a block of two rows per register.
 /// 7: AVX-512 Q4_K rows with twelve multiplies per super-block.
 /// 8: AVX2 token groups for Q4_K and Q6_K.
-pub const KERNELS_REVISION: u32 = 8;
+/// 9: AVX-512 four-row K kernels with their rows written out; the Q4_K four-row kernel's
+///    block terms for four rows at once; the tiled Q6_K prefill without a closure call.
+pub const KERNELS_REVISION: u32 = 9;
 
 #[cfg(test)]
 mod tests {
