@@ -382,7 +382,7 @@ fn bench_file(
         eprintln!("bench: [{tag}] nx        {}", sample_text(&s, settings));
         nx_samples.push(s);
         for llama in llamas {
-            let repack = if llama.repack { 1 } else { 0 };
+            let repack = u8::from(llama.repack);
             eprintln!("bench: [{tag}] llama.cpp --repack {repack} ...");
             let s = run_llama(llama, path, settings)?;
             eprintln!("bench: [{tag}] llama.cpp {}", sample_text(&s, settings));

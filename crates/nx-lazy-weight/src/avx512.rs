@@ -384,6 +384,39 @@ macro_rules! each_row {
     };
 }
 
+/// The eight lane integers `Σ_sub s_sub·Q_sub` of the Q4_K super-block `$wb` against the
+/// Q8_K quants `$xq` (`[__m256i; 8]`), the scale pair of chunk c at `$scale_pairs.add(c)`
+/// (a `*const u32`). Chunk c holds sub-blocks 2c (low nibbles) and 2c + 1 (high
+/// nibbles): each one `vpdpbusd` gives its eight quad sums Q (|Q| ≤ 4·15·128, a word), the
+/// two interleave as word pairs (Q[2c], Q[2c + 1]) and one `vpdpwssd` applies both
+/// scales: twelve multiplies per super-block instead of sixteen. The high nibbles stay in
+/// place: `qs & 0xF0` is 16·nibble (≤ 240, still an unsigned byte), its quad sums 16·Q (a
+/// dword), and shifting those left by 12 instead of 16 puts Q in the high word exactly.
+/// The lane integers are exact, so their order does not matter. (A macro: its `asm!`
+/// needs the features of the kernel it is written into.)
+///
+/// # Safety
+/// Inside a kernel with this module's features; `$wb` is a whole super-block and
+/// `$scale_pairs` valid for reading four dwords.
+macro_rules! q4_k_sums {
+    ($wb:expr, $xq:expr, $scale_pairs:expr) => {{
+        let low4 = _mm256_set1_epi8(0x0F);
+        let high4 = _mm256_set1_epi8(0xF0u8 as i8);
+        let mut sums = [_mm256_setzero_si256(); 2];
+        for chunk in 0..4 {
+            let qs = load32($wb, q4_k::QS + 32 * chunk);
+            let lo = _mm256_and_si256(qs, low4);
+            let hi16 = _mm256_and_si256(qs, high4);
+            let zero = _mm256_setzero_si256();
+            let q_lo = _mm256_dpbusd_epi32(zero, lo, $xq[2 * chunk]);
+            let q_hi16 = _mm256_dpbusd_epi32(zero, hi16, $xq[2 * chunk + 1]);
+            let pairs = word_pairs_shifted::<12>(q_lo, q_hi16);
+            dpwssd_scale!(sums[chunk % 2], pairs, $scale_pairs.add(chunk));
+        }
+        _mm256_add_epi32(sums[0], sums[1])
+    }};
+}
+
 /// Q4_K × Q8_K for `R` weight rows and one token: per 32-byte chunk of `qs`, its two
 /// sub-blocks (low and high nibbles) in 256-bit registers, their quad sums by `vpdpbusd`
 /// and both scales by one `vpdpwssd` (see the loop): the integer multiplies are what
@@ -402,8 +435,6 @@ macro_rules! each_row {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) -> [f32; R] {
     const B: usize = Q4_K_BYTES;
-    let low4 = _mm256_set1_epi8(0x0F);
-    let high4 = _mm256_set1_epi8(0xF0u8 as i8);
     let mut acc = [_mm256_setzero_ps(); R];
     let mut acc_min = [_mm_setzero_ps(); R];
     for b in 0..n_blocks {
@@ -427,29 +458,8 @@ unsafe fn q4_k_rows<const R: usize>(w: [&[u8]; R], x: &[u8], n_blocks: usize) ->
             let mut scale_pairs = [0u32; 4];
             // SAFETY: one 16-byte store into 16 bytes.
             unsafe { _mm_storeu_si128(scale_pairs.as_mut_ptr() as *mut __m128i, sc16) };
-            // Chunk c holds sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles): each
-            // one `vpdpbusd` gives its eight quad sums Q (|Q| ≤ 4·15·128, a word), the two
-            // interleave as word pairs (Q[2c], Q[2c + 1]) and one `vpdpwssd` applies both
-            // scales: twelve multiplies per super-block instead of sixteen. The lane
-            // integers are exact, so their order does not matter.
-            let mut sums = [_mm256_setzero_si256(); 2];
-            for chunk in 0..4 {
-                // SAFETY: qs chunk is bytes 16+32c..48+32c of 144.
-                let qs = unsafe { load32(wb, q4_k::QS + 32 * chunk) };
-                // The high nibbles stay in place: `qs & 0xF0` is 16·nibble (≤ 240, still
-                // an unsigned byte), its quad sums 16·Q (|16·Q| ≤ 4·240·128, a dword), and
-                // shifting those left by 12 instead of 16 puts Q in the high word exactly.
-                let lo = _mm256_and_si256(qs, low4);
-                let hi16 = _mm256_and_si256(qs, high4);
-                let zero = _mm256_setzero_si256();
-                let q_lo = _mm256_dpbusd_epi32(zero, lo, xq[2 * chunk]);
-                let q_hi16 = _mm256_dpbusd_epi32(zero, hi16, xq[2 * chunk + 1]);
-                // SAFETY: this module's features.
-                let pairs = unsafe { word_pairs_shifted::<12>(q_lo, q_hi16) };
-                // SAFETY: in bounds of `scale_pairs`.
-                unsafe { dpwssd_scale!(sums[chunk % 2], pairs, scale_pairs.as_ptr().add(chunk)) };
-            }
-            let sumi = _mm256_add_epi32(sums[0], sums[1]);
+            // SAFETY: a whole super-block; four scale pairs.
+            let sumi = unsafe { q4_k_sums!(wb, xq, scale_pairs.as_ptr()) };
             acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[r]);
         });
     }
@@ -475,8 +485,6 @@ unsafe fn q4_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     const B: usize = Q4_K_BYTES;
     const _: () = assert!(q4_k::DMIN == 2 && q4_k::SCALES == 4 && q4_k::QS == 16);
     let n_blocks = k_rows_blocks(&w, x, B);
-    let low4 = _mm256_set1_epi8(0x0F);
-    let high4 = _mm256_set1_epi8(0xF0u8 as i8);
     let zero = _mm512_setzero_si512();
     // Per 128-bit lane, bytes 0..4 are the header and a, b, c the scale field's
     // thirds at 4..8, 8..12, 12..16 (see `avx2::k4_scales_mins`): [a, c, b, c] for the
@@ -557,29 +565,8 @@ unsafe fn q4_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
         }
         each_row!(4, |r| {
             let d = _mm256_permutexvar_ps(_mm256_set1_epi32(2 * r as i32), products);
-            // As `q4_k_rows`: per chunk, both sub-blocks' quad sums as word pairs and one
-            // `vpdpwssd` for both scales.
-            let mut sums = [_mm256_setzero_si256(); 2];
-            for chunk in 0..4 {
-                // SAFETY: qs chunk is bytes 16+32c..48+32c of 144.
-                let qs = unsafe { load32(wbs[r], q4_k::QS + 32 * chunk) };
-                let lo = _mm256_and_si256(qs, low4);
-                let hi16 = _mm256_and_si256(qs, high4);
-                let z = _mm256_setzero_si256();
-                let q_lo = _mm256_dpbusd_epi32(z, lo, xq[2 * chunk]);
-                let q_hi16 = _mm256_dpbusd_epi32(z, hi16, xq[2 * chunk + 1]);
-                // SAFETY: this module's features.
-                let pairs = unsafe { word_pairs_shifted::<12>(q_lo, q_hi16) };
-                // SAFETY: in bounds of `scale_pairs`.
-                unsafe {
-                    dpwssd_scale!(
-                        sums[chunk % 2],
-                        pairs,
-                        scale_pairs.as_ptr().add(4 * r + chunk)
-                    )
-                };
-            }
-            let sumi = _mm256_add_epi32(sums[0], sums[1]);
+            // SAFETY: a whole super-block; row r's four scale pairs.
+            let sumi = unsafe { q4_k_sums!(wbs[r], xq, scale_pairs.as_ptr().add(4 * r)) };
             acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[r]);
         });
     }
