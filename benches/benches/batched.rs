@@ -5,8 +5,8 @@
 //! every weight once, so the ideal is the one-token rate at any width.
 //!
 //! Shapes are Gemma 3 270M's: the tied Q8_0 LM head [640, 262144] (178 MB, streamed
-//! from memory), a Q5_0 and a Q4_0 FFN projection (640 → 2048) and a Q4_K / Q6_K down
-//! projection (2048 → 640). Run: `cargo bench -p nx-benches --bench batched` (a filter
+//! from memory), a Q8_0, a Q5_0 and a Q4_0 FFN projection (640 → 2048, in cache: the
+//! kernels' own speed) and a Q4_K / Q6_K down projection (2048 → 640). Run: `cargo bench -p nx-benches --bench batched` (a filter
 //! such as `Q8_0` narrows it; `NX_TIER=avx2` for the lower tier).
 
 use std::hint::black_box;
@@ -23,6 +23,7 @@ fn bench_batched(c: &mut Criterion) {
     // (weight type, K = row length, N = rows)
     let cases = [
         (GgmlType::Q8_0, 640, 262_144),
+        (GgmlType::Q8_0, 640, 2048),
         (GgmlType::Q5_0, 640, 2048),
         (GgmlType::Q4_0, 640, 2048),
         (GgmlType::Q4_K, 2048, 640),

@@ -53,7 +53,7 @@ struct Tile {
 /// The quantized Q8_0 activations of up to sixteen tokens, laid out for the narrow
 /// kernels (see the module docs) as one or two tiles of at most [`MAX_WIDTH`] tokens:
 /// in a tile of `T`, token `t`, lane `l` sits in register `l / (16 / T)`, element
-/// `(l % (16 / T))·T + t`.
+/// `t·(16 / T) + l % (16 / T)`: each token's lanes of a register lie side by side.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct NarrowTiles {
     data: AlignedBytes,
@@ -139,7 +139,7 @@ fn lay_out(
             let xb = &rows[at..at + Q8_0_BYTES];
             let (quads, dx) = (&xb[2..], f16_to_f32(u16::from_le_bytes([xb[0], xb[1]])));
             for l in 0..8 {
-                let e = (l / per_reg) * 16 + (l % per_reg) * width + t;
+                let e = (l / per_reg) * 16 + t * per_reg + l % per_reg;
                 let quad = &quads[4 * l..4 * l + 4];
                 out[4 * e..4 * e + 4].copy_from_slice(quad);
                 let sum: i32 = quad.iter().map(|&q| q as i8 as i32).sum();
@@ -147,7 +147,7 @@ fn lay_out(
                 out[corr..corr + 4].copy_from_slice(&(-128 * sum).to_le_bytes());
             }
             for k in 0..per_reg {
-                let at = 2 * nreg * 64 + 4 * (k * width + t);
+                let at = 2 * nreg * 64 + 4 * (t * per_reg + k);
                 out[at..at + 4].copy_from_slice(&dx.to_le_bytes());
             }
         }
@@ -272,7 +272,8 @@ unsafe fn unsigned_quants<const FMT: u8>(wb: &[u8]) -> (__m256i, f32) {
     }
 }
 
-/// The weight lane that element `e` of register `i` takes in a tile of `width` tokens.
+/// The weight lane that element `e` of register `i` takes in a tile of `width` tokens:
+/// a register holds `16 / width` consecutive lanes, repeated once per token.
 const fn lane_index(width: usize) -> [[i32; 16]; 8] {
     let mut idx = [[0i32; 16]; 8];
     let per_reg = 16 / width;
@@ -280,7 +281,7 @@ const fn lane_index(width: usize) -> [[i32; 16]; 8] {
     while i < 8 {
         let mut e = 0;
         while e < 16 {
-            idx[i][e] = (i * per_reg + e / width) as i32;
+            idx[i][e] = (i * per_reg + e % per_reg) as i32;
             e += 1;
         }
         i += 1;
@@ -291,40 +292,67 @@ const fn lane_index(width: usize) -> [[i32; 16]; 8] {
 static LANE_INDEX: [[[i32; 16]; 8]; 3] = [lane_index(2), lane_index(4), lane_index(8)];
 
 /// One row's lane registers summed as the single-token kernels sum their eight lanes,
-/// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, for the `T` tokens: the result's first `T`
-/// elements.
+/// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, for the `T` tokens: token `t`'s sum in
+/// element `t·16/T` of the result.
+///
+/// # Safety
+/// Only inlined into functions enabling AVX-512 F.
 #[inline(always)]
-fn lanes_sum<const T: usize>(a: &[__m512; 8]) -> __m512 {
-    // SAFETY (features): only called from `tile`, which enables AVX-512 F.
+unsafe fn lanes_sum<const T: usize>(a: &[__m512; 8]) -> __m512 {
+    // Within a token's run of `16 / T` elements: swap neighbours (1 ↔ 0), pairs of
+    // neighbours (2,3 ↔ 0,1) and, for two tokens, the 128-bit halves of its 256 bits.
+    const SWAP_1: i32 = 0b10_11_00_01;
+    const SWAP_2: i32 = 0b01_00_11_10;
+    // SAFETY (features): the caller's contract.
     unsafe {
-        let hi_256 = |v: __m512| _mm512_shuffle_f32x4::<0b11_10_11_10>(v, v);
-        let hi_128 = |v: __m512| _mm512_shuffle_f32x4::<0b01_01_01_01>(v, v);
         match T {
-            // Register i: lanes 2i, 2i+1 in its 256-bit halves.
+            // Register i: lanes 2i, 2i+1 of token t in elements 2t, 2t+1.
             8 => {
                 let s = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
-                _mm512_add_ps(s, hi_256(s))
+                _mm512_add_ps(s, _mm512_permute_ps::<SWAP_1>(s))
             }
-            // Register i: lanes 4i..4i+4 in its 128-bit quarters.
+            // Register i: lanes 4i..4i+4 of token t in elements 4t..4t+4.
             4 => {
                 let s = _mm512_add_ps(a[0], a[1]);
-                let s = _mm512_add_ps(s, hi_256(s));
-                _mm512_add_ps(s, hi_128(s))
+                let s = _mm512_add_ps(s, _mm512_permute_ps::<SWAP_2>(s));
+                _mm512_add_ps(s, _mm512_permute_ps::<SWAP_1>(s))
             }
-            // One register: lane l in elements 2l, 2l+1.
+            // One register: lanes 0..8 of token t in elements 8t..8t+8.
             _ => {
-                let s = _mm512_add_ps(a[0], hi_256(a[0]));
-                let s = _mm512_add_ps(s, hi_128(s));
-                let hi_64 = _mm512_castpd_ps(_mm512_permute_pd::<0b1111_1111>(_mm512_castps_pd(s)));
-                _mm512_add_ps(s, hi_64)
+                let s = _mm512_add_ps(a[0], _mm512_shuffle_f32x4::<SWAP_1>(a[0], a[0]));
+                let s = _mm512_add_ps(s, _mm512_permute_ps::<SWAP_2>(s));
+                _mm512_add_ps(s, _mm512_permute_ps::<SWAP_1>(s))
             }
         }
     }
 }
 
+/// A weight block's `T / 2` lane registers (`w + 128`, decoded in registers by
+/// [`unsigned_quants`], then placed by one `vpermd` each) and `d_w`. (For Q8_0,
+/// broadcasting each register's bytes from memory and flipping their sign bits instead
+/// measured 2–6 % slower in `benches/batched`' in-cache shape.)
+///
+/// # Safety
+/// As [`unsigned_quants`]; AVX-512 F as well.
+#[inline(always)]
+unsafe fn block_lanes<const T: usize, const FMT: u8>(
+    wb: &[u8],
+    idx: &[__m512i; 8],
+) -> ([__m512i; 4], f32) {
+    // SAFETY: forwarded contract.
+    let (wu, dw) = unsafe { unsigned_quants::<FMT>(wb) };
+    let wu = _mm512_castsi256_si512(wu);
+    let mut regs = [_mm512_setzero_si512(); 4];
+    for (reg, idx) in regs.iter_mut().zip(idx).take(T / 2) {
+        *reg = _mm512_permutexvar_epi32(*idx, wu);
+    }
+    (regs, dw)
+}
+
 /// The weight rows `w` (`row_bytes` each, blocks of format `FMT`) against a narrow
 /// tile of `T` tokens, of which the first `n_tokens` are written: row `r`, token `t` to
-/// `out[t·out_stride + r]`.
+/// `out[t·out_stride + r]`. Rows go four at a time (the tile's registers loaded once
+/// for the four), the last one to three one at a time.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL/VNNI and F16C; every row of `w` holds as many blocks as
@@ -335,57 +363,97 @@ unsafe fn tile<const T: usize, const FMT: u8>(
     out: *mut f32,
     out_stride: usize,
 ) {
-    let nreg = T / 2;
-    let bb = block_bytes(T);
-    let n_blocks = x.len() / bb;
-    let wb_bytes = block_bytes_of(FMT);
+    let n_blocks = x.len() / block_bytes(T);
     let rows = w.len() / row_bytes;
-    assert!(rows >= 1 && row_bytes >= n_blocks * wb_bytes);
+    assert!(rows >= 1 && row_bytes >= n_blocks * block_bytes_of(FMT));
     assert!(n_tokens <= T);
     let table = &LANE_INDEX[T.trailing_zeros() as usize - 1];
-    // SAFETY: sixteen i32 each.
-    let idx: [__m512i; 8] =
-        std::array::from_fn(|i| unsafe { _mm512_loadu_si512(table[i].as_ptr() as *const _) });
+    let mut idx = [_mm512_setzero_si512(); 8];
+    for (reg, lanes) in idx.iter_mut().zip(table) {
+        // SAFETY: sixteen i32.
+        *reg = unsafe { _mm512_loadu_si512(lanes.as_ptr() as *const _) };
+    }
+    let args = (x, n_blocks, &idx);
     let mut r = 0;
     while r < rows {
-        // Two rows at a time share the tile's loads.
-        let pair = rows - r >= 2;
-        let mut acc = [[_mm512_setzero_ps(); 8]; 2];
-        for b in 0..n_blocks {
-            let xt = x[b * bb..].as_ptr();
-            // SAFETY (loads below): inside the tile block of `bb` bytes and the weight
-            // blocks (asserted above).
-            let dx = unsafe { _mm512_loadu_ps(xt.add(128 * nreg) as *const f32) };
-            for (k, acc) in acc.iter_mut().enumerate().take(if pair { 2 } else { 1 }) {
-                let row = &w[(r + k) * row_bytes..(r + k + 1) * row_bytes];
-                // Every row is read once per step: stream ahead, as decoding does.
-                crate::avx2::prefetch_block(row, b * wb_bytes, wb_bytes, 1 + pair as usize);
-                // SAFETY: as above.
-                unsafe {
-                    // w + 128 as unsigned bytes: Σ(w+128)·x − 128·Σx = Σ w·x exactly.
-                    let (wu, dw) = unsigned_quants::<FMT>(&row[b * wb_bytes..]);
-                    let wu = _mm512_castsi256_si512(wu);
-                    let d = _mm512_mul_ps(_mm512_set1_ps(dw), dx);
-                    for i in 0..nreg {
-                        let xq = _mm512_loadu_si512(xt.add(64 * i) as *const _);
-                        let xc = _mm512_loadu_si512(xt.add(64 * (nreg + i)) as *const _);
-                        let wl = _mm512_permutexvar_epi32(idx[i], wu);
-                        let lane = _mm512_dpbusd_epi32(xc, wl, xq);
-                        acc[i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), acc[i]);
-                    }
+        let block = &w[r * row_bytes..];
+        let mut sums = [_mm512_setzero_ps(); 4];
+        // SAFETY: whole rows from `r` on (`rows` counts them), the features per this
+        // function's contract.
+        let n = unsafe {
+            if T < 8 && rows - r >= 4 {
+                row_sums::<T, FMT, 4>(block, row_bytes, args, &mut sums);
+                4
+            } else if rows - r >= 2 {
+                row_sums::<T, FMT, 2>(block, row_bytes, args, &mut sums);
+                2
+            } else {
+                row_sums::<T, FMT, 1>(block, row_bytes, args, &mut sums);
+                1
+            }
+        };
+        for (k, sum) in sums.iter().enumerate().take(n) {
+            let mut y = [0f32; 16];
+            // SAFETY: sixteen f32.
+            unsafe { _mm512_storeu_ps(y.as_mut_ptr(), *sum) };
+            for t in 0..n_tokens {
+                // SAFETY: the caller's contract on `out`.
+                unsafe { *out.add(t * out_stride + r + k) = y[t * (16 / T)] };
+            }
+        }
+        r += n;
+    }
+}
+
+/// `R` consecutive weight rows (from the start of `w`, `row_bytes` apart) against the
+/// tile `x` of `n_blocks` blocks: row `k`'s [`lanes_sum`] into `sums[k]`.
+///
+/// # Safety
+/// As [`tile`], with `R` whole rows in `w`.
+#[inline(always)]
+unsafe fn row_sums<const T: usize, const FMT: u8, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    (x, n_blocks, idx): (&[u8], usize, &[__m512i; 8]),
+    sums: &mut [__m512; 4],
+) {
+    let nreg = T / 2;
+    let bb = block_bytes(T);
+    let wb_bytes = block_bytes_of(FMT);
+    assert!(w.len() >= (R - 1) * row_bytes + n_blocks * wb_bytes);
+    assert!(x.len() >= n_blocks * bb);
+    let mut acc = [[_mm512_setzero_ps(); 8]; R];
+    for b in 0..n_blocks {
+        let xt = x[b * bb..].as_ptr();
+        // SAFETY (loads): inside the tile block of `bb` bytes (asserted above).
+        let (dx, xq, xc) = unsafe {
+            let mut xq = [_mm512_setzero_si512(); 4];
+            let mut xc = [_mm512_setzero_si512(); 4];
+            for i in 0..nreg {
+                xq[i] = _mm512_loadu_si512(xt.add(64 * i) as *const _);
+                xc[i] = _mm512_loadu_si512(xt.add(64 * (nreg + i)) as *const _);
+            }
+            (_mm512_loadu_ps(xt.add(128 * nreg) as *const f32), xq, xc)
+        };
+        for (k, acc) in acc.iter_mut().enumerate() {
+            let row = &w[k * row_bytes..];
+            // Every row is read once per step: stream ahead, as decoding does.
+            crate::avx2::prefetch_block(row, b * wb_bytes, wb_bytes, R);
+            // SAFETY: inside the row's blocks (asserted above); the caller's features.
+            unsafe {
+                // w + 128 as unsigned bytes: Σ(w+128)·x − 128·Σx = Σ w·x exactly.
+                let (wl, dw) = block_lanes::<T, FMT>(&row[b * wb_bytes..], idx);
+                let d = _mm512_mul_ps(_mm512_set1_ps(dw), dx);
+                for i in 0..nreg {
+                    let lane = _mm512_dpbusd_epi32(xc[i], wl[i], xq[i]);
+                    acc[i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), acc[i]);
                 }
             }
         }
-        for (k, acc) in acc.iter().enumerate().take(if pair { 2 } else { 1 }) {
-            let mut y = [0f32; 16];
-            // SAFETY: sixteen f32.
-            unsafe { _mm512_storeu_ps(y.as_mut_ptr(), lanes_sum::<T>(acc)) };
-            for (t, &v) in y[..n_tokens].iter().enumerate() {
-                // SAFETY: the caller's contract on `out`.
-                unsafe { *out.add(t * out_stride + r + k) = v };
-            }
-        }
-        r += if pair { 2 } else { 1 };
+    }
+    for (sum, acc) in sums.iter_mut().zip(&acc) {
+        // SAFETY: the caller's features.
+        *sum = unsafe { lanes_sum::<T>(acc) };
     }
 }
 
@@ -423,17 +491,21 @@ mod tests {
         );
         let d = &tiles.data;
         let dword = |e: usize| &d[4 * e..4 * e + 4];
-        // Register 1 holds lanes 4..8; lane 5 of token 2 is element 16 + 1·4 + 2.
-        assert_eq!(dword(16 + 4 + 2), &[84, 85, 86, 87]);
+        // Register 1 holds lanes 4..8; lane 5 of token 2 is element 16 + 2·4 + 1.
+        assert_eq!(dword(16 + 2 * 4 + 1), &[84, 85, 86, 87]);
         // Token 3 is padding: zero quants, zero correction, zero scale.
-        assert_eq!(dword(3), &[0, 0, 0, 0]);
+        assert_eq!(dword(3 * 4), &[0, 0, 0, 0]);
         let corr =
             |e: usize| i32::from_le_bytes(d[4 * (32 + e)..4 * (32 + e) + 4].try_into().unwrap());
-        assert_eq!(corr(16 + 4 + 2), -128 * (84 + 85 + 86 + 87));
-        assert_eq!(corr(3), 0);
+        assert_eq!(corr(16 + 2 * 4 + 1), -128 * (84 + 85 + 86 + 87));
+        assert_eq!(corr(3 * 4), 0);
         let scale =
             |e: usize| f32::from_le_bytes(d[256 + 4 * e..256 + 4 * e + 4].try_into().unwrap());
-        assert_eq!((scale(2), scale(3), scale(4 + 2)), (1.0, 0.0, 1.0));
+        // Token t's scale fills elements 4t..4t+4.
+        assert_eq!(
+            (scale(2 * 4), scale(3 * 4), scale(2 * 4 + 3)),
+            (1.0, 0.0, 1.0)
+        );
         // One token or more than sixteen: nothing.
         tiles.build(&rows, 2, 3, Q8_0_BYTES);
         assert_eq!(tiles.n_tokens(), 0);
