@@ -736,13 +736,31 @@ pub(crate) fn prefetch_ahead(row: &[u8], offset: usize) {
 ///   rows' L1 prefetches crowd each other out: Q6_K matrices 19.6 → 25.6 GB/s (now with
 ///   the four-row kernel), the four-row Q8_0 kernel 9 → 25 GB/s; one-thread decode of
 ///   the Qwen2.5-1.5B shapes 18.2 → 21.2 t/s and of the Qwen3-MoE file 39.4 → 45.6 t/s.
+/// - Several rows side by side whose group spans more than [`WEIGHT_PREFETCH_BYTES`]
+///   (`row` must then be exactly one row): that distance past the group's end, i.e.
+///   `(streams − 1)` rows further. Rows run in parallel, so a fixed distance from each
+///   row's position lands inside the next row, which is being read already, and the
+///   group after gets no lead at all (the FFN down projections: Q4_K rows of 5040 bytes,
+///   Q6_K of 7350 in the Qwen2.5-1.5B shapes). `nx bench -p 0 -n 64`, alternating
+///   pairs, AMD EPYC family 25 model 17: Qwen2.5-0.5B shapes 46–48 → 52–53 t/s on one
+///   thread and 76–77 → 80–83 on two, the 1.5B shapes 22–23 → 23–24 and 40.4–40.6 →
+///   41.8–42.5, Qwen3-MoE two threads 78–82 → 87–90; Gemma 3 270M (no group that long)
+///   unchanged. Applied to every group instead, the shorter ones (Gemma's) lost 2 %: a
+///   chunk's last rows prefetch further into rows another thread reads.
 #[inline(always)]
 pub(crate) fn prefetch_block(row: &[u8], offset: usize, bytes: usize, streams: usize) {
     if streams == 1 && bytes <= 64 {
         prefetch_ahead(row, offset);
         return;
     }
-    let start = row.as_ptr().wrapping_add(offset + WEIGHT_PREFETCH_BYTES);
+    // (`row.len()` is one row's bytes wherever `streams > 1`.)
+    let group = streams * row.len();
+    let ahead = if streams > 1 && group > WEIGHT_PREFETCH_BYTES {
+        WEIGHT_PREFETCH_BYTES + group - row.len()
+    } else {
+        WEIGHT_PREFETCH_BYTES
+    };
+    let start = row.as_ptr().wrapping_add(offset + ahead);
     // A fixed count per block size (no branch to mispredict): lines that straddle two
     // blocks are asked for twice, which costs an instruction, not a read.
     for line in 0..bytes.div_ceil(64) {

@@ -436,7 +436,7 @@ unsafe fn row_sums<const T: usize, const FMT: u8, const R: usize>(
             (_mm512_loadu_ps(xt.add(128 * nreg) as *const f32), xq, xc)
         };
         for (k, acc) in acc.iter_mut().enumerate() {
-            let row = &w[k * row_bytes..];
+            let row = &w[k * row_bytes..(k + 1) * row_bytes];
             // Every row is read once per step: stream ahead, as decoding does.
             crate::avx2::prefetch_block(row, b * wb_bytes, wb_bytes, R);
             // SAFETY: inside the row's blocks (asserted above); the caller's features.

@@ -581,7 +581,9 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 /// 8: AVX2 token groups for Q4_K and Q6_K.
 /// 9: AVX-512 four-row K kernels with their rows written out; the Q4_K four-row kernel's
 ///    block terms for four rows at once; the tiled Q6_K prefill without a closure call.
-pub const KERNELS_REVISION: u32 = 9;
+/// 10: several rows' prefetch a group's length further when the group is long
+///    (`avx2::prefetch_block`); narrow tiles four rows at a time.
+pub const KERNELS_REVISION: u32 = 10;
 
 #[cfg(test)]
 mod tests {
