@@ -6,7 +6,8 @@
 //!
 //! Shapes are Gemma 3 270M's: the tied Q8_0 LM head [640, 262144] (178 MB, streamed
 //! from memory), a Q8_0, a Q5_0 and a Q4_0 FFN projection (640 → 2048, in cache: the
-//! kernels' own speed) and a Q4_K / Q6_K down projection (2048 → 640). Run: `cargo bench -p nx-benches --bench batched` (a filter
+//! kernels' own speed) and a Q4_K / Q6_K down projection (2048 → 640).
+//! Run: `cargo bench -p nx-benches --bench batched` (a filter
 //! such as `Q8_0` narrows it; `NX_TIER=avx2` for the lower tier).
 
 use std::hint::black_box;

@@ -330,7 +330,7 @@ unsafe fn lanes_sum<const T: usize>(a: &[__m512; 8]) -> __m512 {
 /// A weight block's `T / 2` lane registers (`w + 128`, decoded in registers by
 /// [`unsigned_quants`], then placed by one `vpermd` each) and `d_w`. (For Q8_0,
 /// broadcasting each register's bytes from memory and flipping their sign bits instead
-/// measured 2–6 % slower in `benches/batched`' in-cache shape.)
+/// measured 2–6 % slower on one thread in cache, Q8_0 640×2048, 2 to 8 tokens.)
 ///
 /// # Safety
 /// As [`unsigned_quants`]; AVX-512 F as well.
@@ -351,8 +351,9 @@ unsafe fn block_lanes<const T: usize, const FMT: u8>(
 
 /// The weight rows `w` (`row_bytes` each, blocks of format `FMT`) against a narrow
 /// tile of `T` tokens, of which the first `n_tokens` are written: row `r`, token `t` to
-/// `out[t·out_stride + r]`. Rows go four at a time (the tile's registers loaded once
-/// for the four), the last one to three one at a time.
+/// `out[t·out_stride + r]`. Rows go four at a time under eight tokens, two at a time at
+/// eight (more would spill), then the rest in pairs and one by one, so the tile's
+/// registers are loaded once for each group of rows.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL/VNNI and F16C; every row of `w` holds as many blocks as
