@@ -1,5 +1,5 @@
-//! `cargo xtask gate`: fmt, clippy, fetch, the workspace tests, every named gate, then
-//! the quick Miri subset.
+//! `cargo xtask gate`: fmt, clippy, the API docs (no rustdoc warnings), fetch, the
+//! workspace tests, every named gate, then the quick Miri subset.
 //!
 //! Every step runs even after an earlier one failed, so one run shows all problems. Each
 //! step prints a header, then PASS/FAIL with its duration; the run ends with a recap and
@@ -51,6 +51,17 @@ pub fn all_steps() -> Vec<Step> {
                 "--",
                 "-D",
                 "warnings",
+            ],
+        ),
+        // Broken or private intra-doc links fail here rather than rot unseen.
+        cargo(
+            "doc",
+            &[
+                "--config",
+                "build.rustdocflags=[\"-D\", \"warnings\"]",
+                "doc",
+                "--workspace",
+                "--no-deps",
             ],
         ),
         Step {
@@ -220,9 +231,9 @@ mod tests {
     #[test]
     fn steps_run_in_the_documented_order() {
         let names: Vec<String> = all_steps().into_iter().map(|s| s.name).collect();
-        assert_eq!(names[..4], ["fmt", "clippy", "fetch", "test"]);
+        assert_eq!(names[..5], ["fmt", "clippy", "doc", "fetch", "test"]);
         let gate_names: Vec<&str> = GATES.iter().map(|g| g.name).collect();
-        assert_eq!(names[4..names.len() - 1], gate_names);
+        assert_eq!(names[5..names.len() - 1], gate_names);
         assert_eq!(names.last().map(String::as_str), Some("miri"));
     }
 
@@ -235,7 +246,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("\"nope\"") && err.contains("fmt, clippy, fetch, test"),
+            err.contains("\"nope\"") && err.contains("fmt, clippy, doc, fetch, test"),
             "{err}"
         );
     }

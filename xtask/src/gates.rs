@@ -1,4 +1,4 @@
-//! The table of named gates that `cargo xtask gate` runs after fmt, clippy, fetch and tests.
+//! The table of named gates that `cargo xtask gate` runs after fmt, clippy, doc, fetch and tests.
 //!
 //! A named gate is one integration-test target whose tests are all marked
 //! `#[ignore = "gate: run by cargo xtask gate"]` (they need fetched files, so plain

@@ -1299,7 +1299,7 @@ pub struct LevelRow {
     pub clients: usize,
     pub nx: LevelStats,
     /// llama-server at its best: the faster (tok/s) of its runs with and without
-    /// weight repacking ([`best_llama`]).
+    /// weight repacking (`best_llama`).
     pub llama: Option<LevelStats>,
     /// Whether `llama` is the `--no-repack` run.
     #[serde(default)]

@@ -58,7 +58,7 @@ enum Command {
         #[arg(long)]
         avx2: bool,
     },
-    /// Run fmt, clippy, fetch, the workspace tests and every named gate; exit non-zero on
+    /// Run fmt, clippy, doc, fetch, the workspace tests and every named gate; exit non-zero on
     /// any failure.
     Gate {
         /// Run only this step or gate (e.g. `clippy`, `FETCH-PINS`).

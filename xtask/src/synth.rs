@@ -202,7 +202,7 @@ pub enum TypeMix {
     /// The tier-2 grid formats, every one in each of two layers (in other roles) plus
     /// the token embedding (IQ3_XXS) and LM head (IQ2_S); ffn_down's 672-wide rows fall
     /// back to IQ4_NL. nx has no quantizer for them: their blocks are random bytes
-    /// scaled to the wanted magnitude ([`grid_row`]).
+    /// scaled to the wanted magnitude (`grid_row`).
     Grids,
     /// The types llama-quantize picks for a file type (its name), tensor by tensor, as
     /// recorded in [`FILE_TYPES_TABLE`]; the values are nx's own quantization.
@@ -332,7 +332,7 @@ pub enum RopeScaling {
         orig_ctx: u32,
     },
     /// Phi-3's LongRoPE trained for `orig_ctx` positions (phi3 files only; without it a
-    /// phi3 shape is trained for [`PHI3_ORIG_CTX`]).
+    /// phi3 shape is trained for `PHI3_ORIG_CTX`).
     LongRope {
         orig_ctx: u32,
     },

@@ -38,17 +38,18 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The code of a file without comment lines and without its `#[cfg(test)]` tail.
+/// The code of a file without comment lines and without its `#[cfg(test)]` tail: the
+/// first `#[cfg(test)]` that opens a `mod` (one on a single `use` or item earlier in the
+/// file gates only that item, and the code after it still counts).
 fn code_of(text: &str) -> String {
     let code: Vec<&str> = text
         .lines()
         .filter(|l| !l.trim_start().starts_with("//"))
         .collect();
-    let code = code.join("\n");
-    match code.find("#[cfg(test)]") {
-        Some(i) => code[..i].to_string(),
-        None => code,
-    }
+    let tail = code.windows(2).position(|pair| {
+        pair[0].trim() == "#[cfg(test)]" && pair[1].trim_start().starts_with("mod ")
+    });
+    code[..tail.unwrap_or(code.len())].join("\n")
 }
 
 /// The identifiers that follow `crate::` in `code`.
@@ -234,12 +235,14 @@ fn checker_finds_direct_indirect_and_reexported_cycles() {
     assert!(cycles(&graph(&[("a", "b"), ("b", "c"), ("a", "c")])).is_empty());
 
     let code = code_of(
-        "use crate::plan::Plan;\n// crate::commented::X\nfn f() { crate::tier::active(); nx_crate::x(); }\n\
+        "use crate::plan::Plan;\n#[cfg(test)]\nuse crate::gated::Z;\n// crate::commented::X\n\
+         fn f() { crate::tier::active(); nx_crate::x(); }\n\
          #[cfg(test)]\nmod tests { use crate::tests_only::Y; }\n",
     );
+    // A test-only item early in the file does not hide the code after it.
     assert_eq!(
         crate_paths(&code).into_iter().collect::<Vec<_>>(),
-        vec!["plan", "tier"]
+        vec!["gated", "plan", "tier"]
     );
     let modules: BTreeSet<String> = ["project", "block"].map(String::from).into();
     let re = root_reexports(

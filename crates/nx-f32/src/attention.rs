@@ -142,7 +142,7 @@ pub fn attend<T: KvElem>(
     attend_portable(q, view, rows, scoring.into(), out, scratch)
 }
 
-/// [`attend`] with its score and value lanes in 512-bit registers ([`crate::avx512`]);
+/// [`attend`] with its score and value lanes in 512-bit registers (`crate::avx512`);
 /// bit-identical to [`attend_portable`].
 ///
 /// # Safety

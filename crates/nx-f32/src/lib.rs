@@ -256,7 +256,7 @@ pub fn swiglu_row_in_place(gate: &mut [f32], up: &[f32]) {
 }
 
 /// [`scalar::swiglu_row_in_place`] with the groups of 16 in 512-bit registers (the
-/// vector exp of [`avx512`], then the same division and products); bit-identical.
+/// vector exp of `avx512`, then the same division and products); bit-identical.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/DQ, AVX2 and FMA.

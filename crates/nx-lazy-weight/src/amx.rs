@@ -470,7 +470,7 @@ pub(crate) unsafe fn k_tile<const G: usize>(
     n_sb: usize,
     out: &mut [[[f32; 16]; 16]; G],
 ) {
-    use crate::tiled::{ACTK_BLOCK, ACTK_BSUMS, ACTK_DX, ACTK_MINS};
+    use crate::act_tiles::{ACTK_BLOCK, ACTK_BSUMS, ACTK_DX, ACTK_MINS};
     assert!(G == 1 || G == 2);
     assert!(w.len() >= n_sb * (SB_LANE_BYTES + ROWS * SCALAR_RECORD));
     let scalars = w[n_sb * SB_LANE_BYTES..].as_ptr();

@@ -32,6 +32,8 @@
 #![allow(clippy::needless_range_loop)]
 
 #[cfg(target_arch = "x86_64")]
+mod act_tiles;
+#[cfg(target_arch = "x86_64")]
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;

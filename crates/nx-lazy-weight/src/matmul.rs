@@ -40,7 +40,7 @@ pub struct QuantizedActs {
     /// interleaved for the tiled prefill kernels (built only when the process tier has
     /// them and there is at least one group).
     #[cfg(target_arch = "x86_64")]
-    tiles: crate::tiled::ActTiles,
+    tiles: crate::act_tiles::ActTiles,
     /// The 2 to 16 tokens after the whole groups again (sixteen Q8_0 tokens take them
     /// instead of one wide group), for the narrow tiles (built only when the process
     /// tier has them and the activations are Q8_0).
@@ -72,7 +72,7 @@ impl QuantizedActs {
             row_bytes: 0,
             data: Vec::new(),
             #[cfg(target_arch = "x86_64")]
-            tiles: crate::tiled::ActTiles::default(),
+            tiles: crate::act_tiles::ActTiles::default(),
             #[cfg(target_arch = "x86_64")]
             narrow: crate::narrow::NarrowTiles::default(),
             #[cfg(target_arch = "x86_64")]
@@ -142,9 +142,10 @@ impl QuantizedActs {
         let (act_type, n, rb) = (self.act_type, self.n_rows, self.row_bytes);
         let amx = plan.wants(act_type, PrefillKernel::Amx);
         let tiles = amx || plan.wants(act_type, PrefillKernel::Tiles);
-        let n_groups = crate::tiled::ActTiles::groups_for(act_type, n);
+        let n_groups = crate::act_tiles::ActTiles::groups_for(act_type, n);
         if n_groups > 0 && tiles && crate::tiled::available() {
-            self.tiles.build(act_type, &self.data, n, rb, amx, pool);
+            let raw_k = amx && crate::amx::available();
+            self.tiles.build(act_type, &self.data, n, rb, raw_k, pool);
         } else {
             self.tiles.clear();
         }
@@ -152,7 +153,7 @@ impl QuantizedActs {
             // Exactly one group of sixteen gets both layouts: Q8_0 weights take the
             // narrow tiles, the rest the wide ones (`narrow::takes_group`).
             let first = match n {
-                crate::tiled::TILE => 0,
+                crate::act_tiles::TILE => 0,
                 _ => self.tiles.n_tokens(),
             };
             self.narrow.build(&self.data, first, n, rb);

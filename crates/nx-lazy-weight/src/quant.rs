@@ -125,8 +125,8 @@ pub(crate) fn quantize_q8_k_unchecked(x: &[f32], out: &mut [u8]) {
     quantize_q8_k_scalar(x, out)
 }
 
-/// The portable Q8_K quantizer (the reference for [`crate::avx512::quantize_q8_k`] and
-/// [`crate::avx2::quantize_q8_k`]).
+/// The portable Q8_K quantizer (the reference for `crate::avx512::quantize_q8_k` and
+/// `crate::avx2::quantize_q8_k`).
 pub fn quantize_q8_k_scalar(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q8_K_BYTES)) {
         q8_k::quantize_block(xb, ob);

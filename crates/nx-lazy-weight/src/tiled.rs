@@ -31,43 +31,23 @@
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
-use std::ops::Range;
 
 use nx_gguf::GgmlType;
-use nx_syscalls::{AlignedBytes, ThreadPool};
+use nx_syscalls::AlignedBytes;
 
+use crate::act_tiles::{
+    put_f32, put_i32, put_pair, ActTiles, ACT32_BLOCK, ACT81_BLOCK, ACT81_SUM, ACTK_BLOCK,
+    ACTK_BSUMS, ACTK_DX, ACTK_MINS, TILE,
+};
 use crate::formats::grids::plain_grid;
 #[cfg(test)]
 use crate::formats::grids::GridBlock;
 #[cfg(test)]
 use crate::formats::q6_k::quads as q6_k_quads;
 use crate::formats::{
-    f16_to_f32, iq1_m, iq4_nl, iq4_xs, q2_k, q3_k, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_1, q8_k,
-    read_f16, read_i16, read_u32, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES,
-    Q8_K_BYTES, QK_K,
+    iq1_m, iq4_nl, iq4_xs, q2_k, q3_k, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, read_f16, read_u32,
+    Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES,
 };
-
-/// Tokens per tile: one per f32 / i32 element of a 512-bit register.
-pub(crate) const TILE: usize = 16;
-
-/// The fewest tokens after the whole groups that get a padded group of their own (see
-/// [`ActTiles::groups_for`]).
-const PAD_FROM: usize = 8;
-
-/// Bytes of one 32-quant block of a tile: lane quads (8 × 16 tokens × 4) then the
-/// sixteen block scales (f32).
-const ACT32_BLOCK: usize = 8 * 64 + 64;
-/// Bytes of one 32-quant block of a Q8_1 tile: as [`ACT32_BLOCK`], then the sixteen
-/// `s_x = d_x·Σx` (f32) the offset formats' `m_w·s_x` takes.
-const ACT81_BLOCK: usize = ACT32_BLOCK + 64;
-const ACT81_SUM: usize = ACT32_BLOCK;
-/// Bytes of one super-block of a Q8_K tile: eight 32-quant groups of lane quads, the
-/// scales, the min pairs `(s[2m], s[2m+1])` of 32-quant sums (4 × 16 dwords) and the
-/// bsum pairs `(b[2l], b[2l+1])` (8 × 16 dwords).
-pub(crate) const ACTK_BLOCK: usize = 8 * 512 + 64 + 4 * 64 + 8 * 64;
-pub(crate) const ACTK_DX: usize = 8 * 512;
-pub(crate) const ACTK_MINS: usize = ACTK_DX + 64;
-pub(crate) const ACTK_BSUMS: usize = ACTK_MINS + 4 * 64;
 
 /// Unpacked 32-quant weight block: 32 signed quants, eight i32 corrections, `d_w` (f32).
 const W32_BLOCK: usize = 32 + 32 + 4;
@@ -143,210 +123,6 @@ pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
         || weight_type == GgmlType::Q2_K
         || plain_grid(weight_type).is_some())
         && !crate::amx::available())
-}
-
-/// Quantized activations of groups of [`TILE`] tokens, interleaved for the tiled
-/// kernels (see the module docs): the whole groups, and for Q8_K and Q8_1 a last group
-/// of at least [`PAD_FROM`] tokens padded with zero blocks (their outputs are never
-/// written). Other tokens past the last whole group are not included.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct ActTiles {
-    data: AlignedBytes,
-    n_groups: usize,
-    /// Real tokens held (the rest of the last group is padding).
-    n_tokens: usize,
-    group_bytes: usize,
-    /// Q8_K quants as they are, for the AMX kernels (else `x + 128`, for the VNNI ones).
-    raw_k: bool,
-}
-
-impl ActTiles {
-    /// Number of token groups held.
-    pub(crate) fn n_groups(&self) -> usize {
-        self.n_groups
-    }
-
-    /// Real tokens held: `n_groups()·16`, or fewer when the last group is padded.
-    pub(crate) fn n_tokens(&self) -> usize {
-        self.n_tokens
-    }
-
-    /// Real tokens of group `g`.
-    fn group_tokens(&self, g: usize) -> usize {
-        (self.n_tokens - g * TILE).min(TILE)
-    }
-
-    /// Token groups [`ActTiles::build`] makes of `n` tokens of `act_type`: the whole
-    /// ones, plus a padded one for Q8_K and Q8_1 when at least [`PAD_FROM`] tokens are
-    /// left after at least one whole group. Those leftovers would go through the
-    /// four-token kernels, which cost about twice the tiles per token once the unpacked
-    /// weight rows serve several groups (`NX_PLAN=retune nx bench --show-plan`, Q4_K:
-    /// 30.8 against 65.5 GB·tok/s on AMD EPYC family 25 model 17), so from half a group
-    /// on the padded group is cheaper. A lone partial group is not padded: unpacking the
-    /// rows for it alone cost more than it saved (batched decode steps of 8 and 12
-    /// sequences, `nx bench --parallel 8,12`, means of three alternating runs: 275 and
-    /// 299 tok/s padded, 305 and 320 not). Q8_0's leftovers take the narrow tiles instead.
-    pub(crate) fn groups_for(act_type: GgmlType, n: usize) -> usize {
-        let padded = act_type != GgmlType::Q8_0 && n > TILE && n % TILE >= PAD_FROM;
-        n / TILE + padded as usize
-    }
-
-    /// True when Q8_K groups hold the raw quants (the AMX layout).
-    pub(crate) fn raw_k(&self) -> bool {
-        self.raw_k
-    }
-
-    /// Forgets the contents (keeps the buffer).
-    pub(crate) fn clear(&mut self) {
-        self.n_groups = 0;
-        self.n_tokens = 0;
-        self.group_bytes = 0;
-        self.raw_k = false;
-    }
-
-    /// Interleaves the whole groups of `n` quantized rows of `row_bytes` each from
-    /// `rows` (`act_type` Q8_0 or Q8_K; anything else leaves no groups), the groups
-    /// spread over `pool` when one is given. `amx` asks for the AMX kernels' layout of
-    /// Q8_K groups (granted only when the CPU can run them).
-    pub(crate) fn build(
-        &mut self,
-        act_type: GgmlType,
-        rows: &[u8],
-        n: usize,
-        row_bytes: usize,
-        amx: bool,
-        pool: Option<&ThreadPool>,
-    ) {
-        self.clear();
-        let (src_block, tile_block) = match act_type {
-            GgmlType::Q8_0 => (Q8_0_BYTES, ACT32_BLOCK),
-            GgmlType::Q8_1 => (q8_1::BYTES, ACT81_BLOCK),
-            GgmlType::Q8_K => (Q8_K_BYTES, ACTK_BLOCK),
-            _ => return,
-        };
-        let n_groups = Self::groups_for(act_type, n);
-        if n_groups == 0 || row_bytes == 0 || rows.len() < n * row_bytes {
-            return;
-        }
-        // The padding tokens' rows: zero quants and scales.
-        let zeros = vec![0u8; if n_groups * TILE > n { row_bytes } else { 0 }];
-        let n_blocks = row_bytes / src_block;
-        let group_bytes = n_blocks * tile_block;
-        // The AMX kernels multiply the raw (signed) quants; the VNNI ones `x + 128`.
-        let raw_k = amx && act_type == GgmlType::Q8_K && crate::amx::available();
-        self.raw_k = raw_k;
-        self.group_bytes = group_bytes;
-        self.n_groups = n_groups;
-        self.n_tokens = n.min(n_groups * TILE);
-        self.data.resize(n_groups * group_bytes);
-        let fill = |groups: Range<usize>, tiles: &mut [u8]| {
-            for (g, tile) in groups.zip(tiles.chunks_exact_mut(group_bytes)) {
-                for t in 0..TILE {
-                    let token = g * TILE + t;
-                    let row = match token < n {
-                        true => &rows[token * row_bytes..(token + 1) * row_bytes],
-                        false => &zeros[..],
-                    };
-                    for (xb, out) in row
-                        .chunks_exact(src_block)
-                        .zip(tile.chunks_exact_mut(tile_block))
-                    {
-                        if act_type == GgmlType::Q8_0 {
-                            interleave_q8_0(xb, out, t);
-                        } else if act_type == GgmlType::Q8_1 {
-                            interleave_q8_1(xb, out, t);
-                        } else {
-                            interleave_q8_k(xb, out, t, raw_k);
-                        }
-                    }
-                }
-            }
-        };
-        match pool {
-            Some(pool) if pool.n_threads() > 1 && n_groups > 1 => {
-                let chunk = n_groups.div_ceil(pool.n_threads() * 2);
-                pool.parallel_chunks_mut(
-                    &mut self.data,
-                    group_bytes,
-                    chunk,
-                    &mut vec![(); pool.n_threads()],
-                    |_, groups, tiles| fill(groups, tiles),
-                );
-            }
-            _ => fill(0..n_groups, &mut self.data),
-        }
-    }
-
-    /// The interleaved bytes of token group `g`.
-    fn group(&self, g: usize) -> &[u8] {
-        &self.data[g * self.group_bytes..(g + 1) * self.group_bytes]
-    }
-}
-
-/// Token `t`'s Q8_0 block `xb` into its slots of a tile block.
-fn interleave_q8_0(xb: &[u8], out: &mut [u8], t: usize) {
-    for l in 0..8 {
-        for k in 0..4 {
-            out[64 * l + 4 * t + k] = xb[2 + 4 * l + k] ^ 0x80;
-        }
-    }
-    let dx = f16_to_f32(u16::from_le_bytes([xb[0], xb[1]]));
-    out[512 + 4 * t..512 + 4 * t + 4].copy_from_slice(&dx.to_le_bytes());
-}
-
-/// Token `t`'s Q8_1 block `xb` into its slots of a tile block: as Q8_0's, then `s_x`.
-fn interleave_q8_1(xb: &[u8], out: &mut [u8], t: usize) {
-    for l in 0..8 {
-        for k in 0..4 {
-            out[64 * l + 4 * t + k] = xb[q8_1::QS + 4 * l + k] ^ 0x80;
-        }
-    }
-    put_f32(out, 512 + 4 * t, read_f16(xb, 0));
-    put_f32(out, ACT81_SUM + 4 * t, read_f16(xb, q8_1::S));
-}
-
-/// Token `t`'s Q8_K super-block `xb` into its slots of a tile super-block: the quants
-/// as they are (`raw`, for [`crate::amx`]) or as `x + 128`.
-fn interleave_q8_k(xb: &[u8], out: &mut [u8], t: usize, raw: bool) {
-    let qs = &xb[q8_k::QS..q8_k::QS + QK_K];
-    let bias = if raw { 0 } else { 0x80 };
-    for g in 0..8 {
-        for l in 0..8 {
-            for k in 0..4 {
-                out[512 * g + 64 * l + 4 * t + k] = qs[32 * g + 4 * l + k] ^ bias;
-            }
-        }
-    }
-    out[ACTK_DX + 4 * t..ACTK_DX + 4 * t + 4].copy_from_slice(&xb[0..4]);
-    let bsum = |j: usize| read_i16(xb, q8_k::BSUMS + 2 * j);
-    for m in 0..4 {
-        // Sums of 32 quants (|Σ| ≤ 4096) fit i16, as the scalar twin's pair sums.
-        let lo = bsum(4 * m) + bsum(4 * m + 1);
-        let hi = bsum(4 * m + 2) + bsum(4 * m + 3);
-        put_pair(out, ACTK_MINS + 64 * m + 4 * t, lo, hi);
-    }
-    for l in 0..8 {
-        put_pair(
-            out,
-            ACTK_BSUMS + 64 * l + 4 * t,
-            bsum(2 * l),
-            bsum(2 * l + 1),
-        );
-    }
-}
-
-/// Two i16 as one little-endian dword (the word pairs `vpdpwssd` multiplies).
-fn put_pair(out: &mut [u8], at: usize, lo: i16, hi: i16) {
-    out[at..at + 2].copy_from_slice(&lo.to_le_bytes());
-    out[at + 2..at + 4].copy_from_slice(&hi.to_le_bytes());
-}
-
-fn put_i32(out: &mut [u8], at: usize, v: i32) {
-    out[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put_f32(out: &mut [u8], at: usize, v: f32) {
-    out[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
 
 /// Bytes of one unpacked weight row of `n_blocks` blocks (or super-blocks).

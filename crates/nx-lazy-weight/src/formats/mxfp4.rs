@@ -69,7 +69,7 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// MXFP4 × Q8_0 in the order of ggml's AVX2 kernel, which is IQ4_NL's with the block
 /// scale `d_x·2^(e−128)`: blocks in pairs into two sets of eight lanes
 /// (`fma(d, lane)`), added lane-wise and summed; an odd last block added after as one
-/// fused multiply-add (see [`paired_table_dot`]).
+/// fused multiply-add (see `paired_table_dot`).
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     paired_table_dot(w, x, BYTES, |wb| {
         (e8m0_to_f32_half(wb[E]), levels(&wb[QS..QS + 16]))

@@ -75,7 +75,7 @@ pub(super) fn quantize_signed_32(xb: &[f32], half_levels: i32) -> (u16, [u8; 32]
     (d_bits, q)
 }
 
-/// Weights for fixtures ([`quantize_signed_32`] with 8 half levels).
+/// Weights for fixtures (`quantize_signed_32` with 8 half levels).
 pub fn quantize_block(x: &[f32], b: &mut [u8]) {
     let (d_bits, q) = quantize_signed_32(x, 8);
     b[..2].copy_from_slice(&d_bits.to_le_bytes());

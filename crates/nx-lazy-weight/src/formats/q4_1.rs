@@ -47,7 +47,7 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
     offset_dequantize(b, y, levels);
 }
 
-/// Q4_1 × Q8_1 in the order of ggml's AVX2 kernel (see [`offset_dot`]).
+/// Q4_1 × Q8_1 in the order of ggml's AVX2 kernel (see `offset_dot`).
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     offset_dot(w, x, BYTES, levels)
 }

@@ -82,7 +82,7 @@ pub(crate) fn scales_mins(scales: &[u8]) -> ([i32; 8], [i32; 8]) {
     (sc, mn)
 }
 
-/// Q4_K × Q8_K: lanes as [`k_quad_lanes`]; the min terms go to four more lanes
+/// Q4_K × Q8_K: lanes as `k_quad_lanes`; the min terms go to four more lanes
 /// (`lane m = m[2m]·(b[4m]+b[4m+1]) + m[2m+1]·(b[4m+2]+b[4m+3])` over the bsums `b`),
 /// each fed by a fused multiply-add with `−d_x·dmin_w`, summed `(m0+m2)+(m1+m3)` and
 /// added to the eight-lane sum at the end.
@@ -173,7 +173,7 @@ pub(super) fn quantize_asym(
     (d_bits, dmin_bits, sc_q, m_q)
 }
 
-/// Weights for fixtures ([`quantize_asym`] with 15 levels).
+/// Weights for fixtures (`quantize_asym` with 15 levels).
 pub fn quantize_block(x: &[f32], b: &mut [u8]) {
     let mut q = [0u8; 256];
     let (d_bits, dmin_bits, sc, m) = quantize_asym(x, 15, &mut q);

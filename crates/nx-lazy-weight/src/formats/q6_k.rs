@@ -69,7 +69,7 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// Q6_K × Q8_K: the unsigned 0..63 quants in [`k_quad_lanes`], minus, per lane `l`,
+/// Q6_K × Q8_K: the unsigned 0..63 quants in `k_quad_lanes`, minus, per lane `l`,
 /// `32·(b[2l]·s[2l] + b[2l+1]·s[2l+1])` over the bsums `b` and scales `s`; one fused
 /// multiply-add per lane and block with `d_x·d_w`.
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {

@@ -58,7 +58,7 @@ pub(crate) fn ternary_dequantize(d: f32, levels: &[u8; 256], y: &mut [f32]) {
 }
 
 /// TQ2_0 × Q8_K in the order of ggml's AVX2 kernel: per super-block eight 32-bit lanes
-/// of `Σ q·x − bsums` formed in 16-bit lanes ([`offset_pair_lanes`]), one
+/// of `Σ q·x − bsums` formed in 16-bit lanes (`offset_pair_lanes`), one
 /// `fma(d_x·d_w, lane)` into eight running lanes, `hsum_float_8` at the end.
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     ternary_dot(w, x, BYTES, |wb| (read_f16(wb, D), levels(wb)))
@@ -66,7 +66,7 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
 
 /// The reduction ggml's AVX2 kernels of both ternary formats share once the levels are
 /// decoded (`decode` gives a block's scale and levels): eight 32-bit lanes of
-/// `Σ t·x − bsums` per super-block formed in 16-bit lanes ([`offset_pair_lanes`]), one
+/// `Σ t·x − bsums` per super-block formed in 16-bit lanes (`offset_pair_lanes`), one
 /// `fma(d_x·d_w, lane)` into eight running lanes, `hsum_float_8` at the end.
 #[inline(always)]
 pub(crate) fn ternary_dot(
@@ -105,7 +105,7 @@ pub(crate) fn ternary_levels(x: &[f32]) -> (u16, [u8; 256]) {
     (f32_to_f16(amax), q)
 }
 
-/// ggml's `quantize_row_tq2_0_ref`: [`ternary_levels`], packed four to a byte.
+/// ggml's `quantize_row_tq2_0_ref`: `ternary_levels`, packed four to a byte.
 pub fn quantize_block(x: &[f32], b: &mut [u8]) {
     let (d, q) = ternary_levels(x);
     for h in 0..2 {
