@@ -350,9 +350,10 @@ pub fn attend_group_scratch_len(group: usize, n_rows: usize, value_dim: usize) -
 }
 
 /// Lane values [`attend_group`] keeps: the portable code's 64 lanes of one head, or the
-/// AVX-512 code's sixteen reduced lanes of every head plus four in flight.
+/// SIMD code's sixteen reduced lanes of every head plus four in flight for each head
+/// (the AVX-512 code builds several heads' lanes together).
 fn group_lanes_len(group: usize, value_dim: usize) -> usize {
-    VALUE_LANES.max(16 * group + 4) * value_dim
+    VALUE_LANES.max(20 * group) * value_dim
 }
 
 /// [`attend`] for the `group` query heads that share one KV head (`qs`: `[group,
@@ -607,7 +608,8 @@ const _: () = assert!(MAX_GROUP_ROUNDED <= crate::avx512::MAX_HEADS_AT_ONCE);
 
 /// The AVX-512 weighted values of every head of `probs` (`[heads, n]`, already rounded
 /// to the cache's precision) into `outs` (`[heads, value_dim]`, value heads 64, 128 or
-/// 256 wide), with `scratch` (at least `(16·heads + 4)·value_dim` values) for the lanes.
+/// 256 wide), with `scratch` (at least `avx512::value_lanes_len` values,
+/// `(16·heads + 4·min(heads, 4))·value_dim`) for the lanes.
 ///
 /// # Safety
 /// The CPU has AVX-512 F, AVX2, FMA and F16C.

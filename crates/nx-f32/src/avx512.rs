@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 
 use std::ops::Range;
 
-use crate::kv_rows::{HeadRows, KvElem, MAX_HEAD_DIM};
+use crate::kv_rows::{HeadRows, KvElem, KvPrecision, MAX_HEAD_DIM};
 
 /// True when this CPU has what these builds use (AVX-512 F/DQ on top of AVX2, FMA, F16C).
 pub(crate) fn available() -> bool {
@@ -177,10 +177,13 @@ pub(crate) unsafe fn group_scores<T: KvElem>(
     }
 }
 
-/// [`group_scores`] for heads of `16·NQ` values (64, 128 or 256): a head's query stays
-/// in `NQ` registers while it meets the sixteen key rows of a block, and f16 key rows
-/// are widened once per block for all the heads instead of once per head. The same
-/// four FMA chains per score and the same reductions, so the same bits.
+/// [`group_scores`] for heads of `16·NQ` values (64, 128 or 256). An f16 cache goes
+/// through [`scores_together`]: up to [`SCORE_HEADS_AT_ONCE`] heads meet each key row
+/// together, so the row is loaded and widened once, in registers, for all of them. f32
+/// rows (an f32 cache, or a prefill chunk's rows widened once) go head by head, each
+/// query held in `NQ` registers while it meets a block of sixteen rows that stay in L1:
+/// one load per FMA, where sharing the row would add the query's loads. The same four
+/// FMA chains per score and the same reductions either way, so the same bits.
 ///
 /// # Safety
 /// The CPU has the features of [`available`].
@@ -189,6 +192,41 @@ pub(crate) unsafe fn group_scores<T: KvElem>(
 /// As [`group_scores`], and when `keys` is not `16·NQ` wide.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn group_scores_fixed<T: KvElem, const NQ: usize>(
+    args: (&[f32], HeadRows<'_, T>, usize, Range<usize>, f32, usize),
+    probs: &mut [f32],
+) {
+    let head_dim = 16 * NQ;
+    assert!(args.1.head_dim() == head_dim && NQ.is_multiple_of(4));
+    if T::PRECISION != KvPrecision::F16 {
+        // SAFETY: forwarded contract.
+        return unsafe { scores_head_by_head::<T, NQ>(args, probs) };
+    }
+    let (queries, keys, first_row, rows, scale, first_head) = args;
+    let n_heads = queries.len() / head_dim;
+    for h0 in (0..n_heads).step_by(SCORE_HEADS_AT_ONCE) {
+        let group = (n_heads - h0).min(SCORE_HEADS_AT_ONCE);
+        let qs = &queries[h0 * head_dim..(h0 + group) * head_dim];
+        let args = (qs, keys, first_row, rows.clone(), scale, first_head + h0);
+        // SAFETY: forwarded contract.
+        unsafe {
+            match group {
+                1 => scores_together::<T, NQ, 1>(args, probs),
+                2 => scores_together::<T, NQ, 2>(args, probs),
+                3 => scores_together::<T, NQ, 3>(args, probs),
+                _ => scores_together::<T, NQ, 4>(args, probs),
+            }
+        }
+    }
+}
+
+/// [`group_scores_fixed`] for f32 rows: one head at a time over each block of sixteen
+/// key rows, its query in `NQ` registers.
+///
+/// # Safety
+/// The CPU has the features of [`available`].
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+unsafe fn scores_head_by_head<T: KvElem, const NQ: usize>(
     (queries, keys, first_row, rows, scale, first_head): (
         &[f32],
         HeadRows<'_, T>,
@@ -239,6 +277,74 @@ unsafe fn group_scores_fixed<T: KvElem, const NQ: usize>(
     }
 }
 
+/// Most query heads whose scores [`group_scores_fixed`] forms in one pass over the keys
+/// (four FMA chains each: sixteen accumulators).
+const SCORE_HEADS_AT_ONCE: usize = 4;
+
+/// The scores of the `G` heads of `queries` over f16 key rows ([`group_scores_fixed`]'s
+/// pass): per key row, each head's four FMA chains over the row's `NQ` registers in order, combined as
+/// the first step of the 64-lane reduction; per block of sixteen rows, the horizontal
+/// sums ([`reduce_add_16x16`]) times `scale`.
+///
+/// # Safety
+/// The CPU has the features of [`available`].
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+unsafe fn scores_together<T: KvElem, const NQ: usize, const G: usize>(
+    (queries, keys, first_row, rows, scale, first_head): (
+        &[f32],
+        HeadRows<'_, T>,
+        usize,
+        Range<usize>,
+        f32,
+        usize,
+    ),
+    probs: &mut [f32],
+) {
+    let head_dim = 16 * NQ;
+    assert!(queries.len() == G * head_dim);
+    let n = rows.len();
+    let mut r = [[_mm512_setzero_ps(); 16]; G];
+    for block in (0..n).step_by(16) {
+        let count = 16.min(n - block);
+        for i in 0..count {
+            let row = keys.row(rows.start + block + i - first_row);
+            let h = T::as_f16(row).expect("scores_together reads f16 rows");
+            assert!(h.len() >= head_dim);
+            let mut acc = [[_mm512_setzero_ps(); 4]; G];
+            // Register j feeds chain j mod 4: four registers per step, so the chains
+            // stay in registers (indexed by constants).
+            for j4 in (0..NQ).step_by(4) {
+                for c in 0..4 {
+                    let j = j4 + c;
+                    // SAFETY: 16j + 16 <= head_dim <= h.len() (asserted); f16 is two bytes.
+                    let kv = unsafe {
+                        _mm512_cvtph_ps(
+                            _mm256_loadu_si256(h.as_ptr().add(16 * j) as *const __m256i),
+                        )
+                    };
+                    for (g, acc) in acc.iter_mut().enumerate() {
+                        // SAFETY: head g's register j lies inside `queries` (asserted).
+                        let qv =
+                            unsafe { _mm512_loadu_ps(queries.as_ptr().add(g * head_dim + 16 * j)) };
+                        acc[c] = _mm512_fmadd_ps(qv, kv, acc[c]);
+                    }
+                }
+            }
+            for (r, acc) in r.iter_mut().zip(&acc) {
+                r[i] = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+            }
+        }
+        for (g, r) in r.iter().enumerate() {
+            let sums = reduce_add_16x16(r);
+            let at = (first_head + g) * n + block;
+            for (p, &s) in probs[at..at + count].iter_mut().zip(&sums) {
+                *p = scale * s;
+            }
+        }
+    }
+}
+
 /// Most query heads [`group_scores`] takes at once.
 pub(crate) const MAX_HEADS_AT_ONCE: usize = 8;
 
@@ -256,24 +362,35 @@ fn reduce_add_16(r: __m512) -> f32 {
     (t[0] + t[2]) + (t[1] + t[3])
 }
 
+/// Most heads [`weighted_values_heads`] builds lanes for at once: their accumulators
+/// share each value row's load and f16 widening.
+pub(crate) const VALUE_HEADS_AT_ONCE: usize = 4;
+
+/// Values [`weighted_values_heads`] needs in `reduced` for `n_heads` heads of `vd`
+/// values: sixteen reduced lanes of every head, then four lanes in flight for each head
+/// of a group.
+pub(crate) fn value_lanes_len(n_heads: usize, vd: usize) -> usize {
+    (n_heads * 16 + 4 * n_heads.min(VALUE_HEADS_AT_ONCE)) * vd
+}
+
 /// `Σ_j p_j·v_j` for `n_heads` heads at once, reduced as the portable code reduces its
 /// 64 value lanes: head `h`'s probabilities are `probs[h·n..(h+1)·n]` and its result goes
 /// to `out[h·vd..(h+1)·vd]`.
 ///
 /// The lanes go in the sets the reduction's first step adds together (absolute lanes
-/// `l, l+16, l+32, l+48`), every head taking its turn on a set while its rows (a
-/// sixteenth of the view) are in L1: the value rows are read from further away once per
-/// query instead of once per head, and no head keeps more than sixteen reduced lanes.
-/// Each lane is the portable code's (its rows in order by fused multiply-adds from `+0`,
-/// zero when no row reaches it) and every addition of the reduction is the same, so
-/// each head's result has the portable bits.
+/// `l, l+16, l+32, l+48`): for each set, up to [`VALUE_HEADS_AT_ONCE`] heads build
+/// their lanes together, so a value row (a sixteenth of the view, in L1 for the set) is
+/// loaded and widened once for all of them, and no head keeps more than sixteen reduced
+/// lanes. Each lane is the portable code's (its rows in order by fused multiply-adds
+/// from `+0`, zero when no row reaches it) and every addition of the reduction is the
+/// same, so each head's result has the portable bits.
 ///
 /// # Safety
 /// The CPU has the features of [`available`].
 ///
 /// # Panics
 /// When `values` is not `Z·16` wide, `probs` is not `n_heads` heads long, `out` is not
-/// `n_heads·vd` long, `reduced` holds fewer than `(n_heads·16 + 4)·vd` values, or a row
+/// `n_heads·vd` long, `reduced` holds fewer than [`value_lanes_len`] values, or a row
 /// lies outside `values`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(crate) unsafe fn weighted_values_heads<T: KvElem, const Z: usize>(
@@ -287,33 +404,34 @@ pub(crate) unsafe fn weighted_values_heads<T: KvElem, const Z: usize>(
     let n_heads = out.len() / vd;
     assert!(n_heads > 0 && out.len() == n_heads * vd);
     assert!(probs.len().is_multiple_of(n_heads));
-    assert!(values.head_dim() == vd && reduced.len() >= (n_heads * 16 + 4) * vd);
+    assert!(values.head_dim() == vd && reduced.len() >= value_lanes_len(n_heads, vd));
     let n = probs.len() / n_heads;
     let (sets, rest) = reduced.split_at_mut(n_heads * 16 * vd);
-    let four = &mut rest[..4 * vd];
-    // Lanes a few at a time, so that a pass holds sixteen accumulators (a lane's few
-    // rows alone, `Z` chains of dependent FMAs, wait on one another for narrow heads).
-    let per_pass = (16 / Z).clamp(1, 4);
     for l in 0..16 {
         // Relative row index of absolute lanes l, l+16, l+32, l+48.
         let firsts: [usize; 4] = std::array::from_fn(|k| (l + 16 * k + 64 - rows_start % 64) % 64);
-        for h in 0..n_heads {
-            let head_probs = &probs[h * n..(h + 1) * n];
-            for k0 in (0..4).step_by(per_pass) {
-                let k1 = (k0 + per_pass).min(4);
-                // SAFETY: forwarded contract.
-                unsafe {
-                    value_lanes_pass::<T, Z>(
-                        head_probs,
-                        values,
-                        (first_row, rows_start),
-                        &firsts[k0..k1],
-                        &mut four[k0 * vd..k1 * vd],
-                    )
-                };
+        for h0 in (0..n_heads).step_by(VALUE_HEADS_AT_ONCE) {
+            let group = (n_heads - h0).min(VALUE_HEADS_AT_ONCE);
+            let four = &mut rest[..4 * group * vd];
+            let lanes = (
+                &probs[h0 * n..(h0 + group) * n],
+                values,
+                (first_row, rows_start),
+            );
+            // SAFETY: forwarded contract; `four` holds four lanes of `group` heads.
+            unsafe {
+                match group {
+                    1 => value_lanes_group::<T, Z, 1>(lanes, &firsts, four),
+                    2 => value_lanes_group::<T, Z, 2>(lanes, &firsts, four),
+                    3 => value_lanes_group::<T, Z, 3>(lanes, &firsts, four),
+                    _ => value_lanes_group::<T, Z, 4>(lanes, &firsts, four),
+                }
             }
-            let r = &mut sets[(h * 16 + l) * vd..(h * 16 + l + 1) * vd];
-            crate::scalar::first_step(four, vd, r);
+            for (g, four) in four.chunks_exact(4 * vd).enumerate() {
+                let h = h0 + g;
+                let r = &mut sets[(h * 16 + l) * vd..(h * 16 + l + 1) * vd];
+                crate::scalar::first_step(four, vd, r);
+            }
         }
     }
     for (set, o) in sets.chunks_exact_mut(16 * vd).zip(out.chunks_exact_mut(vd)) {
@@ -321,68 +439,87 @@ pub(crate) unsafe fn weighted_values_heads<T: KvElem, const Z: usize>(
     }
 }
 
-/// Lanes of [`weighted_values_heads`]: for each `first` of `firsts` (at most four relative row
-/// indices below 64), `Σ p_i·v_i` over rows `i = first, first + 64, …` below
-/// `probs.len()`, in that order by fused multiply-adds from `+0`, written to
-/// `lanes[k·vd..(k+1)·vd]` for the `k`-th.
+/// The four lanes `firsts` (relative row indices below 64) of `G` heads (`probs`:
+/// `[G, n]`) of [`weighted_values_heads`]: for head `g` and lane `k`, `Σ p_i·v_i` over
+/// rows `i = firsts[k], firsts[k] + 64, …` below `n`, in that order by fused
+/// multiply-adds from `+0`, written to `four[(4g + k)·vd..][..vd]`.
+///
+/// A pass keeps sixteen accumulators at most (fewer heads take more lanes or columns
+/// per pass): `G` heads × `CN` registers of columns × `KP` lanes. Each value row's
+/// registers are loaded and widened once per pass for all `G` heads.
 ///
 /// # Safety
 /// The CPU has the features of [`available`].
+// The accumulators are indexed [head][lane][column] by three loop positions at once.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[inline]
-unsafe fn value_lanes_pass<T: KvElem, const Z: usize>(
-    probs: &[f32],
-    values: HeadRows<'_, T>,
-    (first_row, rows_start): (usize, usize),
-    firsts: &[usize],
-    lanes: &mut [f32],
+unsafe fn value_lanes_group<T: KvElem, const Z: usize, const G: usize>(
+    (probs, values, (first_row, rows_start)): (&[f32], HeadRows<'_, T>, (usize, usize)),
+    firsts: &[usize; 4],
+    four: &mut [f32],
 ) {
     let vd = 16 * Z;
-    let n = probs.len();
-    let count = firsts.len();
-    assert!(count <= 4 && lanes.len() >= count * vd);
-    let mut buf = [0f32; MAX_HEAD_DIM];
-    let mut acc = [[_mm512_setzero_ps(); Z]; 4];
-    let mut base = 0;
-    while base < n {
-        for (acc, &first) in acc.iter_mut().zip(firsts) {
-            let i = base + first;
-            if i >= n {
-                continue;
-            }
-            let row = values.row(rows_start + i - first_row);
-            let p = _mm512_set1_ps(probs[i]);
-            match T::as_f16(row) {
-                Some(h) => {
-                    assert!(h.len() >= vd);
-                    for (z, a) in acc.iter_mut().enumerate() {
-                        // SAFETY: 16z + 16 <= vd <= h.len() (asserted).
-                        let x = unsafe {
-                            _mm512_cvtph_ps(_mm256_loadu_si256(
-                                h.as_ptr().add(16 * z) as *const __m256i
-                            ))
-                        };
-                        *a = _mm512_fmadd_ps(x, p, *a);
-                    }
-                }
-                None => {
-                    let v = T::row_f32(row, &mut buf);
-                    assert!(v.len() >= vd);
-                    for (z, a) in acc.iter_mut().enumerate() {
-                        // SAFETY: 16z + 16 <= vd <= v.len() (asserted).
-                        let x = unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * z)) };
-                        *a = _mm512_fmadd_ps(x, p, *a);
-                    }
-                }
-            }
-        }
-        base += 64;
+    let n = probs.len() / G;
+    assert!(four.len() >= 4 * G * vd && probs.len() == G * n);
+    // Columns per pass: the largest power of two that keeps G·CN ≤ 16; then lanes.
+    let cn = match 16 / G {
+        16.. => 16,
+        8.. => 8,
+        _ => 4,
     }
-    for (k, acc) in acc.iter().enumerate().take(count) {
-        let dst = &mut lanes[k * vd..(k + 1) * vd];
-        for (z, a) in acc.iter().enumerate() {
-            // SAFETY: dst holds vd = 16·Z values.
-            unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(16 * z), *a) };
+    .min(Z);
+    let kp = (16 / (G * cn)).clamp(1, 4);
+    let mut buf = [0f32; MAX_HEAD_DIM];
+    for k0 in (0..4).step_by(kp) {
+        for c0 in (0..Z).step_by(cn) {
+            let mut acc = [[[_mm512_setzero_ps(); 16]; 4]; G];
+            let mut base = 0;
+            while base < n {
+                for kk in 0..kp {
+                    let i = base + firsts[k0 + kk];
+                    if i >= n {
+                        continue;
+                    }
+                    let row = values.row(rows_start + i - first_row);
+                    let mut p = [_mm512_setzero_ps(); G];
+                    for (g, p) in p.iter_mut().enumerate() {
+                        *p = _mm512_set1_ps(probs[g * n + i]);
+                    }
+                    for c in 0..cn {
+                        let x = match T::as_f16(row) {
+                            Some(h) => {
+                                assert!(h.len() >= vd);
+                                // SAFETY: 16(c0 + c) + 16 <= vd <= h.len() (asserted).
+                                unsafe {
+                                    _mm512_cvtph_ps(_mm256_loadu_si256(
+                                        h.as_ptr().add(16 * (c0 + c)) as *const __m256i,
+                                    ))
+                                }
+                            }
+                            None => {
+                                let v = T::row_f32(row, &mut buf);
+                                assert!(v.len() >= vd);
+                                // SAFETY: 16(c0 + c) + 16 <= vd <= v.len() (asserted).
+                                unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * (c0 + c))) }
+                            }
+                        };
+                        for g in 0..G {
+                            acc[g][kk][c] = _mm512_fmadd_ps(x, p[g], acc[g][kk][c]);
+                        }
+                    }
+                }
+                base += 64;
+            }
+            for (g, acc) in acc.iter().enumerate() {
+                for (kk, acc) in acc.iter().enumerate().take(kp) {
+                    let dst = &mut four[(4 * g + k0 + kk) * vd..(4 * g + k0 + kk + 1) * vd];
+                    for (c, a) in acc.iter().enumerate().take(cn) {
+                        // SAFETY: 16(c0 + c) + 16 <= vd = dst.len().
+                        unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(16 * (c0 + c)), *a) };
+                    }
+                }
+            }
         }
     }
 }

@@ -408,6 +408,8 @@ pub fn rotate_half_pairs(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 /// The first step of attention's value-lane reduction (64 lanes to one, as
 /// [`reduce_lanes_64`]) for one set of lanes `l, l+16, l+32, l+48`
 /// (`four`, in that order, `vd` values each): `r = (l + l+32) + (l+16 + l+48)`.
+/// Inlined so that it is vectorised at the calling tier's width.
+#[inline(always)]
 pub(crate) fn first_step(four: &[f32], vd: usize, r: &mut [f32]) {
     for (d, r) in r[..vd].iter_mut().enumerate() {
         *r = (four[d] + four[2 * vd + d]) + (four[vd + d] + four[3 * vd + d]);
@@ -416,6 +418,8 @@ pub(crate) fn first_step(four: &[f32], vd: usize, r: &mut [f32]) {
 
 /// The rest of attention's value-lane reduction once its first step has left `r_l` in lane `l` of
 /// `lanes` (`l < 16`): the sixteen-lane horizontal sum (halves, quarters, pairs).
+/// Inlined so that it is vectorised at the calling tier's width.
+#[inline(always)]
 pub(crate) fn reduce_sixteen_lanes(lanes: &mut [f32], value_dim: usize, out: &mut [f32]) {
     let vd = value_dim;
     for width in [8usize, 4] {
