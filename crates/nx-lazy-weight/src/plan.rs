@@ -583,7 +583,9 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 ///    block terms for four rows at once; the tiled Q6_K prefill without a closure call.
 /// 10: several rows' prefetch a group's length further when the group is long
 ///    (`avx2::prefetch_block`); narrow tiles four rows at a time.
-pub const KERNELS_REVISION: u32 = 10;
+/// 11: candidates timed round-robin (plans timed one candidate after another could keep
+///    a kernel crowned by a burst of other load).
+pub const KERNELS_REVISION: u32 = 11;
 
 #[cfg(test)]
 mod tests {

@@ -12,8 +12,8 @@ use nx_syscalls::ThreadPool;
 use crate::lazy::LazyWeight;
 use crate::matmul::{matmul_quantized_pool_with, QuantizedActs};
 use crate::plan::{
-    decode_candidates, prefill_candidates, shares_k_tiles, DecodeKernel, FormatPlan, KernelPlan,
-    PrefillKernel, Role,
+    decode_candidates, prefill_candidates, shares_k_tiles, FormatPlan, KernelPlan, PrefillKernel,
+    Role,
 };
 use crate::tier::active_tier;
 use crate::LazyWeightError;
@@ -52,7 +52,8 @@ const TUNE_DECODE_BYTES: usize = 96 << 20;
 /// Weight rows and tokens of a prefill candidate's pass.
 const TUNE_PREFILL_ROWS: usize = 128;
 const TUNE_PREFILL_TOKENS: usize = 256;
-/// Timed passes per candidate (after one untimed warm-up); the best counts.
+/// Timed passes per candidate (after one untimed warm-up), taken round-robin across the
+/// candidates; the best counts.
 const TUNE_PASSES: usize = 3;
 /// A candidate replaces the default only when it is at least this much faster, so noise
 /// does not flip choices between runs.
@@ -83,35 +84,25 @@ pub fn tune(weights: &[LazyWeight<'_>], pool: &ThreadPool) -> Result<Tuned, Lazy
         let pw = w.row_range(0..TUNE_PREFILL_ROWS.min(w.n_rows()))?;
         let mut best = plan.get(ty);
         let default = best;
-        let time_decode = |k: DecodeKernel| -> Result<Timing, LazyWeightError> {
-            time_candidate(
-                &plan,
-                ty,
-                FormatPlan {
-                    decode: k,
-                    ..default
-                },
-                &dw,
-                1,
-                pool,
-            )
-        };
-        let decode: Vec<(DecodeKernel, Timing)> = decode_candidates(tier, ty)
-            .into_iter()
-            .map(|k| time_decode(k).map(|t| (k, t)))
-            .collect::<Result<_, _>>()?;
+        let decode = time_round_robin(
+            decode_candidates(tier, ty),
+            |k| FormatPlan {
+                decode: k,
+                ..default
+            },
+            (&plan, ty, &dw, 1),
+            pool,
+        )?;
         best.decode = fastest(&decode, default.decode);
-        let time_prefill = |k: PrefillKernel| -> Result<Timing, LazyWeightError> {
-            let fp = FormatPlan {
+        let prefill = time_round_robin(
+            prefill_candidates(tier, ty),
+            |k| FormatPlan {
                 prefill: k,
                 ..default
-            };
-            time_candidate(&plan, ty, fp, &pw, TUNE_PREFILL_TOKENS, pool)
-        };
-        let prefill: Vec<(PrefillKernel, Timing)> = prefill_candidates(tier, ty)
-            .into_iter()
-            .map(|k| time_prefill(k).map(|t| (k, t)))
-            .collect::<Result<_, _>>()?;
+            },
+            (&plan, ty, &pw, TUNE_PREFILL_TOKENS),
+            pool,
+        )?;
         best.prefill = fastest(&prefill, default.prefill);
         timings.extend(decode.into_iter().map(|(_, t)| t));
         timings.extend(prefill.into_iter().map(|(_, t)| t));
@@ -178,47 +169,94 @@ fn settle_shared_tiles(plan: &mut KernelPlan, timings: &[Timing]) -> Result<(), 
     Ok(())
 }
 
-/// Best-of-[`TUNE_PASSES`] time of `w` times `n` tokens with `ty`'s kernels set to
-/// `candidate` on top of `base`.
-fn time_candidate(
-    base: &KernelPlan,
-    ty: GgmlType,
-    candidate: FormatPlan,
-    w: &LazyWeight<'_>,
-    n: usize,
+/// Times `kernels` (each set by `with` on top of the format's default) on `w` times `n`
+/// tokens: every candidate is prepared first, then the passes go round-robin (one pass
+/// of each candidate in turn, [`TUNE_PASSES`] rounds after an untimed one) and each
+/// keeps its best. Timed one after another, a burst of other work on the machine lands
+/// on one candidate and can crown a slower kernel for good (the plan is cached);
+/// interleaved, such a burst costs every candidate alike.
+fn time_round_robin<K: Copy>(
+    kernels: Vec<K>,
+    with: impl Fn(K) -> FormatPlan,
+    (base, ty, w, n): (&KernelPlan, GgmlType, &LazyWeight<'_>, usize),
     pool: &ThreadPool,
-) -> Result<Timing, LazyWeightError> {
-    let mut plan = base.clone();
-    plan.set(ty, candidate)?;
-    // Activations of unit size with a little variation: the kernels' speed does not
-    // depend on the values.
-    let x: Vec<f32> = (0..n * w.row_len())
-        .map(|i| ((i * 7919) % 257) as f32 / 128.0 - 1.0)
-        .collect();
-    let mut xq = QuantizedActs::new();
-    xq.quantize_with_plan(&plan, w.vec_dot_type(), &x, n, w.row_len(), Some(pool))?;
-    let mut y = vec![0f32; n * w.n_rows()];
-    let mut best = f64::INFINITY;
-    for pass in 0..=TUNE_PASSES {
-        let t0 = Instant::now();
-        matmul_quantized_pool_with(&plan, w, &xq, &mut y, pool)?;
-        let secs = t0.elapsed().as_secs_f64();
-        if pass > 0 {
-            best = best.min(secs);
+) -> Result<Vec<(K, Timing)>, LazyWeightError> {
+    let mut prepared = kernels
+        .into_iter()
+        .map(|k| Prepared::new(base, ty, with(k), w, n, pool).map(|p| (k, p)))
+        .collect::<Result<Vec<_>, _>>()?;
+    for round in 0..=TUNE_PASSES {
+        for (_, p) in prepared.iter_mut() {
+            let secs = p.pass(w, pool)?;
+            if round > 0 {
+                p.best = p.best.min(secs);
+            }
         }
     }
-    let role = if n == 1 { Role::Decode } else { Role::Prefill };
-    Ok(Timing {
-        format: ty,
-        role,
-        kernel: match role {
-            Role::Decode => candidate.decode.name(),
-            Role::Prefill => candidate.prefill.name(),
-        },
-        seconds: best,
-        bytes: w.bytes().len(),
-        tokens: n,
-    })
+    Ok(prepared
+        .into_iter()
+        .map(|(k, p)| {
+            let role = if n == 1 { Role::Decode } else { Role::Prefill };
+            let timing = Timing {
+                format: ty,
+                role,
+                kernel: match role {
+                    Role::Decode => p.candidate.decode.name(),
+                    Role::Prefill => p.candidate.prefill.name(),
+                },
+                seconds: p.best,
+                bytes: w.bytes().len(),
+                tokens: n,
+            };
+            (k, timing)
+        })
+        .collect())
+}
+
+/// One candidate of [`time_round_robin`], ready to time: `ty`'s kernels set to
+/// `candidate` on top of the base plan, activations quantized under that plan.
+struct Prepared {
+    candidate: FormatPlan,
+    plan: KernelPlan,
+    xq: QuantizedActs,
+    y: Vec<f32>,
+    /// Best pass so far, in seconds.
+    best: f64,
+}
+
+impl Prepared {
+    fn new(
+        base: &KernelPlan,
+        ty: GgmlType,
+        candidate: FormatPlan,
+        w: &LazyWeight<'_>,
+        n: usize,
+        pool: &ThreadPool,
+    ) -> Result<Prepared, LazyWeightError> {
+        let mut plan = base.clone();
+        plan.set(ty, candidate)?;
+        // Activations of unit size with a little variation: the kernels' speed does not
+        // depend on the values.
+        let x: Vec<f32> = (0..n * w.row_len())
+            .map(|i| ((i * 7919) % 257) as f32 / 128.0 - 1.0)
+            .collect();
+        let mut xq = QuantizedActs::new();
+        xq.quantize_with_plan(&plan, w.vec_dot_type(), &x, n, w.row_len(), Some(pool))?;
+        Ok(Prepared {
+            candidate,
+            plan,
+            xq,
+            y: vec![0f32; n * w.n_rows()],
+            best: f64::INFINITY,
+        })
+    }
+
+    /// One timed matmul, in seconds.
+    fn pass(&mut self, w: &LazyWeight<'_>, pool: &ThreadPool) -> Result<f64, LazyWeightError> {
+        let t0 = Instant::now();
+        matmul_quantized_pool_with(&self.plan, w, &self.xq, &mut self.y, pool)?;
+        Ok(t0.elapsed().as_secs_f64())
+    }
 }
 
 #[cfg(test)]
@@ -238,5 +276,43 @@ mod tests {
         assert_eq!(fastest(&[(1, t(1.0)), (2, t(0.99))], 1), 1);
         assert_eq!(fastest(&[(1, t(1.0)), (2, t(0.9))], 1), 2);
         assert_eq!(fastest(&[(1, t(1.0)), (2, t(1.5))], 1), 1);
+    }
+
+    #[test]
+    fn every_candidate_is_timed_once_and_the_choice_is_one_of_them() {
+        let tier = active_tier().unwrap();
+        let (ty, row_len, n_rows) = (GgmlType::Q8_0, 256, 160);
+        let rb = crate::row_bytes(ty, row_len).unwrap();
+        let mut bytes = vec![0u8; rb * n_rows];
+        for (r, row) in bytes.chunks_exact_mut(rb).enumerate() {
+            let x: Vec<f32> = (0..row_len)
+                .map(|i| ((r * 31 + i) % 17) as f32 - 8.0)
+                .collect();
+            crate::quant::quantize_row(ty, &x, row).unwrap();
+        }
+        let w = LazyWeight::from_parts(ty, &[row_len as u64, n_rows as u64], &bytes).unwrap();
+        let tuned = tune(&[w], &ThreadPool::new(2)).unwrap();
+        let named = |role: Role| -> Vec<String> {
+            tuned
+                .timings
+                .iter()
+                .filter(|t| t.role == role)
+                .inspect(|t| assert!(t.seconds.is_finite() && t.seconds > 0.0, "{t:?}"))
+                .map(|t| t.kernel.clone())
+                .collect()
+        };
+        let decode: Vec<String> = decode_candidates(tier, ty)
+            .iter()
+            .map(|k| k.name())
+            .collect();
+        let prefill: Vec<String> = prefill_candidates(tier, ty)
+            .iter()
+            .map(|k| k.name())
+            .collect();
+        assert_eq!(named(Role::Decode), decode);
+        assert_eq!(named(Role::Prefill), prefill);
+        let chosen = tuned.plan.get(ty);
+        assert!(decode.contains(&chosen.decode.name()));
+        assert!(prefill.contains(&chosen.prefill.name()));
     }
 }
