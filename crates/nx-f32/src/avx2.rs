@@ -146,18 +146,20 @@ pub(crate) unsafe fn group_scores<T: KvElem>(
 /// `Σ_j p_j·v_j` for every head of `probs` (`[heads, n]`, already rounded to the cache's
 /// precision) into `out` (`[heads, vd]`, `vd` a multiple of 64), with the portable code's
 /// 64 value lanes and reduction: the AVX2 twin of
-/// [`crate::avx512::weighted_values_heads`]. A lane is built in eight registers over a
-/// 64-wide slice of the value columns at a time (its rows in order, fused multiply-adds
-/// from `+0`, zero when no row reaches it); the lanes go in the sets the reduction's first
-/// step adds (`l, l+16, l+32, l+48`), every head taking its turn on a set while its rows
-/// are in cache; each head keeps only its sixteen reduced lanes.
+/// [`crate::avx512::weighted_values_heads`]. The lanes go in the sets the reduction's
+/// first step adds (`l, l+16, l+32, l+48`); for each set, up to four heads build their
+/// lanes together in eight registers (four heads × 16 columns, two × 32 or one × 64 at a
+/// time), so each value row is loaded and widened once for all of them. Each lane is the
+/// portable code's (its rows in order, fused multiply-adds from `+0`, zero when no row
+/// reaches it); each head keeps only its sixteen reduced lanes.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 ///
 /// # Panics
 /// When `values` is not `vd` wide, `probs` is not `out.len() / vd` heads long, `reduced`
-/// holds fewer than `(heads·16 + 4)·vd` values, or a row lies outside `values`.
+/// holds fewer than `(heads·16 + 4·min(heads, 4))·vd` values, or a row lies outside
+/// `values`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn weighted_values_heads<T: KvElem>(
     probs: &[f32],
@@ -167,65 +169,114 @@ pub(crate) unsafe fn weighted_values_heads<T: KvElem>(
     out: &mut [f32],
 ) {
     let vd = values.head_dim();
-    assert!(vd > 0 && vd.is_multiple_of(64));
+    assert!(vd > 0 && vd.is_multiple_of(64) && vd <= MAX_HEAD_DIM);
     let n_heads = out.len() / vd;
     assert!(n_heads > 0 && out.len() == n_heads * vd);
     assert!(probs.len().is_multiple_of(n_heads));
-    assert!(reduced.len() >= (n_heads * 16 + 4) * vd);
+    assert!(reduced.len() >= (n_heads * 16 + 4 * n_heads.min(4)) * vd);
     let n = probs.len() / n_heads;
     let (sets, rest) = reduced.split_at_mut(n_heads * 16 * vd);
-    let four = &mut rest[..4 * vd];
-    let mut buf = [0f32; MAX_HEAD_DIM];
     for l in 0..16 {
-        for h in 0..n_heads {
-            let head_probs = &probs[h * n..(h + 1) * n];
-            for (k, lane) in four.chunks_exact_mut(vd).enumerate() {
-                // Relative index of the first row in absolute lane l + 16k.
-                let first = (l + 16 * k + 64 - rows_start % 64) % 64;
-                for slice in (0..vd).step_by(64) {
-                    let mut acc = [_mm256_setzero_ps(); 8];
-                    let mut i = first;
-                    while i < n {
-                        let row = values.row(rows_start + i - first_row);
-                        let v: &[f32] = match T::as_f16(row) {
-                            Some(h16) => {
-                                assert!(h16.len() >= vd);
-                                for c in (slice..slice + 64).step_by(8) {
-                                    // SAFETY: c + 8 <= vd <= both lengths; f16 is 2 bytes.
-                                    unsafe {
-                                        let bits =
-                                            _mm_loadu_si128(h16.as_ptr().add(c) as *const __m128i);
-                                        _mm256_storeu_ps(
-                                            buf.as_mut_ptr().add(c),
-                                            _mm256_cvtph_ps(bits),
-                                        );
-                                    }
-                                }
-                                &buf[..vd]
-                            }
-                            None => T::row_f32(row, &mut buf),
-                        };
-                        assert!(v.len() >= vd);
-                        let p = _mm256_set1_ps(head_probs[i]);
-                        for (r, a) in acc.iter_mut().enumerate() {
-                            // SAFETY: slice + 8r + 8 <= vd <= v.len() (asserted).
-                            let x = unsafe { _mm256_loadu_ps(v.as_ptr().add(slice + 8 * r)) };
-                            *a = _mm256_fmadd_ps(x, p, *a);
-                        }
-                        i += 64;
-                    }
-                    for (r, a) in acc.iter().enumerate() {
-                        // SAFETY: slice + 8r + 8 <= vd = lane.len().
-                        unsafe { _mm256_storeu_ps(lane.as_mut_ptr().add(slice + 8 * r), *a) };
-                    }
+        // Relative index of the first row in absolute lanes l, l+16, l+32, l+48.
+        let firsts: [usize; 4] = std::array::from_fn(|k| (l + 16 * k + 64 - rows_start % 64) % 64);
+        for h0 in (0..n_heads).step_by(4) {
+            let group = (n_heads - h0).min(4);
+            let four = &mut rest[..4 * group * vd];
+            let lanes = (
+                &probs[h0 * n..(h0 + group) * n],
+                values,
+                (first_row, rows_start),
+            );
+            // SAFETY: forwarded contract; `four` holds four lanes of `group` heads.
+            unsafe {
+                match group {
+                    1 => value_lanes_group::<T, 1>(lanes, &firsts, four),
+                    2 => value_lanes_group::<T, 2>(lanes, &firsts, four),
+                    3 => value_lanes_group::<T, 3>(lanes, &firsts, four),
+                    _ => value_lanes_group::<T, 4>(lanes, &firsts, four),
                 }
             }
-            let r = &mut sets[(h * 16 + l) * vd..(h * 16 + l + 1) * vd];
-            crate::scalar::first_step(four, vd, r);
+            for (g, four) in four.chunks_exact(4 * vd).enumerate() {
+                let h = h0 + g;
+                let r = &mut sets[(h * 16 + l) * vd..(h * 16 + l + 1) * vd];
+                crate::scalar::first_step(four, vd, r);
+            }
         }
     }
     for (set, o) in sets.chunks_exact_mut(16 * vd).zip(out.chunks_exact_mut(vd)) {
         crate::scalar::reduce_sixteen_lanes(set, vd, o);
+    }
+}
+
+/// The four lanes `firsts` of `G` heads (`probs`: `[G, n]`) of [`weighted_values_heads`]:
+/// for head `g` and lane `k`, `Σ p_i·v_i` over rows `i = firsts[k], firsts[k] + 64, …`
+/// below `n`, in order by fused multiply-adds from `+0`, into `four[(4g + k)·vd..][..vd]`,
+/// `CN = 8 / G` registers of columns at a time (eight accumulators in all).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+// The accumulators are indexed [head][column] by two loop positions at once.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn value_lanes_group<T: KvElem, const G: usize>(
+    (probs, values, (first_row, rows_start)): (&[f32], HeadRows<'_, T>, (usize, usize)),
+    firsts: &[usize; 4],
+    four: &mut [f32],
+) {
+    let vd = values.head_dim();
+    let n = probs.len() / G;
+    assert!(four.len() >= 4 * G * vd && probs.len() == G * n);
+    // Columns per pass, in registers of eight: 64 for one head, 32 for two, 16 for more.
+    let cn = match G {
+        1 => 8,
+        2 => 4,
+        _ => 2,
+    };
+    let mut buf = [0f32; MAX_HEAD_DIM];
+    for (k, &first) in firsts.iter().enumerate() {
+        for c0 in (0..vd / 8).step_by(cn) {
+            let mut acc = [[_mm256_setzero_ps(); 8]; G];
+            let mut i = first;
+            while i < n {
+                let row = values.row(rows_start + i - first_row);
+                let mut p = [_mm256_setzero_ps(); G];
+                for (g, p) in p.iter_mut().enumerate() {
+                    *p = _mm256_set1_ps(probs[g * n + i]);
+                }
+                for c in 0..cn {
+                    let at = 8 * (c0 + c);
+                    let x = match T::as_f16(row) {
+                        Some(h) => {
+                            assert!(h.len() >= vd);
+                            // SAFETY: at + 8 <= vd <= h.len() (asserted); f16 is 2 bytes.
+                            unsafe {
+                                _mm256_cvtph_ps(_mm_loadu_si128(
+                                    h.as_ptr().add(at) as *const __m128i
+                                ))
+                            }
+                        }
+                        None => {
+                            let v = T::row_f32(row, &mut buf);
+                            assert!(v.len() >= vd);
+                            // SAFETY: at + 8 <= vd <= v.len() (asserted).
+                            unsafe { _mm256_loadu_ps(v.as_ptr().add(at)) }
+                        }
+                    };
+                    for g in 0..G {
+                        acc[g][c] = _mm256_fmadd_ps(x, p[g], acc[g][c]);
+                    }
+                }
+                i += 64;
+            }
+            for (g, acc) in acc.iter().enumerate() {
+                let dst = &mut four[(4 * g + k) * vd..(4 * g + k + 1) * vd];
+                for (c, a) in acc.iter().enumerate().take(cn) {
+                    // SAFETY: 8(c0 + c) + 8 <= vd = dst.len().
+                    unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(8 * (c0 + c)), *a) };
+                }
+            }
+        }
     }
 }
 

@@ -927,9 +927,10 @@ fn attend_head_avx2_matches_portable_twin() {
 
 /// `attend_group`'s AVX2 build (scores and value lanes eight to a register, each key row
 /// widened once for the group, the heads taking turns on each set of value lanes)
-/// against the portable twin, bit for bit: f32 and f16 storage, heads of 64 and 256 (the
-/// AVX2 code) and 40 and 80 (the portable code compiled for AVX2), three query heads per
-/// KV head, ranges shorter and longer than the 64 lanes, starting anywhere.
+/// against the portable twin, bit for bit: f32 and f16 storage, heads of 64, 128 and 256
+/// (the AVX2 code) and 40 and 80 (the portable code compiled for AVX2), 1 to 4 and 7 query
+/// heads per KV head (the value lanes take up to four heads together: 7 is four and
+/// three), ranges shorter and longer than the 64 lanes, starting anywhere.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn attend_group_avx2_matches_portable_twin() {
@@ -939,15 +940,24 @@ fn attend_group_avx2_matches_portable_twin() {
         return;
     }
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    let group = 3;
-    for (seed, head_dim) in [(150u64, 40usize), (151, 64), (152, 80), (153, 256)] {
+    for (seed, head_dim) in [
+        (150u64, 40usize),
+        (151, 64),
+        (152, 80),
+        (154, 128),
+        (153, 256),
+    ] {
         let n_rows = 150;
         let k = kv_rows(seed, n_rows, 2, head_dim);
         let v = kv_rows(seed + 100, n_rows, 2, head_dim);
         let k16: Vec<f16> = k.iter().map(|&x| f16::from_f32(x)).collect();
         let v16: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
-        let qs = values(seed + 200, group * head_dim);
-        for range in [0..1, 3..50, 0..64, 17..150, 64..130] {
+        let all_qs = values(seed + 200, 7 * head_dim);
+        let cases = [1, 2, 3, 4, 7]
+            .into_iter()
+            .flat_map(|group| [0..1, 3..50, 0..64, 17..150, 64..130].map(|r| (group, r)));
+        for (group, range) in cases {
+            let qs = &all_qs[..group * head_dim];
             let glen = attend_group_scratch_len(group, range.len(), head_dim);
             let (mut g1, mut g2) = (vec![0.0; glen], vec![f32::NAN; glen]);
             let (mut a, mut b) = (vec![0.0; qs.len()], vec![0.0; qs.len()]);
@@ -957,13 +967,13 @@ fn attend_group_avx2_matches_portable_twin() {
                 first_row: 0,
                 precision: KvPrecision::F32,
             };
-            attend_group_portable(&qs, f32_view, range.clone(), 0.3, &mut a, &mut g1);
+            attend_group_portable(qs, f32_view, range.clone(), 0.3, &mut a, &mut g1);
             // SAFETY: AVX2 and FMA were detected above.
-            unsafe { attend_group_avx2(&qs, f32_view, range.clone(), 0.3, &mut b, &mut g2) };
+            unsafe { attend_group_avx2(qs, f32_view, range.clone(), 0.3, &mut b, &mut g2) };
             assert_eq!(
                 bits(&a),
                 bits(&b),
-                "f32 head_dim={head_dim} range={range:?}"
+                "f32 head_dim={head_dim} group={group} range={range:?}"
             );
             let f16_view = CacheView {
                 keys: HeadRows::head(&k16, 2, head_dim, 0).unwrap(),
@@ -971,13 +981,13 @@ fn attend_group_avx2_matches_portable_twin() {
                 first_row: 0,
                 precision: KvPrecision::F16,
             };
-            attend_group_portable(&qs, f16_view, range.clone(), 0.3, &mut a, &mut g1);
+            attend_group_portable(qs, f16_view, range.clone(), 0.3, &mut a, &mut g1);
             // SAFETY: as above.
-            unsafe { attend_group_avx2(&qs, f16_view, range.clone(), 0.3, &mut b, &mut g2) };
+            unsafe { attend_group_avx2(qs, f16_view, range.clone(), 0.3, &mut b, &mut g2) };
             assert_eq!(
                 bits(&a),
                 bits(&b),
-                "f16 head_dim={head_dim} range={range:?}"
+                "f16 head_dim={head_dim} group={group} range={range:?}"
             );
         }
     }
