@@ -2,7 +2,8 @@
 //!
 //! Narrowing rounds to nearest, ties to even (as ggml's `FP32_TO_FP16` with F16C and its
 //! `FP32_TO_BF16` do). Conversions go through `half`'s slice routines, which use the
-//! hardware converters when the CPU has them. Mismatched lengths are a caller bug: a
+//! hardware converters when the CPU has them; on the AVX-512 tier f16 rows widen sixteen
+//! values per instruction instead of eight (the same exact conversion). Mismatched lengths are a caller bug: a
 //! `debug_assert!` in debug builds, the common prefix otherwise.
 
 use half::slice::HalfFloatSliceExt;
@@ -12,6 +13,11 @@ use half::{bf16, f16};
 pub fn f16_to_f32_row(src: &[f16], dst: &mut [f32]) {
     debug_assert_eq!(src.len(), dst.len(), "f16_to_f32_row: length mismatch");
     let n = src.len().min(dst.len());
+    #[cfg(target_arch = "x86_64")]
+    if crate::use_avx512() {
+        // SAFETY: `use_avx512` verified AVX-512 F and F16C on this CPU.
+        return unsafe { crate::avx512::widen_f16(&src[..n], &mut dst[..n]) };
+    }
     src[..n].convert_to_f32_slice(&mut dst[..n]);
 }
 

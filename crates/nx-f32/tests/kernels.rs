@@ -611,6 +611,26 @@ proptest! {
 
 // ---------------------------------------------------------------- conversions
 
+/// Every f16 bit pattern (normals, subnormals, zeros, infinities, NaNs) widens to the
+/// bits `f16::to_f32` gives, at a length with a tail after the sixteen-wide steps.
+#[test]
+fn f16_rows_widen_every_bit_pattern_exactly() {
+    let all: Vec<f16> = (0..=u16::MAX)
+        .map(f16::from_bits)
+        .chain([f16::ONE; 7])
+        .collect();
+    let mut wide = vec![0.0f32; all.len()];
+    f16_to_f32_row(&all, &mut wide);
+    for (h, w) in all.iter().zip(&wide) {
+        assert_eq!(
+            w.to_bits(),
+            h.to_f32().to_bits(),
+            "f16 bits {:#06x}",
+            h.to_bits()
+        );
+    }
+}
+
 #[test]
 fn f16_and_bf16_rows_round_trip_and_round_to_even() {
     let exact = [0.0f32, -0.0, 1.0, -2.5, 0.099975586, 65504.0];
