@@ -135,18 +135,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let sampler = args.sampler();
     sampler.validate()?;
     let speculation = args.spec.speculation()?;
-    if args.prefill_chunk == 0 {
-        bail!("--prefill-chunk must be at least 1");
-    }
-    if args.ctx == 0 {
-        bail!("--ctx must be at least 1");
-    }
-    let text_prompt = match (&args.prompt, &args.file, &args.prompt_ids) {
-        (Some(p), _, _) => Some(p.clone()),
-        (None, Some(f), _) => Some(read_prompt_file(f)?),
-        (None, None, Some(_)) => None,
-        (None, None, None) => bail!("no prompt: give --prompt TEXT, -f FILE or --prompt-ids IDS"),
-    };
+    let text_prompt = checked_prompt_text(args)?;
 
     let purpose = if args.chat {
         ModelUse::Chat
@@ -188,33 +177,24 @@ pub fn run(args: &RunArgs) -> Result<()> {
         done: None,
     };
     runner.generate(Prompt::Ids(ids), |event| printer.on_event(event))?;
-    if let Some(e) = printer.write_error {
-        // A closed pipe (`nx run … | head`) just ends the output.
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
-            return Err(e).context("writing the output");
-        }
-        return Ok(());
+    printer.finish(args.spec.spec.is_some())
+}
+
+/// The flags' numeric checks, then the prompt text (`--prompt` or `-f`; `None` for
+/// `--prompt-ids`).
+fn checked_prompt_text(args: &RunArgs) -> Result<Option<String>> {
+    if args.prefill_chunk == 0 {
+        bail!("--prefill-chunk must be at least 1");
     }
-    if let (false, Some((reason, s))) = (args.json, printer.done) {
-        let newline = if printer.last_text.ends_with('\n') {
-            ""
-        } else {
-            "\n"
-        };
-        eprintln!(
-            "{newline}prompt: {} tokens in {:.2} s ({:.1} tok/s) | generation: {} tokens, \
-             {:.1} tok/s | ttft {:.0} ms{} | stop: {}",
-            s.prompt_tokens,
-            s.prefill_secs,
-            s.prompt_tps,
-            s.generated_tokens,
-            s.gen_tps,
-            s.ttft_ms,
-            spec_text(args.spec.spec.is_some(), &s),
-            reason
-        );
+    if args.ctx == 0 {
+        bail!("--ctx must be at least 1");
     }
-    Ok(())
+    Ok(match (&args.prompt, &args.file, &args.prompt_ids) {
+        (Some(p), _, _) => Some(p.clone()),
+        (None, Some(f), _) => Some(read_prompt_file(f)?),
+        (None, None, Some(_)) => None,
+        (None, None, None) => bail!("no prompt: give --prompt TEXT, -f FILE or --prompt-ids IDS"),
+    })
 }
 
 /// ` | drafts: accepted/drafted (rate)` when speculating.
@@ -268,6 +248,38 @@ struct Printer<W: Write> {
 }
 
 impl<W: Write> Printer<W> {
+    /// After the run: a closed pipe (`nx run … | head`) just ends the output, another
+    /// write error is the error; then, for text output, the one-line summary on stderr
+    /// (`spec`: speculation was on, so its acceptance is reported).
+    fn finish(self, spec: bool) -> Result<()> {
+        if let Some(e) = self.write_error {
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                return Err(e).context("writing the output");
+            }
+            return Ok(());
+        }
+        if let (false, Some((reason, s))) = (self.json, self.done) {
+            let newline = if self.last_text.ends_with('\n') {
+                ""
+            } else {
+                "\n"
+            };
+            eprintln!(
+                "{newline}prompt: {} tokens in {:.2} s ({:.1} tok/s) | generation: {} tokens, \
+                 {:.1} tok/s | ttft {:.0} ms{} | stop: {}",
+                s.prompt_tokens,
+                s.prefill_secs,
+                s.prompt_tps,
+                s.generated_tokens,
+                s.gen_tps,
+                s.ttft_ms,
+                spec_text(spec, &s),
+                reason
+            );
+        }
+        Ok(())
+    }
+
     fn on_event(&mut self, event: Event) -> ControlFlow<()> {
         let written = match event {
             Event::Token {

@@ -519,6 +519,65 @@ fn read_windows(
     Ok((Some(window), local, base))
 }
 
+/// `attention.layer_norm_rms_epsilon`, a finite non-negative number.
+fn read_rms_eps(k: &Keys<'_>) -> Result<f32, StackError> {
+    let key = k.key("attention.layer_norm_rms_epsilon");
+    let rms_eps = k.m.get_f32(&key)?;
+    if !(rms_eps.is_finite() && rms_eps >= 0.0) {
+        return bad(format!(
+            "{key} = {rms_eps} must be a finite non-negative number"
+        ));
+    }
+    Ok(rms_eps)
+}
+
+/// The scales [`read_scales`] reads (see [`ModelConfig`]'s fields of those names).
+struct Scales {
+    embed: Option<f32>,
+    attn: f32,
+    residual: Option<f32>,
+    logit: Option<f32>,
+}
+
+/// The input embedding, attention, residual and logit scales: the architecture's
+/// multipliers where it has them (a logit scale is then required), else `√n_embd` on
+/// the embeddings where the architecture scales them, `1/√head_dim` on the scores and
+/// no residual or logit scale.
+fn read_scales(
+    k: &Keys<'_>,
+    arch: Arch,
+    n_layers: usize,
+    (n_embd, n_head, head_dim): (usize, usize, usize),
+) -> Result<Scales, StackError> {
+    let spec = arch.spec();
+    // Gemma 2 27B (46 layers) scales by n_embd / n_head, as the reference decides.
+    let gemma2_27b = arch == Arch::Gemma2 && n_layers == 46;
+    let default_attn_scale = if gemma2_27b {
+        1.0 / ((n_embd / n_head) as f32).sqrt()
+    } else {
+        1.0 / (head_dim as f32).sqrt()
+    };
+    if !spec.multipliers {
+        return Ok(Scales {
+            embed: spec.embed_sqrt_n_embd.then(|| (n_embd as f32).sqrt()),
+            attn: default_attn_scale,
+            residual: None,
+            logit: None,
+        });
+    }
+    let logit_scale = k.multiplier("logit_scale")?.ok_or_else(|| {
+        StackError::BadConfig(format!("{} is missing or 0", k.key("logit_scale")))
+    })?;
+    Ok(Scales {
+        embed: k.multiplier("embedding_scale")?,
+        attn: k
+            .multiplier("attention.scale")?
+            .unwrap_or(default_attn_scale),
+        residual: k.multiplier("residual_scale")?,
+        logit: Some(logit_scale),
+    })
+}
+
 /// The attention and final-logit soft caps (a cap of 0 or less is none).
 fn read_softcaps(k: &Keys<'_>, spec: &ArchSpec) -> Result<(Option<f32>, Option<f32>), StackError> {
     let attn = match spec.softcaps {
@@ -595,37 +654,15 @@ impl ModelConfig {
         let rope_orig_ctx = k
             .opt_u32("rope.scaling.original_context_length")?
             .unwrap_or(n_ctx_train);
-        let rms_eps = m.get_f32(&k.key("attention.layer_norm_rms_epsilon"))?;
-        if !(rms_eps.is_finite() && rms_eps >= 0.0) {
-            return bad(format!(
-                "{} = {rms_eps} must be a finite non-negative number",
-                k.key("attention.layer_norm_rms_epsilon")
-            ));
-        }
+        let rms_eps = read_rms_eps(&k)?;
         let (sliding_window, layer_is_local, rope_base_local) =
             read_windows(&k, spec, n_layers, rope_base)?;
-        // Gemma 2 27B (46 layers) scales by n_embd / n_head, as the reference decides.
-        let gemma2_27b = arch == Arch::Gemma2 && n_layers == 46;
-        let default_attn_scale = if gemma2_27b {
-            1.0 / ((n_embd / n_head) as f32).sqrt()
-        } else {
-            1.0 / (head_dim as f32).sqrt()
-        };
-        let (embed_scale, attn_scale, residual_scale, logit_scale) = if spec.multipliers {
-            let logit_scale = k.multiplier("logit_scale")?.ok_or_else(|| {
-                StackError::BadConfig(format!("{} is missing or 0", k.key("logit_scale")))
-            })?;
-            (
-                k.multiplier("embedding_scale")?,
-                k.multiplier("attention.scale")?
-                    .unwrap_or(default_attn_scale),
-                k.multiplier("residual_scale")?,
-                Some(logit_scale),
-            )
-        } else {
-            let embed = spec.embed_sqrt_n_embd.then(|| (n_embd as f32).sqrt());
-            (embed, default_attn_scale, None, None)
-        };
+        let Scales {
+            embed: embed_scale,
+            attn: attn_scale,
+            residual: residual_scale,
+            logit: logit_scale,
+        } = read_scales(&k, arch, n_layers, (n_embd, n_head, head_dim))?;
         let (attn_softcap, final_logit_softcap) = read_softcaps(&k, spec)?;
         Ok(ModelConfig {
             arch,

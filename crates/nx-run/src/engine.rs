@@ -455,8 +455,44 @@ impl Engine {
     /// `max_tokens` beyond `n_ctx` or beyond the whole block pool, queue full, bad
     /// sampler settings) leave nothing queued.
     pub fn submit(&mut self, request: Request) -> Result<SeqId, RunError> {
+        self.check_request(&request)?;
+        let mut sampler = Sampler::new(request.sampler.clone())?;
+        // The prompt enters the penalty window before the first token, as in the runner.
+        sampler.accept_all(&request.prompt);
+        let id = self.next_id;
+        self.next_id += 1;
+        self.metrics.requests_total += 1;
+        self.metrics.prompt_tokens_total += request.prompt.len() as u64;
+        self.waiting.push_back(Sequence {
+            id,
+            prompt_len: request.prompt.len(),
+            stops: StopMatcher::new(&request.stop_strings),
+            tokens: request.prompt,
+            max_tokens: request.max_tokens,
+            logprobs: request.logprobs,
+            token_logprobs: request.token_logprobs || request.logprobs > 0,
+            ignore_eos: request.ignore_eos,
+            max_bytes: request.max_bytes,
+            table: BlockTable::new(),
+            sampler,
+            decoder: DetachedDecoder::new(),
+            text_bytes: 0,
+            generated: 0,
+            cached_prompt_tokens: 0,
+            preemptions: 0,
+            submitted: Instant::now(),
+            ttft_ms: 0.0,
+            spec: request.speculation.map(SpecState::new),
+            score_from: request.score_from,
+            scored_upto: 0,
+        });
+        Ok(id)
+    }
+
+    /// Why `r` cannot be queued, if it cannot: a bad prompt or configuration, more
+    /// positions or blocks than a sequence may have, a full queue.
+    fn check_request(&self, r: &Request) -> Result<(), RunError> {
         let n_vocab = self.model.config().n_vocab;
-        let r = &request;
         if r.prompt.is_empty() {
             return Err(RunError::EmptyPrompt);
         }
@@ -505,37 +541,7 @@ impl Engine {
                 ));
             }
         }
-        let mut sampler = Sampler::new(request.sampler.clone())?;
-        // The prompt enters the penalty window before the first token, as in the runner.
-        sampler.accept_all(&request.prompt);
-        let id = self.next_id;
-        self.next_id += 1;
-        self.metrics.requests_total += 1;
-        self.metrics.prompt_tokens_total += request.prompt.len() as u64;
-        self.waiting.push_back(Sequence {
-            id,
-            prompt_len: request.prompt.len(),
-            stops: StopMatcher::new(&request.stop_strings),
-            tokens: request.prompt,
-            max_tokens: request.max_tokens,
-            logprobs: request.logprobs,
-            token_logprobs: request.token_logprobs || request.logprobs > 0,
-            ignore_eos: request.ignore_eos,
-            max_bytes: request.max_bytes,
-            table: BlockTable::new(),
-            sampler,
-            decoder: DetachedDecoder::new(),
-            text_bytes: 0,
-            generated: 0,
-            cached_prompt_tokens: 0,
-            preemptions: 0,
-            submitted: Instant::now(),
-            ttft_ms: 0.0,
-            spec: request.speculation.map(SpecState::new),
-            score_from: request.score_from,
-            scored_upto: 0,
-        });
-        Ok(id)
+        Ok(())
     }
 
     /// Drops sequence `seq` (waiting or running) and frees its blocks; `false` if unknown.

@@ -489,51 +489,56 @@ fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, ApiError> {
                 ))
             }
         };
-        let content = match obj.get("content") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => {
-                let mut text = String::new();
-                for (j, part) in parts.iter().enumerate() {
-                    let pf = format!("{field}.content[{j}]");
-                    let kind = part.get("type").and_then(Value::as_str);
-                    match (kind, part.get("text")) {
-                        (Some("text"), Some(Value::String(t))) => text.push_str(t),
-                        (Some("text"), _) => {
-                            return Err(ApiError::invalid(
-                                &format!("{pf}.text"),
-                                format!("{pf}.text must be a string"),
-                            ))
-                        }
-                        (Some(other), _) => {
-                            return Err(ApiError::invalid(
-                                &format!("{pf}.type"),
-                                format!("{pf}.type {other:?} is not supported (only \"text\")"),
-                            ))
-                        }
-                        (None, _) => {
-                            return Err(ApiError::invalid(
-                                &format!("{pf}.type"),
-                                format!("{pf} must be an object with \"type\": \"text\""),
-                            ))
-                        }
-                    }
-                }
-                text
-            }
-            Some(v) => {
-                return Err(ApiError::invalid(
-                    &format!("{field}.content"),
-                    format!(
-                        "{field}.content must be a string or an array of text parts, got {}",
-                        type_name(v)
-                    ),
-                ))
-            }
-        };
+        let content = message_content(obj.get("content"), &field)?;
         out.push(ChatMessage::new(role, content));
     }
     Ok(out)
+}
+
+/// A message's `content` (of message `field`): absent or null (empty), a string, or an
+/// array of `{"type": "text", "text": …}` parts joined.
+fn message_content(content: Option<&Value>, field: &str) -> Result<String, ApiError> {
+    let parts = match content {
+        None | Some(Value::Null) => return Ok(String::new()),
+        Some(Value::String(s)) => return Ok(s.clone()),
+        Some(Value::Array(parts)) => parts,
+        Some(v) => {
+            return Err(ApiError::invalid(
+                &format!("{field}.content"),
+                format!(
+                    "{field}.content must be a string or an array of text parts, got {}",
+                    type_name(v)
+                ),
+            ))
+        }
+    };
+    let mut text = String::new();
+    for (j, part) in parts.iter().enumerate() {
+        let pf = format!("{field}.content[{j}]");
+        let kind = part.get("type").and_then(Value::as_str);
+        match (kind, part.get("text")) {
+            (Some("text"), Some(Value::String(t))) => text.push_str(t),
+            (Some("text"), _) => {
+                return Err(ApiError::invalid(
+                    &format!("{pf}.text"),
+                    format!("{pf}.text must be a string"),
+                ))
+            }
+            (Some(other), _) => {
+                return Err(ApiError::invalid(
+                    &format!("{pf}.type"),
+                    format!("{pf}.type {other:?} is not supported (only \"text\")"),
+                ))
+            }
+            (None, _) => {
+                return Err(ApiError::invalid(
+                    &format!("{pf}.type"),
+                    format!("{pf} must be an object with \"type\": \"text\""),
+                ))
+            }
+        }
+    }
+    Ok(text)
 }
 
 fn parse_prompt(f: &Fields<'_>) -> Result<PromptInput, ApiError> {
