@@ -608,8 +608,8 @@ const _: () = assert!(MAX_GROUP_ROUNDED <= crate::avx512::MAX_HEADS_AT_ONCE);
 
 /// The AVX-512 weighted values of every head of `probs` (`[heads, n]`, already rounded
 /// to the cache's precision) into `outs` (`[heads, value_dim]`, value heads 64, 128 or
-/// 256 wide), with `scratch` (at least `avx512::value_lanes_len` values,
-/// `(16·heads + 4·min(heads, 4))·value_dim`) for the lanes.
+/// 256 wide), with `scratch` (at least `(16·heads + 4·min(heads, 4))·value_dim` values)
+/// for the lanes.
 ///
 /// # Safety
 /// The CPU has AVX-512 F, AVX2, FMA and F16C.

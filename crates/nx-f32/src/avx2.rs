@@ -147,7 +147,7 @@ pub(crate) unsafe fn group_scores<T: KvElem>(
 /// precision) into `out` (`[heads, vd]`, `vd` a multiple of 64), with the portable code's
 /// 64 value lanes and reduction: the AVX2 twin of
 /// [`crate::avx512::weighted_values_heads`]. The lanes go in the sets the reduction's
-/// first step adds (`l, l+16, l+32, l+48`); for each set, up to four heads build their
+/// first step adds (`l, l+16, l+32, l+48`, [`crate::scalar::value_lane_sets`]); for each set, up to four heads build their
 /// lanes together in eight registers (four heads × 16 columns, two × 32 or one × 64 at a
 /// time), so each value row is loaded and widened once for all of them. Each lane is the
 /// portable code's (its rows in order, fused multiply-adds from `+0`, zero when no row
@@ -170,42 +170,25 @@ pub(crate) unsafe fn weighted_values_heads<T: KvElem>(
 ) {
     let vd = values.head_dim();
     assert!(vd > 0 && vd.is_multiple_of(64) && vd <= MAX_HEAD_DIM);
-    let n_heads = out.len() / vd;
-    assert!(n_heads > 0 && out.len() == n_heads * vd);
-    assert!(probs.len().is_multiple_of(n_heads));
-    assert!(reduced.len() >= (n_heads * 16 + 4 * n_heads.min(4)) * vd);
-    let n = probs.len() / n_heads;
-    let (sets, rest) = reduced.split_at_mut(n_heads * 16 * vd);
-    for l in 0..16 {
-        // Relative index of the first row in absolute lanes l, l+16, l+32, l+48.
-        let firsts: [usize; 4] = std::array::from_fn(|k| (l + 16 * k + 64 - rows_start % 64) % 64);
-        for h0 in (0..n_heads).step_by(4) {
-            let group = (n_heads - h0).min(4);
-            let four = &mut rest[..4 * group * vd];
-            let lanes = (
-                &probs[h0 * n..(h0 + group) * n],
-                values,
-                (first_row, rows_start),
-            );
-            // SAFETY: forwarded contract; `four` holds four lanes of `group` heads.
+    let rows = (first_row, rows_start);
+    crate::scalar::value_lane_sets(
+        probs,
+        (vd, rows_start),
+        reduced,
+        out,
+        |probs, firsts, four| {
+            let lanes = (probs, values, rows);
+            // SAFETY: forwarded contract; `four` holds four lanes of the group's heads.
             unsafe {
-                match group {
-                    1 => value_lanes_group::<T, 1>(lanes, &firsts, four),
-                    2 => value_lanes_group::<T, 2>(lanes, &firsts, four),
-                    3 => value_lanes_group::<T, 3>(lanes, &firsts, four),
-                    _ => value_lanes_group::<T, 4>(lanes, &firsts, four),
+                match four.len() / (4 * vd) {
+                    1 => value_lanes_group::<T, 1>(lanes, firsts, four),
+                    2 => value_lanes_group::<T, 2>(lanes, firsts, four),
+                    3 => value_lanes_group::<T, 3>(lanes, firsts, four),
+                    _ => value_lanes_group::<T, 4>(lanes, firsts, four),
                 }
             }
-            for (g, four) in four.chunks_exact(4 * vd).enumerate() {
-                let h = h0 + g;
-                let r = &mut sets[(h * 16 + l) * vd..(h * 16 + l + 1) * vd];
-                crate::scalar::first_step(four, vd, r);
-            }
-        }
-    }
-    for (set, o) in sets.chunks_exact_mut(16 * vd).zip(out.chunks_exact_mut(vd)) {
-        crate::scalar::reduce_sixteen_lanes(set, vd, o);
-    }
+        },
+    );
 }
 
 /// The four lanes `firsts` of `G` heads (`probs`: `[G, n]`) of [`weighted_values_heads`]:

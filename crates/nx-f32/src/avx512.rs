@@ -188,6 +188,10 @@ pub(crate) unsafe fn group_scores<T: KvElem>(
     }
 }
 
+/// What the score passes take: the queries (`[heads, head_dim]`), the key rows, the
+/// view's first row, the rows to score, the scale and the first head's index in `probs`.
+type ScoreArgs<'a, T> = (&'a [f32], HeadRows<'a, T>, usize, Range<usize>, f32, usize);
+
 /// [`group_scores`] for heads of `16·NQ` values (64, 128 or 256). An f16 cache goes
 /// through [`scores_together`]: up to [`SCORE_HEADS_AT_ONCE`] heads meet each key row
 /// together, so the row is loaded and widened once, in registers, for all of them. f32
@@ -203,7 +207,7 @@ pub(crate) unsafe fn group_scores<T: KvElem>(
 /// As [`group_scores`], and when `keys` is not `16·NQ` wide.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn group_scores_fixed<T: KvElem, const NQ: usize>(
-    args: (&[f32], HeadRows<'_, T>, usize, Range<usize>, f32, usize),
+    args: ScoreArgs<'_, T>,
     probs: &mut [f32],
 ) {
     let head_dim = 16 * NQ;
@@ -238,14 +242,7 @@ unsafe fn group_scores_fixed<T: KvElem, const NQ: usize>(
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[inline]
 unsafe fn scores_head_by_head<T: KvElem, const NQ: usize>(
-    (queries, keys, first_row, rows, scale, first_head): (
-        &[f32],
-        HeadRows<'_, T>,
-        usize,
-        Range<usize>,
-        f32,
-        usize,
-    ),
+    (queries, keys, first_row, rows, scale, first_head): ScoreArgs<'_, T>,
     probs: &mut [f32],
 ) {
     let head_dim = 16 * NQ;
@@ -302,14 +299,7 @@ const SCORE_HEADS_AT_ONCE: usize = 4;
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[inline]
 unsafe fn scores_together<T: KvElem, const NQ: usize, const G: usize>(
-    (queries, keys, first_row, rows, scale, first_head): (
-        &[f32],
-        HeadRows<'_, T>,
-        usize,
-        Range<usize>,
-        f32,
-        usize,
-    ),
+    (queries, keys, first_row, rows, scale, first_head): ScoreArgs<'_, T>,
     probs: &mut [f32],
 ) {
     let head_dim = 16 * NQ;
@@ -373,23 +363,13 @@ fn reduce_add_16(r: __m512) -> f32 {
     (t[0] + t[2]) + (t[1] + t[3])
 }
 
-/// Most heads [`weighted_values_heads`] builds lanes for at once: their accumulators
-/// share each value row's load and f16 widening.
-pub(crate) const VALUE_HEADS_AT_ONCE: usize = 4;
-
-/// Values [`weighted_values_heads`] needs in `reduced` for `n_heads` heads of `vd`
-/// values: sixteen reduced lanes of every head, then four lanes in flight for each head
-/// of a group.
-pub(crate) fn value_lanes_len(n_heads: usize, vd: usize) -> usize {
-    (n_heads * 16 + 4 * n_heads.min(VALUE_HEADS_AT_ONCE)) * vd
-}
-
 /// `Σ_j p_j·v_j` for `n_heads` heads at once, reduced as the portable code reduces its
 /// 64 value lanes: head `h`'s probabilities are `probs[h·n..(h+1)·n]` and its result goes
 /// to `out[h·vd..(h+1)·vd]`.
 ///
 /// The lanes go in the sets the reduction's first step adds together (absolute lanes
-/// `l, l+16, l+32, l+48`): for each set, up to [`VALUE_HEADS_AT_ONCE`] heads build
+/// `l, l+16, l+32, l+48`, [`crate::scalar::value_lane_sets`]): for each set, up to four
+/// heads build
 /// their lanes together, so a value row (a sixteenth of the view, in L1 for the set) is
 /// loaded and widened once for all of them, and no head keeps more than sixteen reduced
 /// lanes. Each lane is the portable code's (its rows in order by fused multiply-adds
@@ -401,8 +381,8 @@ pub(crate) fn value_lanes_len(n_heads: usize, vd: usize) -> usize {
 ///
 /// # Panics
 /// When `values` is not `Z·16` wide, `probs` is not `n_heads` heads long, `out` is not
-/// `n_heads·vd` long, `reduced` holds fewer than [`value_lanes_len`] values, or a row
-/// lies outside `values`.
+/// `n_heads·vd` long, `reduced` holds fewer than `(16·heads + 4·min(heads, 4))·vd`
+/// values, or a row lies outside `values`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(crate) unsafe fn weighted_values_heads<T: KvElem, const Z: usize>(
     probs: &[f32],
@@ -412,42 +392,26 @@ pub(crate) unsafe fn weighted_values_heads<T: KvElem, const Z: usize>(
     out: &mut [f32],
 ) {
     let vd = 16 * Z;
-    let n_heads = out.len() / vd;
-    assert!(n_heads > 0 && out.len() == n_heads * vd);
-    assert!(probs.len().is_multiple_of(n_heads));
-    assert!(values.head_dim() == vd && reduced.len() >= value_lanes_len(n_heads, vd));
-    let n = probs.len() / n_heads;
-    let (sets, rest) = reduced.split_at_mut(n_heads * 16 * vd);
-    for l in 0..16 {
-        // Relative row index of absolute lanes l, l+16, l+32, l+48.
-        let firsts: [usize; 4] = std::array::from_fn(|k| (l + 16 * k + 64 - rows_start % 64) % 64);
-        for h0 in (0..n_heads).step_by(VALUE_HEADS_AT_ONCE) {
-            let group = (n_heads - h0).min(VALUE_HEADS_AT_ONCE);
-            let four = &mut rest[..4 * group * vd];
-            let lanes = (
-                &probs[h0 * n..(h0 + group) * n],
-                values,
-                (first_row, rows_start),
-            );
-            // SAFETY: forwarded contract; `four` holds four lanes of `group` heads.
+    assert!(values.head_dim() == vd);
+    let rows = (first_row, rows_start);
+    crate::scalar::value_lane_sets(
+        probs,
+        (vd, rows_start),
+        reduced,
+        out,
+        |probs, firsts, four| {
+            let lanes = (probs, values, rows);
+            // SAFETY: forwarded contract; `four` holds four lanes of the group's heads.
             unsafe {
-                match group {
-                    1 => value_lanes_group::<T, Z, 1>(lanes, &firsts, four),
-                    2 => value_lanes_group::<T, Z, 2>(lanes, &firsts, four),
-                    3 => value_lanes_group::<T, Z, 3>(lanes, &firsts, four),
-                    _ => value_lanes_group::<T, Z, 4>(lanes, &firsts, four),
+                match four.len() / (4 * vd) {
+                    1 => value_lanes_group::<T, Z, 1>(lanes, firsts, four),
+                    2 => value_lanes_group::<T, Z, 2>(lanes, firsts, four),
+                    3 => value_lanes_group::<T, Z, 3>(lanes, firsts, four),
+                    _ => value_lanes_group::<T, Z, 4>(lanes, firsts, four),
                 }
             }
-            for (g, four) in four.chunks_exact(4 * vd).enumerate() {
-                let h = h0 + g;
-                let r = &mut sets[(h * 16 + l) * vd..(h * 16 + l + 1) * vd];
-                crate::scalar::first_step(four, vd, r);
-            }
-        }
-    }
-    for (set, o) in sets.chunks_exact_mut(16 * vd).zip(out.chunks_exact_mut(vd)) {
-        crate::scalar::reduce_sixteen_lanes(set, vd, o);
-    }
+        },
+    );
 }
 
 /// The four lanes `firsts` (relative row indices below 64) of `G` heads (`probs`:

@@ -405,6 +405,54 @@ pub fn rotate_half_pairs(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
+/// Most heads the SIMD tiers' weighted values build lanes for at once: their
+/// accumulators share each value row's load and f16 widening.
+pub(crate) const VALUE_HEADS_AT_ONCE: usize = 4;
+
+/// The loop both SIMD tiers' `weighted_values_heads` run around their lane kernels: for
+/// each set of lanes the value reduction's first step adds together (absolute lanes
+/// `l, l+16, l+32, l+48`, `l < 16`) and each group of up to [`VALUE_HEADS_AT_ONCE`]
+/// heads, `lanes(group_probs, firsts, four)` builds the group's four lanes into `four`
+/// (`[group, 4, vd]`; `firsts[k]` is the relative row index of the first row of lane
+/// `l + 16k`), [`first_step`] reduces each head's four into its sixteen reduced lanes in
+/// `reduced`, and at the end every head's sixteen are summed into `out` (`[heads, vd]`).
+/// `probs` is `[heads, n]`; `reduced` holds at least `(16·heads + 4·min(heads, 4))·vd`
+/// values.
+#[inline(always)]
+pub(crate) fn value_lane_sets(
+    probs: &[f32],
+    (vd, rows_start): (usize, usize),
+    reduced: &mut [f32],
+    out: &mut [f32],
+    mut lanes: impl FnMut(&[f32], &[usize; 4], &mut [f32]),
+) {
+    let n_heads = out.len() / vd;
+    assert!(n_heads > 0 && out.len() == n_heads * vd);
+    assert!(probs.len().is_multiple_of(n_heads));
+    assert!(reduced.len() >= (n_heads * 16 + 4 * n_heads.min(VALUE_HEADS_AT_ONCE)) * vd);
+    let n = probs.len() / n_heads;
+    let (sets, rest) = reduced.split_at_mut(n_heads * 16 * vd);
+    for l in 0..16 {
+        let firsts: [usize; 4] = std::array::from_fn(|k| (l + 16 * k + 64 - rows_start % 64) % 64);
+        for h0 in (0..n_heads).step_by(VALUE_HEADS_AT_ONCE) {
+            let group = (n_heads - h0).min(VALUE_HEADS_AT_ONCE);
+            let four = &mut rest[..4 * group * vd];
+            lanes(&probs[h0 * n..(h0 + group) * n], &firsts, four);
+            for (g, four) in four.chunks_exact(4 * vd).enumerate() {
+                let h = h0 + g;
+                first_step(
+                    four,
+                    vd,
+                    &mut sets[(h * 16 + l) * vd..(h * 16 + l + 1) * vd],
+                );
+            }
+        }
+    }
+    for (set, o) in sets.chunks_exact_mut(16 * vd).zip(out.chunks_exact_mut(vd)) {
+        reduce_sixteen_lanes(set, vd, o);
+    }
+}
+
 /// The first step of attention's value-lane reduction (64 lanes to one, as
 /// [`reduce_lanes_64`]) for one set of lanes `l, l+16, l+32, l+48`
 /// (`four`, in that order, `vd` values each): `r = (l + l+32) + (l+16 + l+48)`.
