@@ -13,8 +13,6 @@ use std::arch::x86_64::*;
 
 use std::ops::Range;
 
-use half::f16;
-
 use crate::kv_rows::{HeadRows, KvElem, KvPrecision, MAX_HEAD_DIM};
 
 /// True when this CPU has what these builds use (AVX-512 F/DQ on top of AVX2, FMA, F16C).
@@ -36,27 +34,8 @@ fn widen_row<'a, T: KvElem>(row: &'a [T], buf: &'a mut [f32]) -> &'a [f32] {
         return T::row_f32(row, buf);
     };
     let buf = &mut buf[..h.len()];
-    widen_f16(h, buf);
+    crate::convert::widen_f16_avx512(h, buf);
     buf
-}
-
-/// `dst[i] = f32(src[i])` (the common length) by `vcvtph2ps`, sixteen at a time: the
-/// exact conversion, as `half`'s.
-#[target_feature(enable = "avx512f,f16c")]
-#[inline]
-pub(crate) fn widen_f16(src: &[f16], dst: &mut [f32]) {
-    let n = src.len().min(dst.len());
-    let whole = n / 16 * 16;
-    for i in (0..whole).step_by(16) {
-        // SAFETY: i + 16 <= whole <= both lengths; f16 is two bytes.
-        unsafe {
-            let bits = _mm256_loadu_si256(src.as_ptr().add(i) as *const __m256i);
-            _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(bits));
-        }
-    }
-    for (d, &x) in dst[whole..n].iter_mut().zip(&src[whole..n]) {
-        *d = x.to_f32();
-    }
 }
 
 /// The 64-lane dot of `q[..whole]` and `k[..whole]` (`whole` a multiple of 64), reduced
