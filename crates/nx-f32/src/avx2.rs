@@ -216,7 +216,6 @@ unsafe fn value_lanes_group<T: KvElem, const G: usize>(
         2 => 4,
         _ => 2,
     };
-    let mut buf = [0f32; MAX_HEAD_DIM];
     for (k, &first) in firsts.iter().enumerate() {
         for c0 in (0..vd / 8).step_by(cn) {
             let mut acc = [[_mm256_setzero_ps(); 8]; G];
@@ -229,8 +228,8 @@ unsafe fn value_lanes_group<T: KvElem, const G: usize>(
                 }
                 for c in 0..cn {
                     let at = 8 * (c0 + c);
-                    let x = match T::as_f16(row) {
-                        Some(h) => {
+                    let x = match (T::as_f16(row), T::as_f32(row)) {
+                        (Some(h), _) => {
                             assert!(h.len() >= vd);
                             // SAFETY: at + 8 <= vd <= h.len() (asserted); f16 is 2 bytes.
                             unsafe {
@@ -239,12 +238,12 @@ unsafe fn value_lanes_group<T: KvElem, const G: usize>(
                                 ))
                             }
                         }
-                        None => {
-                            let v = T::row_f32(row, &mut buf);
+                        (None, Some(v)) => {
                             assert!(v.len() >= vd);
                             // SAFETY: at + 8 <= vd <= v.len() (asserted).
                             unsafe { _mm256_loadu_ps(v.as_ptr().add(at)) }
                         }
+                        (None, None) => unreachable!("KV rows are f16 or f32"),
                     };
                     for g in 0..G {
                         acc[g][c] = _mm256_fmadd_ps(x, p[g], acc[g][c]);

@@ -227,25 +227,17 @@ unsafe fn scores_head_by_head<T: KvElem, const NQ: usize>(
     let head_dim = 16 * NQ;
     assert!(keys.head_dim() == head_dim && NQ.is_multiple_of(4));
     let n = rows.len();
-    let mut widened = [[0f32; 256]; 16];
+    // Only f32 rows come here (f16 ones go through `scores_together`), read in place.
     let mut r = [_mm512_setzero_ps(); 16];
     for block in (0..n).step_by(16) {
         let count = 16.min(n - block);
-        // Each key row as f32: borrowed as it is, or widened once for every head.
-        let mut key: [&[f32]; 16] = [&[]; 16];
-        for (i, (k, w)) in key
-            .iter_mut()
-            .zip(widened.iter_mut())
-            .enumerate()
-            .take(count)
-        {
-            *k = widen_row(keys.row(rows.start + block + i - first_row), w);
-        }
         for (g, q) in queries.chunks_exact(head_dim).enumerate() {
             // SAFETY: `q` holds 16·NQ values.
             let qv: [__m512; NQ] =
                 std::array::from_fn(|j| unsafe { _mm512_loadu_ps(q.as_ptr().add(16 * j)) });
-            for (ri, k) in r.iter_mut().zip(&key).take(count) {
+            for (i, ri) in r.iter_mut().enumerate().take(count) {
+                let k = keys.row(rows.start + block + i - first_row);
+                let k = T::as_f32(k).expect("scores_head_by_head reads f32 rows");
                 assert!(k.len() >= head_dim);
                 let mut acc = [_mm512_setzero_ps(); 4];
                 for (j, &qj) in qv.iter().enumerate() {
@@ -424,7 +416,6 @@ unsafe fn value_lanes_group<T: KvElem, const Z: usize, const G: usize>(
     }
     .min(Z);
     let kp = (16 / (G * cn)).clamp(1, 4);
-    let mut buf = [0f32; MAX_HEAD_DIM];
     for k0 in (0..4).step_by(kp) {
         for c0 in (0..Z).step_by(cn) {
             let mut acc = [[[_mm512_setzero_ps(); 16]; 4]; G];
@@ -441,8 +432,8 @@ unsafe fn value_lanes_group<T: KvElem, const Z: usize, const G: usize>(
                         *p = _mm512_set1_ps(probs[g * n + i]);
                     }
                     for c in 0..cn {
-                        let x = match T::as_f16(row) {
-                            Some(h) => {
+                        let x = match (T::as_f16(row), T::as_f32(row)) {
+                            (Some(h), _) => {
                                 assert!(h.len() >= vd);
                                 // SAFETY: 16(c0 + c) + 16 <= vd <= h.len() (asserted).
                                 unsafe {
@@ -451,12 +442,12 @@ unsafe fn value_lanes_group<T: KvElem, const Z: usize, const G: usize>(
                                     ))
                                 }
                             }
-                            None => {
-                                let v = T::row_f32(row, &mut buf);
+                            (None, Some(v)) => {
                                 assert!(v.len() >= vd);
                                 // SAFETY: 16(c0 + c) + 16 <= vd <= v.len() (asserted).
                                 unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * (c0 + c))) }
                             }
+                            (None, None) => unreachable!("KV rows are f16 or f32"),
                         };
                         for g in 0..G {
                             acc[g][kk][c] = _mm512_fmadd_ps(x, p[g], acc[g][kk][c]);

@@ -43,6 +43,11 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     fn as_f16(_row: &[Self]) -> Option<&[f16]> {
         None
     }
+    /// The row as f32 when that is the storage (read in place), else `None`.
+    #[inline(always)]
+    fn as_f32(_row: &[Self]) -> Option<&[f32]> {
+        None
+    }
     /// Writes `src` converted to this type into `dst` (the common length): a cache
     /// row's store, `from_f32` element by element unless the type has a row converter.
     #[inline(always)]
@@ -66,6 +71,10 @@ impl KvElem for f32 {
     #[inline(always)]
     fn row_f32<'a>(row: &'a [Self], _buf: &'a mut [f32]) -> &'a [f32] {
         row
+    }
+    #[inline(always)]
+    fn as_f32(row: &[Self]) -> Option<&[f32]> {
+        Some(row)
     }
 }
 
