@@ -430,6 +430,8 @@ pub unsafe fn attend_group_avx2<T: KvElem>(
     attend_group_body::<T, false, AVX2>(qs, view, rows, scoring.into(), outs, scratch)
 }
 
+/// [`attend_group`]'s work, compiled into each tier's entry point: the shapes checked,
+/// the scores of every head, the soft cap, then softmax and the weighted values.
 #[inline(always)]
 fn attend_group_body<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
     qs: &[f32],
@@ -439,16 +441,31 @@ fn attend_group_body<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
     outs: &mut [f32],
     scratch: &mut [f32],
 ) {
-    let CacheView {
-        keys,
-        values,
-        first_row,
-        precision,
-    } = view;
+    let group = check_group_shapes(qs, &view, &rows, outs, scratch);
+    let n = rows.len();
+    if n == 0 {
+        outs.fill(0.0);
+        return;
+    }
+    let (probs, lanes) = scratch.split_at_mut(group * n);
+    let lanes = &mut lanes[..group_lanes_len(group, view.values.head_dim())];
     // With a soft cap the raw dot products are capped first and scaled after.
-    let scale = scoring.dot_scale();
-    let head_dim = keys.head_dim();
-    let value_dim = values.head_dim();
+    group_scores_into::<T, WIDE, AVX2_SCORES>(qs, view, rows.clone(), scoring.dot_scale(), probs);
+    scoring.cap(probs);
+    group_values_into::<T, WIDE, AVX2_SCORES>(probs, view, rows, lanes, outs);
+}
+
+/// The number of query heads in `qs`, after checking that the queries, outputs, rows
+/// and scratch fit `view` (panics naming the mismatch otherwise).
+#[inline(always)]
+fn check_group_shapes<T: KvElem>(
+    qs: &[f32],
+    view: &CacheView<'_, T>,
+    rows: &Range<usize>,
+    outs: &[f32],
+    scratch: &[f32],
+) -> usize {
+    let (head_dim, value_dim) = (view.keys.head_dim(), view.values.head_dim());
     assert!(head_dim > 0 && value_dim > 0, "attend_group: empty heads");
     let group = qs.len() / head_dim;
     assert!(
@@ -461,27 +478,41 @@ fn attend_group_body<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
         head_dim <= MAX_HEAD_DIM && value_dim <= MAX_HEAD_DIM,
         "attend_group: heads wider than {MAX_HEAD_DIM}"
     );
+    let first_row = view.first_row;
     assert!(
         rows.start >= first_row
-            && rows.end - first_row <= keys.n_rows()
-            && rows.end - first_row <= values.n_rows(),
+            && rows.end - first_row <= view.keys.n_rows()
+            && rows.end - first_row <= view.values.n_rows(),
         "attend_group: rows {rows:?} outside the cache views"
     );
-    let n = rows.len();
     assert!(
-        scratch.len() >= attend_group_scratch_len(group, n, value_dim),
+        scratch.len() >= attend_group_scratch_len(group, rows.len(), value_dim),
         "attend_group: scratch too short"
     );
-    if n == 0 {
-        outs.fill(0.0);
-        return;
-    }
-    let (probs, lanes) = scratch.split_at_mut(group * n);
-    let lanes = &mut lanes[..group_lanes_len(group, value_dim)];
+    group
+}
+
+/// `probs[g·n + i]` = `scale · (q_g · k_{rows.start + i})` for every query head `g` of
+/// `qs`, the queries first rounded to the cache's precision, a few heads at a time (all
+/// of them for every supported model): one key row load serves those heads.
+#[inline(always)]
+fn group_scores_into<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
+    qs: &[f32],
+    view: CacheView<'_, T>,
+    rows: Range<usize>,
+    scale: f32,
+    probs: &mut [f32],
+) {
+    let CacheView {
+        keys,
+        first_row,
+        precision,
+        ..
+    } = view;
+    let head_dim = keys.head_dim();
+    let (group, n) = (qs.len() / head_dim, rows.len());
     let tail_f64 = precision == KvPrecision::F16;
     let mut buf = [0f32; MAX_HEAD_DIM];
-    // Queries at the cache's precision, a few heads at a time (all of them for every
-    // supported model), then scores row by row: one key row load serves those heads.
     // `[heads, head_dim]`, kept per thread (not zeroed on every call). Taken out of
     // the thread-local rather than used inside its closure: a closure is compiled
     // without the enclosing function's target features, so its `mul_add`s would be
@@ -496,44 +527,62 @@ fn attend_group_body<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
     } else {
         None
     };
-    {
-        let rounded = &mut rounded_buf;
-        rounded.resize(MAX_GROUP_ROUNDED * head_dim, 0.0);
-        for first in (0..group).step_by(MAX_GROUP_ROUNDED) {
-            let heads = MAX_GROUP_ROUNDED.min(group - first);
-            let q_all = &qs[first * head_dim..(first + heads) * head_dim];
-            for (r, &x) in rounded.iter_mut().zip(q_all) {
-                *r = precision.round(x);
-            }
-            let rounded = &rounded[..heads * head_dim];
-            #[cfg(target_arch = "x86_64")]
-            if let Some(scores) = tier_scores.filter(|_| head_dim.is_multiple_of(VALUE_LANES)) {
-                // SAFETY: `tier_scores` is the scores of the build this body was compiled
-                // into, whose callers verified its features (see `tier_scores`).
-                unsafe {
-                    scores(
-                        rounded,
-                        head_dim,
-                        keys,
-                        first_row,
-                        rows.clone(),
-                        scale,
-                        probs,
-                        first,
-                    )
-                };
-                continue;
-            }
-            for (i, j) in rows.clone().enumerate() {
-                let k = T::row_f32(keys.row(j - first_row), &mut buf);
-                for (g, q) in rounded.chunks_exact(head_dim).enumerate() {
-                    probs[(first + g) * n + i] = scale * score_dot::<WIDE>(q, k, tail_f64);
-                }
+    let rounded = &mut rounded_buf;
+    rounded.resize(MAX_GROUP_ROUNDED * head_dim, 0.0);
+    for first in (0..group).step_by(MAX_GROUP_ROUNDED) {
+        let heads = MAX_GROUP_ROUNDED.min(group - first);
+        let q_all = &qs[first * head_dim..(first + heads) * head_dim];
+        for (r, &x) in rounded.iter_mut().zip(q_all) {
+            *r = precision.round(x);
+        }
+        let rounded = &rounded[..heads * head_dim];
+        #[cfg(target_arch = "x86_64")]
+        if let Some(scores) = tier_scores.filter(|_| head_dim.is_multiple_of(VALUE_LANES)) {
+            // SAFETY: `tier_scores` is the scores of the build this body was compiled
+            // into, whose callers verified its features (see `tier_scores`).
+            unsafe {
+                scores(
+                    rounded,
+                    head_dim,
+                    keys,
+                    first_row,
+                    rows.clone(),
+                    scale,
+                    probs,
+                    first,
+                )
+            };
+            continue;
+        }
+        for (i, j) in rows.clone().enumerate() {
+            let k = T::row_f32(keys.row(j - first_row), &mut buf);
+            for (g, q) in rounded.chunks_exact(head_dim).enumerate() {
+                probs[(first + g) * n + i] = scale * score_dot::<WIDE>(q, k, tail_f64);
             }
         }
     }
     ROUNDED_QUERIES.with(|cell| cell.replace(rounded_buf));
-    scoring.cap(probs);
+}
+
+/// Each head's softmax over its row of `probs` (`[group, n]`), then its output
+/// `Σ_i p_i · v_{rows.start + i}` into `outs` (`[group, value_dim]`): the tier's
+/// several-heads lanes where it has them, else head by head.
+#[inline(always)]
+fn group_values_into<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
+    probs: &mut [f32],
+    view: CacheView<'_, T>,
+    rows: Range<usize>,
+    lanes: &mut [f32],
+    outs: &mut [f32],
+) {
+    let CacheView {
+        values,
+        first_row,
+        precision,
+        ..
+    } = view;
+    let value_dim = values.head_dim();
+    let n = rows.len();
     #[cfg(target_arch = "x86_64")]
     if AVX2_SCORES
         && value_dim.is_multiple_of(VALUE_LANES)
@@ -568,10 +617,11 @@ fn attend_group_body<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
     }
     let lanes = &mut lanes[..VALUE_LANES * value_dim];
     let mut buf = [0f32; MAX_HEAD_DIM];
-    for g in 0..group {
-        let p = &mut probs[g * n..(g + 1) * n];
+    for (p, out) in probs
+        .chunks_exact_mut(n)
+        .zip(outs.chunks_exact_mut(value_dim))
+    {
         softmax::<WIDE>(p, rows.start);
-        let out = &mut outs[g * value_dim..(g + 1) * value_dim];
         weighted_values::<T, WIDE>(
             p,
             values,
