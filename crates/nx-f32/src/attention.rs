@@ -201,16 +201,42 @@ fn attend_body<T: KvElem, const WIDE: bool>(
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
+    check_head_shapes(q, &view, &rows, out, scratch);
+    let n = rows.len();
+    if n == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let (probs, lanes) = scratch.split_at_mut(n);
+    let lanes = &mut lanes[..VALUE_LANES * view.values.head_dim()]; // [64, value_dim]
+                                                                    // With a soft cap the raw dot products are capped first and scaled after.
+    head_scores_into::<T, WIDE>(q, view, rows.clone(), scoring.dot_scale(), probs);
+    scoring.cap(probs);
+    softmax::<WIDE>(probs, rows.start);
+    let mut buf = [0f32; MAX_HEAD_DIM];
     let CacheView {
-        keys,
         values,
         first_row,
         precision,
+        ..
     } = view;
-    // With a soft cap the raw dot products are capped first and scaled after.
-    let scale = scoring.dot_scale();
-    let head_dim = keys.head_dim();
-    let value_dim = values.head_dim();
+    weighted_values::<T, WIDE>(
+        probs, values, first_row, rows, precision, lanes, out, &mut buf,
+    );
+}
+
+/// Checks that the query, output, rows and scratch of [`attend`] fit `view` (panics
+/// naming the mismatch otherwise).
+#[inline(always)]
+fn check_head_shapes<T: KvElem>(
+    q: &[f32],
+    view: &CacheView<'_, T>,
+    rows: &Range<usize>,
+    out: &[f32],
+    scratch: &[f32],
+) {
+    let (keys, values, first_row) = (&view.keys, &view.values, view.first_row);
+    let (head_dim, value_dim) = (keys.head_dim(), values.head_dim());
     assert_eq!(q.len(), head_dim, "attend_head: q length != key head_dim");
     assert_eq!(
         out.len(),
@@ -230,63 +256,59 @@ fn attend_body<T: KvElem, const WIDE: bool>(
         keys.n_rows(),
         values.n_rows()
     );
-    let n = rows.len();
     assert!(
-        scratch.len() >= attend_scratch_len(n, value_dim),
+        scratch.len() >= attend_scratch_len(rows.len(), value_dim),
         "attend_head: scratch holds {} values, need {}",
         scratch.len(),
-        attend_scratch_len(n, value_dim)
+        attend_scratch_len(rows.len(), value_dim)
     );
-    if n == 0 {
-        out.fill(0.0);
-        return;
-    }
-    let (probs, lanes) = scratch.split_at_mut(n);
-    let lanes = &mut lanes[..VALUE_LANES * value_dim]; // [64, value_dim]
+}
 
-    // The query at the cache's precision (a no-op for f32).
+/// `probs[i]` = `scale · (q · k_{rows.start + i})`, the query first rounded to the
+/// cache's precision (a no-op for f32).
+#[inline(always)]
+fn head_scores_into<T: KvElem, const WIDE: bool>(
+    q: &[f32],
+    view: CacheView<'_, T>,
+    rows: Range<usize>,
+    scale: f32,
+    probs: &mut [f32],
+) {
+    let CacheView {
+        keys,
+        first_row,
+        precision,
+        ..
+    } = view;
+    let head_dim = keys.head_dim();
     let mut q_rounded = [0f32; MAX_HEAD_DIM];
     let q_rounded = &mut q_rounded[..head_dim];
     for (r, &x) in q_rounded.iter_mut().zip(q) {
         *r = precision.round(x);
     }
+    #[cfg(target_arch = "x86_64")]
+    if WIDE && head_dim.is_multiple_of(VALUE_LANES) {
+        // SAFETY: WIDE is only set inside the AVX-512 builds (see weighted_values).
+        unsafe {
+            crate::avx512::group_scores(
+                q_rounded,
+                head_dim,
+                keys,
+                first_row,
+                rows.clone(),
+                scale,
+                probs,
+                0,
+            )
+        };
+        return;
+    }
     let tail_f64 = precision == KvPrecision::F16;
     let mut buf = [0f32; MAX_HEAD_DIM];
-
-    // Scores, then softmax.
-    #[cfg(target_arch = "x86_64")]
-    let batched = WIDE && head_dim.is_multiple_of(VALUE_LANES);
-    #[cfg(not(target_arch = "x86_64"))]
-    let batched = false;
-    if batched {
-        #[cfg(target_arch = "x86_64")]
-        {
-            // SAFETY: WIDE is only set inside the AVX-512 builds (see weighted_values).
-            unsafe {
-                crate::avx512::group_scores(
-                    q_rounded,
-                    head_dim,
-                    keys,
-                    first_row,
-                    rows.clone(),
-                    scale,
-                    probs,
-                    0,
-                )
-            };
-        }
-    } else {
-        for (s, j) in probs.iter_mut().zip(rows.clone()) {
-            let k = T::row_f32(keys.row(j - first_row), &mut buf);
-            *s = scale * score_dot::<WIDE>(q_rounded, k, tail_f64);
-        }
+    for (s, j) in probs.iter_mut().zip(rows) {
+        let k = T::row_f32(keys.row(j - first_row), &mut buf);
+        *s = scale * score_dot::<WIDE>(q_rounded, k, tail_f64);
     }
-    scoring.cap(probs);
-    softmax::<WIDE>(probs, rows.start);
-
-    weighted_values::<T, WIDE>(
-        probs, values, first_row, rows, precision, lanes, out, &mut buf,
-    );
 }
 
 /// `out[d] = Σ_j p_j·v_j[d]` for the probabilities `probs` of `rows`: each row feeds
