@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use nx_bpe::Tokenizer;
 use nx_run::perplexity::MIN_N_CTX;
-use nx_run::{perplexity, KvDtype, Model, PerplexityConfig, PerplexityError};
+use nx_run::{
+    perplexity, ChunkProgress, KvDtype, Model, PerplexityConfig, PerplexityError, PerplexityReport,
+};
 
 use crate::models::resolve_model;
 
@@ -62,18 +64,7 @@ pub struct PerplexityArgs {
 
 /// Runs `nx perplexity`.
 pub fn run(args: &PerplexityArgs) -> Result<()> {
-    if args.threads == Some(0) {
-        bail!("--threads must be at least 1");
-    }
-    if args.ctx_size < MIN_N_CTX {
-        bail!("--ctx-size must be at least {MIN_N_CTX}");
-    }
-    if args.batch == 0 {
-        bail!("--batch must be at least 1");
-    }
-    if args.chunks == Some(0) {
-        bail!("--chunks must be at least 1");
-    }
+    check_args(args)?;
     // Read the text before loading the model, so a bad file fails fast.
     let text = read_text(&args.file)?;
 
@@ -107,22 +98,50 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
     let mut stderr = std::io::stderr();
     let model = std::sync::Arc::new(model);
     let report = perplexity(&model, &tokenizer, &text, &config, |p| {
-        // Printed once the first window is done, so that input the library rejects
-        // before any work (a text too short) leaves only the error line.
-        if p.chunk == 0 {
-            let eta = p.elapsed.as_secs_f64() * p.n_chunks as f64;
-            let _ = writeln!(
-                stderr,
-                "{header}\nperplexity: {} windows, {:.2} s per window, ETA {:.1} s",
-                p.n_chunks,
-                p.elapsed.as_secs_f64(),
-                eta
-            );
-        }
-        let _ = write!(stderr, "[{}]{:.4},", p.chunk + 1, p.running_ppl);
-        let _ = stderr.flush();
+        print_progress(&mut stderr, &header, p)
     })
     .with_context(|| format!("{}", args.file.display()))?;
+    print_report(&report)
+}
+
+/// The flags' ranges, checked before anything is read.
+fn check_args(args: &PerplexityArgs) -> Result<()> {
+    if args.threads == Some(0) {
+        bail!("--threads must be at least 1");
+    }
+    if args.ctx_size < MIN_N_CTX {
+        bail!("--ctx-size must be at least {MIN_N_CTX}");
+    }
+    if args.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    if args.chunks == Some(0) {
+        bail!("--chunks must be at least 1");
+    }
+    Ok(())
+}
+
+/// One window's progress on stderr, as llama-perplexity prints it (`[k]ppl,`), with the
+/// header and an estimate of the whole run's time after the first window: printed only
+/// then, so that input the library rejects before any work (a text too short) leaves
+/// only the error line.
+fn print_progress(stderr: &mut std::io::Stderr, header: &str, p: &ChunkProgress) {
+    if p.chunk == 0 {
+        let eta = p.elapsed.as_secs_f64() * p.n_chunks as f64;
+        let _ = writeln!(
+            stderr,
+            "{header}\nperplexity: {} windows, {:.2} s per window, ETA {:.1} s",
+            p.n_chunks,
+            p.elapsed.as_secs_f64(),
+            eta
+        );
+    }
+    let _ = write!(stderr, "[{}]{:.4},", p.chunk + 1, p.running_ppl);
+    let _ = stderr.flush();
+}
+
+/// The closing lines: the counts and speed on stderr, the estimate on stdout.
+fn print_report(report: &PerplexityReport) -> Result<()> {
     eprintln!();
     let secs = report.elapsed.as_secs_f64();
     eprintln!(
