@@ -319,6 +319,20 @@ fn filter(
     logits: &[f32],
     cands: &mut Vec<Candidate>,
 ) -> Result<bool, SamplerError> {
+    finite_candidates(logits, cands)?;
+    let mut sorted = top_k(config.top_k, cands);
+    if config.top_p < 1.0 {
+        top_p(config.top_p, cands, sorted);
+        sorted = true;
+    }
+    if config.min_p > 0.0 {
+        min_p(config.min_p, cands);
+    }
+    Ok(sorted)
+}
+
+/// `cands` = the finite logits of `logits` with their ids, in id order.
+fn finite_candidates(logits: &[f32], cands: &mut Vec<Candidate>) -> Result<(), SamplerError> {
     if logits.is_empty() {
         return Err(SamplerError::EmptyLogits);
     }
@@ -338,67 +352,72 @@ fn filter(
             n_vocab: logits.len(),
         });
     }
-    let mut sorted = false;
+    Ok(())
+}
 
-    // Top-k: the k best by (logit desc, id asc).
-    if config.top_k > 0 && config.top_k < cands.len() {
-        sort_prefix(cands, config.top_k);
-        cands.truncate(config.top_k);
-        sorted = true;
-    } else if config.top_k > 0 {
+/// Top-k: keeps the `k` best by (logit desc, id asc), sorted; `k = 0` keeps all
+/// unsorted. Returns whether `cands` is now sorted best first.
+fn top_k(k: usize, cands: &mut Vec<Candidate>) -> bool {
+    if k > 0 && k < cands.len() {
+        sort_prefix(cands, k);
+        cands.truncate(k);
+        true
+    } else if k > 0 {
         cands.sort_unstable_by(by_logit_desc);
-        sorted = true;
+        true
+    } else {
+        false
     }
+}
 
-    // Top-p: softmax over the current set (f32, as llama.cpp), then the shortest
-    // best-first prefix whose cumulative probability reaches top_p (at least one).
-    if config.top_p < 1.0 {
-        let max = cands
-            .iter()
-            .map(|c| c.logit)
-            .fold(f32::NEG_INFINITY, f32::max);
-        let mut total = 0.0f32;
-        for c in cands.iter() {
-            total += (c.logit - max).exp();
-        }
-        let mut n_sorted = if sorted {
-            cands.len()
-        } else {
-            let k = TOP_P_FIRST_SORT.min(cands.len());
-            sort_prefix(cands, k);
-            k
-        };
-        let mut cum = 0.0f32;
-        let mut keep = cands.len();
-        let mut i = 0;
-        while i < cands.len() {
-            if i == n_sorted {
-                // The sorted prefix did not reach top_p: sort the remainder too.
-                cands[n_sorted..].sort_unstable_by(by_logit_desc);
-                n_sorted = cands.len();
-            }
-            cum += (cands[i].logit - max).exp() / total;
-            if cum >= config.top_p {
-                keep = i + 1;
-                break;
-            }
-            i += 1;
-        }
-        // Either the loop broke inside the sorted prefix or it sorted everything.
-        cands.truncate(keep);
-        sorted = true;
+/// Top-p: softmax over the current set (f32, as llama.cpp), then the shortest
+/// best-first prefix whose cumulative probability reaches `p` (at least one), left
+/// sorted. Only as much of an unsorted set is sorted as the prefix needs.
+fn top_p(p: f32, cands: &mut Vec<Candidate>, sorted: bool) {
+    let max = max_logit(cands);
+    let mut total = 0.0f32;
+    for c in cands.iter() {
+        total += (c.logit - max).exp();
     }
+    let mut n_sorted = if sorted {
+        cands.len()
+    } else {
+        let k = TOP_P_FIRST_SORT.min(cands.len());
+        sort_prefix(cands, k);
+        k
+    };
+    let mut cum = 0.0f32;
+    let mut keep = cands.len();
+    let mut i = 0;
+    while i < cands.len() {
+        if i == n_sorted {
+            // The sorted prefix did not reach p: sort the remainder too.
+            cands[n_sorted..].sort_unstable_by(by_logit_desc);
+            n_sorted = cands.len();
+        }
+        cum += (cands[i].logit - max).exp() / total;
+        if cum >= p {
+            keep = i + 1;
+            break;
+        }
+        i += 1;
+    }
+    // Either the loop broke inside the sorted prefix or it sorted everything.
+    cands.truncate(keep);
+}
 
-    // Min-p: keep logits within ln(min_p) of the best (p_i >= min_p·p_max).
-    if config.min_p > 0.0 {
-        let max = cands
-            .iter()
-            .map(|c| c.logit)
-            .fold(f32::NEG_INFINITY, f32::max);
-        let min_logit = max + config.min_p.ln();
-        cands.retain(|c| c.logit >= min_logit);
-    }
-    Ok(sorted)
+/// Min-p: keeps the logits within ln(min_p) of the best (p_i >= min_p·p_max), in order.
+fn min_p(min_p: f32, cands: &mut Vec<Candidate>) {
+    let min_logit = max_logit(cands) + min_p.ln();
+    cands.retain(|c| c.logit >= min_logit);
+}
+
+/// The largest logit of `cands` (−∞ for none).
+fn max_logit(cands: &[Candidate]) -> f32 {
+    cands
+        .iter()
+        .map(|c| c.logit)
+        .fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// A uniform double in `[0, 1)` from the top 53 bits of one 64-bit output.
