@@ -209,8 +209,9 @@ fn attend_body<T: KvElem, const WIDE: bool>(
     }
     let (probs, lanes) = scratch.split_at_mut(n);
     let lanes = &mut lanes[..VALUE_LANES * view.values.head_dim()]; // [64, value_dim]
-                                                                    // With a soft cap the raw dot products are capped first and scaled after.
-    head_scores_into::<T, WIDE>(q, view, rows.clone(), scoring.dot_scale(), probs);
+                                                                    // With a soft cap the raw dot products are capped first and scaled after. One head
+                                                                    // is a group of one (the portable scores outside the AVX-512 build, as before).
+    group_scores_into::<T, WIDE, false>(q, view, rows.clone(), scoring.dot_scale(), probs);
     scoring.cap(probs);
     softmax::<WIDE>(probs, rows.start);
     let mut buf = [0f32; MAX_HEAD_DIM];
@@ -262,53 +263,6 @@ fn check_head_shapes<T: KvElem>(
         scratch.len(),
         attend_scratch_len(rows.len(), value_dim)
     );
-}
-
-/// `probs[i]` = `scale · (q · k_{rows.start + i})`, the query first rounded to the
-/// cache's precision (a no-op for f32).
-#[inline(always)]
-fn head_scores_into<T: KvElem, const WIDE: bool>(
-    q: &[f32],
-    view: CacheView<'_, T>,
-    rows: Range<usize>,
-    scale: f32,
-    probs: &mut [f32],
-) {
-    let CacheView {
-        keys,
-        first_row,
-        precision,
-        ..
-    } = view;
-    let head_dim = keys.head_dim();
-    let mut q_rounded = [0f32; MAX_HEAD_DIM];
-    let q_rounded = &mut q_rounded[..head_dim];
-    for (r, &x) in q_rounded.iter_mut().zip(q) {
-        *r = precision.round(x);
-    }
-    #[cfg(target_arch = "x86_64")]
-    if WIDE && head_dim.is_multiple_of(VALUE_LANES) {
-        // SAFETY: WIDE is only set inside the AVX-512 builds (see weighted_values).
-        unsafe {
-            crate::avx512::group_scores(
-                q_rounded,
-                head_dim,
-                keys,
-                first_row,
-                rows.clone(),
-                scale,
-                probs,
-                0,
-            )
-        };
-        return;
-    }
-    let tail_f64 = precision == KvPrecision::F16;
-    let mut buf = [0f32; MAX_HEAD_DIM];
-    for (s, j) in probs.iter_mut().zip(rows) {
-        let k = T::row_f32(keys.row(j - first_row), &mut buf);
-        *s = scale * score_dot::<WIDE>(q_rounded, k, tail_f64);
-    }
 }
 
 /// `out[d] = Σ_j p_j·v_j[d]` for the probabilities `probs` of `rows`: each row feeds
