@@ -1,0 +1,358 @@
+//! Criterion benchmarks of the CPU's 512-bit execution pipes: how many `vpdpbusd`, FMA,
+//! int-to-float conversions and `vpermd` it retires per unit of time, alone and in the
+//! pairs and mixes the quantized kernels are built from. They are the floors the kernel
+//! notes cite: the bit-identical kernels need one `vpdpbusd`, one conversion and one FMA
+//! per sixteen lanes per block, and where two of those share a pipe no reordering of a
+//! kernel gets under their sum.
+//!
+//! Every case runs independent chains in registers (no memory traffic; empty `asm!`
+//! barriers keep the compiler from folding or hoisting them) and reports instructions
+//! per second (`elem/s`), so a case's time divided by `fma8`'s, times 8, is its cycles
+//! per iteration where one 512-bit FMA retires per cycle. On AMD EPYC family 25 model 17
+//! (Zen 4): `fma8`, `dpbusd8`, `cvt8` and `vpermd8` take the same time (one per cycle);
+//! `dpbusd4_fma4` as long as `dpbusd8` (one shared pipe) while `dpbusd4_cvt4` takes half.
+//! The `narrow_block*` cases are one weight block of the eight-token narrow tile
+//! (`nx_lazy_weight::narrow`) against one row: as written (11 cycles), without its four
+//! `vpermd` (9: the floor of 4 `vpdpbusd` + 4 FMA + 1 multiply on the shared pipe), and
+//! without its conversions (10: they run beside, and the FMA then waits on integer
+//! inputs).
+//! Run: `cargo bench -p nx-benches --bench pipes` (AVX-512 VNNI CPUs; elsewhere it prints
+//! that it skipped).
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+
+/// Loop iterations per timed call.
+const ITERS: u64 = 1024;
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+
+    /// Keeps the registers opaque to the optimizer (their values could have changed).
+    macro_rules! opaque {
+        ($($v:ident),*) => {
+            // SAFETY: the template is a comment (no instruction); it only pins the values in
+            // registers.
+            unsafe {
+                asm!(
+                    concat!("# ", $("{", stringify!($v), "} "),*),
+                    $($v = inout(zmm_reg) $v,)*
+                    options(nomem, nostack, preserves_flags)
+                )
+            }
+        };
+    }
+
+    /// Makes the registers count as used (by an instruction the optimizer cannot see
+    /// through), so the work that made them stays.
+    macro_rules! sink {
+        ($($v:ident),*) => {
+            // SAFETY: the template is a comment (no instruction).
+            unsafe {
+                asm!(
+                    concat!("# ", $("{", stringify!($v), "} "),*),
+                    $($v = in(zmm_reg) $v,)*
+                    options(nomem, nostack, preserves_flags)
+                )
+            }
+        };
+    }
+
+    /// Eight independent chains `$a = $e` on i32 registers, `$x` and `$y` opaque
+    /// constants.
+    macro_rules! eight_int {
+        ($name:ident, |$a:ident, $x:ident, $y:ident| $e:expr) => {
+            /// Eight independent chains, `iters` times.
+            ///
+            /// # Safety
+            /// The CPU has AVX-512 F/BW/VNNI.
+            #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+            pub unsafe fn $name(iters: u64) -> f32 {
+                let (mut a0, mut a1, mut a2, mut a3) = (
+                    _mm512_set1_epi32(1),
+                    _mm512_set1_epi32(2),
+                    _mm512_set1_epi32(3),
+                    _mm512_set1_epi32(4),
+                );
+                let (mut a4, mut a5, mut a6, mut a7) = (a0, a1, a2, a3);
+                let (mut $x, mut $y) = (_mm512_set1_epi32(0x0102_0304), _mm512_set1_epi32(2));
+                opaque!($x, $y);
+                for _ in 0..iters {
+                    a0 = {
+                        let $a = a0;
+                        $e
+                    };
+                    a1 = {
+                        let $a = a1;
+                        $e
+                    };
+                    a2 = {
+                        let $a = a2;
+                        $e
+                    };
+                    a3 = {
+                        let $a = a3;
+                        $e
+                    };
+                    a4 = {
+                        let $a = a4;
+                        $e
+                    };
+                    a5 = {
+                        let $a = a5;
+                        $e
+                    };
+                    a6 = {
+                        let $a = a6;
+                        $e
+                    };
+                    a7 = {
+                        let $a = a7;
+                        $e
+                    };
+                    opaque!(a0, a1, a2, a3, a4, a5, a6, a7);
+                }
+                let s = _mm512_add_epi32(
+                    _mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+                    _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)),
+                );
+                _mm512_reduce_add_epi32(s) as f32
+            }
+        };
+    }
+
+    eight_int!(dpbusd8, |a, x, y| _mm512_dpbusd_epi32(a, x, y));
+    eight_int!(vpaddd8, |a, x, y| _mm512_add_epi32(
+        _mm512_add_epi32(a, x),
+        y
+    ));
+
+    /// Eight independent FMA chains, `iters` times.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn fma8(iters: u64) -> f32 {
+        let (mut a0, mut a1, mut a2, mut a3) = (
+            _mm512_set1_ps(1.0),
+            _mm512_set1_ps(2.0),
+            _mm512_set1_ps(3.0),
+            _mm512_set1_ps(4.0),
+        );
+        let (mut a4, mut a5, mut a6, mut a7) = (a0, a1, a2, a3);
+        let (mut x, mut y) = (_mm512_set1_ps(0.5), _mm512_set1_ps(0.25));
+        opaque!(x, y);
+        for _ in 0..iters {
+            a0 = _mm512_fmadd_ps(a0, x, y);
+            a1 = _mm512_fmadd_ps(a1, x, y);
+            a2 = _mm512_fmadd_ps(a2, x, y);
+            a3 = _mm512_fmadd_ps(a3, x, y);
+            a4 = _mm512_fmadd_ps(a4, x, y);
+            a5 = _mm512_fmadd_ps(a5, x, y);
+            a6 = _mm512_fmadd_ps(a6, x, y);
+            a7 = _mm512_fmadd_ps(a7, x, y);
+            opaque!(a0, a1, a2, a3, a4, a5, a6, a7);
+        }
+        let s = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+            _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)),
+        );
+        _mm512_reduce_add_ps(s)
+    }
+
+    /// Eight conversions (`PERMUTE`: eight `vpermd`) of registers the barrier renews,
+    /// `iters` times: no chain between iterations, so this is the rate, not a latency.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn unary8<const PERMUTE: bool>(iters: u64) -> f32 {
+        let (mut q0, mut q1, mut q2, mut q3) = (
+            _mm512_set1_epi32(1),
+            _mm512_set1_epi32(2),
+            _mm512_set1_epi32(3),
+            _mm512_set1_epi32(4),
+        );
+        let (mut q4, mut q5, mut q6, mut q7) = (q0, q1, q2, q3);
+        let mut index = _mm512_set1_epi32(5);
+        opaque!(index);
+        // (A macro, not a closure: a closure would not share this function's features.)
+        macro_rules! op {
+            ($q:expr) => {
+                match PERMUTE {
+                    true => _mm512_castsi512_ps(_mm512_permutexvar_epi32(index, $q)),
+                    false => _mm512_cvtepi32_ps($q),
+                }
+            };
+        }
+        let mut last = _mm512_setzero_ps();
+        for _ in 0..iters {
+            opaque!(q0, q1, q2, q3, q4, q5, q6, q7);
+            let (f0, f1, f2, f3) = (op!(q0), op!(q1), op!(q2), op!(q3));
+            let (f4, f5, f6, f7) = (op!(q4), op!(q5), op!(q6), op!(q7));
+            sink!(f0, f1, f2, f3, f4, f5, f6, f7);
+            last = f7;
+        }
+        _mm512_reduce_add_ps(last)
+    }
+
+    /// Four `vpdpbusd` chains beside four FMA chains (`FMA`) or four conversions,
+    /// `iters` times.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn dpbusd4_and4<const FMA: bool>(iters: u64) -> f32 {
+        let (mut a0, mut a1, mut a2, mut a3) = (
+            _mm512_set1_epi32(1),
+            _mm512_set1_epi32(2),
+            _mm512_set1_epi32(3),
+            _mm512_set1_epi32(4),
+        );
+        let (mut q0, mut q1, mut q2, mut q3) = (a0, a1, a2, a3);
+        let (mut f0, mut f1, mut f2, mut f3) = (
+            _mm512_set1_ps(1.0),
+            _mm512_set1_ps(2.0),
+            _mm512_set1_ps(3.0),
+            _mm512_set1_ps(4.0),
+        );
+        let (mut x, mut y) = (_mm512_set1_epi32(0x0102_0304), _mm512_set1_epi32(2));
+        let (mut fx, mut fy) = (_mm512_set1_ps(0.5), _mm512_set1_ps(0.25));
+        opaque!(x, y, fx, fy);
+        for _ in 0..iters {
+            a0 = _mm512_dpbusd_epi32(a0, x, y);
+            a1 = _mm512_dpbusd_epi32(a1, x, y);
+            a2 = _mm512_dpbusd_epi32(a2, x, y);
+            a3 = _mm512_dpbusd_epi32(a3, x, y);
+            if FMA {
+                f0 = _mm512_fmadd_ps(f0, fx, fy);
+                f1 = _mm512_fmadd_ps(f1, fx, fy);
+                f2 = _mm512_fmadd_ps(f2, fx, fy);
+                f3 = _mm512_fmadd_ps(f3, fx, fy);
+            } else {
+                opaque!(q0, q1, q2, q3);
+                f0 = _mm512_cvtepi32_ps(q0);
+                f1 = _mm512_cvtepi32_ps(q1);
+                f2 = _mm512_cvtepi32_ps(q2);
+                f3 = _mm512_cvtepi32_ps(q3);
+            }
+            opaque!(a0, a1, a2, a3, f0, f1, f2, f3);
+        }
+        let s = _mm512_add_ps(_mm512_add_ps(f0, f1), _mm512_add_ps(f2, f3));
+        let a = _mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3));
+        _mm512_reduce_add_ps(_mm512_add_ps(s, _mm512_cvtepi32_ps(a)))
+    }
+
+    /// One weight block of the eight-token narrow tile against one row, `iters` times
+    /// (the activation registers stay loaded): the sign flip, `PERMUTE` (one `vpermd`
+    /// per register, or the block's bytes as they are), four `vpdpbusd` from the lane
+    /// corrections, four conversions (`CONVERT`, or the raw integers reinterpreted) and
+    /// four FMAs, after the block's one `d_w·d_x` multiply.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn narrow_block<const PERMUTE: bool, const CONVERT: bool>(iters: u64) -> f32 {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let (mut xq0, mut xq1, mut xq2, mut xq3) = (
+            _mm512_set1_epi32(1),
+            _mm512_set1_epi32(2),
+            _mm512_set1_epi32(3),
+            _mm512_set1_epi32(4),
+        );
+        let (mut xc0, mut xc1, mut xc2, mut xc3) = (xq0, xq1, xq2, xq3);
+        let (mut i0, mut i1, mut i2, mut i3) = (
+            _mm512_set1_epi32(0),
+            _mm512_set1_epi32(2),
+            _mm512_set1_epi32(4),
+            _mm512_set1_epi32(6),
+        );
+        let (mut dx, mut dw) = (_mm512_set1_ps(1e-6), _mm512_set1_ps(0.5));
+        let mut w = _mm512_set1_epi32(0x1122_3344);
+        opaque!(xq0, xq1, xq2, xq3, xc0, xc1, xc2, xc3, i0, i1, i2, i3, dx);
+        let flip = _mm512_set1_epi8(0x80u8 as i8);
+        for _ in 0..iters {
+            opaque!(w, dw);
+            let d = _mm512_mul_ps(dw, dx);
+            let wu = _mm512_xor_si512(w, flip);
+            let lanes = match PERMUTE {
+                true => [
+                    _mm512_permutexvar_epi32(i0, wu),
+                    _mm512_permutexvar_epi32(i1, wu),
+                    _mm512_permutexvar_epi32(i2, wu),
+                    _mm512_permutexvar_epi32(i3, wu),
+                ],
+                false => [wu; 4],
+            };
+            let xq = [xq0, xq1, xq2, xq3];
+            let xc = [xc0, xc1, xc2, xc3];
+            for k in 0..4 {
+                let lane = _mm512_dpbusd_epi32(xc[k], lanes[k], xq[k]);
+                let f = match CONVERT {
+                    true => _mm512_cvtepi32_ps(lane),
+                    false => _mm512_castsi512_ps(lane),
+                };
+                acc[k] = _mm512_fmadd_ps(d, f, acc[k]);
+            }
+            let [mut a0, mut a1, mut a2, mut a3] = acc;
+            opaque!(a0, a1, a2, a3);
+            acc = [a0, a1, a2, a3];
+        }
+        let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        _mm512_reduce_add_ps(s)
+    }
+}
+
+fn bench_pipes(c: &mut Criterion) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let has = |f: &str| match f {
+            "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
+            "avx512bw" => std::arch::is_x86_feature_detected!("avx512bw"),
+            _ => std::arch::is_x86_feature_detected!("avx512vnni"),
+        };
+        if !["avx512f", "avx512bw", "avx512vnni"].iter().all(|f| has(f)) {
+            eprintln!("pipes: this CPU has no AVX-512 VNNI; skipped");
+            return;
+        }
+        type Case = (&'static str, u64, fn(u64) -> f32);
+        // SAFETY (every case): the features were detected above.
+        let cases: [Case; 10] = [
+            ("fma8", 8, |n| unsafe { x86::fma8(n) }),
+            ("dpbusd8", 8, |n| unsafe { x86::dpbusd8(n) }),
+            ("cvt8", 8, |n| unsafe { x86::unary8::<false>(n) }),
+            ("vpermd8", 8, |n| unsafe { x86::unary8::<true>(n) }),
+            ("vpaddd8", 16, |n| unsafe { x86::vpaddd8(n) }),
+            ("dpbusd4_fma4", 8, |n| unsafe {
+                x86::dpbusd4_and4::<true>(n)
+            }),
+            ("dpbusd4_cvt4", 8, |n| unsafe {
+                x86::dpbusd4_and4::<false>(n)
+            }),
+            ("narrow_block", 18, |n| unsafe {
+                x86::narrow_block::<true, true>(n)
+            }),
+            ("narrow_block_no_permute", 14, |n| unsafe {
+                x86::narrow_block::<false, true>(n)
+            }),
+            ("narrow_block_no_convert", 10, |n| unsafe {
+                x86::narrow_block::<false, false>(n)
+            }),
+        ];
+        let mut group = c.benchmark_group("pipes");
+        for (name, ops, run) in cases {
+            group.throughput(Throughput::Elements(ITERS * ops));
+            group.bench_function(name, |b| b.iter(|| std::hint::black_box(run(ITERS))));
+        }
+        group.finish();
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (c, ITERS);
+        eprintln!("pipes: x86-64 only; skipped");
+    }
+}
+
+criterion_group!(benches, bench_pipes);
+criterion_main!(benches);
