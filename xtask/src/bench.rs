@@ -1191,7 +1191,8 @@ fn benchmarks_doc(report: &Report, table: &str) -> String {
          weights where the CPU has them and the kernel grants tile data (`NX_AMX=0` turns \
          that off); its outputs are the same bits either way. Everything else is llama-bench's default (f16 KV cache, \
          flash attention `auto`, micro-batch 512, one untimed warm-up run per test). `nx bench` \
-         also keeps an f16 KV cache, prefills in chunks of 256 (`nx bench`'s default) and does \
+         also keeps an f16 KV cache, prefills in chunks of 256 (512 for the mixture of experts: `nx bench`'s \
+         defaults) and does \
          llama-bench's warm-up runs (an untimed prompt of the same length and one generated \
          token), so neither engine's figures include the first touch of the model's pages. \
          Both engines use {threads} threads and the same prompt \

@@ -1,8 +1,8 @@
 //! `nx bench`: prompt-processing and generation speed, like `llama-bench -p P -n N`.
 //!
 //! - **pp**: prompt tokens per second prefilling a `P`-token prompt into an empty cache,
-//!   in chunks of `--prefill-chunk` (default 256: as fast as 512 with the tiled kernels,
-//!   half the activation memory), with
+//!   in chunks of `--prefill-chunk` (default [`nx_run::RunConfig::default_prefill_chunk`]:
+//!   256, or 512 for a mixture of experts; llama-bench's micro-batch is 512), with
 //!   logits for the last row only. The same run gives **ttft_ms**: prefill plus the
 //!   choice of the first token.
 //! - **tg**: tokens per second generating `N` tokens greedily after a 1-token prompt,
@@ -53,9 +53,8 @@ pub struct BenchArgs {
     /// Repetitions; each figure is the median.
     #[arg(long, short = 'r', value_name = "R", default_value_t = 3)]
     pub reps: usize,
-    /// Most prompt tokens one forward pass processes.
-    #[arg(long, value_name = "N", default_value_t = 256)]
-    pub prefill_chunk: usize,
+    #[command(flatten)]
+    pub prefill_chunk: crate::models::PrefillChunkArg,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -133,8 +132,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let prompt = bench_ids(args.n_prompt.max(1), n_vocab, tokenizer.as_ref());
     // Without a tokenizer the runner knows no end-of-generation token: only the token
     // count stops a run, as in llama-bench.
+    let prefill_chunk = args.prefill_chunk.for_model(&model);
     let config = RunConfig {
-        prefill_chunk: args.prefill_chunk,
+        prefill_chunk,
         n_ctx: (args.n_prompt + 1).max(args.n_gen + 2),
         max_tokens: 1,
         // llama-bench computes no log-probabilities either.
@@ -158,6 +158,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let report = Report {
         model: path.display().to_string(),
         threads,
+        prefill_chunk,
         pp,
         ttft,
         tg,
@@ -181,9 +182,7 @@ fn check_args(args: &BenchArgs) -> Result<()> {
     if args.reps == 0 {
         bail!("--reps must be at least 1");
     }
-    if args.prefill_chunk == 0 {
-        bail!("--prefill-chunk must be at least 1");
-    }
+    args.prefill_chunk.check()?;
     if args.n_prompt == 0 && args.n_gen == 0 && !args.show_plan {
         bail!("nothing to measure: -p and -n are both 0");
     }
@@ -230,6 +229,7 @@ fn measure(
 struct Report {
     model: String,
     threads: usize,
+    prefill_chunk: usize,
     pp: Option<f64>,
     ttft: Option<f64>,
     tg: Option<f64>,
@@ -248,6 +248,7 @@ impl Report {
         json!({
             "model": self.model,
             "threads": self.threads,
+            "prefill_chunk": self.prefill_chunk,
             "pp_tokens": args.n_prompt,
             "tg_tokens": args.n_gen,
             "pp_tps": self.pp,
@@ -277,7 +278,7 @@ impl Report {
         println!(
             "threads: {threads}   reps: {}   prefill chunk: {}   warm-up: {}",
             args.reps,
-            args.prefill_chunk,
+            self.prefill_chunk,
             if args.no_warmup { "no" } else { "yes" }
         );
         println!(
@@ -347,7 +348,7 @@ fn run_batched(
             model,
             &prompts,
             args.n_gen,
-            args.prefill_chunk,
+            args.prefill_chunk.for_model(model),
             args.reps,
         )?);
     }

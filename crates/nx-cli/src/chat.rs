@@ -54,9 +54,8 @@ pub struct ChatArgs {
     pub n_predict: Option<usize>,
     #[command(flatten)]
     pub sampling: crate::sampling::SamplingArgs,
-    /// Most prompt tokens one forward pass processes (bounds prefill memory).
-    #[arg(long, value_name = "N", default_value_t = 256)]
-    pub prefill_chunk: usize,
+    #[command(flatten)]
+    pub prefill_chunk: crate::models::PrefillChunkArg,
     /// Context size in tokens (the whole conversation), capped by the model's trained
     /// context.
     #[arg(long, value_name = "N", default_value_t = 4096)]
@@ -173,9 +172,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     apply_threads(args.threads)?;
     let sampler = args.sampler();
     sampler.validate()?;
-    if args.prefill_chunk == 0 {
-        bail!("--prefill-chunk must be at least 1");
-    }
+    args.prefill_chunk.check()?;
     if args.ctx == 0 {
         bail!("--ctx must be at least 1");
     }
@@ -198,7 +195,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let template = ChatTemplate::for_model(model.gguf().metadata(), &tokenizer, choice.as_ref())?;
     let n_ctx = args.ctx.min(model.config().n_ctx_train.max(1));
     let config = RunConfig {
-        prefill_chunk: args.prefill_chunk,
+        prefill_chunk: args.prefill_chunk.for_model(&model),
         n_ctx,
         token_logprobs: false,
         sampler,

@@ -1,9 +1,10 @@
-//! Which model a command opens and how many threads it runs: the defaults under
-//! `$NX_CACHE` and the `--threads` flag, shared by every command.
+//! Which model a command opens and how it runs it: the defaults under `$NX_CACHE`, the
+//! `--threads` flag and the `--prefill-chunk` flag, shared by every command.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
+use nx_run::{Model, RunConfig};
 
 /// File name of the default model under `$NX_CACHE/models`.
 pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
@@ -67,4 +68,29 @@ pub fn apply_threads(threads: Option<usize>) -> Result<()> {
         std::env::set_var("NX_THREADS", n.to_string());
     }
     Ok(())
+}
+
+/// `--prefill-chunk`, for the commands that read prompts.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct PrefillChunkArg {
+    /// Most prompt tokens one forward pass processes (bounds prefill memory; the output
+    /// is the same for any value) [default: 256, or 512 for a mixture-of-experts model]
+    #[arg(long = "prefill-chunk", value_name = "N")]
+    pub tokens: Option<usize>,
+}
+
+impl PrefillChunkArg {
+    /// Refuses 0.
+    pub fn check(&self) -> Result<()> {
+        if self.tokens == Some(0) {
+            bail!("--prefill-chunk must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The value given, or `model`'s default ([`RunConfig::default_prefill_chunk`]).
+    pub fn for_model(&self, model: &Model) -> usize {
+        self.tokens
+            .unwrap_or_else(|| RunConfig::default_prefill_chunk(model.config()))
+    }
 }

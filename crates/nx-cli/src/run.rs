@@ -58,9 +58,8 @@ pub struct RunArgs {
     pub sampling: crate::sampling::SamplingArgs,
     #[command(flatten)]
     pub weights: crate::weights::WeightsArgs,
-    /// Most prompt tokens one forward pass processes (bounds prefill memory).
-    #[arg(long, value_name = "N", default_value_t = 256)]
-    pub prefill_chunk: usize,
+    #[command(flatten)]
+    pub prefill_chunk: crate::models::PrefillChunkArg,
     /// Context size in tokens (prompt + generation), capped by the model's trained context.
     #[arg(long, value_name = "N", default_value_t = 4096)]
     pub ctx: usize,
@@ -152,7 +151,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let ctx_cap = args.ctx.min(model.config().n_ctx_train.max(1));
     let needed = ids.len().saturating_add(args.n_predict);
     let config = RunConfig {
-        prefill_chunk: args.prefill_chunk,
+        prefill_chunk: args.prefill_chunk.for_model(&model),
         // Big enough for this completion; an overflow is reported by the runner.
         n_ctx: needed.clamp(1, ctx_cap),
         max_tokens: args.n_predict,
@@ -183,9 +182,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
 /// The flags' numeric checks, then the prompt text (`--prompt` or `-f`; `None` for
 /// `--prompt-ids`).
 fn checked_prompt_text(args: &RunArgs) -> Result<Option<String>> {
-    if args.prefill_chunk == 0 {
-        bail!("--prefill-chunk must be at least 1");
-    }
+    args.prefill_chunk.check()?;
     if args.ctx == 0 {
         bail!("--ctx must be at least 1");
     }

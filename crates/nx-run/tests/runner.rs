@@ -466,3 +466,18 @@ fn generated_control_tokens_have_no_text() {
         "but it is still a generated token"
     );
 }
+
+#[test]
+fn a_mixture_of_experts_prefills_in_chunks_twice_as_long() {
+    let (model, _) = load(TinyOptions::default());
+    let mut config = model.config().clone();
+    assert_eq!(config.moe, None);
+    assert_eq!(RunConfig::default_prefill_chunk(&config), 256);
+    config.moe = Some(nx_llama_stack::MoeConfig {
+        n_expert: 64,
+        n_expert_used: 8,
+        n_ff_exp: 1024,
+        norm_weights: true,
+    });
+    assert_eq!(RunConfig::default_prefill_chunk(&config), 512);
+}
