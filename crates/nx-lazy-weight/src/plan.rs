@@ -585,7 +585,9 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 ///    (`avx2::prefetch_block`); narrow tiles four rows at a time.
 /// 11: candidates timed round-robin (plans timed one candidate after another could keep
 ///    a kernel crowned by a burst of other load).
-pub const KERNELS_REVISION: u32 = 11;
+/// 12: AVX2 Q4_0 / Q5_0 / Q8_0 token groups over weight rows widened once for all the
+///    groups, activations group by group.
+pub const KERNELS_REVISION: u32 = 12;
 
 #[cfg(test)]
 mod tests {
