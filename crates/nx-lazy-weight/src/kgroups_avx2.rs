@@ -5,9 +5,10 @@
 //! 32-quant vectors `v`, of `scale(v, l)·quad_l(v)`, where `quad_l(v)` is the dot of quants
 //! `4l..4l+4` of `v`; each vector costs them a `maddubs` (pair sums) and a `madd` by its
 //! scale (pairs to quads and the scale at once), two multiplies per token. Here two
-//! neighbouring vectors are taken together: their weight bytes are regrouped once for the
-//! group (word `2l` of one register holds vector `v`'s quants `4l, 4l+1`, word `2l+1`
-//! vector `v+1`'s; the other register the quants `4l+2, 4l+3`), and every token's
+//! neighbouring vectors are taken together: their weight bytes are regrouped (word `2l` of
+//! one register holds vector `v`'s quants `4l, 4l+1`, word `2l+1` vector `v+1`'s; the
+//! other register the quants `4l+2, 4l+3`) once for all the groups of tokens, a few rows at
+//! a time ([`WideBlock`]), and every token's
 //! activations are regrouped the same way once per step ([`KGroupActs::build`]). Then two
 //! `maddubs` and a word add give both vectors' quad sums side by side, and one `madd` by
 //! the scale pair gives `scale(v)·quad_l(v) + scale(v+1)·quad_l(v+1)`: three multiplies
@@ -16,6 +17,7 @@
 //! its FMA chains, so every output keeps the single-token kernel's bits.
 
 use std::arch::x86_64::*;
+use std::cell::RefCell;
 
 use nx_gguf::GgmlType;
 
@@ -217,52 +219,147 @@ pub(crate) unsafe fn run(
     if acts.n_tokens == 0 || row_bytes == 0 || w_rows.len() < row_bytes {
         return;
     }
-    for g0 in (0..acts.n_tokens).step_by(GROUP) {
-        let count = GROUP.min(acts.n_tokens - g0);
-        let args = (w_rows, row_bytes, acts, g0);
-        // SAFETY: the caller's contract; token `g0 + t` of row `r` goes to
-        // `out[(g0 + t)·stride + r]`.
-        let out = unsafe { out_ptr.add(g0 * out_stride) };
-        macro_rules! counts {
-            ($kernel:ident $(, $five:literal)?) => {
-                // SAFETY: as above.
-                unsafe {
-                    match count {
-                        1 => $kernel::<1 $(, $five)?>(args, out, out_stride),
-                        2 => $kernel::<2 $(, $five)?>(args, out, out_stride),
-                        3 => $kernel::<3 $(, $five)?>(args, out, out_stride),
-                        4 => $kernel::<4 $(, $five)?>(args, out, out_stride),
-                        5 => $kernel::<5 $(, $five)?>(args, out, out_stride),
-                        6 => $kernel::<6 $(, $five)?>(args, out, out_stride),
-                        7 => $kernel::<7 $(, $five)?>(args, out, out_stride),
-                        _ => $kernel::<8 $(, $five)?>(args, out, out_stride),
-                    }
-                }
-            };
-        }
-        match weight_type {
-            GgmlType::Q4_K => counts!(q4_k_group, false),
-            GgmlType::Q5_K => counts!(q4_k_group, true),
-            GgmlType::Q6_K => counts!(q6_k_group),
-            _ => return,
+    let kind = match weight_type {
+        GgmlType::Q4_K => Kind::Q4K,
+        GgmlType::Q5_K => Kind::Q5K,
+        GgmlType::Q6_K => Kind::Q6K,
+        _ => return,
+    };
+    // SAFETY: the caller's contract.
+    unsafe { run_kind(kind, w_rows, row_bytes, acts, out_ptr, out_stride) }
+}
+
+/// The formats of this module.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+impl Kind {
+    fn block_bytes(self) -> usize {
+        match self {
+            Kind::Q4K => Q4_K_BYTES,
+            Kind::Q5K => Q5_K_BYTES,
+            Kind::Q6K => Q6_K_BYTES,
         }
     }
 }
 
-/// What every group kernel takes: the weight rows, their bytes per row, the activations
-/// and the group's first token.
-type GroupArgs<'a> = (&'a [u8], usize, &'a KGroupActs, usize);
-
-/// Checks the layout against the weight rows and returns `(n_tokens, n_blocks)`.
-fn checked_shape<const N: usize>(
-    (w, row_bytes, acts, g0): GroupArgs<'_>,
-    block_bytes: usize,
-) -> (usize, usize) {
-    let (n, n_blocks) = (acts.n_tokens, acts.n_blocks);
-    assert!(g0 + N <= n && row_bytes >= n_blocks * block_bytes && w.len() >= row_bytes);
-    assert!(acts.slots.len() >= n_blocks * n * SLOT && acts.dx.len() >= n_blocks * n);
-    (n, n_blocks)
+/// One weight super-block widened for the token loops: the regrouped weight pair and
+/// the scale pairs of each of its four 64-quant steps ([`pair_dot`]'s operands), the
+/// words of the min term (Q4_K, Q5_K: the eight mins) or of the bsum term (Q6_K: the
+/// sixteen scales), `d_w` and `−dmin_w` (Q4_K, Q5_K).
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct WideBlock {
+    steps: [[__m256i; 2]; 4],
+    scales: [__m256i; 4],
+    extra: __m256i,
+    d: f32,
+    neg_dmin: f32,
 }
+
+/// Bytes of widened super-blocks one pass keeps for every group of tokens, in L1 and L2
+/// beside a group's activations: rows of the 1536-wide Qwen2.5-1.5B shapes sixteen at a
+/// time (6 super-blocks of 448 bytes each), the 8960-wide down projection's three.
+const WIDENED_BYTES: usize = 48 * 1024;
+
+thread_local! {
+    /// Each thread's widened weight rows.
+    static WIDENED: RefCell<Vec<WideBlock>> = const { RefCell::new(Vec::new()) };
+}
+
+/// [`run`] for one format: rows widened ([`WideBlock`]) a few at a time, then every
+/// group of tokens against them. Widening a super-block costs about as much vector work as
+/// two tokens' products; with several groups it is done once for all of them.
+///
+/// # Safety
+/// As [`run`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_kind(
+    kind: Kind,
+    w_rows: &[u8],
+    row_bytes: usize,
+    acts: &KGroupActs,
+    out_ptr: *mut f32,
+    out_stride: usize,
+) {
+    let n_blocks = acts.n_blocks;
+    assert!(row_bytes >= n_blocks * kind.block_bytes());
+    let n_rows = w_rows.len() / row_bytes;
+    let rows_per_pass = match acts.n_tokens > GROUP {
+        true => (WIDENED_BYTES / (n_blocks * size_of::<WideBlock>()).max(1)).clamp(1, 16),
+        // One group reads each row once: widen one row at a time.
+        false => 1,
+    };
+    WIDENED.with(|cell| {
+        let wide = &mut *cell.borrow_mut();
+        for r0 in (0..n_rows).step_by(rows_per_pass) {
+            let n_here = rows_per_pass.min(n_rows - r0);
+            wide.clear();
+            for row in w_rows[r0 * row_bytes..(r0 + n_here) * row_bytes].chunks_exact(row_bytes) {
+                for b in 0..n_blocks {
+                    let at = b * kind.block_bytes();
+                    prefetch_ahead(row, at);
+                    let wb = &row[at..at + kind.block_bytes()];
+                    // SAFETY: the CPU features per the caller's contract; a whole block.
+                    wide.push(unsafe {
+                        match kind {
+                            Kind::Q4K => widen_q4_k::<false>(wb),
+                            Kind::Q5K => widen_q4_k::<true>(wb),
+                            Kind::Q6K => widen_q6_k(wb),
+                        }
+                    });
+                }
+            }
+            for g0 in (0..acts.n_tokens).step_by(GROUP) {
+                let args = (&wide[..], acts, g0);
+                // SAFETY: the caller's contract; token `g0 + t` of row `r0 + r` goes to
+                // `out[(g0 + t)·stride + r0 + r]`.
+                unsafe {
+                    let out = out_ptr.add(g0 * out_stride + r0);
+                    match (kind, GROUP.min(acts.n_tokens - g0)) {
+                        (Kind::Q4K, n) => counts::<{ Kind::Q4K as u8 }>(n, args, out, out_stride),
+                        (Kind::Q5K, n) => counts::<{ Kind::Q5K as u8 }>(n, args, out, out_stride),
+                        (Kind::Q6K, n) => counts::<{ Kind::Q6K as u8 }>(n, args, out, out_stride),
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// [`group`] for `count` tokens.
+///
+/// # Safety
+/// As [`group`].
+#[inline(always)]
+unsafe fn counts<const KIND: u8>(
+    count: usize,
+    args: GroupArgs<'_>,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match count {
+            1 => group::<1, KIND>(args, out, out_stride),
+            2 => group::<2, KIND>(args, out, out_stride),
+            3 => group::<3, KIND>(args, out, out_stride),
+            4 => group::<4, KIND>(args, out, out_stride),
+            5 => group::<5, KIND>(args, out, out_stride),
+            6 => group::<6, KIND>(args, out, out_stride),
+            7 => group::<7, KIND>(args, out, out_stride),
+            _ => group::<8, KIND>(args, out, out_stride),
+        }
+    }
+}
+
+/// What every group kernel takes: the widened rows (whole rows of the activations'
+/// super-block count), the activations and the group's first token.
+type GroupArgs<'a> = (&'a [WideBlock], &'a KGroupActs, usize);
 
 /// `weight_scale·d_x` for tokens `g0..g0 + N` of block `b` (same products as a scalar
 /// multiply per token), stored for broadcast loads.
@@ -280,134 +377,65 @@ unsafe fn scale_products<const N: usize>(weight_scale: __m256, dx: &[f32], out: 
     }
 }
 
-/// Q4_K rows (Q5_K when `FIVE`) against tokens `g0..g0 + N`: row `r`, token `g0 + t` to
-/// `out[t·out_stride + r]`. Same integers and float chains as `avx2::q4_k_impl` (and
-/// `avx2::q5_k_impl`, whose min term is one scalar chain instead of four lanes).
+/// A Q4_K super-block (Q5_K when `FIVE`) widened: the quants of each 64-quant step (the
+/// low nibbles its first 32, the high ones its second, Q5_K's fifth bits added) regrouped
+/// by [`pair_vectors`], each step's scale pair in every dword, the mins as words.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; `out` is valid for those writes.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_group<const N: usize, const FIVE: bool>(
-    args: GroupArgs<'_>,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    let (w, row_bytes, acts, g0) = args;
-    let block_bytes = if FIVE { Q5_K_BYTES } else { Q4_K_BYTES };
+/// The CPU has AVX2 and F16C; `wb` is a whole block.
+#[inline(always)]
+unsafe fn widen_q4_k<const FIVE: bool>(wb: &[u8]) -> WideBlock {
     let quants = if FIVE { q4_k::Q5_QS } else { q4_k::QS };
-    let (n, n_blocks) = checked_shape::<N>(args, block_bytes);
     let low4 = _mm256_set1_epi8(0x0F);
     let bit4 = _mm256_set1_epi8(0x10);
-    let slots = acts.slots.as_ptr();
-    let mut d = [0.0f32; GROUP];
-    let mut neg_dmin = [0.0f32; GROUP];
-    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        let mut acc = [_mm256_setzero_ps(); N];
-        let mut acc_min = [_mm_setzero_ps(); N];
-        let mut summs = [0.0f32; N];
-        for b in 0..n_blocks {
-            prefetch_ahead(row, b * block_bytes);
-            let wb = &row[b * block_bytes..(b + 1) * block_bytes];
-            let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
-            let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
-            // Dword `c`: the scale pair of sub-blocks 2c, 2c+1.
-            let scales = _mm256_set_m128i(sc16, sc16);
-            let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
-            // The fifth bits (Q5_K): bits 2c, 2c+1 of each byte for chunk c.
-            // SAFETY: qh is bytes 16..48 of 176.
-            let mut qh = if FIVE {
-                unsafe { load32(wb, q4_k::Q5_QH) }
-            } else {
-                low4
-            };
-            // SAFETY: slot b·n + g0 + N ≤ n_blocks·n (checked_shape).
-            let x0 = unsafe { slots.add((b * n + g0) * SLOT) };
-            let mut sumi = [_mm256_setzero_si256(); N];
-            macro_rules! chunk {
-                ($c:literal, $imm:literal) => {
-                    let z = zero_after(&mut sumi);
-                    // SAFETY: quants chunk is bytes 32c..32c+32 of the quants (z is 0).
-                    let qs = unsafe { load32(wb, quants + 32 * $c + z) };
-                    let mut lo = _mm256_and_si256(qs, low4);
-                    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), low4);
-                    if FIVE {
-                        lo =
-                            _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bit4));
-                        hi =
-                            _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(qh), bit4));
-                        qh = _mm256_srli_epi16::<2>(qh);
-                    }
-                    // SAFETY: AVX2 (this function's features).
-                    let (wa, wb2) = unsafe { pair_vectors(lo, hi) };
-                    let pair = _mm256_shuffle_epi32::<$imm>(scales);
-                    // SAFETY: inside the slots (checked_shape; z is 0).
-                    let xc = unsafe { x0.add(64 * $c + z) };
-                    for (t, sum) in sumi.iter_mut().enumerate() {
-                        // SAFETY: 64 bytes of token g0 + t's slot.
-                        *sum = unsafe { pair_dot(*sum, wa, wb2, pair, xc.add(t * SLOT)) };
-                    }
-                };
+    let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
+    // SAFETY: the CPU features per the contract; every load lies inside the block.
+    unsafe {
+        let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
+        // Dword `c`: the scale pair of sub-blocks 2c, 2c+1.
+        let scales = _mm256_set_m128i(sc16, sc16);
+        let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+        // The fifth bits (Q5_K): bits 2c, 2c+1 of each byte for step c.
+        let mut qh = if FIVE { load32(wb, q4_k::Q5_QH) } else { low4 };
+        let mut steps = [[_mm256_setzero_si256(); 2]; 4];
+        for (c, step) in steps.iter_mut().enumerate() {
+            let qs = load32(wb, quants + 32 * c);
+            let mut lo = _mm256_and_si256(qs, low4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), low4);
+            if FIVE {
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bit4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(qh), bit4));
+                qh = _mm256_srli_epi16::<2>(qh);
             }
-            chunk!(0, 0x00);
-            chunk!(1, 0x55);
-            chunk!(2, 0xAA);
-            chunk!(3, 0xFF);
-            let _ = qh;
-            let dx = &acts.dx[b * n + g0..b * n + g0 + N];
-            let dmin_w = f16_splat(wb, q4_k::DMIN);
-            // SAFETY: AVX2; `dx` holds N ≤ GROUP scales.
-            unsafe {
-                scale_products::<N>(f16_splat(wb, 0), dx, &mut d);
-                // −d_x·dmin_w, as the single-token kernel forms it (a negation is exact).
-                scale_products::<N>(
-                    _mm256_xor_ps(dmin_w, _mm256_set1_ps(-0.0)),
-                    dx,
-                    &mut neg_dmin,
-                );
-            }
-            let (d, neg_dmin) = (std::hint::black_box(&d), std::hint::black_box(&neg_dmin));
-            for t in 0..N {
-                // SAFETY: the 32-quant sums of token g0 + t's slot.
-                let sub_sums =
-                    unsafe { _mm_loadu_si128(x0.add(t * SLOT + SLOT_SUB_SUMS) as *const __m128i) };
-                let min_lanes = _mm_madd_epi16(sub_sums, mins);
-                if FIVE {
-                    summs[t] = neg_dmin[t].mul_add(hsum_epi32(min_lanes) as f32, summs[t]);
-                } else {
-                    acc_min[t] = _mm_fmadd_ps(
-                        _mm_broadcast_ss(&neg_dmin[t]),
-                        _mm_cvtepi32_ps(min_lanes),
-                        acc_min[t],
-                    );
-                }
-                acc[t] = _mm256_fmadd_ps(
-                    _mm256_broadcast_ss(&d[t]),
-                    _mm256_cvtepi32_ps(sumi[t]),
-                    acc[t],
-                );
-            }
+            let (a, b) = pair_vectors(lo, hi);
+            *step = [a, b];
         }
-        for t in 0..N {
-            let y = if FIVE {
-                hsum_ps(acc[t]) + summs[t]
-            } else {
-                hsum_ps(acc[t]) + hsum4_ps(acc_min[t])
-            };
-            // SAFETY: the caller's contract on `out`.
-            unsafe { *out.add(t * out_stride + r) = y };
+        let dmin_w = f16_splat(wb, q4_k::DMIN);
+        WideBlock {
+            steps,
+            scales: [
+                _mm256_shuffle_epi32::<0x00>(scales),
+                _mm256_shuffle_epi32::<0x55>(scales),
+                _mm256_shuffle_epi32::<0xAA>(scales),
+                _mm256_shuffle_epi32::<0xFF>(scales),
+            ],
+            extra: _mm256_castsi128_si256(mins),
+            d: _mm256_cvtss_f32(f16_splat(wb, 0)),
+            // −dmin_w, as the single-token kernel forms it (a negation is exact).
+            neg_dmin: -_mm256_cvtss_f32(dmin_w),
         }
     }
 }
 
-/// Q6_K rows against tokens `g0..g0 + N`: row `r`, token `g0 + t` to
-/// `out[t·out_stride + r]`. Same integers and float chain as `avx2::q6_k_impl`.
+/// A Q6_K super-block widened: each half's quants `0..32`, `32..64` (one step) and
+/// `64..96`, `96..128` (the next) regrouped by [`pair_vectors`], each step's scales (lanes
+/// 0..4 its two vectors' first 16 quants' scales, lanes 4..8 their last 16's), the
+/// sixteen scales as words.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; `out` is valid for those writes.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_group<const N: usize>(args: GroupArgs<'_>, out: *mut f32, out_stride: usize) {
-    let (w, row_bytes, acts, g0) = args;
-    let (n, n_blocks) = checked_shape::<N>(args, Q6_K_BYTES);
+/// The CPU has AVX2 and F16C; `wb` is a whole block.
+#[inline(always)]
+unsafe fn widen_q6_k(wb: &[u8]) -> WideBlock {
     let low4 = _mm256_set1_epi8(0x0F);
     let bits45 = _mm256_set1_epi8(0x30);
     // The scale pairs of 32-quant vectors k, k+1 (k even) of a half: lanes 0..4 take
@@ -417,84 +445,141 @@ unsafe fn q6_k_group<const N: usize>(args: GroupArgs<'_>, out: *mut f32, out_str
         let (a, b) = (4 * k, 4 * k + 4);
         let lo = [a, a + 1, b, b + 1];
         let hi = [a + 2, a + 3, b + 2, b + 3];
-        _mm256_setr_epi8(
-            lo[0], lo[1], lo[2], lo[3], lo[0], lo[1], lo[2], lo[3], lo[0], lo[1], lo[2], lo[3],
-            lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3], hi[0], hi[1], hi[2], hi[3],
-            hi[0], hi[1], hi[2], hi[3], hi[0], hi[1], hi[2], hi[3],
-        )
+        // SAFETY: AVX (a register constant).
+        unsafe {
+            _mm256_setr_epi8(
+                lo[0], lo[1], lo[2], lo[3], lo[0], lo[1], lo[2], lo[3], lo[0], lo[1], lo[2], lo[3],
+                lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3], hi[0], hi[1], hi[2], hi[3],
+                hi[0], hi[1], hi[2], hi[3], hi[0], hi[1], hi[2], hi[3],
+            )
+        }
     };
-    let (ctrl0, ctrl2) = (pair_ctrl(0), pair_ctrl(2));
+    let ctrl = [pair_ctrl(0), pair_ctrl(2)];
+    // SAFETY: the CPU features per the contract; every load lies inside the block.
+    unsafe {
+        let sc16 = _mm256_cvtepi8_epi16(load16(wb, q6_k::SCALES));
+        let mut steps = [[_mm256_setzero_si256(); 2]; 4];
+        let mut scales = [_mm256_setzero_si256(); 4];
+        for half in 0..2 {
+            let sc_half = if half == 0 {
+                _mm256_castsi256_si128(sc16)
+            } else {
+                _mm256_extracti128_si256::<1>(sc16)
+            };
+            let sc_both = _mm256_set_m128i(sc_half, sc_half);
+            let ql0 = load32(wb, q6_k::QL + 64 * half);
+            let ql1 = load32(wb, q6_k::QL + 64 * half + 32);
+            let qh = load32(wb, q6_k::QH + 32 * half);
+            // Quants 0..32, 32..64 of this half (vectors 0, 1), then 64..128 (2, 3).
+            let q0 = _mm256_or_si256(
+                _mm256_and_si256(ql0, low4),
+                _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bits45),
+            );
+            let q1 = _mm256_or_si256(
+                _mm256_and_si256(ql1, low4),
+                _mm256_and_si256(_mm256_slli_epi16::<2>(qh), bits45),
+            );
+            let q2 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4),
+                _mm256_and_si256(qh, bits45),
+            );
+            let q3 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), bits45),
+            );
+            for (pair, (va, vb)) in [(q0, q1), (q2, q3)].into_iter().enumerate() {
+                let (a, b) = pair_vectors(va, vb);
+                steps[2 * half + pair] = [a, b];
+                scales[2 * half + pair] = _mm256_shuffle_epi8(sc_both, ctrl[pair]);
+            }
+        }
+        WideBlock {
+            steps,
+            scales,
+            extra: sc16,
+            d: _mm256_cvtss_f32(f16_splat(wb, q6_k::D)),
+            neg_dmin: 0.0,
+        }
+    }
+}
+
+/// Widened rows (`args.0`) against tokens `g0..g0 + N`: row `r`, token `g0 + t` to
+/// `out[t·out_stride + r]`. Same integers and float chains as `avx2::q4_k_impl`,
+/// `avx2::q5_k_impl` (whose min term is one scalar chain instead of four lanes) and
+/// `avx2::q6_k_impl`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `out` is valid for those writes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group<const N: usize, const KIND: u8>(
+    (wide, acts, g0): GroupArgs<'_>,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let (n, n_blocks) = (acts.n_tokens, acts.n_blocks);
+    assert!(g0 + N <= n && n_blocks > 0 && wide.len().is_multiple_of(n_blocks));
+    assert!(acts.slots.len() >= n_blocks * n * SLOT && acts.dx.len() >= n_blocks * n);
     let slots = acts.slots.as_ptr();
     let mut d = [0.0f32; GROUP];
-    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+    let mut neg_dmin = [0.0f32; GROUP];
+    for (r, row) in wide.chunks_exact(n_blocks).enumerate() {
         let mut acc = [_mm256_setzero_ps(); N];
-        for b in 0..n_blocks {
-            prefetch_ahead(row, b * Q6_K_BYTES);
-            let wb = &row[b * Q6_K_BYTES..(b + 1) * Q6_K_BYTES];
-            // SAFETY: scales are bytes 192..208 of 210.
-            let sc16 = _mm256_cvtepi8_epi16(unsafe { load16(wb, q6_k::SCALES) });
-            // SAFETY: slot b·n + g0 + N ≤ n_blocks·n (checked_shape).
+        let mut acc_min = [_mm_setzero_ps(); N];
+        let mut summs = [0.0f32; N];
+        for (b, wk) in row.iter().enumerate() {
+            // SAFETY: slot b·n + g0 + N ≤ n_blocks·n (asserted).
             let x0 = unsafe { slots.add((b * n + g0) * SLOT) };
+            let wk: *const WideBlock = wk;
             let mut sumi = [_mm256_setzero_si256(); N];
-            for half in 0..2 {
-                let sc_half = if half == 0 {
-                    _mm256_castsi256_si128(sc16)
-                } else {
-                    _mm256_extracti128_si256::<1>(sc16)
-                };
-                let sc_both = _mm256_set_m128i(sc_half, sc_half);
-                // SAFETY: ql half is bytes 64h..64h+64, qh half 128+32h..160+32h, of 210.
-                let (ql0, ql1, qh) = unsafe {
-                    (
-                        load32(wb, q6_k::QL + 64 * half),
-                        load32(wb, q6_k::QL + 64 * half + 32),
-                        load32(wb, q6_k::QH + 32 * half),
-                    )
-                };
-                // Quants 0..32, 32..64 of this half (vectors 0, 1), then 64..128 (2, 3).
-                let q0 = _mm256_or_si256(
-                    _mm256_and_si256(ql0, low4),
-                    _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bits45),
-                );
-                let q1 = _mm256_or_si256(
-                    _mm256_and_si256(ql1, low4),
-                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), bits45),
-                );
-                let q2 = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4),
-                    _mm256_and_si256(qh, bits45),
-                );
-                let q3 = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), bits45),
-                );
-                macro_rules! pair {
-                    ($va:expr, $vb:expr, $ctrl:expr, $pair:literal) => {
-                        // SAFETY: AVX2 (this function's features).
-                        let (wa, wb2) = unsafe { pair_vectors($va, $vb) };
-                        let scales = _mm256_shuffle_epi8(sc_both, $ctrl);
-                        let z = zero_after(&mut sumi);
-                        // SAFETY: inside the slots (checked_shape; z is 0).
-                        let xc = unsafe { x0.add(64 * (2 * half + $pair) + z) };
-                        for (t, sum) in sumi.iter_mut().enumerate() {
-                            // SAFETY: 64 bytes of token g0 + t's slot.
-                            *sum = unsafe { pair_dot(*sum, wa, wb2, scales, xc.add(t * SLOT)) };
-                        }
-                    };
+            for c in 0..4 {
+                let z = zero_after(&mut sumi);
+                // SAFETY: step `c` of the widened block and 64 bytes of each token's slot
+                // (z is 0).
+                unsafe {
+                    let wk = &*(wk as *const u8).add(z).cast::<WideBlock>();
+                    let [wa, wb] = wk.steps[c];
+                    let xc = x0.add(64 * c + z);
+                    for (t, sum) in sumi.iter_mut().enumerate() {
+                        *sum = pair_dot(*sum, wa, wb, wk.scales[c], xc.add(t * SLOT));
+                    }
                 }
-                pair!(q0, q1, ctrl0, 0);
-                pair!(q2, q3, ctrl2, 1);
             }
+            // SAFETY: a whole widened block.
+            let wk = unsafe { &*wk };
             let dx = &acts.dx[b * n + g0..b * n + g0 + N];
             // SAFETY: AVX2; `dx` holds N ≤ GROUP scales.
-            unsafe { scale_products::<N>(f16_splat(wb, q6_k::D), dx, &mut d) };
-            let d = std::hint::black_box(&d);
+            unsafe {
+                scale_products::<N>(_mm256_set1_ps(wk.d), dx, &mut d);
+                if KIND != Kind::Q6K as u8 {
+                    scale_products::<N>(_mm256_set1_ps(wk.neg_dmin), dx, &mut neg_dmin);
+                }
+            }
+            let (d, neg_dmin) = (std::hint::black_box(&d), std::hint::black_box(&neg_dmin));
             for t in 0..N {
-                // SAFETY: the bsums of token g0 + t's slot.
-                let bsums =
-                    unsafe { _mm256_loadu_si256(x0.add(t * SLOT + SLOT_BSUMS) as *const __m256i) };
-                let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
-                let lanes = _mm256_sub_epi32(sumi[t], offset);
+                let lanes = if KIND == Kind::Q6K as u8 {
+                    // SAFETY: the bsums of token g0 + t's slot.
+                    let bsums = unsafe {
+                        _mm256_loadu_si256(x0.add(t * SLOT + SLOT_BSUMS) as *const __m256i)
+                    };
+                    let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, wk.extra));
+                    _mm256_sub_epi32(sumi[t], offset)
+                } else {
+                    // SAFETY: the 32-quant sums of token g0 + t's slot.
+                    let sub_sums = unsafe {
+                        _mm_loadu_si128(x0.add(t * SLOT + SLOT_SUB_SUMS) as *const __m128i)
+                    };
+                    let min_lanes = _mm_madd_epi16(sub_sums, _mm256_castsi256_si128(wk.extra));
+                    if KIND == Kind::Q5K as u8 {
+                        summs[t] = neg_dmin[t].mul_add(hsum_epi32(min_lanes) as f32, summs[t]);
+                    } else {
+                        acc_min[t] = _mm_fmadd_ps(
+                            _mm_broadcast_ss(&neg_dmin[t]),
+                            _mm_cvtepi32_ps(min_lanes),
+                            acc_min[t],
+                        );
+                    }
+                    sumi[t]
+                };
                 acc[t] = _mm256_fmadd_ps(
                     _mm256_broadcast_ss(&d[t]),
                     _mm256_cvtepi32_ps(lanes),
@@ -503,8 +588,13 @@ unsafe fn q6_k_group<const N: usize>(args: GroupArgs<'_>, out: *mut f32, out_str
             }
         }
         for t in 0..N {
+            let y = match KIND {
+                k if k == Kind::Q4K as u8 => hsum_ps(acc[t]) + hsum4_ps(acc_min[t]),
+                k if k == Kind::Q5K as u8 => hsum_ps(acc[t]) + summs[t],
+                _ => hsum_ps(acc[t]),
+            };
             // SAFETY: the caller's contract on `out`.
-            unsafe { *out.add(t * out_stride + r) = hsum_ps(acc[t]) };
+            unsafe { *out.add(t * out_stride + r) = y };
         }
     }
 }
@@ -520,6 +610,14 @@ fn f16_splat(bytes: &[u8], offset: usize) -> __m256 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_widened_super_block_is_the_size_the_pass_budget_assumes() {
+        // `WIDENED_BYTES`' row counts are worked out for 448-byte blocks.
+        assert_eq!(size_of::<WideBlock>(), 448);
+        assert_eq!(WIDENED_BYTES / (6 * 448), 18);
+        assert_eq!(WIDENED_BYTES / (35 * 448), 3);
+    }
 
     #[test]
     fn build_pairs_each_sixty_four_quants_by_words() {

@@ -587,7 +587,8 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 ///    a kernel crowned by a burst of other load).
 /// 12: AVX2 Q4_0 / Q5_0 / Q8_0 token groups over weight rows widened once for all the
 ///    groups, activations group by group.
-pub const KERNELS_REVISION: u32 = 12;
+/// 13: AVX2 Q4_K / Q5_K / Q6_K token groups over widened weight rows.
+pub const KERNELS_REVISION: u32 = 13;
 
 #[cfg(test)]
 mod tests {
