@@ -503,6 +503,31 @@ unsafe fn widen_q6_k(wb: &[u8]) -> WideBlock {
     }
 }
 
+/// The lane integers of one widened super-block against the `N` token slots from `x0`:
+/// the four 64-quant steps' [`pair_dot`]s.
+///
+/// # Safety
+/// The CPU has AVX2 (only inlined into functions enabling it); `x0` is valid for `N`
+/// slots.
+#[inline(always)]
+unsafe fn block_sums<const N: usize>(wk: &WideBlock, x0: *const u8) -> [__m256i; N] {
+    let wk: *const WideBlock = wk;
+    let mut sumi = [_mm256_setzero_si256(); N];
+    for c in 0..4 {
+        let z = zero_after(&mut sumi);
+        // SAFETY: step `c` of the widened block and 64 bytes of each token's slot (z is 0).
+        unsafe {
+            let wk = &*(wk as *const u8).add(z).cast::<WideBlock>();
+            let [wa, wb] = wk.steps[c];
+            let xc = x0.add(64 * c + z);
+            for (t, sum) in sumi.iter_mut().enumerate() {
+                *sum = pair_dot(*sum, wa, wb, wk.scales[c], xc.add(t * SLOT));
+            }
+        }
+    }
+    sumi
+}
+
 /// Widened rows (`args.0`) against tokens `g0..g0 + N`: row `r`, token `g0 + t` to
 /// `out[t·out_stride + r]`. Same integers and float chains as `avx2::q4_k_impl`,
 /// `avx2::q5_k_impl` (whose min term is one scalar chain instead of four lanes) and
@@ -529,23 +554,8 @@ unsafe fn group<const N: usize, const KIND: u8>(
         for (b, wk) in row.iter().enumerate() {
             // SAFETY: slot b·n + g0 + N ≤ n_blocks·n (asserted).
             let x0 = unsafe { slots.add((b * n + g0) * SLOT) };
-            let wk: *const WideBlock = wk;
-            let mut sumi = [_mm256_setzero_si256(); N];
-            for c in 0..4 {
-                let z = zero_after(&mut sumi);
-                // SAFETY: step `c` of the widened block and 64 bytes of each token's slot
-                // (z is 0).
-                unsafe {
-                    let wk = &*(wk as *const u8).add(z).cast::<WideBlock>();
-                    let [wa, wb] = wk.steps[c];
-                    let xc = x0.add(64 * c + z);
-                    for (t, sum) in sumi.iter_mut().enumerate() {
-                        *sum = pair_dot(*sum, wa, wb, wk.scales[c], xc.add(t * SLOT));
-                    }
-                }
-            }
-            // SAFETY: a whole widened block.
-            let wk = unsafe { &*wk };
+            // SAFETY: the CPU features per the contract; N slots from `x0` (asserted).
+            let sumi = unsafe { block_sums::<N>(wk, x0) };
             let dx = &acts.dx[b * n + g0..b * n + g0 + N];
             // SAFETY: AVX2; `dx` holds N ≤ GROUP scales.
             unsafe {
