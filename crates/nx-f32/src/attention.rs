@@ -508,10 +508,10 @@ fn group_scores_into<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
     for first in (0..group).step_by(MAX_GROUP_ROUNDED) {
         let heads = MAX_GROUP_ROUNDED.min(group - first);
         let q_all = &qs[first * head_dim..(first + heads) * head_dim];
-        for (r, &x) in rounded.iter_mut().zip(q_all) {
-            *r = precision.round(x);
-        }
-        let rounded = &rounded[..heads * head_dim];
+        let rounded = &mut rounded[..heads * head_dim];
+        rounded.copy_from_slice(q_all);
+        precision.round_row(rounded);
+        let rounded = &*rounded;
         #[cfg(target_arch = "x86_64")]
         if let Some(scores) = tier_scores.filter(|_| head_dim.is_multiple_of(VALUE_LANES)) {
             // SAFETY: `tier_scores` is the scores of the build this body was compiled
@@ -566,9 +566,7 @@ fn group_values_into<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
     {
         for p in probs.chunks_exact_mut(n) {
             softmax::<WIDE>(p, rows.start);
-            for x in p.iter_mut() {
-                *x = precision.round(*x);
-            }
+            precision.round_row(p);
         }
         // SAFETY: AVX2_SCORES is only set inside the AVX2 build, whose callers verified
         // AVX2 and FMA; F16C was detected just above.
