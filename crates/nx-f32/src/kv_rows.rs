@@ -315,7 +315,12 @@ mod tests {
             KvPrecision::F16.round_row(&mut row);
             for (got, &x) in row.iter().zip(&values) {
                 let want = KvPrecision::F16.round(x);
-                assert_eq!(got.to_bits(), want.to_bits(), "{x:e} ({:#010x})", x.to_bits());
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{x:e} ({:#010x})",
+                    x.to_bits()
+                );
             }
             let mut same = values[..len].to_vec();
             KvPrecision::F32.round_row(&mut same);

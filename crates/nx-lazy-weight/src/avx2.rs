@@ -1267,8 +1267,6 @@ unsafe fn q5_k_impl(w: &[u8], x: &[u8]) -> f32 {
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
-    let low4 = _mm256_set1_epi8(0x0F);
-    let bits45 = _mm256_set1_epi8(0x30);
     lanes8_chain!(w, x, Q6_K_BYTES, Q8_K_BYTES, |wb, xb| {
         let d = _mm256_mul_ps(f16_splat(wb, q6_k::D), f32_splat(xb, 0));
         // SAFETY: scales are bytes 192..208 of 210; bsums 260..292 of 292.
@@ -1277,39 +1275,9 @@ unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
         let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
         let mut sumi = _mm256_setzero_si256();
         for half in 0..2 {
-            let sc_half = if half == 0 {
-                _mm256_castsi256_si128(sc16)
-            } else {
-                _mm256_extracti128_si256::<1>(sc16)
-            };
-            let scales = _mm256_set_m128i(sc_half, sc_half);
-            // SAFETY: ql half is bytes 64h..64h+64, qh half 128+32h..160+32h, of 210.
-            let (ql0, ql1, qh) = unsafe {
-                (
-                    load32(wb, q6_k::QL + 64 * half),
-                    load32(wb, q6_k::QL + 64 * half + 32),
-                    load32(wb, q6_k::QH + 32 * half),
-                )
-            };
-            // Quants 32k..32k+32 of this half; bits (2k, 2k+1) of qh are their top bits.
-            let q = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, low4),
-                    _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bits45),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, low4),
-                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), bits45),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4),
-                    _mm256_and_si256(qh, bits45),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), bits45),
-                ),
-            ];
+            let scales = q6_k_half_scales(sc16, half);
+            // SAFETY: a whole super-block.
+            let q = unsafe { q6_k_half_levels(wb, half) };
             for (k, &qk) in q.iter().enumerate() {
                 // SAFETY: x quants 4+128h+32k..36+128h+32k of 292.
                 let xk = unsafe { load32(xb, q8_k::QS + 128 * half + 32 * k) };
@@ -1328,6 +1296,62 @@ unsafe fn q6_k_impl(w: &[u8], x: &[u8]) -> f32 {
         let sumi = _mm256_sub_epi32(sumi, offset);
         (d, _mm256_cvtepi32_ps(sumi))
     })
+}
+
+/// The eight scales (words) of half `half` of a Q6_K super-block's sixteen `sc16`, in
+/// both 128-bit lanes.
+///
+/// # Safety
+/// The CPU has AVX2 (only inlined into functions enabling it).
+#[inline(always)]
+pub(crate) unsafe fn q6_k_half_scales(sc16: __m256i, half: usize) -> __m256i {
+    // SAFETY: AVX2 per the contract.
+    unsafe {
+        let sc_half = match half {
+            0 => _mm256_castsi256_si128(sc16),
+            _ => _mm256_extracti128_si256::<1>(sc16),
+        };
+        _mm256_set_m128i(sc_half, sc_half)
+    }
+}
+
+/// The 128 levels (0..64) of half `half` of a Q6_K super-block `wb`, as four registers
+/// of 32 (quants `32k..32k+32` of the half in register `k`): the low four bits from `ql`,
+/// bits `2k, 2k+1` of each `qh` byte on top.
+///
+/// # Safety
+/// The CPU has AVX2 (only inlined into functions enabling it); `wb` is a whole block and
+/// `half` 0 or 1.
+#[inline(always)]
+pub(crate) unsafe fn q6_k_half_levels(wb: &[u8], half: usize) -> [__m256i; 4] {
+    assert!(wb.len() >= Q6_K_BYTES && half < 2);
+    // SAFETY: ql half is bytes 64h..64h+64, qh half 128+32h..160+32h, of 210; AVX2 per the
+    // contract.
+    unsafe {
+        let low4 = _mm256_set1_epi8(0x0F);
+        let bits45 = _mm256_set1_epi8(0x30);
+        let ql0 = load32(wb, q6_k::QL + 64 * half);
+        let ql1 = load32(wb, q6_k::QL + 64 * half + 32);
+        let qh = load32(wb, q6_k::QH + 32 * half);
+        [
+            _mm256_or_si256(
+                _mm256_and_si256(ql0, low4),
+                _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bits45),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(ql1, low4),
+                _mm256_and_si256(_mm256_slli_epi16::<2>(qh), bits45),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4),
+                _mm256_and_si256(qh, bits45),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), bits45),
+            ),
+        ]
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2637,8 +2661,6 @@ unsafe fn q5_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
-    let low4 = _mm256_set1_epi8(0x0F);
-    let bits45 = _mm256_set1_epi8(0x30);
     let n_blocks = common_blocks(w, &x, Q6_K_BYTES, Q8_K_BYTES);
     let mut acc = [_mm256_setzero_ps(); 4];
     for b in 0..n_blocks {
@@ -2649,40 +2671,10 @@ unsafe fn q6_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
         let sc16 = _mm256_cvtepi8_epi16(unsafe { load16(wb, q6_k::SCALES) });
         let mut sumi = [_mm256_setzero_si256(); 4];
         for half in 0..2 {
-            let sc_half = if half == 0 {
-                _mm256_castsi256_si128(sc16)
-            } else {
-                _mm256_extracti128_si256::<1>(sc16)
-            };
-            let scales = _mm256_set_m128i(sc_half, sc_half);
-            // SAFETY: ql half is bytes 64h..64h+64, qh half 128+32h..160+32h, of 210.
-            let (ql0, ql1, qh) = unsafe {
-                (
-                    load32(wb, q6_k::QL + 64 * half),
-                    load32(wb, q6_k::QL + 64 * half + 32),
-                    load32(wb, q6_k::QH + 32 * half),
-                )
-            };
-            for k in 0..4 {
-                // Quants 32k..32k+32 of this half, as in the single-token kernel.
-                let qk = match k {
-                    0 => _mm256_or_si256(
-                        _mm256_and_si256(ql0, low4),
-                        _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bits45),
-                    ),
-                    1 => _mm256_or_si256(
-                        _mm256_and_si256(ql1, low4),
-                        _mm256_and_si256(_mm256_slli_epi16::<2>(qh), bits45),
-                    ),
-                    2 => _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4),
-                        _mm256_and_si256(qh, bits45),
-                    ),
-                    _ => _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
-                        _mm256_and_si256(_mm256_srli_epi16::<2>(qh), bits45),
-                    ),
-                };
+            let scales = q6_k_half_scales(sc16, half);
+            // SAFETY: a whole super-block.
+            let q = unsafe { q6_k_half_levels(wb, half) };
+            for (k, &qk) in q.iter().enumerate() {
                 let k16 = k as i16;
                 let ctrl = _mm256_set_m128i(
                     _mm_set1_epi16(((4 * k16 + 3) << 8) | (4 * k16 + 2)),

@@ -23,6 +23,7 @@ use nx_gguf::GgmlType;
 
 use crate::avx2::{
     hsum4_ps, hsum_epi32, hsum_ps, k4_sub_block_sums, load16, load32, prefetch_ahead,
+    q6_k_half_levels, q6_k_half_scales,
 };
 use crate::formats::{
     q4_k, q6_k, q8_k, read_f32, scales_mins_k4_packed, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES,
@@ -286,14 +287,14 @@ unsafe fn run_kind(
     out_ptr: *mut f32,
     out_stride: usize,
 ) {
+    if acts.n_tokens <= GROUP {
+        // SAFETY: the caller's contract.
+        return unsafe { run_stored(kind, w_rows, row_bytes, acts, out_ptr, out_stride) };
+    }
     let n_blocks = acts.n_blocks;
     assert!(row_bytes >= n_blocks * kind.block_bytes());
     let n_rows = w_rows.len() / row_bytes;
-    let rows_per_pass = match acts.n_tokens > GROUP {
-        true => (WIDENED_BYTES / (n_blocks * size_of::<WideBlock>()).max(1)).clamp(1, 16),
-        // One group reads each row once: widen one row at a time.
-        false => 1,
-    };
+    let rows_per_pass = (WIDENED_BYTES / (n_blocks * size_of::<WideBlock>()).max(1)).clamp(1, 16);
     WIDENED.with(|cell| {
         let wide = &mut *cell.borrow_mut();
         for r0 in (0..n_rows).step_by(rows_per_pass) {
@@ -329,6 +330,48 @@ unsafe fn run_kind(
             }
         }
     });
+}
+
+/// [`run`] for one group of tokens (a batched decode step, a draft verification): each
+/// row read once, so each super-block is regrouped in registers as the tokens need it.
+/// (Widened through memory, one row at a time, Q4_K / Q6_K 2048×640 took 61 / 54 µs for
+/// two tokens instead of 34 / 37: `benches/batched`, `NX_TIER=avx2`.)
+///
+/// # Safety
+/// As [`run`], with `acts.n_tokens() <= GROUP`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_stored(
+    kind: Kind,
+    w_rows: &[u8],
+    row_bytes: usize,
+    acts: &KGroupActs,
+    out_ptr: *mut f32,
+    out_stride: usize,
+) {
+    let args = (w_rows, row_bytes, acts, 0);
+    macro_rules! counts {
+        ($kernel:ident $(, $five:literal)?) => {
+            // SAFETY: the caller's contract; token `t` of row `r` goes to
+            // `out[t·stride + r]`.
+            unsafe {
+                match acts.n_tokens {
+                    1 => $kernel::<1 $(, $five)?>(args, out_ptr, out_stride),
+                    2 => $kernel::<2 $(, $five)?>(args, out_ptr, out_stride),
+                    3 => $kernel::<3 $(, $five)?>(args, out_ptr, out_stride),
+                    4 => $kernel::<4 $(, $five)?>(args, out_ptr, out_stride),
+                    5 => $kernel::<5 $(, $five)?>(args, out_ptr, out_stride),
+                    6 => $kernel::<6 $(, $five)?>(args, out_ptr, out_stride),
+                    7 => $kernel::<7 $(, $five)?>(args, out_ptr, out_stride),
+                    _ => $kernel::<8 $(, $five)?>(args, out_ptr, out_stride),
+                }
+            }
+        };
+    }
+    match kind {
+        Kind::Q4K => counts!(q4_k_stored, false),
+        Kind::Q5K => counts!(q4_k_stored, true),
+        Kind::Q6K => counts!(q6_k_stored),
+    }
 }
 
 /// [`group`] for `count` tokens.
@@ -374,6 +417,221 @@ unsafe fn scale_products<const N: usize>(weight_scale: __m256, dx: &[f32], out: 
     unsafe {
         let products = _mm256_mul_ps(weight_scale, _mm256_loadu_ps(lanes.as_ptr()));
         _mm256_storeu_ps(out.as_mut_ptr(), products);
+    }
+}
+
+/// What the stored-row kernels take: the weight rows as stored, their bytes per row, the
+/// activations and the group's first token.
+type StoredArgs<'a> = (&'a [u8], usize, &'a KGroupActs, usize);
+
+/// Checks the layout against the weight rows and returns `(n_tokens, n_blocks)`.
+fn checked_shape<const N: usize>(
+    (w, row_bytes, acts, g0): StoredArgs<'_>,
+    block_bytes: usize,
+) -> (usize, usize) {
+    let (n, n_blocks) = (acts.n_tokens, acts.n_blocks);
+    assert!(g0 + N <= n && row_bytes >= n_blocks * block_bytes && w.len() >= row_bytes);
+    assert!(acts.slots.len() >= n_blocks * n * SLOT && acts.dx.len() >= n_blocks * n);
+    (n, n_blocks)
+}
+
+/// Q4_K rows (Q5_K when `FIVE`) against tokens `g0..g0 + N`: row `r`, token `g0 + t` to
+/// `out[t·out_stride + r]`. Same integers and float chains as `avx2::q4_k_impl` (and
+/// `avx2::q5_k_impl`, whose min term is one scalar chain instead of four lanes).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `out` is valid for those writes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_stored<const N: usize, const FIVE: bool>(
+    args: StoredArgs<'_>,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let (w, row_bytes, acts, g0) = args;
+    let block_bytes = if FIVE { Q5_K_BYTES } else { Q4_K_BYTES };
+    let quants = if FIVE { q4_k::Q5_QS } else { q4_k::QS };
+    let (n, n_blocks) = checked_shape::<N>(args, block_bytes);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let slots = acts.slots.as_ptr();
+    let mut d = [0.0f32; GROUP];
+    let mut neg_dmin = [0.0f32; GROUP];
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut acc_min = [_mm_setzero_ps(); N];
+        let mut summs = [0.0f32; N];
+        for b in 0..n_blocks {
+            prefetch_ahead(row, b * block_bytes);
+            let wb = &row[b * block_bytes..(b + 1) * block_bytes];
+            let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
+            let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
+            // Dword `c`: the scale pair of sub-blocks 2c, 2c+1.
+            let scales = _mm256_set_m128i(sc16, sc16);
+            let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+            // The fifth bits (Q5_K): bits 2c, 2c+1 of each byte for chunk c.
+            // SAFETY: qh is bytes 16..48 of 176.
+            let mut qh = if FIVE {
+                unsafe { load32(wb, q4_k::Q5_QH) }
+            } else {
+                low4
+            };
+            // SAFETY: slot b·n + g0 + N ≤ n_blocks·n (checked_shape).
+            let x0 = unsafe { slots.add((b * n + g0) * SLOT) };
+            let mut sumi = [_mm256_setzero_si256(); N];
+            macro_rules! chunk {
+                ($c:literal, $imm:literal) => {
+                    let z = zero_after(&mut sumi);
+                    // SAFETY: quants chunk is bytes 32c..32c+32 of the quants (z is 0).
+                    let qs = unsafe { load32(wb, quants + 32 * $c + z) };
+                    let mut lo = _mm256_and_si256(qs, low4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), low4);
+                    if FIVE {
+                        lo =
+                            _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bit4));
+                        hi =
+                            _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(qh), bit4));
+                        qh = _mm256_srli_epi16::<2>(qh);
+                    }
+                    // SAFETY: AVX2 (this function's features).
+                    let (wa, wb2) = unsafe { pair_vectors(lo, hi) };
+                    let pair = _mm256_shuffle_epi32::<$imm>(scales);
+                    // SAFETY: inside the slots (checked_shape; z is 0).
+                    let xc = unsafe { x0.add(64 * $c + z) };
+                    for (t, sum) in sumi.iter_mut().enumerate() {
+                        // SAFETY: 64 bytes of token g0 + t's slot.
+                        *sum = unsafe { pair_dot(*sum, wa, wb2, pair, xc.add(t * SLOT)) };
+                    }
+                };
+            }
+            chunk!(0, 0x00);
+            chunk!(1, 0x55);
+            chunk!(2, 0xAA);
+            chunk!(3, 0xFF);
+            let _ = qh;
+            let dx = &acts.dx[b * n + g0..b * n + g0 + N];
+            let dmin_w = f16_splat(wb, q4_k::DMIN);
+            // SAFETY: AVX2; `dx` holds N ≤ GROUP scales.
+            unsafe {
+                scale_products::<N>(f16_splat(wb, 0), dx, &mut d);
+                // −d_x·dmin_w, as the single-token kernel forms it (a negation is exact).
+                scale_products::<N>(
+                    _mm256_xor_ps(dmin_w, _mm256_set1_ps(-0.0)),
+                    dx,
+                    &mut neg_dmin,
+                );
+            }
+            let (d, neg_dmin) = (std::hint::black_box(&d), std::hint::black_box(&neg_dmin));
+            for t in 0..N {
+                // SAFETY: the 32-quant sums of token g0 + t's slot.
+                let sub_sums =
+                    unsafe { _mm_loadu_si128(x0.add(t * SLOT + SLOT_SUB_SUMS) as *const __m128i) };
+                let min_lanes = _mm_madd_epi16(sub_sums, mins);
+                if FIVE {
+                    summs[t] = neg_dmin[t].mul_add(hsum_epi32(min_lanes) as f32, summs[t]);
+                } else {
+                    acc_min[t] = _mm_fmadd_ps(
+                        _mm_broadcast_ss(&neg_dmin[t]),
+                        _mm_cvtepi32_ps(min_lanes),
+                        acc_min[t],
+                    );
+                }
+                acc[t] = _mm256_fmadd_ps(
+                    _mm256_broadcast_ss(&d[t]),
+                    _mm256_cvtepi32_ps(sumi[t]),
+                    acc[t],
+                );
+            }
+        }
+        for t in 0..N {
+            let y = if FIVE {
+                hsum_ps(acc[t]) + summs[t]
+            } else {
+                hsum_ps(acc[t]) + hsum4_ps(acc_min[t])
+            };
+            // SAFETY: the caller's contract on `out`.
+            unsafe { *out.add(t * out_stride + r) = y };
+        }
+    }
+}
+
+/// Q6_K rows against tokens `g0..g0 + N`: row `r`, token `g0 + t` to
+/// `out[t·out_stride + r]`. Same integers and float chain as `avx2::q6_k_impl`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `out` is valid for those writes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_stored<const N: usize>(args: StoredArgs<'_>, out: *mut f32, out_stride: usize) {
+    let (w, row_bytes, acts, g0) = args;
+    let (n, n_blocks) = checked_shape::<N>(args, Q6_K_BYTES);
+    // The scale pairs of 32-quant vectors k, k+1 (k even) of a half: lanes 0..4 take
+    // their first 16 quants' scales (words 2k, 2k+2 of the half's eight), lanes 4..8
+    // their last 16's (words 2k+1, 2k+3).
+    let pair_ctrl = |k: i8| {
+        let (a, b) = (4 * k, 4 * k + 4);
+        let lo = [a, a + 1, b, b + 1];
+        let hi = [a + 2, a + 3, b + 2, b + 3];
+        _mm256_setr_epi8(
+            lo[0], lo[1], lo[2], lo[3], lo[0], lo[1], lo[2], lo[3], lo[0], lo[1], lo[2], lo[3],
+            lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3], hi[0], hi[1], hi[2], hi[3],
+            hi[0], hi[1], hi[2], hi[3], hi[0], hi[1], hi[2], hi[3],
+        )
+    };
+    let (ctrl0, ctrl2) = (pair_ctrl(0), pair_ctrl(2));
+    let slots = acts.slots.as_ptr();
+    let mut d = [0.0f32; GROUP];
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); N];
+        for b in 0..n_blocks {
+            prefetch_ahead(row, b * Q6_K_BYTES);
+            let wb = &row[b * Q6_K_BYTES..(b + 1) * Q6_K_BYTES];
+            // SAFETY: scales are bytes 192..208 of 210.
+            let sc16 = _mm256_cvtepi8_epi16(unsafe { load16(wb, q6_k::SCALES) });
+            // SAFETY: slot b·n + g0 + N ≤ n_blocks·n (checked_shape).
+            let x0 = unsafe { slots.add((b * n + g0) * SLOT) };
+            let mut sumi = [_mm256_setzero_si256(); N];
+            for half in 0..2 {
+                let sc_both = q6_k_half_scales(sc16, half);
+                // Quants 0..32, 32..64 of this half (vectors 0, 1), then 64..128 (2, 3).
+                // SAFETY: a whole super-block.
+                let [q0, q1, q2, q3] = unsafe { q6_k_half_levels(wb, half) };
+                macro_rules! pair {
+                    ($va:expr, $vb:expr, $ctrl:expr, $pair:literal) => {
+                        // SAFETY: AVX2 (this function's features).
+                        let (wa, wb2) = unsafe { pair_vectors($va, $vb) };
+                        let scales = _mm256_shuffle_epi8(sc_both, $ctrl);
+                        let z = zero_after(&mut sumi);
+                        // SAFETY: inside the slots (checked_shape; z is 0).
+                        let xc = unsafe { x0.add(64 * (2 * half + $pair) + z) };
+                        for (t, sum) in sumi.iter_mut().enumerate() {
+                            // SAFETY: 64 bytes of token g0 + t's slot.
+                            *sum = unsafe { pair_dot(*sum, wa, wb2, scales, xc.add(t * SLOT)) };
+                        }
+                    };
+                }
+                pair!(q0, q1, ctrl0, 0);
+                pair!(q2, q3, ctrl2, 1);
+            }
+            let dx = &acts.dx[b * n + g0..b * n + g0 + N];
+            // SAFETY: AVX2; `dx` holds N ≤ GROUP scales.
+            unsafe { scale_products::<N>(f16_splat(wb, q6_k::D), dx, &mut d) };
+            let d = std::hint::black_box(&d);
+            for t in 0..N {
+                // SAFETY: the bsums of token g0 + t's slot.
+                let bsums =
+                    unsafe { _mm256_loadu_si256(x0.add(t * SLOT + SLOT_BSUMS) as *const __m256i) };
+                let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
+                let lanes = _mm256_sub_epi32(sumi[t], offset);
+                acc[t] = _mm256_fmadd_ps(
+                    _mm256_broadcast_ss(&d[t]),
+                    _mm256_cvtepi32_ps(lanes),
+                    acc[t],
+                );
+            }
+        }
+        for t in 0..N {
+            // SAFETY: the caller's contract on `out`.
+            unsafe { *out.add(t * out_stride + r) = hsum_ps(acc[t]) };
+        }
     }
 }
 
@@ -436,8 +694,6 @@ unsafe fn widen_q4_k<const FIVE: bool>(wb: &[u8]) -> WideBlock {
 /// The CPU has AVX2 and F16C; `wb` is a whole block.
 #[inline(always)]
 unsafe fn widen_q6_k(wb: &[u8]) -> WideBlock {
-    let low4 = _mm256_set1_epi8(0x0F);
-    let bits45 = _mm256_set1_epi8(0x30);
     // The scale pairs of 32-quant vectors k, k+1 (k even) of a half: lanes 0..4 take
     // their first 16 quants' scales (words 2k, 2k+2 of the half's eight), lanes 4..8
     // their last 16's (words 2k+1, 2k+3).
@@ -461,32 +717,9 @@ unsafe fn widen_q6_k(wb: &[u8]) -> WideBlock {
         let mut steps = [[_mm256_setzero_si256(); 2]; 4];
         let mut scales = [_mm256_setzero_si256(); 4];
         for half in 0..2 {
-            let sc_half = if half == 0 {
-                _mm256_castsi256_si128(sc16)
-            } else {
-                _mm256_extracti128_si256::<1>(sc16)
-            };
-            let sc_both = _mm256_set_m128i(sc_half, sc_half);
-            let ql0 = load32(wb, q6_k::QL + 64 * half);
-            let ql1 = load32(wb, q6_k::QL + 64 * half + 32);
-            let qh = load32(wb, q6_k::QH + 32 * half);
+            let sc_both = q6_k_half_scales(sc16, half);
             // Quants 0..32, 32..64 of this half (vectors 0, 1), then 64..128 (2, 3).
-            let q0 = _mm256_or_si256(
-                _mm256_and_si256(ql0, low4),
-                _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bits45),
-            );
-            let q1 = _mm256_or_si256(
-                _mm256_and_si256(ql1, low4),
-                _mm256_and_si256(_mm256_slli_epi16::<2>(qh), bits45),
-            );
-            let q2 = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4),
-                _mm256_and_si256(qh, bits45),
-            );
-            let q3 = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
-                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), bits45),
-            );
+            let [q0, q1, q2, q3] = q6_k_half_levels(wb, half);
             for (pair, (va, vb)) in [(q0, q1), (q2, q3)].into_iter().enumerate() {
                 let (a, b) = pair_vectors(va, vb);
                 steps[2 * half + pair] = [a, b];
