@@ -56,6 +56,8 @@ pub mod lazy;
 pub mod matmul;
 #[cfg(target_arch = "x86_64")]
 mod narrow;
+#[cfg(target_arch = "x86_64")]
+mod narrow_k;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub mod plan;

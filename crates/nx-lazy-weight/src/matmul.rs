@@ -46,6 +46,10 @@ pub struct QuantizedActs {
     /// tier has them and the activations are Q8_0).
     #[cfg(target_arch = "x86_64")]
     narrow: crate::narrow::NarrowTiles,
+    /// The 5 to 16 tokens after the whole groups again, for the K formats' narrow tiles
+    /// (built only when the CPU has them and the activations are Q8_K).
+    #[cfg(target_arch = "x86_64")]
+    narrow_k: crate::narrow_k::NarrowKTiles,
     /// Every token again, for the AVX2 tier's token groups (built only on that tier,
     /// for Q8_0 activations of at least two tokens).
     #[cfg(target_arch = "x86_64")]
@@ -75,6 +79,8 @@ impl QuantizedActs {
             tiles: crate::act_tiles::ActTiles::default(),
             #[cfg(target_arch = "x86_64")]
             narrow: crate::narrow::NarrowTiles::default(),
+            #[cfg(target_arch = "x86_64")]
+            narrow_k: crate::narrow_k::NarrowKTiles::default(),
             #[cfg(target_arch = "x86_64")]
             groups: crate::groups_avx2::GroupActs::default(),
             #[cfg(target_arch = "x86_64")]
@@ -159,6 +165,12 @@ impl QuantizedActs {
             self.narrow.build(&self.data, first, n, rb);
         } else {
             self.narrow.clear();
+        }
+        if act_type == GgmlType::Q8_K && tiles && crate::narrow_k::available() {
+            self.narrow_k
+                .build(&self.data, self.tiles.n_tokens(), n, rb);
+        } else {
+            self.narrow_k.clear();
         }
         let groups = plan.wants(act_type, PrefillKernel::Groups);
         if act_type == GgmlType::Q8_0 && groups && crate::groups_avx2::available() {
@@ -761,6 +773,18 @@ unsafe fn layouts_into(
             crate::narrow::run(ty, w_rows, row_bytes, &xq.narrow, out, stride)
         };
         t0 += xq.narrow.n_tokens();
+    }
+    if kernels.tiled
+        && xq.narrow_k.n_tokens() > 0
+        && xq.narrow_k.first() == t0
+        && crate::narrow_k::has_kernel(ty)
+    {
+        // SAFETY: as for the wide tiles; the narrow K tiles hold tokens t0..n of `xq`.
+        unsafe {
+            let out = out.add(t0 * stride + row0 - col0);
+            crate::narrow_k::run(ty, w_rows, row_bytes, &xq.narrow_k, out, stride)
+        };
+        t0 += xq.narrow_k.n_tokens();
     }
     t0
 }
