@@ -2,40 +2,48 @@
 //! two tiles of eight, for batched decode steps and draft verification on the AVX-512
 //! VNNI tier, where too few tokens fill a sixteen-token tile of [`crate::tiled`].
 //!
-//! The single-token Q4_K kernel keeps eight integer lanes per super-block
-//! (`Σ_g sc_g·quad(g, l)`, a quad being four products) and four min lanes, fused into
-//! eight and four float chains. Here a 512-bit register holds two of those lanes for
-//! eight tokens (element `2t + s` is lane `2i + s` of token `t` in register `i`), so one
-//! `vpdpbusd` forms sixteen quads and one FMA advances sixteen chains — each chain the
+//! The single-token Q4_K and Q6_K kernels keep eight integer lanes per super-block
+//! (`Σ_g sc·quad(g, l)`, a quad being four products; Q4_K also four min lanes), fused
+//! into float chains. Here a 512-bit register holds two of those lanes for eight tokens
+//! (element `2t + s` is lane `2i + s` of token `t` in register `i`), so one `vpdpbusd`
+//! forms sixteen quads and one FMA advances sixteen chains — each chain the
 //! single-token kernel's own, with the same final sums, so every output keeps its bits.
 //!
-//! The weight is the unsigned operand: Q4_K's levels are `0..16` as stored, so the
-//! activations stay signed and no lane needs a correction. A quad is then at most
-//! `4·15·128` in magnitude and fits the low word that `vpdpwssd` multiplies by the
-//! sub-block's scale (the scale's high word is zero). Weight rows are read straight from
-//! the mapped file and decoded in registers, one `vpermd` placing each register's pair
-//! of lanes, as the block-32 narrow tiles of [`crate::narrow`] do: with few tokens a
-//! pass is bound by its weight stream, and the wide tiles' unpacked copy of the rows
-//! costs more than it saves. Both tiles of sixteen tokens share one pass over the rows.
+//! The weight is the unsigned operand: the levels are `0..16` (Q4_K) or `0..64` (Q6_K)
+//! as stored, so the activations stay signed and need no correction. The eight levels of
+//! a register's two lanes are eight consecutive bytes of a sub-block, so each register
+//! is one qword of the mapped row broadcast and decoded in place (nibble masks; Q6_K's
+//! high bits by shifts and one ternary-logic merge): with few tokens a pass is bound by
+//! its weight stream, and the wide tiles' unpacked copy of the rows costs more than it
+//! saves. Both tiles of sixteen tokens share one pass over the rows, where the
+//! four-token kernel streams the rows once per four tokens.
+//!
+//! Sub-block scales multiply quads by `vpdpwssd`, so a quad must be a word: Q6_K's are
+//! (at most `4·63·128` in magnitude) and each takes one. Q4_K's are small enough
+//! (`4·15·128`) that two, biased to non-negative, share a dword and one `vpdpwssd`
+//! multiplies both by the sub-block pair's scales.
 
 use std::arch::x86_64::*;
 
 use nx_gguf::GgmlType;
 use nx_syscalls::AlignedBytes;
 
-use crate::formats::{q4_k, q8_k, read_i16, scales_mins_k4_packed, Q4_K_BYTES};
+use crate::act_tiles::put_pair;
+use crate::formats::{q4_k, q6_k, q8_k, read_i16, scales_mins_k4_packed, Q4_K_BYTES};
 
 /// Tokens per tile: two lanes of each in a 512-bit register.
 const WIDTH: usize = 8;
 
 /// Bytes of one super-block of a tile: the quads of every sub-block and lane-pair
-/// register (8 × 4 × 64, signed), the token scales `d_x` (one per element), then the
-/// two registers of min-lane sum pairs `(S[2m], S[2m+1])` (`S` a 32-quant sum, words).
-const SB_BYTES: usize = MINS + 2 * 64;
+/// register (8 × 4 × 64, signed), the token scales `d_x` (one per element), the two
+/// registers of Q4_K's min-lane sum pairs `(S[2m], S[2m+1])` (`S` a 32-quant sum,
+/// words), then the four registers of Q6_K's bsum pairs `(b[2l], b[2l+1])` per lane.
+const SB_BYTES: usize = BSUMS + 4 * 64;
 const DX: usize = 8 * 4 * 64;
 const MINS: usize = DX + 64;
+const BSUMS: usize = MINS + 2 * 64;
 
-/// The quantized Q8_K activations of 2 to 16 tokens, laid out for [`run`] as one or two
+/// The quantized Q8_K activations of 5 to 16 tokens, laid out for [`run`] as one or two
 /// tiles of [`WIDTH`] tokens (the last padded with zero blocks, whose outputs are never
 /// written), super-block after super-block, each tile's super-block apart.
 #[derive(Debug, Clone, Default)]
@@ -118,8 +126,11 @@ fn lay_out_token(xb: &[u8], out: &mut [u8], t: usize) {
             let lo = bsum(4 * m) + bsum(4 * m + 1);
             let hi = bsum(4 * m + 2) + bsum(4 * m + 3);
             let at = MINS + 64 * j + 4 * e;
-            out[at..at + 2].copy_from_slice(&lo.to_le_bytes());
-            out[at + 2..at + 4].copy_from_slice(&hi.to_le_bytes());
+            put_pair(out, at, lo, hi);
+        }
+        for i in 0..4 {
+            let l = 2 * i + s;
+            put_pair(out, BSUMS + 64 * i + 4 * e, bsum(2 * l), bsum(2 * l + 1));
         }
     }
 }
@@ -142,7 +153,7 @@ pub(crate) fn available() -> bool {
 
 /// Weight types the narrow K kernels take (with Q8_K activations).
 pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
-    weight_type == GgmlType::Q4_K
+    matches!(weight_type, GgmlType::Q4_K | GgmlType::Q6_K)
 }
 
 /// For the tokens of `tiles` and every row of `w_rows` (`row_bytes` each, of
@@ -163,7 +174,7 @@ pub(crate) unsafe fn run(
     out_ptr: *mut f32,
     out_stride: usize,
 ) {
-    if tiles.n_tokens == 0 || row_bytes == 0 || !has_kernel(weight_type) {
+    if tiles.n_tokens == 0 || row_bytes == 0 {
         return;
     }
     let n_blocks = tiles.data.len() / (tiles.n_tiles * SB_BYTES);
@@ -172,9 +183,12 @@ pub(crate) unsafe fn run(
     // SAFETY: the caller guarantees the CPU features and the output range; every row
     // holds the tiles' super-blocks (the activations fit the weight).
     unsafe {
-        match tiles.n_tiles {
-            1 => q4_k_rows::<1>(rows, &tiles.data, n_blocks, out),
-            _ => q4_k_rows::<2>(rows, &tiles.data, n_blocks, out),
+        match (weight_type, tiles.n_tiles) {
+            (GgmlType::Q4_K, 1) => q4_k_rows::<1>(rows, &tiles.data, n_blocks, out),
+            (GgmlType::Q4_K, _) => q4_k_rows::<2>(rows, &tiles.data, n_blocks, out),
+            (GgmlType::Q6_K, 1) => q6_k_rows::<1>(rows, &tiles.data, n_blocks, out),
+            (GgmlType::Q6_K, _) => q6_k_rows::<2>(rows, &tiles.data, n_blocks, out),
+            _ => {}
         }
     }
 }
@@ -208,14 +222,9 @@ unsafe fn q4_k_rows<const NT: usize>(
         }
         for k in 0..NT {
             // SAFETY: the features per this function's contract.
-            let y = unsafe { token_sums(&acc[k], &acc_min[k]) };
-            let mut ys = [0f32; 16];
-            // SAFETY: sixteen f32.
-            unsafe { _mm512_storeu_ps(ys.as_mut_ptr(), y) };
-            for t in 0..n_tokens.saturating_sub(k * WIDTH).min(WIDTH) {
-                // SAFETY: the caller's contract on `out`.
-                unsafe { *out.add((k * WIDTH + t) * out_stride + r) = ys[2 * t] };
-            }
+            let y = unsafe { token_sums(&acc[k], Some(&acc_min[k])) };
+            // SAFETY: the caller's contract on `out`.
+            unsafe { put_tokens(y, k, (out, out_stride, n_tokens), r) };
         }
     }
 }
@@ -303,21 +312,175 @@ unsafe fn q4_k_super_block<const NT: usize>(
     }
 }
 
-/// A tile's chains summed as the single-token kernel sums them: the eight lanes
-/// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))` plus the four min lanes `(m0+m2)+(m1+m3)`;
-/// token `t`'s output in element `2t`.
+/// Q6_K rows against `NT` tiles of `x`, as [`q4_k_rows`].
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI; every row holds `n_blocks` Q6_K super-blocks; the
+/// writes are valid.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn q6_k_rows<const NT: usize>(
+    rows: std::slice::ChunksExact<'_, u8>,
+    x: &[u8],
+    n_blocks: usize,
+    (out, out_stride, n_tokens): (*mut f32, usize, usize),
+) {
+    assert!(x.len() >= n_blocks * NT * SB_BYTES && n_tokens <= NT * WIDTH);
+    for (r, row) in rows.enumerate() {
+        assert!(row.len() >= n_blocks * q6_k::BYTES);
+        let mut acc = [[_mm512_setzero_ps(); 4]; NT];
+        for b in 0..n_blocks {
+            crate::avx2::prefetch_block(row, b * q6_k::BYTES, q6_k::BYTES, 1);
+            let wb = &row[b * q6_k::BYTES..(b + 1) * q6_k::BYTES];
+            let xs = &x[b * NT * SB_BYTES..(b + 1) * NT * SB_BYTES];
+            // SAFETY: `wb` a whole super-block, `xs` the tiles' super-blocks; features
+            // per this function's contract.
+            unsafe { q6_k_super_block::<NT>(wb, xs, &mut acc) };
+        }
+        for k in 0..NT {
+            // SAFETY: the features per this function's contract.
+            let y = unsafe { token_sums(&acc[k], None) };
+            // SAFETY: the caller's contract on `out`.
+            unsafe { put_tokens(y, k, (out, out_stride, n_tokens), r) };
+        }
+    }
+}
+
+/// One Q6_K super-block `wb` against the same super-block of `NT` tiles (`xs`): lane
+/// `l` is `Σ_g sc·quad(g, l) − 32·(b[2l]·sc[2l] + b[2l+1]·sc[2l+1])` (a scale per 16
+/// weights: lanes 0..4 of a 32-quant group take its first, lanes 4..8 its second),
+/// fused into `acc` with `d_x·d_w`, as the single-token kernel does. The 6-bit levels
+/// `0..64` are the unsigned operand; a quad is at most `4·63·128 < 2¹⁵` in magnitude.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI and F16C; `wb` is a whole super-block and `xs` holds
+/// `NT` tile super-blocks.
+#[inline(always)]
+unsafe fn q6_k_super_block<const NT: usize>(wb: &[u8], xs: &[u8], acc: &mut [[__m512; 4]; NT]) {
+    assert!(wb.len() >= q6_k::BYTES && xs.len() >= NT * SB_BYTES);
+    let zero = _mm512_setzero_si512();
+    let low4 = _mm512_set1_epi8(0x0F);
+    let bits45 = _mm512_set1_epi8(0x30);
+    let dw = crate::avx2::f16_bits_to_f32(u16::from_le_bytes([wb[q6_k::D], wb[q6_k::D + 1]]));
+    let sc = |j: usize| wb[q6_k::SCALES + j] as i8 as i16;
+    // Each lane starts at −32·(b·s + b·s): register i's elements hold lanes 2i, 2i + 1.
+    let offset_pairs = |i: usize| {
+        let pair = |l: usize| {
+            (-32 * sc(2 * l)) as u16 as u64 | ((-32 * sc(2 * l + 1)) as u16 as u64) << 16
+        };
+        _mm512_set1_epi64((pair(2 * i) | pair(2 * i + 1) << 32) as i64)
+    };
+    let mut ints = [[zero; 4]; NT];
+    for i in 0..4 {
+        let pairs = offset_pairs(i);
+        for k in 0..NT {
+            // SAFETY: inside tile `k`'s super-block.
+            let b = unsafe {
+                _mm512_loadu_si512(xs.as_ptr().add(k * SB_BYTES + BSUMS + 64 * i).cast())
+            };
+            ints[k][i] = _mm512_dpwssd_epi32(zero, b, pairs);
+        }
+    }
+    // (sc, 0) as a word pair: the quad's low word by the scale.
+    let scale = |j: usize| _mm512_set1_epi32(sc(j) as u16 as i32);
+    let qword = |at: usize| {
+        // SAFETY: callers stay inside the 210-byte super-block.
+        _mm512_set1_epi64(unsafe { std::ptr::read_unaligned(wb.as_ptr().add(at).cast::<i64>()) })
+    };
+    for half in 0..2 {
+        for i in 0..4 {
+            // Lanes 2i, 2i + 1 of the half's four groups: weights 8i..8i + 8 of each,
+            // from ql bytes 8i.. (groups 0, 2), 32 + 8i.. (groups 1, 3) and qh 8i...
+            let ql_a = qword(q6_k::QL + 64 * half + 8 * i);
+            let ql_b = qword(q6_k::QL + 64 * half + 32 + 8 * i);
+            let qh = qword(q6_k::QH + 32 * half + 8 * i);
+            // Low nibble | the two high bits moved to bits 4 and 5: A | (B & C).
+            const OR_MASKED: i32 = 0xF8;
+            let levels = [
+                _mm512_ternarylogic_epi32::<OR_MASKED>(
+                    _mm512_and_si512(ql_a, low4),
+                    _mm512_slli_epi16::<4>(qh),
+                    bits45,
+                ),
+                _mm512_ternarylogic_epi32::<OR_MASKED>(
+                    _mm512_and_si512(ql_b, low4),
+                    _mm512_slli_epi16::<2>(qh),
+                    bits45,
+                ),
+                _mm512_ternarylogic_epi32::<OR_MASKED>(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql_a), low4),
+                    qh,
+                    bits45,
+                ),
+                _mm512_ternarylogic_epi32::<OR_MASKED>(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql_b), low4),
+                    _mm512_srli_epi16::<2>(qh),
+                    bits45,
+                ),
+            ];
+            for (u, w) in levels.into_iter().enumerate() {
+                let g = 4 * half + u;
+                let scale = scale(2 * g + i / 2);
+                for k in 0..NT {
+                    // SAFETY: inside tile `k`'s super-block.
+                    let xq = unsafe {
+                        _mm512_loadu_si512(xs.as_ptr().add(k * SB_BYTES + (4 * g + i) * 64).cast())
+                    };
+                    let quad = _mm512_dpbusd_epi32(zero, w, xq);
+                    ints[k][i] = _mm512_dpwssd_epi32(ints[k][i], quad, scale);
+                }
+            }
+        }
+    }
+    for k in 0..NT {
+        // SAFETY: inside the tile's super-block.
+        let dx = unsafe { _mm512_loadu_ps(xs.as_ptr().add(k * SB_BYTES + DX).cast()) };
+        let d = _mm512_mul_ps(dx, _mm512_set1_ps(dw));
+        for i in 0..4 {
+            acc[k][i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(ints[k][i]), acc[k][i]);
+        }
+    }
+}
+
+/// Tile `k`'s token sums `y` (token `t` in element `2t`) to `out.0[(8k + t)·out.1 + r]`
+/// for its real tokens (`8k + t < out.2`).
+///
+/// # Safety
+/// The CPU has AVX-512 F; the writes are valid.
+#[inline(always)]
+unsafe fn put_tokens(
+    y: __m512,
+    k: usize,
+    (out, out_stride, n_tokens): (*mut f32, usize, usize),
+    r: usize,
+) {
+    let mut ys = [0f32; 16];
+    // SAFETY: sixteen f32.
+    unsafe { _mm512_storeu_ps(ys.as_mut_ptr(), y) };
+    for t in 0..n_tokens.saturating_sub(k * WIDTH).min(WIDTH) {
+        // SAFETY: the caller's contract on `out`.
+        unsafe { *out.add((k * WIDTH + t) * out_stride + r) = ys[2 * t] };
+    }
+}
+
+/// A tile's eight lane chains summed as the single-token kernel sums them,
+/// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, token `t`'s in element `2t`; with
+/// Q4_K's four min lanes, `(m0+m2)+(m1+m3)` added to that.
 ///
 /// # Safety
 /// The CPU has AVX-512 F.
 #[inline(always)]
-unsafe fn token_sums(acc: &[__m512; 4], acc_min: &[__m512; 2]) -> __m512 {
+unsafe fn token_sums(acc: &[__m512; 4], acc_min: Option<&[__m512; 2]>) -> __m512 {
     // Swap neighbouring elements: lane 2i + 1 of a token onto lane 2i.
     const SWAP_1: i32 = 0b10_11_00_01;
-    let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
-    let lanes = _mm512_add_ps(s, _mm512_permute_ps::<SWAP_1>(s));
-    let m = _mm512_add_ps(acc_min[0], acc_min[1]);
-    let mins = _mm512_add_ps(m, _mm512_permute_ps::<SWAP_1>(m));
-    _mm512_add_ps(lanes, mins)
+    let pair_sum = |s: __m512| _mm512_add_ps(s, _mm512_permute_ps::<SWAP_1>(s));
+    let lanes = pair_sum(_mm512_add_ps(
+        _mm512_add_ps(acc[0], acc[2]),
+        _mm512_add_ps(acc[1], acc[3]),
+    ));
+    match acc_min {
+        Some(m) => _mm512_add_ps(lanes, pair_sum(_mm512_add_ps(m[0], m[1]))),
+        None => lanes,
+    }
 }
 
 #[cfg(test)]
