@@ -46,7 +46,7 @@ pub struct QuantizedActs {
     /// tier has them and the activations are Q8_0).
     #[cfg(target_arch = "x86_64")]
     narrow: crate::narrow::NarrowTiles,
-    /// The 5 to 16 tokens after the whole groups again, for the K formats' narrow tiles
+    /// The 2 to 16 tokens after the whole groups again, for the K formats' narrow tiles
     /// (built only when the CPU has them and the activations are Q8_K).
     #[cfg(target_arch = "x86_64")]
     narrow_k: crate::narrow_k::NarrowKTiles,
@@ -777,7 +777,7 @@ unsafe fn layouts_into(
     if kernels.tiled
         && xq.narrow_k.n_tokens() > 0
         && xq.narrow_k.first() == t0
-        && crate::narrow_k::has_kernel(ty)
+        && crate::narrow_k::has_kernel(ty, xq.narrow_k.n_tokens())
     {
         // SAFETY: as for the wide tiles; the narrow K tiles hold tokens t0..n of `xq`.
         unsafe {

@@ -298,7 +298,7 @@ static LANE_INDEX: [[[i32; 16]; 8]; 3] = [lane_index(2), lane_index(4), lane_ind
 /// # Safety
 /// Only inlined into functions enabling AVX-512 F.
 #[inline(always)]
-unsafe fn lanes_sum<const T: usize>(a: &[__m512; 8]) -> __m512 {
+pub(crate) unsafe fn lanes_sum<const T: usize>(a: &[__m512]) -> __m512 {
     // Within a token's run of `16 / T` elements: swap neighbours (1 ↔ 0), pairs of
     // neighbours (2,3 ↔ 0,1) and, for two tokens, the 128-bit halves of its 256 bits.
     const SWAP_1: i32 = 0b10_11_00_01;
