@@ -1,8 +1,9 @@
 //! Criterion benchmarks of a batched decode step's matmul: 1, 2, 4, 8 and 16 tokens
 //! (one per sequence) through `matmul_pool` on two threads, as a serving step or a draft
-//! verification runs it (narrow tiles for the block-32 formats, four-token kernels for
-//! the K formats), reported as GB/s of weight bytes read per step — the step streams
-//! every weight once, so the ideal is the one-token rate at any width.
+//! verification runs it (narrow tiles for the block-32 formats and, where the CPU has
+//! VBMI2, for Q4_K and for five or more Q6_K tokens; four-token kernels otherwise),
+//! reported as GB/s of weight bytes read per step — the step streams every weight once,
+//! so the ideal is the one-token rate at any width.
 //!
 //! Shapes are Gemma 3 270M's: the tied Q8_0 LM head [640, 262144] (178 MB, streamed
 //! from memory), a Q8_0, a Q5_0 and a Q4_0 FFN projection (640 → 2048, in cache: the
