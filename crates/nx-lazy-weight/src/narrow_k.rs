@@ -3,8 +3,8 @@
 //! steps and draft verification on the AVX-512 VNNI tier, where too few tokens fill a
 //! sixteen-token tile of [`crate::tiled`].
 //!
-//! The single-token Q4_K and Q6_K kernels keep eight integer lanes per super-block
-//! (`Σ_g sc·quad(g, l)`, a quad being four products; Q4_K also four min lanes), fused
+//! The single-token Q4_K, Q5_K and Q6_K kernels keep eight integer lanes per super-block
+//! (`Σ_g sc·quad(g, l)`, a quad being four products; Q4_K and Q5_K also four min lanes), fused
 //! into float chains. Here a 512-bit register holds `L = 16 / T` of those lanes for each
 //! of `T` tokens (element `t·L + s` is lane `L·i + s` of token `t` in register `i`), so
 //! one `vpdpbusd` forms sixteen quads and one FMA advances sixteen chains — each chain
@@ -31,7 +31,7 @@ use nx_gguf::GgmlType;
 use nx_syscalls::AlignedBytes;
 
 use crate::act_tiles::put_pair;
-use crate::formats::{q4_k, q6_k, q8_k, read_i16, scales_mins_k4_packed, Q4_K_BYTES};
+use crate::formats::{q4_k, q5_k, q6_k, q8_k, read_i16, scales_mins_k4_packed, Q4_K_BYTES};
 use crate::narrow::lanes_sum;
 
 /// Widest tile: two lanes of each token in a register.
@@ -170,6 +170,8 @@ fn lay_out_token(xb: &[u8], out: &mut [u8], t: usize, width: usize) {
 /// Added to every Q4_K quad (`|quad| ≤ 4·15·128 = 7680`) so that two of them share a
 /// dword as non-negative words for one `vpdpwssd` with both sub-blocks' scales.
 const QUAD_BIAS: i32 = 7680;
+/// The same for Q5_K (`|quad| ≤ 4·31·128 = 15872`; biased, at most `15748 + 15872 < 2¹⁵`).
+const QUAD_BIAS_Q5: i32 = 15872;
 
 /// True when this CPU can run the narrow K kernels: the tiled kernels' AVX-512 VNNI and
 /// VBMI2's double shift, which joins two Q4_K quads into one dword.
@@ -178,7 +180,7 @@ pub(crate) fn available() -> bool {
 }
 
 /// Whether the narrow K kernels take `n_tokens` tokens of Q8_K activations against
-/// weights of `weight_type`: Q4_K always; Q6_K from five on, where the four-token kernel
+/// weights of `weight_type`: Q4_K and Q5_K always; Q6_K from five on, where the four-token kernel
 /// would stream the rows twice. Below that the four-token kernel costs less than a tile
 /// (`benches/batched`, 2048×640 in cache, two threads, AMD EPYC family 25 model 17, three
 /// alternating runs each: Q6_K 4 tokens 51–65 µs against 76–108 narrow, 2 tokens 47–55
@@ -186,7 +188,7 @@ pub(crate) fn available() -> bool {
 /// 8 tokens 102–121 against 80–87).
 pub(crate) fn has_kernel(weight_type: GgmlType, n_tokens: usize) -> bool {
     match weight_type {
-        GgmlType::Q4_K => true,
+        GgmlType::Q4_K | GgmlType::Q5_K => true,
         GgmlType::Q6_K => n_tokens > 4,
         _ => false,
     }
@@ -221,21 +223,22 @@ pub(crate) unsafe fn run(
         (out_ptr, out_stride, tiles.n_tokens),
     );
     macro_rules! widths {
-        ($rows:ident) => {
+        ($rows:ident $(, $five:expr)?) => {
             // SAFETY: the caller guarantees the CPU features and the output range;
             // every row holds the tiles' super-blocks (the activations fit the weight).
             unsafe {
                 match (tiles.width, tiles.n_tiles) {
-                    (2, _) => $rows::<2, 1>(args),
-                    (4, _) => $rows::<4, 1>(args),
-                    (_, 1) => $rows::<8, 1>(args),
-                    _ => $rows::<8, 2>(args),
+                    (2, _) => $rows::<2, 1 $(, $five)?>(args),
+                    (4, _) => $rows::<4, 1 $(, $five)?>(args),
+                    (_, 1) => $rows::<8, 1 $(, $five)?>(args),
+                    _ => $rows::<8, 2 $(, $five)?>(args),
                 }
             }
         };
     }
     match weight_type {
-        GgmlType::Q4_K => widths!(q4_k_rows),
+        GgmlType::Q4_K => widths!(q4_k_rows, false),
+        GgmlType::Q5_K => widths!(q4_k_rows, true),
         GgmlType::Q6_K => widths!(q6_k_rows),
         _ => {}
     }
@@ -250,30 +253,42 @@ type RowsArgs<'a> = (
     (*mut f32, usize, usize),
 );
 
-/// Q4_K rows against `NT` tiles of `T` tokens (see [`RowsArgs`]).
+/// Q4_K (or, with `Q5`, Q5_K) rows against `NT` tiles of `T` tokens (see
+/// [`RowsArgs`]).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL/VNNI/VBMI2; every row holds the tiles' super-blocks of
-/// Q4_K; the writes are valid.
+/// Q4_K (Q5_K); the writes are valid.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi2,fma,f16c")]
-unsafe fn q4_k_rows<const T: usize, const NT: usize>((rows, x, n_blocks, out): RowsArgs<'_>) {
+unsafe fn q4_k_rows<const T: usize, const NT: usize, const Q5: bool>(
+    (rows, x, n_blocks, out): RowsArgs<'_>,
+) {
     let sb = sb_bytes(T);
+    let block = if Q5 { q5_k::BYTES } else { Q4_K_BYTES };
     assert!(x.len() >= n_blocks * NT * sb && out.2 <= NT * T);
     for (r, row) in rows.enumerate() {
-        assert!(row.len() >= n_blocks * Q4_K_BYTES);
+        assert!(row.len() >= n_blocks * block);
         let mut acc = [[_mm512_setzero_ps(); 4]; NT];
         let mut acc_min = [[_mm512_setzero_ps(); 2]; NT];
         for b in 0..n_blocks {
-            crate::avx2::prefetch_block(row, b * Q4_K_BYTES, Q4_K_BYTES, 1);
-            let wb = &row[b * Q4_K_BYTES..(b + 1) * Q4_K_BYTES];
+            crate::avx2::prefetch_block(row, b * block, block, 1);
+            let wb = &row[b * block..(b + 1) * block];
             let xs = &x[b * NT * sb..(b + 1) * NT * sb];
             // SAFETY: `wb` a whole super-block, `xs` the tiles' super-blocks; features
             // per this function's contract.
-            unsafe { q4_k_super_block::<T, NT>(wb, xs, &mut acc, &mut acc_min) };
+            unsafe { q4_k_super_block::<T, NT, Q5>(wb, xs, &mut acc, &mut acc_min) };
         }
         for k in 0..NT {
+            // Q5_K's min term is one chain per token (element t·16/T), added last.
             // SAFETY: the features per this function's contract.
-            let y = unsafe { _mm512_add_ps(lanes_sum::<T>(&acc[k]), mins_sum::<T>(&acc_min[k])) };
+            let y = unsafe {
+                let mins = if Q5 {
+                    acc_min[k][0]
+                } else {
+                    mins_sum::<T>(&acc_min[k])
+                };
+                _mm512_add_ps(lanes_sum::<T>(&acc[k]), mins)
+            };
             // SAFETY: the caller's contract on `out`.
             unsafe { put_tokens::<T>(y, k, out, r) };
         }
@@ -282,22 +297,30 @@ unsafe fn q4_k_rows<const T: usize, const NT: usize>((rows, x, n_blocks, out): R
 
 /// One Q4_K super-block `wb` against the same super-block of `NT` tiles (`xs`): its
 /// integer lanes by sub-block scale, fused into `acc` with `d_w·d_x`, and its min lanes
-/// into `acc_min` with `−d_x·dmin_w`, as the single-token kernel does.
+/// into `acc_min` with `−d_x·dmin_w`, as the single-token kernel does. With `Q5`, a
+/// Q5_K super-block: each level's fifth bit from `qh`, and the four min lanes summed
+/// into one chain per token (`acc_min[k][0]`), as its single-token kernel keeps them.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL/VNNI/VBMI2 and F16C; `wb` is a whole super-block and `xs`
 /// holds `NT` tile super-blocks.
 #[inline(always)]
-unsafe fn q4_k_super_block<const T: usize, const NT: usize>(
+unsafe fn q4_k_super_block<const T: usize, const NT: usize, const Q5: bool>(
     wb: &[u8],
     xs: &[u8],
     acc: &mut [[__m512; 4]; NT],
     acc_min: &mut [[__m512; 2]; NT],
 ) {
     let sb = sb_bytes(T);
-    assert!(wb.len() >= Q4_K_BYTES && xs.len() >= NT * sb);
+    let (qs_at, quad_bias) = if Q5 {
+        (q5_k::QS, QUAD_BIAS_Q5)
+    } else {
+        (q4_k::QS, QUAD_BIAS)
+    };
+    assert!(wb.len() >= qs_at + 128 && xs.len() >= NT * sb);
     let zero = _mm512_setzero_si512();
     let low4 = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(16);
     let dw = crate::avx2::f16_bits_to_f32(u16::from_le_bytes([wb[0], wb[1]]));
     let dmin =
         crate::avx2::f16_bits_to_f32(u16::from_le_bytes([wb[q4_k::DMIN], wb[q4_k::DMIN + 1]]));
@@ -308,9 +331,9 @@ unsafe fn q4_k_super_block<const T: usize, const NT: usize>(
         let pairs = (sc & 0x00FF_00FF_00FF_00FF) + ((sc >> 8) & 0x00FF_00FF_00FF_00FF);
         (pairs.wrapping_mul(0x0001_0001_0001_0001) >> 48) as i32
     };
-    let mut ints = [[_mm512_set1_epi32(-QUAD_BIAS * sc_sum); 4]; NT];
-    let bias = _mm512_set1_epi32(QUAD_BIAS);
-    let bias_high = _mm512_set1_epi32(QUAD_BIAS << 16);
+    let mut ints = [[_mm512_set1_epi32(-quad_bias * sc_sum); 4]; NT];
+    let bias = _mm512_set1_epi32(quad_bias);
+    let bias_high = _mm512_set1_epi32(quad_bias << 16);
     for c in 0..4 {
         // Sub-blocks 2c and 2c + 1: the low and high nibbles of the chunk's 32 bytes,
         // scaled by the word pair (sc[2c], sc[2c+1]).
@@ -318,11 +341,18 @@ unsafe fn q4_k_super_block<const T: usize, const NT: usize>(
             (sc >> (16 * c)) as i32 & 0xFF | ((sc >> (16 * c + 8)) as i32 & 0xFF) << 16,
         );
         for i in 0..T / 2 {
-            // Register i's lanes of both sub-blocks: 16 / T · 4 bytes of the chunk.
-            // SAFETY: inside the chunk, bytes 16 + 32c .. 48 + 32c of 144.
-            let wq = unsafe { broadcast_lanes::<T>(wb.as_ptr().add(q4_k::QS + 32 * c), i) };
-            let w_lo = _mm512_and_si512(wq, low4);
-            let w_hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wq), low4);
+            // Register i's lanes of both sub-blocks: 16 / T · 4 bytes of the chunk.            // SAFETY: inside the chunk, bytes 32c .. 32c + 32 of the quants.
+            let wq = unsafe { broadcast_lanes::<T>(wb.as_ptr().add(qs_at + 32 * c), i) };
+            let mut w_lo = _mm512_and_si512(wq, low4);
+            let mut w_hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wq), low4);
+            if Q5 {
+                // Bits 2c and 2c + 1 of the same lanes' qh bytes: 16 more where set.
+                // SAFETY: qh is bytes 16..48 of 176.
+                let qh = unsafe { broadcast_lanes::<T>(wb.as_ptr().add(q5_k::QH), i) };
+                let bit = |b: usize| _mm512_test_epi8_mask(qh, _mm512_set1_epi8(1 << b));
+                w_lo = _mm512_mask_add_epi8(w_lo, bit(2 * c), w_lo, sixteen);
+                w_hi = _mm512_mask_add_epi8(w_hi, bit(2 * c + 1), w_hi, sixteen);
+            }
             for k in 0..NT {
                 // SAFETY: inside tile `k`'s super-block.
                 let reg = |g: usize| unsafe { quads::<T>(xs, k, g, i) };
@@ -355,11 +385,20 @@ unsafe fn q4_k_super_block<const T: usize, const NT: usize>(
             acc[k][i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(ints[k][i]), acc[k][i]);
         }
         let neg_dmin = _mm512_mul_ps(dx, _mm512_set1_ps(-dmin));
+        let mut lanes = [zero; 2];
         for j in 0..min_regs(T) {
             // SAFETY: inside the tile's super-block.
             let sums = unsafe { _mm512_loadu_si512(tile.as_ptr().add(mins_at(T) + 64 * j).cast()) };
-            let lane = _mm512_dpwssd_epi32(zero, sums, mins[j]);
-            acc_min[k][j] = _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(lane), acc_min[k][j]);
+            lanes[j] = _mm512_dpwssd_epi32(zero, sums, mins[j]);
+        }
+        if Q5 {
+            let total = min_lanes_total::<T>(lanes);
+            acc_min[k][0] = _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(total), acc_min[k][0]);
+        } else {
+            for j in 0..min_regs(T) {
+                let lane = _mm512_cvtepi32_ps(lanes[j]);
+                acc_min[k][j] = _mm512_fmadd_ps(neg_dmin, lane, acc_min[k][j]);
+            }
         }
     }
 }
@@ -539,6 +578,22 @@ unsafe fn quads<const T: usize>(xs: &[u8], k: usize, g: usize, i: usize) -> __m5
     debug_assert!(at + 64 <= xs.len());
     // SAFETY: the caller's contract.
     unsafe { _mm512_loadu_si512(xs.as_ptr().add(at).cast()) }
+}
+
+/// The four integer min lanes of each token summed (an exact sum, so in any order), in
+/// every element of the token's.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[inline(always)]
+unsafe fn min_lanes_total<const T: usize>(m: [__m512i; 2]) -> __m512i {
+    const SWAP_1: _MM_PERM_ENUM = 0b10_11_00_01;
+    const SWAP_2: _MM_PERM_ENUM = 0b01_00_11_10;
+    let s = match T {
+        8 => _mm512_add_epi32(m[0], m[1]),
+        _ => _mm512_add_epi32(m[0], _mm512_shuffle_epi32::<SWAP_2>(m[0])),
+    };
+    _mm512_add_epi32(s, _mm512_shuffle_epi32::<SWAP_1>(s))
 }
 
 /// Q4_K's four min lanes summed as the single-token kernel sums them, `(m0+m2)+(m1+m3)`,

@@ -588,7 +588,7 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 /// 12: AVX2 Q4_0 / Q5_0 / Q8_0 token groups over weight rows widened once for all the
 ///    groups, activations group by group.
 /// 13: AVX2 Q4_K / Q5_K / Q6_K token groups over widened weight rows.
-/// 14: AVX-512 narrow K tiles (5 to 16 tokens of Q4_K / Q6_K, `narrow_k`).
+/// 14: AVX-512 narrow K tiles (2 to 16 tokens of Q4_K / Q5_K, 5 to 16 of Q6_K, `narrow_k`).
 pub const KERNELS_REVISION: u32 = 14;
 
 #[cfg(test)]
