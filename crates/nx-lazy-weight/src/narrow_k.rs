@@ -13,10 +13,12 @@
 //!
 //! The weight is the unsigned operand: the levels are `0..16` (Q4_K) or `0..64` (Q6_K)
 //! as stored, so the activations stay signed and need no correction. A register's `L`
-//! lanes are `4L` consecutive levels of a sub-block, so each is `4L` bytes of the mapped
-//! row broadcast and decoded in place (nibble masks; Q6_K's high bits by shifts and one
-//! ternary-logic merge): with few tokens a pass is bound by its weight stream, and the
-//! wide tiles' unpacked copy of the rows costs more than it saves. Two tiles of eight
+//! lanes are `4L` consecutive levels of a sub-block: for Q4_K and Q5_K, `4L` bytes of the
+//! mapped row broadcast and decoded in place (nibble masks, fifth bits by byte masks);
+//! Q6_K's levels are decoded 64 at a time as its four-token kernel does (nibbles, high
+//! bits by shifts and one ternary-logic merge) and each register's placed by one
+//! `vpermq`. With few tokens a pass is bound by its weight stream, and the wide tiles'
+//! unpacked copy of the rows costs more than it saves. Two tiles of eight
 //! share one pass over the rows, where the four-token kernel streams them once per four
 //! tokens.
 //!
@@ -452,6 +454,31 @@ unsafe fn q6_k_super_block<const T: usize, const NT: usize>(
     let zero = _mm512_setzero_si512();
     let low4 = _mm512_set1_epi8(0x0F);
     let bits45 = _mm512_set1_epi8(0x30);
+    // qh's bits for groups 0, 1 (shifted up by 4 and 2 into bits 4, 5) and 2, 3 (by 0
+    // and down by 2): one shift count per 256-bit half. (No closures here: a closure is
+    // compiled without this function's features.)
+    let shift_first = _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi16(4)),
+        _mm256_set1_epi16(2),
+    );
+    let shift_second = _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi16(0)),
+        _mm256_set1_epi16(2),
+    );
+    // Qword indices of register i's lanes in a 64-level register: the group's half h
+    // (qwords 4h..4h + 4), 16/T·4 bytes per register, repeated for every token.
+    let per = (16 / T) / 2;
+    let repeat = _mm512_and_si512(
+        _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi64(per as i64 - 1),
+    );
+    let mut lane_index = [[zero; 4]; 2];
+    for h in 0..2 {
+        for i in 0..T / 2 {
+            let first = _mm512_set1_epi64((4 * h + per * i) as i64);
+            lane_index[h][i] = _mm512_add_epi64(first, repeat);
+        }
+    }
     let dw = crate::avx2::f16_bits_to_f32(u16::from_le_bytes([wb[q6_k::D], wb[q6_k::D + 1]]));
     // SAFETY: the sixteen scales are bytes 192..208 of 210.
     let sc16 =
@@ -492,50 +519,46 @@ unsafe fn q6_k_super_block<const T: usize, const NT: usize>(
             _mm_set1_epi32(word(2 * g)),
         )),
     };
-    let at = |offset: usize| wb.as_ptr().wrapping_add(offset);
     for half in 0..2 {
-        for i in 0..T / 2 {
-            // Register i's lanes of the half's four groups: from ql bytes (groups 0, 2),
-            // ql bytes 32 on (groups 1, 3) and qh bytes, each at the lanes' offset.
-            // SAFETY: inside the 210-byte super-block.
-            let (ql_a, ql_b, qh) = unsafe {
-                (
-                    broadcast_lanes::<T>(at(q6_k::QL + 64 * half), i),
-                    broadcast_lanes::<T>(at(q6_k::QL + 64 * half + 32), i),
-                    broadcast_lanes::<T>(at(q6_k::QH + 32 * half), i),
-                )
-            };
-            // Low nibble | the two high bits moved to bits 4 and 5: A | (B & C).
-            const OR_MASKED: i32 = 0xF8;
-            let levels = [
-                _mm512_ternarylogic_epi32::<OR_MASKED>(
-                    _mm512_and_si512(ql_a, low4),
-                    _mm512_slli_epi16::<4>(qh),
-                    bits45,
-                ),
-                _mm512_ternarylogic_epi32::<OR_MASKED>(
-                    _mm512_and_si512(ql_b, low4),
-                    _mm512_slli_epi16::<2>(qh),
-                    bits45,
-                ),
-                _mm512_ternarylogic_epi32::<OR_MASKED>(
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql_a), low4),
-                    qh,
-                    bits45,
-                ),
-                _mm512_ternarylogic_epi32::<OR_MASKED>(
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql_b), low4),
-                    _mm512_srli_epi16::<2>(qh),
-                    bits45,
-                ),
-            ];
-            for (u, w) in levels.into_iter().enumerate() {
-                let g = 4 * half + u;
-                let scale = scale(g, i);
-                for k in 0..NT {
-                    // SAFETY: inside tile `k`'s super-block.
-                    let quad = _mm512_dpbusd_epi32(zero, w, unsafe { quads::<T>(xs, k, g, i) });
-                    ints[k][i] = _mm512_dpwssd_epi32(ints[k][i], quad, scale);
+        // The half's 128 levels, 64 to a register in activation order: groups 0 and 1
+        // (low nibbles of ql 0..32 and 32..64 with qh bits 0-1 and 2-3), then groups 2
+        // and 3 (high nibbles with bits 4-5 and 6-7), decoded 64 at a time.
+        // SAFETY: ql half bytes 64h..64h + 64, qh half 128 + 32h.. + 32 of 210.
+        let (ql, qh) = unsafe {
+            (
+                _mm512_loadu_si512(wb.as_ptr().add(q6_k::QL + 64 * half).cast()),
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                    wb.as_ptr().add(q6_k::QH + 32 * half).cast(),
+                )),
+            )
+        };
+        // Low nibble | the two high bits moved to bits 4 and 5: A | (B & C).
+        const OR_MASKED: i32 = 0xF8;
+        let levels = [
+            _mm512_ternarylogic_epi32::<OR_MASKED>(
+                _mm512_and_si512(ql, low4),
+                _mm512_sllv_epi16(qh, shift_first),
+                bits45,
+            ),
+            _mm512_ternarylogic_epi32::<OR_MASKED>(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4),
+                _mm512_srlv_epi16(qh, shift_second),
+                bits45,
+            ),
+        ];
+        for (v, levels) in levels.into_iter().enumerate() {
+            for (h, idx) in lane_index.iter().enumerate() {
+                let g = 4 * half + 2 * v + h;
+                for i in 0..T / 2 {
+                    // Register i's lanes of group g, repeated for every token.
+                    let w = _mm512_permutexvar_epi64(idx[i], levels);
+                    let scale = scale(g, i);
+                    for k in 0..NT {
+                        // SAFETY: inside tile `k`'s super-block.
+                        let x = unsafe { quads::<T>(xs, k, g, i) };
+                        let quad = _mm512_dpbusd_epi32(zero, w, x);
+                        ints[k][i] = _mm512_dpwssd_epi32(ints[k][i], quad, scale);
+                    }
                 }
             }
         }
