@@ -749,12 +749,8 @@ unsafe fn layouts_into(
     }
     let mut t0 = 0;
     let narrow_whole = kernels.tiled
-        && ((xq.narrow.first() == 0
-            && xq.narrow.n_tokens() == n
-            && crate::narrow::takes_group(ty))
-            || (xq.narrow_k.first() == 0
-                && xq.narrow_k.n_tokens() == n
-                && crate::narrow_k::has_kernel(ty, n)));
+        && ((xq.narrow.held.all_of(n) && crate::narrow::takes_group(ty))
+            || (xq.narrow_k.held.all_of(n) && crate::narrow_k::has_kernel(ty, n)));
     if kernels.tiled && xq.tiles.n_groups() > 0 && !narrow_whole {
         // SAFETY: `kernels.tiled` means the CPU has the tiled kernels' features and the
         // type has one; the tiles were built from `xq`, which fits `w` (checked by the
@@ -773,29 +769,25 @@ unsafe fn layouts_into(
     }
     // The 2 to 16 tokens after them (a batched decode step, a draft verification) go
     // through the narrow tiles when the format has them.
-    if kernels.tiled
-        && xq.narrow.n_tokens() > 0
-        && xq.narrow.first() == t0
-        && crate::narrow::has_kernel(ty)
-    {
-        // SAFETY: as for the wide tiles; the narrow tiles hold tokens t0..n of `xq`.
-        unsafe {
-            let out = out.add(t0 * stride + row0 - col0);
-            crate::narrow::run(ty, w_rows, row_bytes, &xq.narrow, out, stride)
-        };
-        t0 += xq.narrow.n_tokens();
+    if let Some(count) = xq.narrow.held.from(t0) {
+        if kernels.tiled && crate::narrow::has_kernel(ty) {
+            // SAFETY: as for the wide tiles; the narrow tiles hold tokens t0..n of `xq`.
+            unsafe {
+                let out = out.add(t0 * stride + row0 - col0);
+                crate::narrow::run(ty, w_rows, row_bytes, &xq.narrow, out, stride)
+            };
+            t0 += count;
+        }
     }
-    if kernels.tiled
-        && xq.narrow_k.n_tokens() > 0
-        && xq.narrow_k.first() == t0
-        && crate::narrow_k::has_kernel(ty, xq.narrow_k.n_tokens())
-    {
-        // SAFETY: as for the wide tiles; the narrow K tiles hold tokens t0..n of `xq`.
-        unsafe {
-            let out = out.add(t0 * stride + row0 - col0);
-            crate::narrow_k::run(ty, w_rows, row_bytes, &xq.narrow_k, out, stride)
-        };
-        t0 += xq.narrow_k.n_tokens();
+    if let Some(count) = xq.narrow_k.held.from(t0) {
+        if kernels.tiled && crate::narrow_k::has_kernel(ty, count) {
+            // SAFETY: as for the wide tiles; the narrow K tiles hold tokens t0..n of `xq`.
+            unsafe {
+                let out = out.add(t0 * stride + row0 - col0);
+                crate::narrow_k::run(ty, w_rows, row_bytes, &xq.narrow_k, out, stride)
+            };
+            t0 += count;
+        }
     }
     t0
 }

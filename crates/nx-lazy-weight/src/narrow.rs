@@ -41,6 +41,44 @@ fn block_bytes(width: usize) -> usize {
 /// `benches/batched`: two passes of eight beat one of sixteen for every format).
 const MAX_WIDTH: usize = 8;
 
+/// Which activation rows a narrow layout holds: `n_tokens` of them from row `first`
+/// (nothing when `n_tokens` is 0). Shared by the Q8_0 tiles here and the K formats' of
+/// [`crate::narrow_k`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct HeldTokens {
+    pub(crate) first: usize,
+    pub(crate) n_tokens: usize,
+}
+
+impl HeldTokens {
+    /// True when these are all `n` rows.
+    pub(crate) fn all_of(&self, n: usize) -> bool {
+        self.first == 0 && self.n_tokens == n
+    }
+
+    /// How many rows are held when they start at row `t0` (none held, or held from
+    /// elsewhere: `None`).
+    pub(crate) fn from(&self, t0: usize) -> Option<usize> {
+        (self.n_tokens > 0 && self.first == t0).then_some(self.n_tokens)
+    }
+
+    /// The rows `first..n` a narrow layout takes: two to sixteen whole rows of
+    /// `row_bytes`, a whole number of `block_bytes` blocks each, within `rows_len`
+    /// bytes; else `None`.
+    pub(crate) fn span(
+        first: usize,
+        n: usize,
+        (row_bytes, block_bytes, rows_len): (usize, usize, usize),
+    ) -> Option<Self> {
+        let n_tokens = n.saturating_sub(first);
+        let fits = (2..=16).contains(&n_tokens)
+            && row_bytes > 0
+            && row_bytes.is_multiple_of(block_bytes)
+            && rows_len >= n * row_bytes;
+        fits.then_some(HeldTokens { first, n_tokens })
+    }
+}
+
 /// One tile of a [`NarrowTiles`]: its width `T`, real tokens and bytes in `data`.
 #[derive(Debug, Clone, Copy, Default)]
 struct Tile {
@@ -60,43 +98,26 @@ pub(crate) struct NarrowTiles {
     /// The tiles in token order (`n_tiles` of them hold tokens).
     tiles: [Tile; 2],
     n_tiles: usize,
-    /// Real tokens in all (the rest of each tile is padding, whose outputs are never
+    /// The real tokens (the rest of each tile is padding, whose outputs are never
     /// written).
-    n_tokens: usize,
-    /// First token these tiles hold, counted in the activation rows.
-    first: usize,
+    pub(crate) held: HeldTokens,
 }
 
 impl NarrowTiles {
-    /// Real tokens held (0 when empty).
-    pub(crate) fn n_tokens(&self) -> usize {
-        self.n_tokens
-    }
-
-    /// First token held.
-    pub(crate) fn first(&self) -> usize {
-        self.first
-    }
-
     /// Forgets the contents (keeps the buffer).
     pub(crate) fn clear(&mut self) {
         self.n_tiles = 0;
-        self.n_tokens = 0;
-        self.first = 0;
+        self.held = HeldTokens::default();
     }
 
     /// Lays out Q8_0 activation rows `first..n` of `rows` (`row_bytes` each); at most
     /// sixteen of them and at least two, else it leaves nothing.
     pub(crate) fn build(&mut self, rows: &[u8], first: usize, n: usize, row_bytes: usize) {
         self.clear();
-        let count = n.saturating_sub(first);
-        if !(2..=16).contains(&count)
-            || row_bytes == 0
-            || !row_bytes.is_multiple_of(Q8_0_BYTES)
-            || rows.len() < n * row_bytes
-        {
+        let Some(held) = HeldTokens::span(first, n, (row_bytes, Q8_0_BYTES, rows.len())) else {
             return;
-        }
+        };
+        let count = held.n_tokens;
         let n_blocks = row_bytes / Q8_0_BYTES;
         // Eight tokens, then the rest (one left over is padded to a tile of two).
         let counts = [count.min(MAX_WIDTH), count.saturating_sub(MAX_WIDTH)];
@@ -115,8 +136,7 @@ impl NarrowTiles {
             self.n_tiles = i + 1;
             token += c;
         }
-        self.n_tokens = count;
-        self.first = first;
+        self.held = held;
     }
 }
 
@@ -175,13 +195,13 @@ pub(crate) fn takes_group(weight_type: GgmlType) -> bool {
 
 /// For the tokens of `tiles` and every row of `w_rows` (`row_bytes` each, of
 /// `weight_type`), computes the dot products — the single-token kernel's bits — and
-/// writes row `r`'s output for token `t` (`t` counted from `tiles.first()`, rows from
+/// writes row `r`'s output for token `t` (`t` counted from `tiles.held.first`, rows from
 /// the start of `w_rows`) to `out_ptr[t·out_stride + r]`.
 ///
 /// # Safety
 /// [`crate::tiled::available`] must be true, [`has_kernel`] true for `weight_type`,
 /// and `tiles` built from Q8_0 activations of the weight's row length; `out_ptr` must
-/// be valid for writes at every such index (`t < tiles.n_tokens()`), with no other
+/// be valid for writes at every such index (`t < tiles.held.n_tokens`), with no other
 /// thread accessing them during the call.
 pub(crate) unsafe fn run(
     weight_type: GgmlType,
@@ -191,7 +211,7 @@ pub(crate) unsafe fn run(
     out_ptr: *mut f32,
     out_stride: usize,
 ) {
-    if tiles.n_tokens == 0 || w_rows.len() < row_bytes || row_bytes == 0 {
+    if tiles.held.n_tokens == 0 || w_rows.len() < row_bytes || row_bytes == 0 {
         return;
     }
     let mut t0 = 0;
@@ -485,8 +505,8 @@ mod tests {
             (
                 tiles.n_tiles,
                 tiles.tiles[0].width,
-                tiles.n_tokens,
-                tiles.first
+                tiles.held.n_tokens,
+                tiles.held.first
             ),
             (1, 4, 3, 0)
         );
@@ -509,6 +529,6 @@ mod tests {
         );
         // One token or more than sixteen: nothing.
         tiles.build(&rows, 2, 3, Q8_0_BYTES);
-        assert_eq!(tiles.n_tokens(), 0);
+        assert_eq!(tiles.held, HeldTokens::default());
     }
 }

@@ -34,7 +34,7 @@ use nx_syscalls::AlignedBytes;
 
 use crate::act_tiles::put_pair;
 use crate::formats::{q4_k, q5_k, q6_k, q8_k, read_i16, scales_mins_k4_packed, Q4_K_BYTES};
-use crate::narrow::lanes_sum;
+use crate::narrow::{lanes_sum, HeldTokens};
 
 /// Widest tile: two lanes of each token in a register.
 const MAX_WIDTH: usize = 8;
@@ -74,42 +74,25 @@ pub(crate) struct NarrowKTiles {
     data: AlignedBytes,
     width: usize,
     n_tiles: usize,
-    /// Real tokens in all.
-    n_tokens: usize,
-    /// First token held, counted in the activation rows.
-    first: usize,
+    /// The real tokens.
+    pub(crate) held: HeldTokens,
 }
 
 impl NarrowKTiles {
-    /// Real tokens held (0 when empty).
-    pub(crate) fn n_tokens(&self) -> usize {
-        self.n_tokens
-    }
-
-    /// First token held.
-    pub(crate) fn first(&self) -> usize {
-        self.first
-    }
-
     /// Forgets the contents (keeps the buffer).
     pub(crate) fn clear(&mut self) {
         self.n_tiles = 0;
-        self.n_tokens = 0;
-        self.first = 0;
+        self.held = HeldTokens::default();
     }
 
     /// Lays out Q8_K activation rows `first..n` of `rows` (`row_bytes` each): at least
     /// two and at most sixteen of them, else it leaves nothing.
     pub(crate) fn build(&mut self, rows: &[u8], first: usize, n: usize, row_bytes: usize) {
         self.clear();
-        let count = n.saturating_sub(first);
-        if !(2..=2 * MAX_WIDTH).contains(&count)
-            || row_bytes == 0
-            || !row_bytes.is_multiple_of(q8_k::BYTES)
-            || rows.len() < n * row_bytes
-        {
+        let Some(held) = HeldTokens::span(first, n, (row_bytes, q8_k::BYTES, rows.len())) else {
             return;
-        }
+        };
+        let count = held.n_tokens;
         let n_blocks = row_bytes / q8_k::BYTES;
         let n_tiles = count.div_ceil(MAX_WIDTH);
         let width = if n_tiles > 1 {
@@ -131,8 +114,7 @@ impl NarrowKTiles {
         }
         self.width = width;
         self.n_tiles = n_tiles;
-        self.n_tokens = count;
-        self.first = first;
+        self.held = held;
     }
 }
 
@@ -214,7 +196,7 @@ pub(crate) unsafe fn run(
     out_ptr: *mut f32,
     out_stride: usize,
 ) {
-    if tiles.n_tokens == 0 || row_bytes == 0 {
+    if tiles.held.n_tokens == 0 || row_bytes == 0 {
         return;
     }
     let n_blocks = tiles.data.len() / (tiles.n_tiles * sb_bytes(tiles.width));
@@ -222,7 +204,7 @@ pub(crate) unsafe fn run(
         w_rows.chunks_exact(row_bytes),
         &tiles.data[..],
         n_blocks,
-        (out_ptr, out_stride, tiles.n_tokens),
+        (out_ptr, out_stride, tiles.held.n_tokens),
     );
     macro_rules! widths {
         ($rows:ident $(, $five:expr)?) => {
@@ -688,7 +670,12 @@ mod tests {
         let mut tiles = NarrowKTiles::default();
         tiles.build(&rows, 0, 5, q8_k::BYTES);
         assert_eq!(
-            (tiles.width, tiles.n_tiles, tiles.n_tokens, tiles.first),
+            (
+                tiles.width,
+                tiles.n_tiles,
+                tiles.held.n_tokens,
+                tiles.held.first
+            ),
             (8, 1, 5, 0)
         );
         let d = &tiles.data;
@@ -715,7 +702,7 @@ mod tests {
         assert_eq!((read_i16(d, at), read_i16(d, at + 2)), (10 + 10, 10 + 11));
         // One token, or more than sixteen: nothing.
         tiles.build(&rows, 4, 5, q8_k::BYTES);
-        assert_eq!(tiles.n_tokens(), 0);
+        assert_eq!(tiles.held, HeldTokens::default());
     }
 
     #[test]
@@ -723,7 +710,10 @@ mod tests {
         let rows = rows();
         let mut tiles = NarrowKTiles::default();
         tiles.build(&rows, 3, 5, q8_k::BYTES);
-        assert_eq!((tiles.width, tiles.n_tokens, tiles.first), (2, 2, 3));
+        assert_eq!(
+            (tiles.width, tiles.held.n_tokens, tiles.held.first),
+            (2, 2, 3)
+        );
         let d = &tiles.data;
         // Sub-block 1's only register, lane 6 of token 1 (row 4): element 8 + 6.
         let at = 64 + 4 * (8 + 6);
