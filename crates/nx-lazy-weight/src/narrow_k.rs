@@ -302,7 +302,6 @@ unsafe fn q4_k_super_block<const T: usize, const NT: usize, const Q5: bool>(
         (q4_k::QS, QUAD_BIAS)
     };
     assert!(wb.len() >= qs_at + 128 && xs.len() >= NT * sb);
-    let zero = _mm512_setzero_si512();
     let low4 = _mm512_set1_epi8(0x0F);
     let sixteen = _mm512_set1_epi8(16);
     let dw = crate::avx2::f16_bits_to_f32(u16::from_le_bytes([wb[0], wb[1]]));
@@ -325,7 +324,8 @@ unsafe fn q4_k_super_block<const T: usize, const NT: usize, const Q5: bool>(
             (sc >> (16 * c)) as i32 & 0xFF | ((sc >> (16 * c + 8)) as i32 & 0xFF) << 16,
         );
         for i in 0..T / 2 {
-            // Register i's lanes of both sub-blocks: 16 / T · 4 bytes of the chunk.            // SAFETY: inside the chunk, bytes 32c .. 32c + 32 of the quants.
+            // Register i's lanes of both sub-blocks: 16 / T · 4 bytes of the chunk.
+            // SAFETY: inside the chunk, bytes 32c .. 32c + 32 of the quants.
             let wq = unsafe { broadcast_lanes::<T>(wb.as_ptr().add(qs_at + 32 * c), i) };
             let mut w_lo = _mm512_and_si512(wq, low4);
             let mut w_hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wq), low4);
@@ -348,18 +348,8 @@ unsafe fn q4_k_super_block<const T: usize, const NT: usize, const Q5: bool>(
             }
         }
     }
-    // The word pairs (mn[2m], mn[2m+1]) where each register element wants min lane m.
-    let mn_pair = |m: usize| ((mn >> (16 * m)) & 0xFF | ((mn >> (16 * m + 8)) & 0xFF) << 16) as i32;
-    let all_pairs = _mm_set_epi32(mn_pair(3), mn_pair(2), mn_pair(1), mn_pair(0));
-    let mins: [__m512i; 2] = match T {
-        8 => [
-            _mm512_set1_epi64((mn_pair(0) as u32 as i64) | (mn_pair(1) as i64) << 32),
-            _mm512_set1_epi64((mn_pair(2) as u32 as i64) | (mn_pair(3) as i64) << 32),
-        ],
-        4 => [_mm512_broadcast_i32x4(all_pairs), zero],
-        // Elements 4..8 of each token's eight hold no min lane.
-        _ => [_mm512_maskz_broadcast_i32x4(0x0F0F, all_pairs), zero],
-    };
+    // SAFETY: the features per the caller's contract.
+    let mins = unsafe { q4_k_min_pairs::<T>(mn) };
     for k in 0..NT {
         let tile = &xs[k * sb..(k + 1) * sb];
         // SAFETY: inside the tile's super-block.
@@ -369,20 +359,59 @@ unsafe fn q4_k_super_block<const T: usize, const NT: usize, const Q5: bool>(
             acc[k][i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(ints[k][i]), acc[k][i]);
         }
         let neg_dmin = _mm512_mul_ps(dx, _mm512_set1_ps(-dmin));
-        let mut lanes = [zero; 2];
+        // SAFETY: a whole tile super-block; the features per the caller's contract.
+        unsafe { q4_k_min_chains::<T, Q5>(tile, &mins, neg_dmin, &mut acc_min[k]) };
+    }
+}
+
+/// The word pairs `(mn[2m], mn[2m+1])` of a Q4_K / Q5_K super-block's packed mins `mn`
+/// where each register element of a tile of `T` wants min lane `m`.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[inline(always)]
+unsafe fn q4_k_min_pairs<const T: usize>(mn: u64) -> [__m512i; 2] {
+    let zero = _mm512_setzero_si512();
+    let pair = |m: usize| ((mn >> (16 * m)) & 0xFF | ((mn >> (16 * m + 8)) & 0xFF) << 16) as i32;
+    let all_pairs = _mm_set_epi32(pair(3), pair(2), pair(1), pair(0));
+    match T {
+        8 => [
+            _mm512_set1_epi64((pair(0) as u32 as i64) | (pair(1) as i64) << 32),
+            _mm512_set1_epi64((pair(2) as u32 as i64) | (pair(3) as i64) << 32),
+        ],
+        4 => [_mm512_broadcast_i32x4(all_pairs), zero],
+        // Elements 4..8 of each token's eight hold no min lane.
+        _ => [_mm512_maskz_broadcast_i32x4(0x0F0F, all_pairs), zero],
+    }
+}
+
+/// A tile super-block's min lanes (its 32-quant sum pairs by `mins`) fused into the
+/// tile's min chains with `neg_dmin = −d_x·dmin_w`: Q4_K's four lanes each into its own
+/// chain, Q5_K's (`Q5`) summed into one chain per token (`acc_min[0]`).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VNNI and FMA; `tile` is a whole tile super-block of width `T`.
+#[inline(always)]
+unsafe fn q4_k_min_chains<const T: usize, const Q5: bool>(
+    tile: &[u8],
+    mins: &[__m512i; 2],
+    neg_dmin: __m512,
+    acc_min: &mut [__m512; 2],
+) {
+    assert!(tile.len() >= sb_bytes(T));
+    let zero = _mm512_setzero_si512();
+    let mut lanes = [zero; 2];
+    for j in 0..min_regs(T) {
+        // SAFETY: inside the tile's super-block (asserted above).
+        let sums = unsafe { _mm512_loadu_si512(tile.as_ptr().add(mins_at(T) + 64 * j).cast()) };
+        lanes[j] = _mm512_dpwssd_epi32(zero, sums, mins[j]);
+    }
+    if Q5 {
+        let total = min_lanes_total::<T>(lanes);
+        acc_min[0] = _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(total), acc_min[0]);
+    } else {
         for j in 0..min_regs(T) {
-            // SAFETY: inside the tile's super-block.
-            let sums = unsafe { _mm512_loadu_si512(tile.as_ptr().add(mins_at(T) + 64 * j).cast()) };
-            lanes[j] = _mm512_dpwssd_epi32(zero, sums, mins[j]);
-        }
-        if Q5 {
-            let total = min_lanes_total::<T>(lanes);
-            acc_min[k][0] = _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(total), acc_min[k][0]);
-        } else {
-            for j in 0..min_regs(T) {
-                let lane = _mm512_cvtepi32_ps(lanes[j]);
-                acc_min[k][j] = _mm512_fmadd_ps(neg_dmin, lane, acc_min[k][j]);
-            }
+            acc_min[j] = _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(lanes[j]), acc_min[j]);
         }
     }
 }
@@ -434,107 +463,21 @@ unsafe fn q6_k_super_block<const T: usize, const NT: usize>(
     let sb = sb_bytes(T);
     assert!(wb.len() >= q6_k::BYTES && xs.len() >= NT * sb);
     let zero = _mm512_setzero_si512();
-    let low4 = _mm512_set1_epi8(0x0F);
-    let bits45 = _mm512_set1_epi8(0x30);
-    // qh's bits for groups 0, 1 (shifted up by 4 and 2 into bits 4, 5) and 2, 3 (by 0
-    // and down by 2): one shift count per 256-bit half. (No closures here: a closure is
-    // compiled without this function's features.)
-    let shift_first = _mm512_inserti64x4::<1>(
-        _mm512_castsi256_si512(_mm256_set1_epi16(4)),
-        _mm256_set1_epi16(2),
-    );
-    let shift_second = _mm512_inserti64x4::<1>(
-        _mm512_castsi256_si512(_mm256_set1_epi16(0)),
-        _mm256_set1_epi16(2),
-    );
-    // Qword indices of register i's lanes in a 64-level register: the group's half h
-    // (qwords 4h..4h + 4), 16/T·4 bytes per register, repeated for every token.
-    let per = (16 / T) / 2;
-    let repeat = _mm512_and_si512(
-        _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0),
-        _mm512_set1_epi64(per as i64 - 1),
-    );
-    let mut lane_index = [[zero; 4]; 2];
-    for h in 0..2 {
-        for i in 0..T / 2 {
-            let first = _mm512_set1_epi64((4 * h + per * i) as i64);
-            lane_index[h][i] = _mm512_add_epi64(first, repeat);
-        }
-    }
+    let lane_index = q6_k_lane_index::<T>();
     let dw = crate::avx2::f16_bits_to_f32(u16::from_le_bytes([wb[q6_k::D], wb[q6_k::D + 1]]));
-    // SAFETY: the sixteen scales are bytes 192..208 of 210.
-    let sc16 =
-        _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(wb.as_ptr().add(q6_k::SCALES).cast()) });
-    // Dword l: (−32·sc[2l], −32·sc[2l+1]), each lane's start −32·(b·s + b·s) against
-    // the bsum pairs.
-    let offsets = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<5>(sc16));
-    let mut ints = [[zero; 4]; NT];
-    for i in 0..T / 2 {
-        let pairs = match T {
-            8 => _mm512_permutexvar_epi64(
-                _mm512_set1_epi64(i as i64),
-                _mm512_castsi256_si512(offsets),
-            ),
-            4 => _mm512_broadcast_i32x4(if i == 0 {
-                _mm256_castsi256_si128(offsets)
-            } else {
-                _mm256_extracti128_si256::<1>(offsets)
-            }),
-            _ => _mm512_broadcast_i64x4(offsets),
-        };
-        for k in 0..NT {
-            // SAFETY: inside tile `k`'s super-block.
-            let b = unsafe {
-                _mm512_loadu_si512(xs.as_ptr().add(k * sb + bsums_at(T) + 64 * i).cast())
-            };
-            ints[k][i] = _mm512_dpwssd_epi32(zero, b, pairs);
-        }
-    }
-    // (sc, 0) as a word pair: the quad's low word by the scale.
-    let word = |j: usize| wb[q6_k::SCALES + j] as i8 as i16 as u16 as i32;
-    // Register i of group g: one scale, or at two tokens both (lanes 0..4, 4..8).
-    let scale = |g: usize, i: usize| match T {
-        8 => _mm512_set1_epi32(word(2 * g + i / 2)),
-        4 => _mm512_set1_epi32(word(2 * g + i)),
-        _ => _mm512_broadcast_i64x4(_mm256_set_m128i(
-            _mm_set1_epi32(word(2 * g + 1)),
-            _mm_set1_epi32(word(2 * g)),
-        )),
-    };
+    // SAFETY: a whole super-block and NT tile super-blocks (asserted above).
+    let mut ints = unsafe { q6_k_offset_lanes::<T, NT>(wb, xs) };
     for half in 0..2 {
-        // The half's 128 levels, 64 to a register in activation order: groups 0 and 1
-        // (low nibbles of ql 0..32 and 32..64 with qh bits 0-1 and 2-3), then groups 2
-        // and 3 (high nibbles with bits 4-5 and 6-7), decoded 64 at a time.
-        // SAFETY: ql half bytes 64h..64h + 64, qh half 128 + 32h.. + 32 of 210.
-        let (ql, qh) = unsafe {
-            (
-                _mm512_loadu_si512(wb.as_ptr().add(q6_k::QL + 64 * half).cast()),
-                _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                    wb.as_ptr().add(q6_k::QH + 32 * half).cast(),
-                )),
-            )
-        };
-        // Low nibble | the two high bits moved to bits 4 and 5: A | (B & C).
-        const OR_MASKED: i32 = 0xF8;
-        let levels = [
-            _mm512_ternarylogic_epi32::<OR_MASKED>(
-                _mm512_and_si512(ql, low4),
-                _mm512_sllv_epi16(qh, shift_first),
-                bits45,
-            ),
-            _mm512_ternarylogic_epi32::<OR_MASKED>(
-                _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4),
-                _mm512_srlv_epi16(qh, shift_second),
-                bits45,
-            ),
-        ];
+        // SAFETY: a whole super-block (asserted above).
+        let levels = unsafe { q6_k_half_levels(wb, half) };
         for (v, levels) in levels.into_iter().enumerate() {
             for (h, idx) in lane_index.iter().enumerate() {
                 let g = 4 * half + 2 * v + h;
                 for i in 0..T / 2 {
                     // Register i's lanes of group g, repeated for every token.
                     let w = _mm512_permutexvar_epi64(idx[i], levels);
-                    let scale = scale(g, i);
+                    // SAFETY: scales are bytes 192..208 of the super-block.
+                    let scale = unsafe { q6_k_scale::<T>(wb, g, i) };
                     for k in 0..NT {
                         // SAFETY: inside tile `k`'s super-block.
                         let x = unsafe { quads::<T>(xs, k, g, i) };
@@ -552,6 +495,136 @@ unsafe fn q6_k_super_block<const T: usize, const NT: usize>(
         for i in 0..T / 2 {
             acc[k][i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(ints[k][i]), acc[k][i]);
         }
+    }
+}
+
+/// Qword indices of register `i`'s lanes (`[h][i]`) in a register of 64 Q6_K levels:
+/// the group's half `h` (qwords `4h..4h + 4`), `16/T·4` bytes per register, repeated for
+/// every token.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[inline(always)]
+unsafe fn q6_k_lane_index<const T: usize>() -> [[__m512i; 4]; 2] {
+    let per = (16 / T) / 2;
+    let repeat = _mm512_and_si512(
+        _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi64(per as i64 - 1),
+    );
+    let mut lane_index = [[_mm512_setzero_si512(); 4]; 2];
+    for h in 0..2 {
+        for i in 0..T / 2 {
+            let first = _mm512_set1_epi64((4 * h + per * i) as i64);
+            lane_index[h][i] = _mm512_add_epi64(first, repeat);
+        }
+    }
+    lane_index
+}
+
+/// Each tile's lane integers started at `−32·(b[2l]·sc[2l] + b[2l+1]·sc[2l+1])`: the
+/// bsum pairs of the tiles against `(−32·sc[2l], −32·sc[2l+1])` word pairs.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VNNI; `wb` is a whole Q6_K super-block and `xs` holds `NT`
+/// tile super-blocks.
+#[inline(always)]
+unsafe fn q6_k_offset_lanes<const T: usize, const NT: usize>(
+    wb: &[u8],
+    xs: &[u8],
+) -> [[__m512i; 4]; NT] {
+    let zero = _mm512_setzero_si512();
+    // SAFETY: the sixteen scales are bytes 192..208 of 210 (the caller's contract).
+    let sc16 =
+        _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(wb.as_ptr().add(q6_k::SCALES).cast()) });
+    // Dword l: (−32·sc[2l], −32·sc[2l+1]).
+    let offsets = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<5>(sc16));
+    let mut ints = [[zero; 4]; NT];
+    for i in 0..T / 2 {
+        let pairs = match T {
+            8 => _mm512_permutexvar_epi64(
+                _mm512_set1_epi64(i as i64),
+                _mm512_castsi256_si512(offsets),
+            ),
+            4 => _mm512_broadcast_i32x4(if i == 0 {
+                _mm256_castsi256_si128(offsets)
+            } else {
+                _mm256_extracti128_si256::<1>(offsets)
+            }),
+            _ => _mm512_broadcast_i64x4(offsets),
+        };
+        for k in 0..NT {
+            // SAFETY: inside tile `k`'s super-block (the caller's contract).
+            let b = unsafe {
+                _mm512_loadu_si512(
+                    xs.as_ptr()
+                        .add(k * sb_bytes(T) + bsums_at(T) + 64 * i)
+                        .cast(),
+                )
+            };
+            ints[k][i] = _mm512_dpwssd_epi32(zero, b, pairs);
+        }
+    }
+    ints
+}
+
+/// Half `half` of a Q6_K super-block's 256 levels, 64 to a register in activation order:
+/// groups 0 and 1 (the low nibbles of ql 0..32 and 32..64 with qh bits 0-1 and 2-3), then
+/// groups 2 and 3 (the high nibbles with bits 4-5 and 6-7).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW; `wb` is a whole super-block.
+#[inline(always)]
+unsafe fn q6_k_half_levels(wb: &[u8], half: usize) -> [__m512i; 2] {
+    let low4 = _mm512_set1_epi8(0x0F);
+    let bits45 = _mm512_set1_epi8(0x30);
+    // qh's bits for groups 0, 1 (shifted up by 4 and 2 into bits 4, 5) and 2, 3 (by 0
+    // and down by 2): one shift count per 256-bit half.
+    let halves = |lo: i16, hi: i16| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set1_epi16(lo)),
+            _mm256_set1_epi16(hi),
+        )
+    };
+    // SAFETY: ql half bytes 64h..64h + 64, qh half 128 + 32h.. + 32 of 210.
+    let (ql, qh) = unsafe {
+        (
+            _mm512_loadu_si512(wb.as_ptr().add(q6_k::QL + 64 * half).cast()),
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                wb.as_ptr().add(q6_k::QH + 32 * half).cast(),
+            )),
+        )
+    };
+    // Low nibble | the two high bits moved to bits 4 and 5: A | (B & C).
+    const OR_MASKED: i32 = 0xF8;
+    [
+        _mm512_ternarylogic_epi32::<OR_MASKED>(
+            _mm512_and_si512(ql, low4),
+            _mm512_sllv_epi16(qh, halves(4, 2)),
+            bits45,
+        ),
+        _mm512_ternarylogic_epi32::<OR_MASKED>(
+            _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4),
+            _mm512_srlv_epi16(qh, halves(0, 2)),
+            bits45,
+        ),
+    ]
+}
+
+/// The scale word pairs `(sc, 0)` for register `i` of group `g`: one scale, or at two
+/// tokens both of the group's (lanes 0..4 and 4..8).
+///
+/// # Safety
+/// The CPU has AVX-512 F; `wb` holds the super-block's scales.
+#[inline(always)]
+unsafe fn q6_k_scale<const T: usize>(wb: &[u8], g: usize, i: usize) -> __m512i {
+    let word = |j: usize| wb[q6_k::SCALES + j] as i8 as i16 as u16 as i32;
+    match T {
+        8 => _mm512_set1_epi32(word(2 * g + i / 2)),
+        4 => _mm512_set1_epi32(word(2 * g + i)),
+        _ => _mm512_broadcast_i64x4(_mm256_set_m128i(
+            _mm_set1_epi32(word(2 * g + 1)),
+            _mm_set1_epi32(word(2 * g)),
+        )),
     }
 }
 
