@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use nx_benches::{values, weights};
-use nx_lazy_weight::{matmul_pool, GgmlType, LazyWeight, QuantizedActs};
+use nx_lazy_weight::{matmul_pool, ArgmaxHead, ArgmaxScratch, GgmlType, LazyWeight, QuantizedActs};
 use nx_syscalls::ThreadPool;
 
 const WIDTHS: [usize; 5] = [1, 2, 4, 8, 16];
@@ -57,5 +57,32 @@ fn bench_batched(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_batched);
+/// The LM head's greedy pass (`ArgmaxHead::candidates`: a bound for every row, exact
+/// outputs for the few that can win) at the same widths, against the full matmul above.
+fn bench_argmax(c: &mut Criterion) {
+    let (ty, row_len, n_rows) = (GgmlType::Q8_0, 640, 262_144);
+    let pool = ThreadPool::new(2);
+    let bytes = weights(ty, row_len, n_rows);
+    let w = LazyWeight::from_parts(ty, &[row_len as u64, n_rows as u64], &bytes).unwrap();
+    let mut group = c.benchmark_group(format!("argmax/{}/{row_len}x{n_rows}", ty.name()));
+    group.throughput(Throughput::Bytes(bytes.len() as u64));
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(4));
+    let Some(head) = ArgmaxHead::new(&w, &pool) else {
+        return; // no kernel on this tier
+    };
+    for n_tokens in WIDTHS {
+        let x = values(7, n_tokens * row_len, 1.0);
+        let mut scratch = ArgmaxScratch::default();
+        group.bench_function(BenchmarkId::from_parameter(n_tokens), |b| {
+            b.iter(|| {
+                let got = head.candidates(&w, black_box(&x), n_tokens, &mut scratch, &pool);
+                black_box(got.unwrap());
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_batched, bench_argmax);
 criterion_main!(benches);

@@ -96,6 +96,12 @@ pub enum LazyWeightError {
         /// Rows in the tensor.
         n_rows: usize,
     },
+    /// An [`crate::ArgmaxHead`] was given a weight other than the one it was built for.
+    #[error("argmax head: built for another weight ({built} bytes at another address or of another shape)")]
+    OtherWeight {
+        /// Bytes of the weight it was built for.
+        built: usize,
+    },
 }
 
 /// A bad `NX_PLAN` item or a choice this CPU (or `NX_TIER`, `NX_AMX`) cannot run.

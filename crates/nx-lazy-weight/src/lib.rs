@@ -22,6 +22,8 @@
 //! - `tiled` (x86-64): the prefill matmul on AVX-512 VNNI with sixteen tokens per
 //!   register, each output still bit-identical to the per-output kernels.
 //! - [`lazy`]: [`LazyWeight`], a borrowed view of one tensor's bytes.
+//! - `argmax`: [`ArgmaxHead`], the rows that can hold each token's largest output
+//!   (with their exact outputs) from one bounded pass, for greedy LM head rows.
 //!
 //! Batch invariance: every output element is one call of a dot product whose
 //! reduction order depends on the row length K alone, so the value of `y[t][r]`
@@ -35,6 +37,7 @@
 mod act_tiles;
 #[cfg(target_arch = "x86_64")]
 mod amx;
+mod argmax;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -68,6 +71,7 @@ pub mod tier;
 mod tiled;
 pub mod tune;
 
+pub use argmax::{has_argmax_kernel, ArgmaxHead, ArgmaxScratch, Candidates, MAX_CANDIDATES};
 pub use dequant::dequantize_row;
 pub use dispatch::{
     dot_kernel4_for, dot_kernel_for, dot_kernel_rows4_for, dot_row, DotKernel4, DotKernelRows4,

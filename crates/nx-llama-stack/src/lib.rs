@@ -17,7 +17,7 @@ pub use config::{Arch, FfnActivation, ModelConfig, MoeConfig, QkNormSpan, RopeSt
 #[path = "../../nx-run/tests/common/tiny_model.rs"]
 pub mod tiny_fixture;
 
-pub use model::{BatchItem, ForwardState, Model};
+pub use model::{BatchItem, ForwardState, HeadChoice, Model};
 pub use nx_kv_cache::{BlockTable, KvCache, KvDtype, KvSegments, PagedBatch, PagedKv};
 pub use nx_syscalls::Placement;
 

@@ -64,7 +64,7 @@ use std::time::Instant;
 
 use nx_bpe::{DetachedDecoder, Tokenizer};
 use nx_kv_cache::{BlockTable, KvDtype, KvError, PagedBatch, PagedKv};
-use nx_llama_stack::{BatchItem, ForwardState, Model};
+use nx_llama_stack::{BatchItem, ForwardState, HeadChoice, Model};
 use nx_sampler::{log_prob_given, log_softmax_top, log_sum_exp, Sampler, SamplerConfig};
 
 use crate::spec::{check_same_vocab, DraftSource, Ewma, SpecState, Speculation, VERIFY_ROW_COST};
@@ -304,6 +304,13 @@ impl Sequence {
 }
 
 impl Sequence {
+    /// Whether its tokens depend only on each row's largest logit (greedy, no
+    /// penalties, no log-probabilities): the LM head may then bound the row instead of
+    /// computing every logit ([`HeadChoice`]).
+    fn greedy_only(&self) -> bool {
+        self.sampler.is_stateless_greedy() && self.logprobs == 0 && !self.token_logprobs
+    }
+
     /// Tokens not yet in the cache.
     fn pending(&self) -> usize {
         self.tokens.len() - self.table.len()
@@ -874,6 +881,7 @@ impl Engine {
                 tokens: &w.tokens,
                 pos: w.pos,
                 logit_rows: if w.wants_logits { &row[..] } else { &[] },
+                argmax_rows: &[],
             })
             .collect();
         let mut batch = PagedBatch {
@@ -984,7 +992,7 @@ impl Engine {
     /// whose tokens are then all in the cache, and for every draft row.
     fn run_batch(&mut self, plan: &[Slot]) -> Result<(), RunError> {
         let mut fed: Vec<Vec<u32>> = Vec::with_capacity(plan.len());
-        let mut rows: Vec<Vec<usize>> = Vec::with_capacity(plan.len());
+        let mut rows: Vec<(Vec<usize>, Vec<usize>)> = Vec::with_capacity(plan.len());
         for slot in plan {
             let seq = &self.running[slot.index];
             let pos = seq.table.len();
@@ -992,30 +1000,36 @@ impl Engine {
             toks.extend_from_slice(&slot.drafts);
             let finishes = pos + slot.n == seq.tokens.len() && seq.max_tokens > 0;
             // Rows scoring prompt targets (the row of position t−1 predicts token t), then
-            // the rows that choose tokens.
+            // the rows that choose tokens (only their largest logit, when that decides).
             let mut want: Vec<usize> = seq
                 .scored_targets(pos, slot.n)
                 .map(|t| t - 1 - pos)
                 .collect();
+            let mut greedy = Vec::new();
             if finishes {
                 let first_gen = slot.n - 1;
                 want.retain(|&r| r < first_gen);
-                want.extend(first_gen..toks.len());
+                if seq.greedy_only() {
+                    greedy.extend(first_gen..toks.len());
+                } else {
+                    want.extend(first_gen..toks.len());
+                }
             }
-            rows.push(want);
+            rows.push((want, greedy));
             fed.push(toks);
         }
         let mut slots: Vec<Option<&mut Sequence>> = self.running.iter_mut().map(Some).collect();
         let mut items = Vec::with_capacity(plan.len());
         let mut tables = Vec::with_capacity(plan.len());
-        for ((slot, toks), rows) in plan.iter().zip(&fed).zip(&rows) {
+        for ((slot, toks), (want, greedy)) in plan.iter().zip(&fed).zip(&rows) {
             let seq = slots[slot.index]
                 .take()
                 .expect("each sequence once per batch");
             items.push(BatchItem {
                 tokens: toks,
                 pos: seq.table.len(),
-                logit_rows: rows,
+                logit_rows: want,
+                argmax_rows: greedy,
             });
             tables.push(&mut seq.table);
         }
@@ -1097,18 +1111,19 @@ impl Engine {
 
     /// The first pass over a step's logits: prompt scores (and their failures), the
     /// sequences still prefilling (their blocks registered), those with nothing to
-    /// generate (finished), and the jobs `(slot, first logits row)` that choose tokens.
+    /// generate (finished), and the jobs `(slot, where its rows are)` that choose tokens.
     fn score_prompts(
         &mut self,
         plan: &[Slot],
         events: &mut Vec<EngineEvent>,
         finished: &mut Vec<(SeqId, StopReason, String)>,
         failed: &mut Vec<(SeqId, RunError)>,
-    ) -> Vec<(usize, usize)> {
+    ) -> Vec<(usize, RowsAt)> {
         let n_vocab = self.model.config().n_vocab;
-        // Prompt scores, and which slots choose tokens from which logits rows.
-        let mut jobs: Vec<(usize, usize)> = Vec::new(); // (slot, first row)
-        let mut row = 0;
+        // Prompt scores, and which slots choose tokens from which rows: logits rows, or
+        // the LM head's choices for greedy rows (in the order `run_batch` asked).
+        let mut jobs: Vec<(usize, RowsAt)> = Vec::new();
+        let (mut row, mut choice) = (0, 0);
         for (k, slot) in plan.iter().enumerate() {
             let seq = &mut self.running[slot.index];
             // The chunk started where the cache ends now, less what this step added.
@@ -1120,6 +1135,15 @@ impl Engine {
                 0
             };
             let targets = seq.scored_targets(pos, slot.n);
+            let at = if seq.greedy_only() {
+                RowsAt::Choices(choice)
+            } else {
+                RowsAt::Logits(row)
+            };
+            let skip_gen = |row: &mut usize, choice: &mut usize| match at {
+                RowsAt::Choices(_) => *choice += gen_rows,
+                RowsAt::Logits(_) => *row += gen_rows,
+            };
             if !targets.is_empty() {
                 seq.scored_upto = targets.end;
                 let n = targets.len();
@@ -1139,7 +1163,7 @@ impl Engine {
                             value,
                         };
                         failed.push((seq.id, error));
-                        row += gen_rows;
+                        skip_gen(&mut row, &mut choice);
                         continue;
                     }
                 }
@@ -1152,8 +1176,13 @@ impl Engine {
                 finished.push((seq.id, StopReason::MaxTokens, String::new()));
                 continue;
             }
-            jobs.push((k, row));
-            row += gen_rows;
+            // The generation rows follow the scoring rows.
+            let at = match at {
+                RowsAt::Logits(_) => RowsAt::Logits(row),
+                at => at,
+            };
+            jobs.push((k, at));
+            skip_gen(&mut row, &mut choice);
         }
         jobs
     }
@@ -1161,17 +1190,24 @@ impl Engine {
     /// Chooses the tokens of every job `(slot, first logits row)`, the sequences spread
     /// over the model's pool (each sequence's tokens are chosen in order by one thread,
     /// with its own sampler, so the split never shows). Outcomes in job order.
-    fn verify_all(&mut self, plan: &[Slot], jobs: &[(usize, usize)]) -> Vec<Verified> {
+    fn verify_all(&mut self, plan: &[Slot], jobs: &[(usize, RowsAt)]) -> Vec<Verified> {
         let n_vocab = self.model.config().n_vocab;
         let tokenizer = self.tokenizer.as_deref();
         let logits = &self.logits;
+        let choices = self.state.head_choices();
         let mut seqs: Vec<Option<&mut Sequence>> = self.running.iter_mut().map(Some).collect();
         let mut work: Vec<VerifyJob<'_>> = jobs
             .iter()
-            .map(|&(k, row)| {
+            .map(|&(k, at)| {
                 let slot = &plan[k];
                 let seq = seqs[slot.index].take().expect("one slot per sequence");
-                let rows = &logits[row * n_vocab..(row + slot.drafts.len() + 1) * n_vocab];
+                let n = slot.drafts.len() + 1;
+                let rows = match at {
+                    RowsAt::Logits(row) => {
+                        JobRows::Logits(&logits[row * n_vocab..(row + n) * n_vocab])
+                    }
+                    RowsAt::Choices(c) => JobRows::Choices(&choices[c..c + n], logits),
+                };
                 (seq, &slot.drafts[..], rows, None)
             })
             .collect();
@@ -1185,7 +1221,11 @@ impl Engine {
                 item.0, item.1, item.2, n_vocab, tokenizer, buf, facts,
             ));
         };
-        if work.len() == 1 {
+        let single_logits = match &work[..] {
+            [(_, _, JobRows::Logits(rows), _)] => Some(*rows),
+            _ => None,
+        };
+        if let Some(rows) = single_logits {
             // One sequence: its rows' facts on every thread first (the tokens are then
             // chosen in order on this one); with several, each thread takes sequences.
             let item = &mut work[0];
@@ -1196,7 +1236,7 @@ impl Engine {
                 let mut no_state = vec![(); pool.n_threads()];
                 pool.parallel_chunks_mut(&mut facts, 1, 1, &mut no_state, |_, r, out| {
                     for (i, f) in r.zip(out.iter_mut()) {
-                        *f = RowFacts::of(seq, &item.2[i * n_vocab..(i + 1) * n_vocab]);
+                        *f = RowFacts::of(seq, &rows[i * n_vocab..(i + 1) * n_vocab]);
                     }
                 });
                 facts
@@ -1279,8 +1319,54 @@ impl Sequence {
 }
 
 /// One sequence's token choice in [`Engine::verify_all`]: the sequence, its drafts, its
-/// logits rows and the outcome.
-type VerifyJob<'a> = (&'a mut Sequence, &'a [u32], &'a [f32], Option<Verified>);
+/// rows and the outcome.
+type VerifyJob<'a> = (&'a mut Sequence, &'a [u32], JobRows<'a>, Option<Verified>);
+
+/// Where a job's rows are in a step's output: logits rows from the first given, or the
+/// LM head's choices for greedy rows ([`ForwardState::head_choices`]) from the first given.
+#[derive(Debug, Clone, Copy)]
+enum RowsAt {
+    Logits(usize),
+    Choices(usize),
+}
+
+/// A job's rows: its logits (`[n, n_vocab]`), or its head choices together with the
+/// step's logits (which hold the rows of `HeadChoice::Logits`).
+#[derive(Debug, Clone, Copy)]
+enum JobRows<'a> {
+    Logits(&'a [f32]),
+    Choices(&'a [HeadChoice], &'a [f32]),
+}
+
+impl<'a> JobRows<'a> {
+    /// Row `i`'s logits (empty where only candidates exist) and its facts (`facts`
+    /// where precomputed).
+    fn row(
+        &self,
+        i: usize,
+        n_vocab: usize,
+        seq: &Sequence,
+        facts: Option<&[RowFacts]>,
+    ) -> (&'a [f32], RowFacts) {
+        let of = |logits: &'a [f32]| match facts {
+            Some(f) => (logits, f[i].clone()),
+            None => (logits, RowFacts::of(seq, logits)),
+        };
+        match *self {
+            JobRows::Logits(rows) => of(&rows[i * n_vocab..(i + 1) * n_vocab]),
+            JobRows::Choices(choices, all) => match &choices[i] {
+                HeadChoice::Candidates(cands) => (
+                    &[],
+                    RowFacts {
+                        choice: Some(nx_sampler::greedy_among(cands)),
+                        ..RowFacts::default()
+                    },
+                ),
+                &HeadChoice::Logits(j) => of(&all[j * n_vocab..(j + 1) * n_vocab]),
+            },
+        }
+    }
+}
 
 /// What one logits row says before its token is chosen: the first non-finite logit,
 /// the log-sum-exp of the log-probability, and the token itself when the sampler's
@@ -1346,7 +1432,7 @@ struct Verified {
 fn verify(
     seq: &mut Sequence,
     drafts: &[u32],
-    rows: &[f32],
+    rows: JobRows<'_>,
     n_vocab: usize,
     tokenizer: Option<&Tokenizer>,
     buf: &mut Vec<f32>,
@@ -1360,11 +1446,7 @@ fn verify(
         kept: 0,
     };
     for i in 0..=drafts.len() {
-        let logits = &rows[i * n_vocab..(i + 1) * n_vocab];
-        let fact = match facts {
-            Some(f) => f[i].clone(),
-            None => RowFacts::of(seq, logits),
-        };
+        let (logits, fact) = rows.row(i, n_vocab, seq, facts);
         match sample_one(seq, tokenizer, logits, fact, buf) {
             Ok(Sampled::Continue(event)) => v.events.push(event),
             Ok(Sampled::Finished(event, reason, flushed)) => {

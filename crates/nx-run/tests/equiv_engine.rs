@@ -21,6 +21,20 @@ fn requests(n: usize, n_vocab: usize, max_tokens: usize, salt: u32) -> Vec<Reque
         .collect()
 }
 
+/// Greedy requests without log-probabilities: their tokens depend only on each row's
+/// largest logit, so batched steps with enough of them bound the LM head's rows
+/// instead of computing every logit (`HeadChoice`); the answers must not change.
+fn greedy_only_requests(n: usize, n_vocab: usize, max_tokens: usize, salt: u32) -> Vec<Request> {
+    equiv3::prompts(n, n_vocab, 300, salt)
+        .into_iter()
+        .map(|p| Request {
+            logprobs: 0,
+            token_logprobs: false,
+            ..request(p, max_tokens, false, 0)
+        })
+        .collect()
+}
+
 /// The tier the gate runs on (`NX_TIER`); the default is the machine's best.
 fn tier() -> String {
     std::env::var("NX_TIER").unwrap_or_default()
@@ -71,5 +85,33 @@ fn equiv3_default_model() {
         let reqs = requests(n, n_vocab, max_tokens, 40 + threads as u32);
         let compared = check_all_scenarios(&model, &tok, &reqs);
         eprintln!("EQUIV-3 default model, {threads} threads: {compared} answers identical");
+    }
+}
+
+#[test]
+#[ignore = "gate: run by cargo xtask gate"]
+fn equiv3_greedy_rows() {
+    // qwen2-tiny's and the default model's LM heads are Q8_0, which has the bound
+    // kernel (on the avx512 tier; the other tiers compute every logit).
+    let models = [
+        ("synth/qwen2-tiny.gguf", (12, 10)),
+        ("models/gemma-3-270m-q4_k_m.gguf", (8, 6)),
+    ];
+    for (path, sizes_here) in models {
+        let (threads_list, n, max_tokens) = sizes(&tier(), sizes_here);
+        let (n, max_tokens) = if tier() == "scalar" && path.starts_with("models") {
+            (2, 3)
+        } else {
+            (n, max_tokens)
+        };
+        for &threads in threads_list {
+            let (model, tok) = open(cache_dir().join(path), threads);
+            let n_vocab = model.config().n_vocab;
+            let reqs = greedy_only_requests(n, n_vocab, max_tokens, 70 + threads as u32);
+            let compared = check_all_scenarios(&model, &tok, &reqs);
+            eprintln!(
+                "EQUIV-3 greedy rows, {path}, {threads} threads: {compared} answers identical"
+            );
+        }
     }
 }

@@ -11,7 +11,9 @@ mod equiv3;
 use equiv3::{cache_dir, check_speculation, open, request};
 use nx_run::Request;
 
-/// Half grounded (a passage given twice, so lookup finds what comes next), half not.
+/// Half grounded (a passage given twice, so lookup finds what comes next), half not;
+/// every third greedy without log-probabilities (its verification rows may then be
+/// bounded instead of computed in full, `HeadChoice`).
 fn requests(n: usize, n_vocab: usize, max_tokens: usize, salt: u32) -> Vec<Request> {
     equiv3::prompts(n, n_vocab, 300, salt)
         .into_iter()
@@ -21,7 +23,16 @@ fn requests(n: usize, n_vocab: usize, max_tokens: usize, salt: u32) -> Vec<Reque
                 let again = p[p.len() / 2..].to_vec();
                 p.extend(again);
             }
-            request(p, max_tokens, i % 3 == 1, 77 + i as u64)
+            let r = request(p, max_tokens, i % 3 == 1, 77 + i as u64);
+            if i % 3 == 2 {
+                Request {
+                    logprobs: 0,
+                    token_logprobs: false,
+                    ..r
+                }
+            } else {
+                r
+            }
         })
         .collect()
 }

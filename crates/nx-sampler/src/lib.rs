@@ -225,12 +225,18 @@ impl Sampler {
         result
     }
 
+    /// Whether the choice depends on nothing but the row's largest logit (greedy
+    /// without penalties): then [`greedy_among`] makes it from the row's candidates.
+    pub fn is_stateless_greedy(&self) -> bool {
+        self.config.is_greedy() && !self.config.penalties_enabled()
+    }
+
     /// The token [`Sampler::sample_at`] would choose from `logits`, when that choice
     /// depends on nothing but the row (greedy without penalties), else `None`. It takes
     /// `&self`, so rows can be decided on several threads before the tokens are
     /// accepted in order.
     pub fn stateless_choice(&self, logits: &[f32]) -> Option<Result<u32, SamplerError>> {
-        if !self.config.is_greedy() || self.config.penalties_enabled() {
+        if !self.is_stateless_greedy() {
             return None;
         }
         if logits.is_empty() {
@@ -264,6 +270,26 @@ fn penalise(config: &SamplerConfig, counts: &HashMap<u32, u32>, logits: &mut [f3
         }
         *logit -= count as f32 * c.frequency_penalty + c.presence_penalty;
     }
+}
+
+/// The greedy choice from a row known only by the entries that can hold its largest
+/// logit (`(id, logit)` in any order; every other logit lower than the largest of
+/// these): the token [`Sampler::stateless_choice`] picks from the full row — highest
+/// finite logit, lowest id on ties.
+pub fn greedy_among(candidates: &[(u32, f32)]) -> Result<u32, SamplerError> {
+    let mut best: Option<(u32, f32)> = None;
+    for &(id, logit) in candidates {
+        if !logit.is_finite() {
+            continue;
+        }
+        best = match best {
+            Some((b, bl)) if bl > logit || (bl == logit && b < id) => Some((b, bl)),
+            _ => Some((id, logit)),
+        };
+    }
+    best.map(|b| b.0).ok_or(SamplerError::NoFiniteLogits {
+        n_vocab: candidates.len(),
+    })
 }
 
 /// Highest finite logit, lowest id on ties.
@@ -800,6 +826,39 @@ mod argmax_tests {
                 .collect();
             assert_eq!(super::argmax(&logits).ok(), naive(&logits), "{logits:?}");
         }
+    }
+
+    #[test]
+    fn the_candidates_choose_what_the_full_row_does() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for case in 0..2000 {
+            let n = 1 + case % 70;
+            // Few distinct values (ties everywhere), signed zeros among them.
+            let logits: Vec<f32> = (0..n)
+                .map(|_| match next() % 7 {
+                    0 => -0.0,
+                    v => v as f32 - 3.0,
+                })
+                .collect();
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            // Every entry within one of the maximum, in a scrambled order.
+            let mut cands: Vec<(u32, f32)> = (0..n as u32)
+                .map(|i| (i, logits[i as usize]))
+                .filter(|c| c.1 >= max - 1.0)
+                .collect();
+            for i in (1..cands.len()).rev() {
+                cands.swap(i, next() as usize % (i + 1));
+            }
+            let want = super::argmax(&logits).unwrap();
+            assert_eq!(super::greedy_among(&cands).unwrap(), want, "{logits:?}");
+        }
+        assert!(super::greedy_among(&[]).is_err());
     }
 }
 

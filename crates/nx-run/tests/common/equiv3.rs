@@ -96,7 +96,12 @@ pub fn reference(model: &Arc<Model>, tok: &Option<Arc<Tokenizer>>, req: &Request
         if tok.as_ref().is_some_and(|t| t.is_eog(id)) {
             break;
         }
-        let logprob = log_prob(&logits, id).unwrap();
+        // The engine reports NaN when log-probabilities are off.
+        let logprob = if req.token_logprobs || req.logprobs > 0 {
+            log_prob(&logits, id).unwrap()
+        } else {
+            f32::NAN
+        };
         push(&mut answer, id, "", logprob, &top);
         model
             .forward(&[id], position, &mut cache, &[0], &mut state, &mut logits)
