@@ -1,0 +1,484 @@
+//! The bound pass on AVX-512 VNNI: one token per 32-bit lane — eight per 256-bit register
+//! up to eight tokens, sixteen per 512-bit one above — each weight quad broadcast from
+//! the row as `vpdpbusd`'s memory operand.
+//!
+//! On Zen 4 a 256-bit and a 512-bit `vpdpbusd` both take a cycle (`benches/pipes`), so
+//! nine to sixteen tokens cost what eight do; on CPUs with two 256-bit VNNI ports the
+//! narrower register halves the cost of a few tokens.
+
+use std::arch::x86_64::*;
+
+use super::{margin_factor, ArgmaxScratch, MAX_CANDIDATES, MAX_TOKENS, Q8_0_BLOCK};
+use crate::formats::read_f16;
+use crate::LazyWeight;
+use nx_syscalls::ThreadPool;
+
+/// Added to every margin: covers the absolute rounding errors of subnormal values (far
+/// below any output that is not itself negligible).
+const TINY: f32 = 7.5e-37;
+/// Rows per chunk of the pass.
+const CHUNK_ROWS: usize = 512;
+/// Rows per group of the pass (their accumulators and the block's registers fit).
+const ROWS: usize = 4;
+/// Fields of a block in the layout, each one register: eight of quads (lane `t` holds
+/// token `t`'s quants `4j..4j+4`, plus 128 as unsigned bytes), the scales `d_x` and the
+/// bound weights `128·Σ|x|`.
+const FIELDS: usize = 10;
+
+/// Per-thread results of the pass: the best lower end per lane, a sum that turns NaN
+/// when any lane saw a non-finite value, and the rows that may still win — each row
+/// whose upper end reached the thread's best lower end so far, with its upper ends. The
+/// best lower end only grows, so every row whose upper end reaches the final one is
+/// among them (rows are few: records of a running maximum).
+#[derive(Clone)]
+struct PassState {
+    lower_max: [f32; MAX_TOKENS],
+    check: [f32; MAX_TOKENS],
+    maybe: Vec<(u32, [f32; MAX_TOKENS])>,
+}
+
+/// Row candidates of tokens `t0..t0 + nt` of `scratch.acts` (already quantized),
+/// `corrections` being the weight's `[n_rows, n_blocks]` block terms.
+pub(super) fn candidates(
+    w: &LazyWeight<'_>,
+    (corrections, n_blocks): (&[i32], usize),
+    scratch: &mut ArgmaxScratch,
+    (t0, nt): (usize, usize),
+    pool: &ThreadPool,
+) -> Vec<Option<Vec<u32>>> {
+    let lanes = if nt <= 8 { 8 } else { 16 };
+    lay_out(
+        &scratch.acts,
+        (t0, nt),
+        (n_blocks, lanes),
+        &mut scratch.layout,
+    );
+    let init = PassState {
+        lower_max: [f32::NEG_INFINITY; MAX_TOKENS],
+        check: [0.0; MAX_TOKENS],
+        maybe: Vec::new(),
+    };
+    let mut states = vec![init; pool.n_threads().max(1)];
+    let c = margin_factor(n_blocks);
+    let layout = &scratch.layout[..];
+    let (bytes, row_bytes) = (w.bytes(), w.row_bytes());
+    pool.parallel_for_with(w.n_rows(), CHUNK_ROWS, &mut states, |state, rows| {
+        let w_rows = &bytes[rows.start * row_bytes..rows.end * row_bytes];
+        let corr = &corrections[rows.start * n_blocks..rows.end * n_blocks];
+        let args = (layout, n_blocks, c);
+        // SAFETY: `has_argmax_kernel` checked the features; `w_rows` holds whole rows of
+        // `n_blocks` Q8_0 blocks and `corr` their terms, the layout `lanes` lanes.
+        unsafe {
+            if lanes == 8 {
+                pass::<Y>((w_rows, row_bytes, corr), args, (rows.start, nt), state);
+            } else {
+                pass::<Z>((w_rows, row_bytes, corr), args, (rows.start, nt), state);
+            }
+        }
+    });
+    let mut lower = [f32::NEG_INFINITY; MAX_TOKENS];
+    let mut finite = [true; MAX_TOKENS];
+    for s in &states {
+        for t in 0..MAX_TOKENS {
+            lower[t] = lower[t].max(s.lower_max[t]);
+            finite[t] &= s.check[t] == 0.0;
+        }
+    }
+    let mut maybe: Vec<&(u32, [f32; MAX_TOKENS])> = states.iter().flat_map(|s| &s.maybe).collect();
+    maybe.sort_unstable_by_key(|m| m.0);
+    (0..nt)
+        .map(|t| {
+            let rows: Vec<u32> = maybe
+                .iter()
+                .filter(|m| m.1[t] >= lower[t])
+                .map(|m| m.0)
+                .take(MAX_CANDIDATES + 1)
+                .collect();
+            (finite[t] && lower[t].is_finite() && rows.len() <= MAX_CANDIDATES).then_some(rows)
+        })
+        .collect()
+}
+
+/// Lays out tokens `t0..t0 + nt` as the pass reads them: per block, [`FIELDS`]
+/// registers of `lanes` lanes. Padding lanes hold `x = 0` (quants 128 unsigned, scale
+/// 0): their outputs are 0.
+fn lay_out(
+    acts: &crate::QuantizedActs,
+    (t0, nt): (usize, usize),
+    (n_blocks, lanes): (usize, usize),
+    out: &mut Vec<u8>,
+) {
+    let reg = 4 * lanes;
+    out.clear();
+    out.resize(n_blocks * FIELDS * reg, 0);
+    for block in out.chunks_exact_mut(FIELDS * reg) {
+        block[..8 * reg].fill(0x80);
+    }
+    for t in 0..nt.min(lanes) {
+        let Some(row) = acts.get_row(t0 + t) else {
+            continue;
+        };
+        for (b, xb) in row.chunks_exact(Q8_0_BLOCK).take(n_blocks).enumerate() {
+            let blk = &mut out[b * FIELDS * reg..(b + 1) * FIELDS * reg];
+            let qs = &xb[2..];
+            for j in 0..8 {
+                for i in 0..4 {
+                    blk[reg * j + 4 * t + i] = qs[4 * j + i] ^ 0x80;
+                }
+            }
+            let abs: i32 = qs.iter().map(|&q| (q as i8 as i32).abs()).sum();
+            let d = read_f16(xb, 0);
+            blk[8 * reg + 4 * t..8 * reg + 4 * t + 4].copy_from_slice(&d.to_le_bytes());
+            blk[9 * reg + 4 * t..9 * reg + 4 * t + 4]
+                .copy_from_slice(&((128 * abs) as f32).to_le_bytes());
+        }
+    }
+}
+
+/// One register width of the pass: its integer and float vectors and the operations the
+/// pass takes. Every method is an intrinsic of AVX-512 F/BW/VL/VNNI or F16C.
+///
+/// # Safety
+/// The methods may only be called where those features are enabled.
+trait Width {
+    /// Lanes (tokens) per register.
+    const LANES: usize;
+    type I: Copy;
+    type F: Copy;
+    unsafe fn zero_i() -> Self::I;
+    unsafe fn zero_f() -> Self::F;
+    unsafe fn splat_i(v: i32) -> Self::I;
+    unsafe fn splat_f(v: f32) -> Self::F;
+    /// Every lane the f16 `bits` as f32.
+    unsafe fn splat_f16(bits: i16) -> Self::F;
+    unsafe fn load_i(p: *const u8) -> Self::I;
+    unsafe fn load_f(p: *const u8) -> Self::F;
+    unsafe fn store_f(p: *mut f32, v: Self::F);
+    /// `acc + Σ a·b` per lane (`a` unsigned, `b` signed bytes).
+    unsafe fn dpbusd(acc: Self::I, a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn cvt(a: Self::I) -> Self::F;
+    unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn add(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn sub(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn max(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn abs(a: Self::F) -> Self::F;
+    /// `a·b + c`, one rounding.
+    unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    /// `c − a·b`, one rounding.
+    unsafe fn fnmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    /// Bit `l` set where lane `l` of `a` is at least that of `b` (ordered).
+    unsafe fn ge_mask(a: Self::F, b: Self::F) -> u32;
+}
+
+/// 256-bit registers: eight tokens.
+struct Y;
+/// 512-bit registers: sixteen tokens.
+struct Z;
+
+impl Width for Y {
+    const LANES: usize = 8;
+    type I = __m256i;
+    type F = __m256;
+    #[inline(always)]
+    unsafe fn zero_i() -> __m256i {
+        _mm256_setzero_si256()
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat_i(v: i32) -> __m256i {
+        _mm256_set1_epi32(v)
+    }
+    #[inline(always)]
+    unsafe fn splat_f(v: f32) -> __m256 {
+        _mm256_set1_ps(v)
+    }
+    #[inline(always)]
+    unsafe fn splat_f16(bits: i16) -> __m256 {
+        // SAFETY: the trait's contract (F16C).
+        unsafe { _mm256_cvtph_ps(_mm_set1_epi16(bits)) }
+    }
+    #[inline(always)]
+    unsafe fn load_i(p: *const u8) -> __m256i {
+        // SAFETY: the caller's pointer covers 32 bytes.
+        unsafe { _mm256_loadu_si256(p as *const _) }
+    }
+    #[inline(always)]
+    unsafe fn load_f(p: *const u8) -> __m256 {
+        // SAFETY: the caller's pointer covers 32 bytes.
+        unsafe { _mm256_loadu_ps(p as *const f32) }
+    }
+    #[inline(always)]
+    unsafe fn store_f(p: *mut f32, v: __m256) {
+        // SAFETY: the caller's pointer covers eight f32.
+        unsafe { _mm256_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: the trait's contract (AVX-512 VNNI and VL).
+        unsafe { _mm256_dpbusd_epi32(acc, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn add_i(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn cvt(a: __m256i) -> __m256 {
+        _mm256_cvtepi32_ps(a)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        _mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        _mm256_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+        _mm256_sub_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn max(a: __m256, b: __m256) -> __m256 {
+        _mm256_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn abs(a: __m256) -> __m256 {
+        _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX)))
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        // SAFETY: the trait's contract (FMA via AVX-512 F).
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn fnmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        // SAFETY: as `fmadd`.
+        unsafe { _mm256_fnmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn ge_mask(a: __m256, b: __m256) -> u32 {
+        // SAFETY: the trait's contract (AVX-512 F and VL).
+        unsafe { _mm256_cmp_ps_mask::<_CMP_GE_OQ>(a, b) as u32 }
+    }
+}
+
+impl Width for Z {
+    const LANES: usize = 16;
+    type I = __m512i;
+    type F = __m512;
+    #[inline(always)]
+    unsafe fn zero_i() -> __m512i {
+        // SAFETY: the trait's contract (AVX-512 F).
+        unsafe { _mm512_setzero_si512() }
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> __m512 {
+        // SAFETY: as `zero_i`.
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat_i(v: i32) -> __m512i {
+        // SAFETY: as `zero_i`.
+        unsafe { _mm512_set1_epi32(v) }
+    }
+    #[inline(always)]
+    unsafe fn splat_f(v: f32) -> __m512 {
+        // SAFETY: as `zero_i`.
+        unsafe { _mm512_set1_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn splat_f16(bits: i16) -> __m512 {
+        // SAFETY: as `zero_i` (the conversion is AVX-512 F).
+        unsafe { _mm512_cvtph_ps(_mm256_set1_epi16(bits)) }
+    }
+    #[inline(always)]
+    unsafe fn load_i(p: *const u8) -> __m512i {
+        // SAFETY: the caller's pointer covers 64 bytes.
+        unsafe { _mm512_loadu_si512(p as *const _) }
+    }
+    #[inline(always)]
+    unsafe fn load_f(p: *const u8) -> __m512 {
+        // SAFETY: the caller's pointer covers 64 bytes.
+        unsafe { _mm512_loadu_ps(p as *const f32) }
+    }
+    #[inline(always)]
+    unsafe fn store_f(p: *mut f32, v: __m512) {
+        // SAFETY: the caller's pointer covers sixteen f32.
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: the trait's contract (AVX-512 VNNI).
+        unsafe { _mm512_dpbusd_epi32(acc, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn add_i(a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: as `zero_i`.
+        unsafe { _mm512_add_epi32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn cvt(a: __m512i) -> __m512 {
+        // SAFETY: as `zero_i`.
+        unsafe { _mm512_cvtepi32_ps(a) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: as `zero_i`.
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: as `zero_i`.
+        unsafe { _mm512_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: as `zero_i`.
+        unsafe { _mm512_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn max(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: as `zero_i`.
+        unsafe { _mm512_max_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn abs(a: __m512) -> __m512 {
+        // SAFETY: as `zero_i`.
+        unsafe { _mm512_abs_ps(a) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: as `zero_i`.
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn fnmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: as `zero_i`.
+        unsafe { _mm512_fnmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn ge_mask(a: __m512, b: __m512) -> u32 {
+        // SAFETY: as `zero_i`.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_GE_OQ>(a, b) as u32 }
+    }
+}
+
+/// Every row of `w` (`row_bytes` each, block terms in `corr`; the first is row `first`
+/// of the weight) against the layout's first `nt` tokens: the lower ends' maximum, the
+/// finiteness check and the rows that may win into `state`.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI and F16C; `w` holds whole rows of `n_blocks` Q8_0
+/// blocks and `corr` `n_blocks` terms per row; the layout `W::LANES` lanes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn pass<W: Width>(
+    (w, row_bytes, corr): (&[u8], usize, &[i32]),
+    (layout, n_blocks, c): (&[u8], usize, f32),
+    (first, nt): (usize, usize),
+    state: &mut PassState,
+) {
+    let rows = w.len() / row_bytes;
+    assert!(row_bytes >= n_blocks * Q8_0_BLOCK);
+    assert!(corr.len() >= rows * n_blocks);
+    assert!(layout.len() >= n_blocks * FIELDS * 4 * W::LANES);
+    assert!(W::LANES <= MAX_TOKENS);
+    // Padding lanes (outputs 0) reach their own lower end on every row.
+    let tokens = (1u32 << nt.min(W::LANES)) - 1;
+    // SAFETY (every block): the features per this function's contract; loads and
+    // stores within `state`'s arrays of MAX_TOKENS ≥ W::LANES floats.
+    unsafe {
+        let mut lower = W::load_f(state.lower_max.as_ptr() as *const u8);
+        let mut check = W::load_f(state.check.as_ptr() as *const u8);
+        let (cv, tiny) = (W::splat_f(c), W::splat_f(TINY));
+        let mut r = 0;
+        while r < rows {
+            let mut sums = [(W::zero_f(), W::zero_f()); ROWS];
+            let block = (&w[r * row_bytes..], row_bytes, &corr[r * n_blocks..]);
+            // Whole rows from `r` on.
+            let k = if rows - r >= ROWS {
+                row_sums::<W, ROWS>(block, (layout, n_blocks), &mut sums);
+                ROWS
+            } else {
+                row_sums::<W, 1>(block, (layout, n_blocks), &mut sums);
+                1
+            };
+            for (i, &(approx, total)) in sums.iter().enumerate().take(k) {
+                let hi = W::add(W::fmadd(total, cv, approx), tiny);
+                let lo = W::sub(W::fnmadd(total, cv, approx), tiny);
+                lower = W::max(lower, lo);
+                let span = W::sub(hi, lo);
+                check = W::add(check, W::sub(span, span));
+                if W::ge_mask(hi, lower) & tokens != 0 {
+                    let mut ends = [f32::NEG_INFINITY; MAX_TOKENS];
+                    W::store_f(ends.as_mut_ptr(), hi);
+                    state.maybe.push(((first + r + i) as u32, ends));
+                }
+            }
+            r += k;
+        }
+        W::store_f(state.lower_max.as_mut_ptr(), lower);
+        W::store_f(state.check.as_mut_ptr(), check);
+    }
+}
+
+/// `R` consecutive rows (from the start of `w`, `row_bytes` apart; their block terms from
+/// the start of `corr`) against the layout: for row `k`, the approximation
+/// `Σ_b s_b·Σ w·x` (one FMA chain) and `T = Σ_b |s_b|·128·Σ|x|` into `sums[k]`.
+///
+/// # Safety
+/// As [`pass`], with `R` whole rows in `w` and their terms in `corr`.
+#[inline(always)]
+unsafe fn row_sums<W: Width, const R: usize>(
+    (w, row_bytes, corr): (&[u8], usize, &[i32]),
+    (layout, n_blocks): (&[u8], usize),
+    sums: &mut [(W::F, W::F); ROWS],
+) {
+    assert!(w.len() >= (R - 1) * row_bytes + n_blocks * Q8_0_BLOCK);
+    assert!(corr.len() >= R * n_blocks);
+    let reg = 4 * W::LANES;
+    assert!(layout.len() >= n_blocks * FIELDS * reg);
+    // SAFETY (every block): the features per the caller's contract; loads inside the
+    // layout's block `b`, the rows' block `b` and their terms (asserted above).
+    unsafe {
+        let mut approx = [W::zero_f(); R];
+        let mut total = [W::zero_f(); R];
+        for b in 0..n_blocks {
+            let xb = layout.as_ptr().add(b * FIELDS * reg);
+            // Two independent chains of four quads per row (one chain of eight
+            // `vpdpbusd` would wait on its own latency); integer sums, so their order is
+            // free. Σ(w)·(x+128) − 128·Σw = Σ w·x: the first starts at the block's term.
+            let mut acc = [[W::zero_i(); 2]; R];
+            for (k, acc) in acc.iter_mut().enumerate() {
+                acc[0] = W::splat_i(*corr.get_unchecked(k * n_blocks + b));
+                // Every row is read once per step: stream ahead, as decoding does.
+                let row = &w[k * row_bytes..(k + 1) * row_bytes];
+                crate::avx2::prefetch_block(row, b * Q8_0_BLOCK, Q8_0_BLOCK, R);
+            }
+            for j in 0..8 {
+                let xu = W::load_i(xb.add(reg * j));
+                for (k, acc) in acc.iter_mut().enumerate() {
+                    let wq = w.as_ptr().add(k * row_bytes + b * Q8_0_BLOCK + 2 + 4 * j);
+                    let wv = W::splat_i((wq as *const i32).read_unaligned());
+                    acc[j % 2] = W::dpbusd(acc[j % 2], xu, wv);
+                }
+            }
+            let dx = W::load_f(xb.add(8 * reg));
+            let bound = W::load_f(xb.add(9 * reg));
+            for k in 0..R {
+                let d_bits =
+                    (w.as_ptr().add(k * row_bytes + b * Q8_0_BLOCK) as *const i16).read_unaligned();
+                let s = W::mul(W::splat_f16(d_bits), dx);
+                let sum = W::add_i(acc[k][0], acc[k][1]);
+                approx[k] = W::fmadd(W::cvt(sum), s, approx[k]);
+                total[k] = W::fmadd(W::abs(s), bound, total[k]);
+            }
+        }
+        for k in 0..R {
+            sums[k] = (approx[k], total[k]);
+        }
+    }
+}
