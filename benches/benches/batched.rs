@@ -8,6 +8,8 @@
 //! Shapes are Gemma 3 270M's: the tied Q8_0 LM head [640, 262144] (178 MB, streamed
 //! from memory), a Q8_0, a Q5_0 and a Q4_0 FFN projection (640 → 2048, in cache: the
 //! kernels' own speed) and a Q4_K / Q5_K / Q6_K down projection (2048 → 640).
+//! `bounded/…` and `bounded-top40/…` time the LM head's bounded pass for greedy and
+//! top-40 rows (`BoundedHead`) at the same widths.
 //! Run: `cargo bench -p nx-benches --bench batched` (a filter
 //! such as `Q8_0` narrows it; `NX_TIER=avx2` for the lower tier).
 
@@ -16,7 +18,9 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use nx_benches::{values, weights};
-use nx_lazy_weight::{matmul_pool, ArgmaxHead, ArgmaxScratch, GgmlType, LazyWeight, QuantizedActs};
+use nx_lazy_weight::{
+    matmul_pool, BoundedHead, BoundedScratch, GgmlType, LazyWeight, QuantizedActs,
+};
 use nx_syscalls::ThreadPool;
 
 const WIDTHS: [usize; 5] = [1, 2, 4, 8, 16];
@@ -57,32 +61,36 @@ fn bench_batched(c: &mut Criterion) {
     }
 }
 
-/// The LM head's greedy pass (`ArgmaxHead::candidates`: a bound for every row, exact
-/// outputs for the few that can win) at the same widths, against the full matmul above.
-fn bench_argmax(c: &mut Criterion) {
+/// The LM head's bounded pass (`BoundedHead::candidates`: a bound for every row, exact
+/// outputs for the few that can be among the top) at the same widths, for greedy rows
+/// (`bounded/…/N`) and top-40 rows (`bounded-top40/…/N`), against the full matmul above.
+fn bench_bounded(c: &mut Criterion) {
     let (ty, row_len, n_rows) = (GgmlType::Q8_0, 640, 262_144);
     let pool = ThreadPool::new(2);
     let bytes = weights(ty, row_len, n_rows);
     let w = LazyWeight::from_parts(ty, &[row_len as u64, n_rows as u64], &bytes).unwrap();
-    let mut group = c.benchmark_group(format!("argmax/{}/{row_len}x{n_rows}", ty.name()));
-    group.throughput(Throughput::Bytes(bytes.len() as u64));
-    group.sample_size(10);
-    group.measurement_time(Duration::from_secs(4));
-    let Some(head) = ArgmaxHead::new(&w, &pool) else {
+    let Some(head) = BoundedHead::new(&w, &pool) else {
         return; // no kernel on this tier
     };
-    for n_tokens in WIDTHS {
-        let x = values(7, n_tokens * row_len, 1.0);
-        let mut scratch = ArgmaxScratch::default();
-        group.bench_function(BenchmarkId::from_parameter(n_tokens), |b| {
-            b.iter(|| {
-                let got = head.candidates(&w, black_box(&x), n_tokens, &mut scratch, &pool);
-                black_box(got.unwrap());
-            })
-        });
+    for (name, k) in [("bounded", 1), ("bounded-top40", 40)] {
+        let mut group = c.benchmark_group(format!("{name}/{}/{row_len}x{n_rows}", ty.name()));
+        group.throughput(Throughput::Bytes(bytes.len() as u64));
+        group.sample_size(10);
+        group.measurement_time(Duration::from_secs(4));
+        for n_tokens in WIDTHS {
+            let x = values(7, n_tokens * row_len, 1.0);
+            let top = vec![k; n_tokens];
+            let mut scratch = BoundedScratch::default();
+            group.bench_function(BenchmarkId::from_parameter(n_tokens), |b| {
+                b.iter(|| {
+                    let got = head.candidates(&w, black_box(&x), &top, &mut scratch, &pool);
+                    black_box(got.unwrap());
+                })
+            });
+        }
+        group.finish();
     }
-    group.finish();
 }
 
-criterion_group!(benches, bench_batched, bench_argmax);
+criterion_group!(benches, bench_batched, bench_bounded);
 criterion_main!(benches);

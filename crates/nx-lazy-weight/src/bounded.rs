@@ -1,16 +1,19 @@
-//! Each token's largest matmul output without every output exactly: approximate outputs
-//! with a proven error bound, then the exact outputs of the few rows that can still win.
+//! Each token's few largest matmul outputs without every output exactly: approximate
+//! outputs with a proven error bound, then the exact outputs of the few rows that can
+//! still be among them.
 //!
-//! A greedy decode step needs only the LM head's argmax, yet the exact outputs cost the
+//! A greedy decode step needs only the LM head's argmax, and a top-k sampler only its
+//! `k` largest logits, yet the exact outputs cost the
 //! most where the head is largest: the single-token kernel's float order (eight lane
 //! chains per row, one FMA per block and lane) is what keeps every logit bit-identical,
 //! and with several tokens per step those FMAs, not the weight reads, bound the pass.
 //! Here one pass computes, for every row and token, the same sum in a cheaper order —
 //! each block's integer dot product whole, one FMA per block — together with a bound
 //! on how far any two float orders of that sum can lie apart. A row whose upper end
-//! falls below the best lower end cannot hold the maximum; the rest (a handful) get
-//! their exact outputs from the per-output kernel, so the caller picks its token from
-//! the very bits a full matmul would have produced.
+//! falls below the `k`-th largest lower end has `k` rows above it and cannot be among the
+//! top `k`; the rest (a few more than `k`) get their exact outputs from the per-output
+//! kernel, so the caller picks its token from the very bits a full matmul would have
+//! produced.
 //!
 //! The bound. Every kernel of a Q8_0 row computes `S = Σ_b s_b·Σ_k w_k·x_k` with the
 //! same `s_b = d_w·d_x` (one f32 product) and exact integer block sums; only the order
@@ -25,34 +28,34 @@
 //!
 //! Outputs are finite whenever the approximations are: a non-finite scale makes a
 //! product infinite or NaN, which no later addition undoes. A token whose pass saw a
-//! non-finite value, or whose candidates exceed [`MAX_CANDIDATES`], gets `None`: the
-//! caller computes its row in full.
+//! non-finite value, or whose candidates exceed its `k` by more than
+//! [`MAX_EXTRA_CANDIDATES`], gets `None`: the caller computes its row in full.
 
 use nx_syscalls::ThreadPool;
 
 use crate::{LazyWeight, LazyWeightError, QuantizedActs};
 
-/// At most this many rows per token get exact outputs; beyond that (rows with equal
-/// or nearly equal outputs), the caller's full matmul is cheaper.
-pub const MAX_CANDIDATES: usize = 64;
+/// At most this many rows per token beyond its `k` get exact outputs; past that (rows
+/// with equal or nearly equal outputs), the caller's full matmul is cheaper.
+pub const MAX_EXTRA_CANDIDATES: usize = 64;
 
-/// The rows that can hold one token's largest output, in increasing order, each with
-/// its exact output (the bits [`crate::matmul()`] gives). Every row whose exact output is
-/// the largest of all rows is here; every row not here has a smaller exact output than
-/// some row that is. All outputs are finite.
+/// The rows that can be among one token's `k` largest outputs, in increasing order, each
+/// with its exact output (the bits [`crate::matmul()`] gives). Every row among the top
+/// `k` (ties at the `k`-th included) is here; every row not here has a smaller exact
+/// output than `k` rows that are. All outputs are finite.
 pub type Candidates = Vec<(u32, f32)>;
 
-/// Buffers of [`ArgmaxHead::candidates`], kept across calls.
+/// Buffers of [`BoundedHead::candidates`], kept across calls.
 #[derive(Debug, Default)]
-pub struct ArgmaxScratch {
+pub struct BoundedScratch {
     acts: QuantizedActs,
     #[cfg(target_arch = "x86_64")]
     layout: Vec<u8>,
 }
 
-/// Whether [`ArgmaxHead`] has a kernel for weights of `w`'s type on this process's
+/// Whether [`BoundedHead`] has a kernel for weights of `w`'s type on this process's
 /// tier (Q8_0 rows under the AVX-512 VNNI tier).
-pub fn has_argmax_kernel(w: &LazyWeight<'_>) -> bool {
+pub fn has_bounded_kernel(w: &LazyWeight<'_>) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         w.ggml_type() == nx_gguf::GgmlType::Q8_0
@@ -72,12 +75,12 @@ pub fn has_argmax_kernel(w: &LazyWeight<'_>) -> bool {
     }
 }
 
-/// One weight made ready for [`ArgmaxHead::candidates`]: every block's `−128·Σw`, the
+/// One weight made ready for [`BoundedHead::candidates`]: every block's `−128·Σw`, the
 /// term that turns the pass's unsigned activations (`x + 128`) back into `Σ w·x` — one
 /// load per block instead of flipping every weight quad (4 bytes per 34-byte block,
 /// computed once).
 #[derive(Debug)]
-pub struct ArgmaxHead {
+pub struct BoundedHead {
     /// `[n_rows, n_blocks]`.
     corrections: Vec<i32>,
     n_blocks: usize,
@@ -85,11 +88,11 @@ pub struct ArgmaxHead {
     weight: (usize, usize, usize),
 }
 
-impl ArgmaxHead {
+impl BoundedHead {
     /// Prepares `w` (one pass over its rows, on `pool`); `None` when
-    /// [`has_argmax_kernel`] is false.
-    pub fn new(w: &LazyWeight<'_>, pool: &ThreadPool) -> Option<ArgmaxHead> {
-        if !has_argmax_kernel(w) {
+    /// [`has_bounded_kernel`] is false.
+    pub fn new(w: &LazyWeight<'_>, pool: &ThreadPool) -> Option<BoundedHead> {
+        if !has_bounded_kernel(w) {
             return None;
         }
         let n_blocks = w.row_len() / 32;
@@ -113,24 +116,24 @@ impl ArgmaxHead {
                 }
             },
         );
-        Some(ArgmaxHead {
+        Some(BoundedHead {
             corrections,
             n_blocks,
             weight: (w.bytes().as_ptr() as usize, w.bytes().len(), w.row_len()),
         })
     }
 
-    /// For each of the `n` tokens of `x` (`[n, w.row_len()]`), the rows of `w` that can
-    /// hold its largest output `dot(w row r, x[t])`, with their exact outputs; `None` for
-    /// a token whose bound did not hold (see the module docs). `w` must be the weight
-    /// this head was built from.
+    /// For each of the `n` tokens of `x` (`[n, w.row_len()]`), the rows of `w` that can be
+    /// among its `top[t]` largest outputs `dot(w row r, x[t])` (1: the largest), with
+    /// their exact outputs; `None` for a token whose bound did not hold (see the module
+    /// docs). `w` must be the weight this head was built from.
     ///
     /// ```no_run
     /// # fn demo(w: &nx_lazy_weight::LazyWeight<'_>, x: &[f32], pool: &nx_syscalls::ThreadPool)
     /// # -> Result<(), nx_lazy_weight::LazyWeightError> {
-    /// use nx_lazy_weight::{ArgmaxHead, ArgmaxScratch};
-    /// let head = ArgmaxHead::new(w, pool).expect("Q8_0 rows on the AVX-512 VNNI tier");
-    /// let per_token = head.candidates(w, x, 1, &mut ArgmaxScratch::default(), pool)?;
+    /// use nx_lazy_weight::{BoundedHead, BoundedScratch};
+    /// let head = BoundedHead::new(w, pool).expect("Q8_0 rows on the AVX-512 VNNI tier");
+    /// let per_token = head.candidates(w, x, &[1], &mut BoundedScratch::default(), pool)?;
     /// if let Some(rows) = &per_token[0] {
     ///     // Highest output, lowest row on ties: the row a full matmul would give.
     ///     let best = rows.iter().fold(rows[0], |b, &c| if c.1 > b.1 { c } else { b });
@@ -142,13 +145,16 @@ impl ArgmaxHead {
         &self,
         w: &LazyWeight<'_>,
         x: &[f32],
-        n: usize,
-        scratch: &mut ArgmaxScratch,
+        top: &[usize],
+        scratch: &mut BoundedScratch,
         pool: &ThreadPool,
     ) -> Result<Vec<Option<Candidates>>, LazyWeightError> {
+        let n = top.len();
+        // A count of 0 asks for nothing: it is taken as 1.
+        let top: Vec<usize> = top.iter().map(|&k| k.max(1)).collect();
         let (at, len, row_len) = self.weight;
         if (w.bytes().as_ptr() as usize, w.bytes().len(), w.row_len()) != (at, len, row_len)
-            || !has_argmax_kernel(w)
+            || !has_bounded_kernel(w)
         {
             return Err(LazyWeightError::OtherWeight { built: len });
         }
@@ -157,7 +163,7 @@ impl ArgmaxHead {
         let mut t0 = 0;
         while t0 < n {
             let nt = (n - t0).min(MAX_TOKENS);
-            let rows = self.rows_of(w, scratch, t0, nt, pool);
+            let rows = self.rows_of(w, scratch, t0, &top[t0..t0 + nt], pool);
             for (t, rows) in rows.into_iter().enumerate() {
                 out.push(match rows {
                     Some(rows) => Some(exact_outputs(w, &scratch.acts, t0 + t, &rows)?),
@@ -173,16 +179,16 @@ impl ArgmaxHead {
     fn rows_of(
         &self,
         w: &LazyWeight<'_>,
-        scratch: &mut ArgmaxScratch,
+        scratch: &mut BoundedScratch,
         t0: usize,
-        nt: usize,
+        top: &[usize],
         pool: &ThreadPool,
     ) -> Vec<Option<Vec<u32>>> {
         x86::candidates(
             w,
             (&self.corrections, self.n_blocks),
             scratch,
-            (t0, nt),
+            (t0, top),
             pool,
         )
     }
@@ -191,16 +197,16 @@ impl ArgmaxHead {
     fn rows_of(
         &self,
         _: &LazyWeight<'_>,
-        _: &mut ArgmaxScratch,
+        _: &mut BoundedScratch,
         _: usize,
-        nt: usize,
+        top: &[usize],
         _: &ThreadPool,
     ) -> Vec<Option<Vec<u32>>> {
-        vec![None; nt]
+        vec![None; top.len()]
     }
 }
 
-/// Tokens per pass: two registers of eight.
+/// Tokens per pass: sixteen lanes.
 const MAX_TOKENS: usize = 16;
 /// Bytes of a Q8_0 block.
 const Q8_0_BLOCK: usize = crate::formats::Q8_0_BYTES;

@@ -96,7 +96,7 @@ pub enum LazyWeightError {
         /// Rows in the tensor.
         n_rows: usize,
     },
-    /// An [`crate::ArgmaxHead`] was given a weight other than the one it was built for.
+    /// An [`crate::BoundedHead`] was given a weight other than the one it was built for.
     #[error("argmax head: built for another weight ({built} bytes at another address or of another shape)")]
     OtherWeight {
         /// Bytes of the weight it was built for.

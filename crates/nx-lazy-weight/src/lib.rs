@@ -22,8 +22,9 @@
 //! - `tiled` (x86-64): the prefill matmul on AVX-512 VNNI with sixteen tokens per
 //!   register, each output still bit-identical to the per-output kernels.
 //! - [`lazy`]: [`LazyWeight`], a borrowed view of one tensor's bytes.
-//! - `argmax`: [`ArgmaxHead`], the rows that can hold each token's largest output
-//!   (with their exact outputs) from one bounded pass, for greedy LM head rows.
+//! - `bounded`: [`BoundedHead`], the rows that can be among each token's few largest outputs
+//!   (with their exact outputs) from one bounded pass, for LM head rows of greedy and
+//!   top-k choices.
 //!
 //! Batch invariance: every output element is one call of a dot product whose
 //! reduction order depends on the row length K alone, so the value of `y[t][r]`
@@ -37,7 +38,6 @@
 mod act_tiles;
 #[cfg(target_arch = "x86_64")]
 mod amx;
-mod argmax;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -46,6 +46,7 @@ mod avx2_rows4;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod block32_x86;
+mod bounded;
 pub mod dequant;
 pub mod dispatch;
 pub mod dot_scalar;
@@ -71,7 +72,9 @@ pub mod tier;
 mod tiled;
 pub mod tune;
 
-pub use argmax::{has_argmax_kernel, ArgmaxHead, ArgmaxScratch, Candidates, MAX_CANDIDATES};
+pub use bounded::{
+    has_bounded_kernel, BoundedHead, BoundedScratch, Candidates, MAX_EXTRA_CANDIDATES,
+};
 pub use dequant::dequantize_row;
 pub use dispatch::{
     dot_kernel4_for, dot_kernel_for, dot_kernel_rows4_for, dot_row, DotKernel4, DotKernelRows4,

@@ -1,14 +1,14 @@
-//! `argmax_candidates` against the full matmul: the candidates hold every row with the
-//! largest exact output, their values are the matmul's bits, and every row left out
-//! lies below them — with exact ties, near ties (one quant or one scale bit apart),
+//! `BoundedHead::candidates` against the full matmul: the candidates hold every row at or
+//! above the k-th largest exact output (k = 1, 7, 40), their values are the matmul's
+//! bits, and every row left out lies below that — with exact ties, near ties (one quant or one scale bit apart),
 //! every token count from 1 to 33, and 1 to 3 threads; a non-finite scale gives `None`.
 
 mod common;
 
 use common::Rng;
 use nx_lazy_weight::{
-    has_argmax_kernel, matmul_pool, quantize_row, ArgmaxHead, ArgmaxScratch, GgmlType, LazyWeight,
-    LazyWeightError, QuantizedActs,
+    has_bounded_kernel, matmul_pool, quantize_row, BoundedHead, BoundedScratch, GgmlType,
+    LazyWeight, LazyWeightError, QuantizedActs,
 };
 use nx_syscalls::ThreadPool;
 
@@ -113,11 +113,11 @@ fn candidates_hold_the_argmax_with_the_matmuls_bits() {
     let mut rng = Rng::new(11);
     let bytes = weights(&mut rng);
     let w = LazyWeight::from_parts(GgmlType::Q8_0, &[K as u64, N_ROWS as u64], &bytes).unwrap();
-    let Some(head) = ArgmaxHead::new(&w, &ThreadPool::new(2)) else {
-        assert!(!has_argmax_kernel(&w));
+    let Some(head) = BoundedHead::new(&w, &ThreadPool::new(2)) else {
+        assert!(!has_bounded_kernel(&w));
         return;
     };
-    let mut scratch = ArgmaxScratch::default();
+    let mut scratch = BoundedScratch::default();
     let (mut xq, mut ties, mut checked) = (QuantizedActs::new(), 0, 0usize);
     for (n, threads) in [
         (1, 1),
@@ -134,7 +134,9 @@ fn candidates_hold_the_argmax_with_the_matmuls_bits() {
     {
         let pool = ThreadPool::new(threads);
         let x = tokens(&mut rng, &w, n);
-        let got = head.candidates(&w, &x, n, &mut scratch, &pool).unwrap();
+        // Mostly the argmax; some tokens ask for their 7 or 40 largest.
+        let top: Vec<usize> = (0..n).map(|t| [1, 1, 1, 7, 40][t % 5]).collect();
+        let got = head.candidates(&w, &x, &top, &mut scratch, &pool).unwrap();
         assert_eq!(got.len(), n);
         let mut y = vec![0f32; n * N_ROWS];
         matmul_pool(&w, &x, n, &mut y, &mut xq, &pool).unwrap();
@@ -154,12 +156,18 @@ fn candidates_hold_the_argmax_with_the_matmuls_bits() {
             let want = best(row.iter().copied().enumerate().map(|(r, v)| (r as u32, v)));
             let have = best(cands.iter().copied());
             assert_eq!(have, want, "n {n} token {t}");
-            let top = have.unwrap().1;
+            // Every row at or above the k-th largest output is listed; the rest lie
+            // below it.
+            let mut sorted: Vec<f32> = row.to_vec();
+            sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+            let kth = sorted[top[t] - 1];
+            assert!(cands.len() >= top[t]);
             for (r, &v) in row.iter().enumerate() {
                 let listed = cands.iter().any(|c| c.0 == r as u32);
                 assert!(
-                    listed || v < top,
-                    "n {n} t {t}: row {r} ({v}) left out, top {top}"
+                    listed || v < kth,
+                    "n {n} t {t}: row {r} ({v}) left out, top {} at {kth}",
+                    top[t]
                 );
             }
             // The scenarios hold: the near-copies are on top.
@@ -170,7 +178,7 @@ fn candidates_hold_the_argmax_with_the_matmuls_bits() {
                 _ => {}
             }
             if t % 3 < 2 {
-                ties += cands.len() - 1;
+                ties += cands.len() - top[t];
                 checked += 1;
             }
         }
@@ -191,11 +199,13 @@ fn a_non_finite_scale_gives_no_bound() {
         let w = LazyWeight::from_parts(GgmlType::Q8_0, &[K as u64, N_ROWS as u64], &bytes).unwrap();
         let pool = ThreadPool::new(2);
         let x = tokens(&mut rng, &w, 5);
-        let mut scratch = ArgmaxScratch::default();
-        let Some(head) = ArgmaxHead::new(&w, &pool) else {
+        let mut scratch = BoundedScratch::default();
+        let Some(head) = BoundedHead::new(&w, &pool) else {
             return;
         };
-        let got = head.candidates(&w, &x, 5, &mut scratch, &pool).unwrap();
+        let got = head
+            .candidates(&w, &x, &[1, 1, 3, 1, 40], &mut scratch, &pool)
+            .unwrap();
         // A NaN output, or an infinite one: either way no bound for any token.
         assert!(got.iter().all(|c| c.is_none()), "scale bits {bits:#x}");
     }
@@ -209,11 +219,11 @@ fn a_head_refuses_another_weight() {
     let wa = LazyWeight::from_parts(GgmlType::Q8_0, &shape, &a).unwrap();
     let wb = LazyWeight::from_parts(GgmlType::Q8_0, &shape, &b).unwrap();
     let pool = ThreadPool::new(1);
-    let Some(head) = ArgmaxHead::new(&wa, &pool) else {
+    let Some(head) = BoundedHead::new(&wa, &pool) else {
         return;
     };
     let x = tokens(&mut rng, &wa, 1);
-    let got = head.candidates(&wb, &x, 1, &mut ArgmaxScratch::default(), &pool);
+    let got = head.candidates(&wb, &x, &[1], &mut BoundedScratch::default(), &pool);
     assert!(
         matches!(got, Err(LazyWeightError::OtherWeight { .. })),
         "{got:?}"

@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use nx_gguf::{GgmlType, Gguf, TensorInfo};
 use nx_kv_cache::{KvCache, KvDtype, KvSegments, PagedKv};
-use nx_lazy_weight::{ArgmaxHead, ArgmaxScratch, LazyWeight, QuantizedActs};
+use nx_lazy_weight::{BoundedHead, BoundedScratch, LazyWeight, QuantizedActs};
 use nx_llama_block::{BlockScratch, FfnWeights, LayerConfig, LayerWeights, MoeWeights, Segment};
 use nx_syscalls::{Placement, ThreadPool};
 
@@ -112,25 +112,25 @@ pub struct Model {
     vectors: Vec<Vector>,
     /// Threads of the forward pass; the process-wide pool unless set.
     pool: Arc<ThreadPool>,
-    /// The LM head prepared for greedy rows (built on the first step that has enough
-    /// of them; `None` where the head's format or the CPU has no bound kernel).
-    argmax_head: OnceLock<Option<ArgmaxHead>>,
+    /// The LM head prepared for top rows (built on the first step that has enough of
+    /// them; `None` where the head's format or the CPU has no bound kernel).
+    bounded_head: OnceLock<Option<BoundedHead>>,
 }
 
-/// Greedy rows in one step below this go through the full LM head: the bound pass
+/// Top rows in one step below this go through the full LM head: the bound pass
 /// costs one sweep of every row whatever the token count up to eight, about what the
 /// full head costs for four (`benches/batched`, the Gemma 3 LM head, two threads, AMD
 /// EPYC family 25 model 17: 4 tokens 8.4–8.9 ms against 7.3–8.9, 8 tokens 8.5–9.1
 /// against 12.3–12.6, 16 tokens 14.5–15.4 against 22.6–23.5).
-const MIN_ARGMAX_ROWS: usize = 6;
+const MIN_BOUNDED_ROWS: usize = 6;
 
-/// What [`Model::forward_batch`] gives for a row of an item's `argmax_rows`.
+/// What [`Model::forward_batch`] gives for a row of an item's `top_rows`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HeadChoice {
-    /// The tokens that can hold the row's largest logit, in increasing id order, each
-    /// with its exact logit (the bits the full LM head gives); every other logit is
-    /// lower than the largest of these, and all are finite (see
-    /// [`nx_lazy_weight::ArgmaxHead`]).
+    /// The tokens that can be among the row's `top` largest logits, in increasing id
+    /// order, each with its exact logit (the bits the full LM head gives); every other
+    /// logit is lower than `top` of these, and all are finite (see
+    /// [`nx_lazy_weight::BoundedHead`]).
     Candidates(Vec<(u32, f32)>),
     /// The row's full logits: row `i` of the logits, counted after every
     /// `logit_rows` row.
@@ -146,10 +146,12 @@ pub struct BatchItem<'a> {
     pub pos: usize,
     /// Indices into `tokens` whose next-token logits are wanted.
     pub logit_rows: &'a [usize],
-    /// Indices into `tokens` whose caller needs only the largest logit (greedy choices
-    /// without log-probabilities): a [`HeadChoice`] each, in
+    /// Indices into `tokens` whose caller needs only the `top` largest logits (greedy or
+    /// top-k choices without log-probabilities): a [`HeadChoice`] each, in
     /// [`ForwardState::head_choices`].
-    pub argmax_rows: &'a [usize],
+    pub top_rows: &'a [usize],
+    /// How many of the largest logits decide a `top_rows` row's token (1: greedy).
+    pub top: usize,
 }
 
 /// Per-sequence scratch of the forward pass, reused across calls.
@@ -159,12 +161,12 @@ pub struct ForwardState {
     head_in: Vec<f32>, // [rows, n_embd]
     head_acts: QuantizedActs,
     block: BlockScratch,
-    argmax: ArgmaxScratch,
+    bounded: BoundedScratch,
     choices: Vec<HeadChoice>,
 }
 
 impl ForwardState {
-    /// The last [`Model::forward_batch`]'s choices for the items' `argmax_rows`, item 0's
+    /// The last [`Model::forward_batch`]'s choices for the items' `top_rows`, item 0's
     /// first.
     pub fn head_choices(&self) -> &[HeadChoice] {
         &self.choices
@@ -241,7 +243,7 @@ impl Model {
             layers,
             vectors,
             pool: ThreadPool::global(),
-            argmax_head: OnceLock::new(),
+            bounded_head: OnceLock::new(),
         };
         // Validate every matrix view now (sizes only; no data is read).
         for l in &model.layers {
@@ -465,7 +467,8 @@ impl Model {
             tokens,
             pos,
             logit_rows: rows,
-            argmax_rows: &[],
+            top_rows: &[],
+            top: 1,
         };
         self.forward_batch(&[item], cache, state, logits)
     }
@@ -475,10 +478,10 @@ impl Model {
     /// rows. Every matmul takes all rows of the batch together (weights are read once per
     /// step); attention runs per sequence over its own rows. `logits` becomes
     /// `[Σ logit_rows, n_vocab]`: the requested rows of item 0, then item 1, …, then
-    /// those `argmax_rows` whose [`HeadChoice`] is `Logits`; only those rows pay for the
+    /// those `top_rows` whose [`HeadChoice`] is `Logits`; only those rows pay for the
     /// final norm and LM head. Each row's logits are bit-identical to running its
-    /// sequence alone, in any chunking, on any thread count; so is each
-    /// `argmax_rows` row's largest logit and the token holding it.
+    /// sequence alone, in any chunking, on any thread count; so are each `top_rows`
+    /// row's candidates and their logits.
     pub fn forward_batch(
         &self,
         items: &[BatchItem<'_>],
@@ -527,25 +530,26 @@ impl Model {
         for (i, g) in segs.iter().enumerate() {
             kv.commit(i, g.n)?;
         }
-        // Batch rows whose logits were asked for, in item order; then the greedy rows.
-        let (mut rows, mut greedy) = (Vec::new(), Vec::new());
+        // Batch rows whose logits were asked for, in item order; then the top rows.
+        let (mut rows, mut bounded) = (Vec::new(), Vec::new());
         let mut first = 0;
         for it in items {
             rows.extend(it.logit_rows.iter().map(|&r| first + r));
-            greedy.extend(it.argmax_rows.iter().map(|&r| first + r));
+            bounded.extend(it.top_rows.iter().map(|&r| (first + r, it.top)));
             first += it.tokens.len();
         }
-        // Greedy rows without a bound take full logits after the others.
-        let mut full = self.head_choices(&greedy, rows.len(), state)?;
+        // Top rows without a bound take full logits after the others.
+        let mut full = self.head_choices(&bounded, rows.len(), state)?;
         rows.append(&mut full);
         self.lm_head(&rows, state, logits) // [rows, n_vocab]
     }
 
-    /// The [`HeadChoice`]s of the batch rows `greedy` into `state.choices`; returns the
-    /// rows that need full logits, which will be logits rows `first_full..`.
+    /// The [`HeadChoice`]s of the batch rows `bounded` (each with its top count) into
+    /// `state.choices`; returns the rows that need full logits, which will be logits rows
+    /// `first_full..`.
     fn head_choices(
         &self,
-        greedy: &[usize],
+        bounded: &[(usize, usize)],
         first_full: usize,
         state: &mut ForwardState,
     ) -> Result<Vec<usize>, StackError> {
@@ -555,29 +559,26 @@ impl Model {
         // The bound covers the head's own sums: scaled or capped logits can tie where
         // the sums do not, so those models take full logits.
         let plain = c.logit_scale.is_none() && c.final_logit_softcap.is_none();
-        let bounded = if plain && greedy.len() >= MIN_ARGMAX_ROWS {
-            self.argmax_head
-                .get_or_init(|| ArgmaxHead::new(&head, &self.pool))
+        let prepared = if plain && bounded.len() >= MIN_BOUNDED_ROWS {
+            self.bounded_head
+                .get_or_init(|| BoundedHead::new(&head, &self.pool))
                 .as_ref()
         } else {
             None
         };
-        let Some(argmax) = bounded else {
+        let rows: Vec<usize> = bounded.iter().map(|b| b.0).collect();
+        let Some(prepared) = prepared else {
             state
                 .choices
-                .extend((0..greedy.len()).map(|j| HeadChoice::Logits(first_full + j)));
-            return Ok(greedy.to_vec());
+                .extend((0..rows.len()).map(|j| HeadChoice::Logits(first_full + j)));
+            return Ok(rows);
         };
-        self.head_inputs(greedy, state)?;
-        let per_row = argmax.candidates(
-            &head,
-            &state.head_in,
-            greedy.len(),
-            &mut state.argmax,
-            &self.pool,
-        )?;
+        self.head_inputs(&rows, state)?;
+        let top: Vec<usize> = bounded.iter().map(|b| b.1).collect();
+        let per_row =
+            prepared.candidates(&head, &state.head_in, &top, &mut state.bounded, &self.pool)?;
         let mut full = Vec::new();
-        for (&row, cands) in greedy.iter().zip(per_row) {
+        for (&row, cands) in rows.iter().zip(per_row) {
             state.choices.push(match cands {
                 Some(cands) => HeadChoice::Candidates(cands),
                 None => {
@@ -605,12 +606,7 @@ impl Model {
                 });
             }
             let n = it.tokens.len();
-            if let Some(&row) = it
-                .logit_rows
-                .iter()
-                .chain(it.argmax_rows)
-                .find(|&&r| r >= n)
-            {
+            if let Some(&row) = it.logit_rows.iter().chain(it.top_rows).find(|&&r| r >= n) {
                 return Err(StackError::RowOutOfRange { row, n });
             }
             if let Some(&id) = it

@@ -304,11 +304,14 @@ impl Sequence {
 }
 
 impl Sequence {
-    /// Whether its tokens depend only on each row's largest logit (greedy, no
-    /// penalties, no log-probabilities): the LM head may then bound the row instead of
-    /// computing every logit ([`HeadChoice`]).
-    fn greedy_only(&self) -> bool {
-        self.sampler.is_stateless_greedy() && self.logprobs == 0 && !self.token_logprobs
+    /// How many of each row's largest logits decide its tokens, when nothing else does
+    /// (greedy or top-k, no penalties, no log-probabilities): the LM head may then bound
+    /// the row instead of computing every logit ([`HeadChoice`]).
+    fn bounded_top(&self) -> Option<usize> {
+        if self.logprobs > 0 || self.token_logprobs {
+            return None;
+        }
+        self.sampler.top_needed().filter(|&k| k <= MAX_BOUNDED_TOP)
     }
 
     /// Tokens not yet in the cache.
@@ -384,6 +387,11 @@ struct Slot {
 
 /// Failures kept for [`Engine::take_failure`].
 const KEPT_FAILURES: usize = 64;
+
+/// Top-k counts above this take full logits: the bound pass keeps each token's `k`
+/// largest lower ends and files each new one in O(k), and the candidates get their
+/// exact logits one by one.
+const MAX_BOUNDED_TOP: usize = 128;
 
 impl Engine {
     /// An engine over `model`, with its KV block pool allocated
@@ -881,7 +889,8 @@ impl Engine {
                 tokens: &w.tokens,
                 pos: w.pos,
                 logit_rows: if w.wants_logits { &row[..] } else { &[] },
-                argmax_rows: &[],
+                top_rows: &[],
+                top: 1,
             })
             .collect();
         let mut batch = PagedBatch {
@@ -992,7 +1001,7 @@ impl Engine {
     /// whose tokens are then all in the cache, and for every draft row.
     fn run_batch(&mut self, plan: &[Slot]) -> Result<(), RunError> {
         let mut fed: Vec<Vec<u32>> = Vec::with_capacity(plan.len());
-        let mut rows: Vec<(Vec<usize>, Vec<usize>)> = Vec::with_capacity(plan.len());
+        let mut rows: Vec<(Vec<usize>, Vec<usize>, usize)> = Vec::with_capacity(plan.len());
         for slot in plan {
             let seq = &self.running[slot.index];
             let pos = seq.table.len();
@@ -1005,23 +1014,24 @@ impl Engine {
                 .scored_targets(pos, slot.n)
                 .map(|t| t - 1 - pos)
                 .collect();
-            let mut greedy = Vec::new();
+            let mut top_rows = Vec::new();
+            let top = seq.bounded_top();
             if finishes {
                 let first_gen = slot.n - 1;
                 want.retain(|&r| r < first_gen);
-                if seq.greedy_only() {
-                    greedy.extend(first_gen..toks.len());
+                if top.is_some() {
+                    top_rows.extend(first_gen..toks.len());
                 } else {
                     want.extend(first_gen..toks.len());
                 }
             }
-            rows.push((want, greedy));
+            rows.push((want, top_rows, top.unwrap_or(1)));
             fed.push(toks);
         }
         let mut slots: Vec<Option<&mut Sequence>> = self.running.iter_mut().map(Some).collect();
         let mut items = Vec::with_capacity(plan.len());
         let mut tables = Vec::with_capacity(plan.len());
-        for ((slot, toks), (want, greedy)) in plan.iter().zip(&fed).zip(&rows) {
+        for ((slot, toks), (want, top_rows, top)) in plan.iter().zip(&fed).zip(&rows) {
             let seq = slots[slot.index]
                 .take()
                 .expect("each sequence once per batch");
@@ -1029,7 +1039,8 @@ impl Engine {
                 tokens: toks,
                 pos: seq.table.len(),
                 logit_rows: want,
-                argmax_rows: greedy,
+                top_rows,
+                top: *top,
             });
             tables.push(&mut seq.table);
         }
@@ -1121,7 +1132,7 @@ impl Engine {
     ) -> Vec<(usize, RowsAt)> {
         let n_vocab = self.model.config().n_vocab;
         // Prompt scores, and which slots choose tokens from which rows: logits rows, or
-        // the LM head's choices for greedy rows (in the order `run_batch` asked).
+        // the LM head's choices for top rows (in the order `run_batch` asked).
         let mut jobs: Vec<(usize, RowsAt)> = Vec::new();
         let (mut row, mut choice) = (0, 0);
         for (k, slot) in plan.iter().enumerate() {
@@ -1135,7 +1146,7 @@ impl Engine {
                 0
             };
             let targets = seq.scored_targets(pos, slot.n);
-            let at = if seq.greedy_only() {
+            let at = if seq.bounded_top().is_some() {
                 RowsAt::Choices(choice)
             } else {
                 RowsAt::Logits(row)
@@ -1323,7 +1334,7 @@ impl Sequence {
 type VerifyJob<'a> = (&'a mut Sequence, &'a [u32], JobRows<'a>, Option<Verified>);
 
 /// Where a job's rows are in a step's output: logits rows from the first given, or the
-/// LM head's choices for greedy rows ([`ForwardState::head_choices`]) from the first given.
+/// LM head's choices for top rows ([`ForwardState::head_choices`]) from the first given.
 #[derive(Debug, Clone, Copy)]
 enum RowsAt {
     Logits(usize),
@@ -1340,30 +1351,33 @@ enum JobRows<'a> {
 
 impl<'a> JobRows<'a> {
     /// Row `i`'s logits (empty where only candidates exist) and its facts (`facts`
-    /// where precomputed).
+    /// where precomputed). A row of candidates gets its token here, from the sequence's
+    /// sampler at the position the token will take (what `sample_one` would draw).
     fn row(
         &self,
         i: usize,
         n_vocab: usize,
-        seq: &Sequence,
+        seq: &mut Sequence,
         facts: Option<&[RowFacts]>,
     ) -> (&'a [f32], RowFacts) {
-        let of = |logits: &'a [f32]| match facts {
+        let logits = match *self {
+            JobRows::Logits(rows) => &rows[i * n_vocab..(i + 1) * n_vocab],
+            JobRows::Choices(choices, all) => match &choices[i] {
+                HeadChoice::Candidates(cands) => {
+                    let position = seq.tokens.len() as u64;
+                    let choice = seq.sampler.sample_among_at(cands, position);
+                    let facts = RowFacts {
+                        choice: Some(choice),
+                        ..RowFacts::default()
+                    };
+                    return (&[], facts);
+                }
+                &HeadChoice::Logits(j) => &all[j * n_vocab..(j + 1) * n_vocab],
+            },
+        };
+        match facts {
             Some(f) => (logits, f[i].clone()),
             None => (logits, RowFacts::of(seq, logits)),
-        };
-        match *self {
-            JobRows::Logits(rows) => of(&rows[i * n_vocab..(i + 1) * n_vocab]),
-            JobRows::Choices(choices, all) => match &choices[i] {
-                HeadChoice::Candidates(cands) => (
-                    &[],
-                    RowFacts {
-                        choice: Some(nx_sampler::greedy_among(cands)),
-                        ..RowFacts::default()
-                    },
-                ),
-                &HeadChoice::Logits(j) => of(&all[j * n_vocab..(j + 1) * n_vocab]),
-            },
         }
     }
 }

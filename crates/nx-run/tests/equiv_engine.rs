@@ -10,7 +10,7 @@
 mod equiv3;
 
 use equiv3::{cache_dir, check_all_scenarios, open, request};
-use nx_run::Request;
+use nx_run::{Request, SamplerConfig};
 
 fn requests(n: usize, n_vocab: usize, max_tokens: usize, salt: u32) -> Vec<Request> {
     // Ids from 300 on: ordinary tokens in every fixture vocabulary.
@@ -21,16 +21,33 @@ fn requests(n: usize, n_vocab: usize, max_tokens: usize, salt: u32) -> Vec<Reque
         .collect()
 }
 
-/// Greedy requests without log-probabilities: their tokens depend only on each row's
-/// largest logit, so batched steps with enough of them bound the LM head's rows
-/// instead of computing every logit (`HeadChoice`); the answers must not change.
-fn greedy_only_requests(n: usize, n_vocab: usize, max_tokens: usize, salt: u32) -> Vec<Request> {
+/// Requests without log-probabilities or penalties, greedy and (every other one) top-k
+/// sampled: their tokens depend only on each row's few largest logits, so batched
+/// steps with enough of them bound the LM head's rows instead of computing every logit
+/// (`HeadChoice`); the answers must not change.
+fn top_rows_requests(n: usize, n_vocab: usize, max_tokens: usize, salt: u32) -> Vec<Request> {
     equiv3::prompts(n, n_vocab, 300, salt)
         .into_iter()
-        .map(|p| Request {
-            logprobs: 0,
-            token_logprobs: false,
-            ..request(p, max_tokens, false, 0)
+        .enumerate()
+        .map(|(i, p)| {
+            let sampler = if i % 2 == 1 {
+                SamplerConfig {
+                    temperature: 0.9,
+                    top_k: [40, 5][i / 2 % 2],
+                    top_p: 0.95,
+                    min_p: 0.02,
+                    seed: 500 + i as u64,
+                    ..SamplerConfig::default()
+                }
+            } else {
+                SamplerConfig::greedy()
+            };
+            Request {
+                logprobs: 0,
+                token_logprobs: false,
+                sampler,
+                ..request(p, max_tokens, false, 0)
+            }
         })
         .collect()
 }
@@ -90,7 +107,7 @@ fn equiv3_default_model() {
 
 #[test]
 #[ignore = "gate: run by cargo xtask gate"]
-fn equiv3_greedy_rows() {
+fn equiv3_top_rows() {
     // qwen2-tiny's and the default model's LM heads are Q8_0, which has the bound
     // kernel (on the avx512 tier; the other tiers compute every logit).
     let models = [
@@ -107,11 +124,9 @@ fn equiv3_greedy_rows() {
         for &threads in threads_list {
             let (model, tok) = open(cache_dir().join(path), threads);
             let n_vocab = model.config().n_vocab;
-            let reqs = greedy_only_requests(n, n_vocab, max_tokens, 70 + threads as u32);
+            let reqs = top_rows_requests(n, n_vocab, max_tokens, 70 + threads as u32);
             let compared = check_all_scenarios(&model, &tok, &reqs);
-            eprintln!(
-                "EQUIV-3 greedy rows, {path}, {threads} threads: {compared} answers identical"
-            );
+            eprintln!("EQUIV-3 top rows, {path}, {threads} threads: {compared} answers identical");
         }
     }
 }

@@ -34,6 +34,10 @@ pub enum SamplerError {
         /// Length of the logits row.
         n_vocab: usize,
     },
+    /// A choice from candidates was asked of a sampler that needs the whole row
+    /// (penalties on, or no top-k).
+    #[error("this sampler needs every logit of the row (penalties on, or top-k off)")]
+    NeedsFullRow,
 }
 
 /// One candidate token during filtering.
@@ -231,6 +235,21 @@ impl Sampler {
         self.config.is_greedy() && !self.config.penalties_enabled()
     }
 
+    /// How many of a row's largest logits decide the token, when nothing else does:
+    /// 1 greedy, `top_k` when sampling with top-k; `None` with penalties (they move
+    /// any logit) or sampling without top-k. [`Sampler::sample_among_at`] then chooses
+    /// from candidates that hold those.
+    pub fn top_needed(&self) -> Option<usize> {
+        let c = &self.config;
+        if c.penalties_enabled() {
+            None
+        } else if c.is_greedy() {
+            Some(1)
+        } else {
+            (c.top_k > 0).then_some(c.top_k)
+        }
+    }
+
     /// The token [`Sampler::sample_at`] would choose from `logits`, when that choice
     /// depends on nothing but the row (greedy without penalties), else `None`. It takes
     /// `&self`, so rows can be decided on several threads before the tokens are
@@ -243,6 +262,47 @@ impl Sampler {
             return Some(Err(SamplerError::EmptyLogits));
         }
         Some(argmax(logits))
+    }
+
+    /// [`Sampler::sample_at`] for a row known only by the entries that can be among its
+    /// [`Sampler::top_needed`] largest logits (`(id, logit)`, in any order, holding
+    /// every entry of the row's top ones with its exact logit; every other logit below
+    /// that many of these): the same token. An error where the full row is needed.
+    pub fn sample_among_at(
+        &mut self,
+        candidates: &[(u32, f32)],
+        position: u64,
+    ) -> Result<u32, SamplerError> {
+        let config = &self.config;
+        if config.penalties_enabled() {
+            return Err(SamplerError::NeedsFullRow);
+        }
+        if config.is_greedy() {
+            return greedy_among(candidates);
+        }
+        if config.top_k == 0 {
+            return Err(SamplerError::NeedsFullRow);
+        }
+        let cands = &mut self.cands;
+        cands.clear();
+        cands.extend(
+            candidates
+                .iter()
+                .filter(|c| c.1.is_finite())
+                .map(|&(id, logit)| Candidate { id, logit }),
+        );
+        if cands.is_empty() {
+            return Err(SamplerError::NoFiniteLogits {
+                n_vocab: candidates.len(),
+            });
+        }
+        // The order `finite_candidates` gives a full row: id order.
+        cands.sort_unstable_by_key(|c| c.id);
+        filter_finite(config, cands);
+        for c in cands.iter_mut() {
+            c.logit /= config.temperature;
+        }
+        Ok(draw(cands, uniform_at(config.seed, position)))
     }
 
     /// [`Sampler::sample`] followed by [`Sampler::accept`] of the chosen token.
@@ -346,6 +406,12 @@ fn filter(
     cands: &mut Vec<Candidate>,
 ) -> Result<bool, SamplerError> {
     finite_candidates(logits, cands)?;
+    Ok(filter_finite(config, cands))
+}
+
+/// Top-k, top-p and min-p over the finite candidates `cands`. Returns whether `cands`
+/// ended up sorted best first.
+fn filter_finite(config: &SamplerConfig, cands: &mut Vec<Candidate>) -> bool {
     let mut sorted = top_k(config.top_k, cands);
     if config.top_p < 1.0 {
         top_p(config.top_p, cands, sorted);
@@ -354,7 +420,7 @@ fn filter(
     if config.min_p > 0.0 {
         min_p(config.min_p, cands);
     }
-    Ok(sorted)
+    sorted
 }
 
 /// `cands` = the finite logits of `logits` with their ids, in id order.

@@ -663,3 +663,72 @@ fn position_keyed_draws_follow_the_softmax() {
     // 4 degrees of freedom: 18.47 is the 0.999 quantile.
     assert!(chi_square(&counts, &p) < 18.47, "{counts:?}");
 }
+
+/// `sample_among_at` on candidates that hold a row's top `top_k` (with ties and a few
+/// more, in a scrambled order) draws what `sample_at` draws from the whole row, for
+/// greedy and top-k configurations; penalties or top-k off refuse.
+#[test]
+fn candidates_of_the_top_k_draw_what_the_whole_row_does() {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut checked = 0;
+    for case in 0..300u64 {
+        let n = 50 + (case as usize % 7) * 40;
+        // Few distinct values: ties at the k-th place are common.
+        let logits: Vec<f32> = (0..n).map(|_| (next() % 23) as f32 * 0.25 - 3.0).collect();
+        let config = SamplerConfig {
+            temperature: [0.0, 0.7, 1.0][case as usize % 3],
+            top_k: [1, 5, 40][(case as usize / 3) % 3],
+            top_p: if case % 2 == 0 { 1.0 } else { 0.9 },
+            min_p: if case % 5 == 0 { 0.05 } else { 0.0 },
+            repeat_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: case,
+        };
+        let mut full = Sampler::new(config.clone()).unwrap();
+        let mut among = Sampler::new(config.clone()).unwrap();
+        let k = among.top_needed().unwrap();
+        let mut sorted = logits.clone();
+        sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+        let kth = sorted[k.min(n) - 1];
+        let mut cands: Vec<(u32, f32)> = (0..n as u32)
+            .map(|i| (i, logits[i as usize]))
+            .filter(|c| c.1 >= kth - 0.3)
+            .collect();
+        for i in (1..cands.len()).rev() {
+            cands.swap(i, next() as usize % (i + 1));
+        }
+        for position in 0..8 {
+            let mut row = logits.clone();
+            let want = full.sample_at(&mut row, position).unwrap();
+            assert_eq!(
+                among.sample_among_at(&cands, position).unwrap(),
+                want,
+                "case {case}"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 2400);
+    let mut penalised = Sampler::new(SamplerConfig {
+        repeat_penalty: 1.1,
+        ..SamplerConfig::default()
+    })
+    .unwrap();
+    assert_eq!(penalised.top_needed(), None);
+    assert!(penalised.sample_among_at(&[(0, 1.0)], 0).is_err());
+    let mut no_top_k = Sampler::new(SamplerConfig {
+        top_k: 0,
+        ..SamplerConfig::default()
+    })
+    .unwrap();
+    assert_eq!(no_top_k.top_needed(), None);
+    assert!(no_top_k.sample_among_at(&[(0, 1.0)], 0).is_err());
+}

@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{margin_factor, ArgmaxScratch, MAX_CANDIDATES, MAX_TOKENS, Q8_0_BLOCK};
+use super::{margin_factor, BoundedScratch, MAX_EXTRA_CANDIDATES, MAX_TOKENS, Q8_0_BLOCK};
 use crate::formats::read_f16;
 use crate::LazyWeight;
 use nx_syscalls::ThreadPool;
@@ -25,27 +25,50 @@ const ROWS: usize = 4;
 /// bound weights `128·Σ|x|`.
 const FIELDS: usize = 10;
 
-/// Per-thread results of the pass: the best lower end per lane, a sum that turns NaN
-/// when any lane saw a non-finite value, and the rows that may still win — each row
-/// whose upper end reached the thread's best lower end so far, with its upper ends. The
-/// best lower end only grows, so every row whose upper end reaches the final one is
-/// among them (rows are few: records of a running maximum).
+/// Per-thread results of the pass. For each lane (token) with its count `top`: the
+/// largest lower ends seen (ascending, at most `top`) and the bar — the `top`-th largest
+/// (−∞ until there are that many); a sum that turns NaN when the lane saw a non-finite
+/// value; and the rows that may still be among the top — each row whose upper end
+/// reached the thread's bar so far, with its upper ends. The bar only rises and never
+/// passes the final one (the `top`-th largest lower end of all rows), so every row whose
+/// upper end reaches that is among them (rows are few: records of a running top).
 #[derive(Clone)]
 struct PassState {
-    lower_max: [f32; MAX_TOKENS],
+    lows: Vec<Vec<f32>>,
+    bar: [f32; MAX_TOKENS],
     check: [f32; MAX_TOKENS],
     maybe: Vec<(u32, [f32; MAX_TOKENS])>,
 }
 
-/// Row candidates of tokens `t0..t0 + nt` of `scratch.acts` (already quantized),
-/// `corrections` being the weight's `[n_rows, n_blocks]` block terms.
+impl PassState {
+    /// Files lane `t`'s lower end `lo` of a row, keeping the lane's `top` largest.
+    fn file_lower(&mut self, t: usize, lo: f32, top: usize) {
+        let lows = &mut self.lows[t];
+        if lows.len() == top {
+            if lo <= lows[0] {
+                return;
+            }
+            lows.remove(0);
+        }
+        let at = lows.partition_point(|&x| x < lo);
+        lows.insert(at, lo);
+        if lows.len() == top {
+            self.bar[t] = lows[0];
+        }
+    }
+}
+
+/// Row candidates of tokens `t0..t0 + nt` of `scratch.acts` (already quantized), token
+/// `t0 + t` asking for its `top[t]` largest outputs; `corrections` being the weight's
+/// `[n_rows, n_blocks]` block terms.
 pub(super) fn candidates(
     w: &LazyWeight<'_>,
     (corrections, n_blocks): (&[i32], usize),
-    scratch: &mut ArgmaxScratch,
-    (t0, nt): (usize, usize),
+    scratch: &mut BoundedScratch,
+    (t0, top): (usize, &[usize]),
     pool: &ThreadPool,
 ) -> Vec<Option<Vec<u32>>> {
+    let nt = top.len();
     let lanes = if nt <= 8 { 8 } else { 16 };
     lay_out(
         &scratch.acts,
@@ -54,7 +77,8 @@ pub(super) fn candidates(
         &mut scratch.layout,
     );
     let init = PassState {
-        lower_max: [f32::NEG_INFINITY; MAX_TOKENS],
+        lows: vec![Vec::new(); MAX_TOKENS],
+        bar: [f32::NEG_INFINITY; MAX_TOKENS],
         check: [0.0; MAX_TOKENS],
         maybe: Vec::new(),
     };
@@ -66,35 +90,33 @@ pub(super) fn candidates(
         let w_rows = &bytes[rows.start * row_bytes..rows.end * row_bytes];
         let corr = &corrections[rows.start * n_blocks..rows.end * n_blocks];
         let args = (layout, n_blocks, c);
-        // SAFETY: `has_argmax_kernel` checked the features; `w_rows` holds whole rows of
+        // SAFETY: `has_bounded_kernel` checked the features; `w_rows` holds whole rows of
         // `n_blocks` Q8_0 blocks and `corr` their terms, the layout `lanes` lanes.
         unsafe {
             if lanes == 8 {
-                pass::<Y>((w_rows, row_bytes, corr), args, (rows.start, nt), state);
+                pass::<Y>((w_rows, row_bytes, corr), args, (rows.start, top), state);
             } else {
-                pass::<Z>((w_rows, row_bytes, corr), args, (rows.start, nt), state);
+                pass::<Z>((w_rows, row_bytes, corr), args, (rows.start, top), state);
             }
         }
     });
-    let mut lower = [f32::NEG_INFINITY; MAX_TOKENS];
-    let mut finite = [true; MAX_TOKENS];
-    for s in &states {
-        for t in 0..MAX_TOKENS {
-            lower[t] = lower[t].max(s.lower_max[t]);
-            finite[t] &= s.check[t] == 0.0;
-        }
-    }
     let mut maybe: Vec<&(u32, [f32; MAX_TOKENS])> = states.iter().flat_map(|s| &s.maybe).collect();
     maybe.sort_unstable_by_key(|m| m.0);
     (0..nt)
         .map(|t| {
+            let finite = states.iter().all(|s| s.check[t] == 0.0);
+            // The `top`-th largest lower end of all rows: the threads' own tops hold it.
+            let mut lows: Vec<f32> = states.iter().flat_map(|s| &s.lows[t]).copied().collect();
+            lows.sort_unstable_by(|a, b| b.total_cmp(a));
+            let bar = *lows.get(top[t] - 1)?;
+            let most = top[t] + MAX_EXTRA_CANDIDATES;
             let rows: Vec<u32> = maybe
                 .iter()
-                .filter(|m| m.1[t] >= lower[t])
+                .filter(|m| m.1[t] >= bar)
                 .map(|m| m.0)
-                .take(MAX_CANDIDATES + 1)
+                .take(most + 1)
                 .collect();
-            (finite[t] && lower[t].is_finite() && rows.len() <= MAX_CANDIDATES).then_some(rows)
+            (finite && bar.is_finite() && rows.len() <= most).then_some(rows)
         })
         .collect()
 }
@@ -161,7 +183,6 @@ trait Width {
     unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
     unsafe fn add(a: Self::F, b: Self::F) -> Self::F;
     unsafe fn sub(a: Self::F, b: Self::F) -> Self::F;
-    unsafe fn max(a: Self::F, b: Self::F) -> Self::F;
     unsafe fn abs(a: Self::F) -> Self::F;
     /// `a·b + c`, one rounding.
     unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
@@ -240,10 +261,6 @@ impl Width for Y {
     #[inline(always)]
     unsafe fn sub(a: __m256, b: __m256) -> __m256 {
         _mm256_sub_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn max(a: __m256, b: __m256) -> __m256 {
-        _mm256_max_ps(a, b)
     }
     #[inline(always)]
     unsafe fn abs(a: __m256) -> __m256 {
@@ -341,11 +358,6 @@ impl Width for Z {
         unsafe { _mm512_sub_ps(a, b) }
     }
     #[inline(always)]
-    unsafe fn max(a: __m512, b: __m512) -> __m512 {
-        // SAFETY: as `zero_i`.
-        unsafe { _mm512_max_ps(a, b) }
-    }
-    #[inline(always)]
     unsafe fn abs(a: __m512) -> __m512 {
         // SAFETY: as `zero_i`.
         unsafe { _mm512_abs_ps(a) }
@@ -368,8 +380,8 @@ impl Width for Z {
 }
 
 /// Every row of `w` (`row_bytes` each, block terms in `corr`; the first is row `first`
-/// of the weight) against the layout's first `nt` tokens: the lower ends' maximum, the
-/// finiteness check and the rows that may win into `state`.
+/// of the weight) against the layout's first `top.len()` tokens: the lower ends, the
+/// finiteness check and the rows that may be among the top into `state`.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL/VNNI and F16C; `w` holds whole rows of `n_blocks` Q8_0
@@ -378,9 +390,10 @@ impl Width for Z {
 unsafe fn pass<W: Width>(
     (w, row_bytes, corr): (&[u8], usize, &[i32]),
     (layout, n_blocks, c): (&[u8], usize, f32),
-    (first, nt): (usize, usize),
+    (first, top): (usize, &[usize]),
     state: &mut PassState,
 ) {
+    let nt = top.len();
     let rows = w.len() / row_bytes;
     assert!(row_bytes >= n_blocks * Q8_0_BLOCK);
     assert!(corr.len() >= rows * n_blocks);
@@ -391,7 +404,7 @@ unsafe fn pass<W: Width>(
     // SAFETY (every block): the features per this function's contract; loads and
     // stores within `state`'s arrays of MAX_TOKENS ≥ W::LANES floats.
     unsafe {
-        let mut lower = W::load_f(state.lower_max.as_ptr() as *const u8);
+        let mut bar = W::load_f(state.bar.as_ptr() as *const u8);
         let mut check = W::load_f(state.check.as_ptr() as *const u8);
         let (cv, tiny) = (W::splat_f(c), W::splat_f(TINY));
         let mut r = 0;
@@ -409,18 +422,26 @@ unsafe fn pass<W: Width>(
             for (i, &(approx, total)) in sums.iter().enumerate().take(k) {
                 let hi = W::add(W::fmadd(total, cv, approx), tiny);
                 let lo = W::sub(W::fnmadd(total, cv, approx), tiny);
-                lower = W::max(lower, lo);
                 let span = W::sub(hi, lo);
                 check = W::add(check, W::sub(span, span));
-                if W::ge_mask(hi, lower) & tokens != 0 {
+                if W::ge_mask(hi, bar) & tokens != 0 {
                     let mut ends = [f32::NEG_INFINITY; MAX_TOKENS];
+                    let mut lows = [f32::NEG_INFINITY; MAX_TOKENS];
                     W::store_f(ends.as_mut_ptr(), hi);
+                    W::store_f(lows.as_mut_ptr(), lo);
                     state.maybe.push(((first + r + i) as u32, ends));
+                    // A row below a lane's bar stays below it (`lo ≤ hi`): only rows
+                    // that reached it can raise it.
+                    for (t, &k) in top.iter().enumerate() {
+                        if lows[t] > state.bar[t] {
+                            state.file_lower(t, lows[t], k);
+                        }
+                    }
+                    bar = W::load_f(state.bar.as_ptr() as *const u8);
                 }
             }
             r += k;
         }
-        W::store_f(state.lower_max.as_mut_ptr(), lower);
         W::store_f(state.check.as_mut_ptr(), check);
     }
 }
