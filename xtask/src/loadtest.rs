@@ -18,7 +18,9 @@
 //! AMX buffers on some machines) is it restarted with `--no-repack`, and the report says so.
 //!
 //! Every request is `POST /v1/completions` with `stream: true`, greedy (`temperature: 0`,
-//! `seed` fixed), `max_tokens` (and llama.cpp's `n_predict`) and `ignore_eos: true`, over
+//! `seed` fixed; with `--sampled`, `temperature` 0.8, `top_k` 40, `top_p` 0.95 and `min_p`
+//! 0.05, written to a section of its own), `max_tokens` (and llama.cpp's `n_predict`) and
+//! `ignore_eos: true`, over
 //! prompts of about 170 tokens made of deterministic generated sentences, each request a
 //! different prompt. Measured per level and engine: generated tokens per second over the
 //! level's wall time, time to first token (request sent to the first non-empty text chunk)
@@ -48,9 +50,7 @@ use crate::fetch::default_model_path;
 use crate::http;
 use crate::machine::{cpu_model_from, load_average, target_dir, utc_date_time, vm_hwm_kib};
 use crate::reference::llama_bin;
-use crate::sections::{
-    with_loadtest_section, LOADTEST_BEGIN as SECTION_BEGIN, LOADTEST_END as SECTION_END,
-};
+use crate::sections::{loadtest_markers, with_loadtest_section};
 use crate::util::{cargo_command, duration_text, free_port, log_tail, run_checked, workspace_root};
 
 /// Concurrency levels driven by default.
@@ -71,6 +71,13 @@ pub const PREFIX_REQUESTS: usize = 6;
 pub const PREFIX_MAX_TOKENS: usize = 8;
 /// Seed sent with every request (sampling is greedy; the seed only pins what is left).
 pub const SEED: u64 = 42;
+/// The sampling settings of `--sampled` (llama-server's defaults, and nx's).
+pub const SAMPLING: [(&str, f64); 4] = [
+    ("temperature", 0.8),
+    ("top_k", 40.0),
+    ("top_p", 0.95),
+    ("min_p", 0.05),
+];
 
 /// How long a server may take to load its model and answer `/health`.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
@@ -114,6 +121,10 @@ pub struct LoadtestArgs {
     /// Use the existing target/release/nx instead of building it first.
     #[arg(long)]
     pub no_build: bool,
+    /// Sample every token (`temperature` 0.8, `top_k` 40, `top_p` 0.95, `min_p` 0.05, the
+    /// seed fixed) instead of greedy decoding; `--write` then fills its own section.
+    #[arg(long)]
+    pub sampled: bool,
     /// Longest one level may take per engine, in seconds; after it the clients send no
     /// new requests (requests not sent count as errors).
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LEVEL_TIMEOUT_S)]
@@ -177,6 +188,9 @@ impl LoadtestArgs {
         );
         if let Some(n) = self.parallel {
             text.push_str(&format!(" --parallel {n}"));
+        }
+        if self.sampled {
+            text.push_str(" --sampled");
         }
         if self.no_reference {
             text.push_str(" --no-reference");
@@ -712,8 +726,8 @@ impl Engine {
         }
     }
 
-    /// The streaming completion request for `prompt`.
-    pub fn request_body(self, prompt: &str, max_tokens: usize) -> Value {
+    /// The streaming completion request for `prompt`, greedy or sampled.
+    pub fn request_body(self, prompt: &str, max_tokens: usize, sampled: bool) -> Value {
         let mut body = json!({
             "prompt": prompt,
             "max_tokens": max_tokens,
@@ -723,6 +737,12 @@ impl Engine {
             "stream_options": {"include_usage": true},
             "ignore_eos": true,
         });
+        if sampled {
+            // Both servers' own names for these (nx's extras `top_k`, `min_p`).
+            for (k, v) in SAMPLING {
+                body[k] = json!(v);
+            }
+        }
         if self == Engine::Llama {
             // llama.cpp's own names: `n_predict` wins over `max_tokens`; reuse the slot's
             // cached prefix (its default, spelled out).
@@ -1005,8 +1025,7 @@ fn drive(
     engine: Engine,
     port: u16,
     clients: usize,
-    requests: usize,
-    max_tokens: usize,
+    (requests, max_tokens, sampled): (usize, usize, bool),
     timeout: Duration,
 ) -> (Vec<Result<Streamed, Failed>>, usize, Duration) {
     let next = Arc::new(AtomicUsize::new(0));
@@ -1027,7 +1046,7 @@ fn drive(
                     if i >= requests {
                         break;
                     }
-                    let body = engine.request_body(&load_prompt(i), max_tokens);
+                    let body = engine.request_body(&load_prompt(i), max_tokens, sampled);
                     mine.push(stream_post(port, "/v1/completions", &body));
                     let done = finished.fetch_add(1, Ordering::SeqCst) + 1;
                     if done * 4 / requests > (done - 1) * 4 / requests && done < requests {
@@ -1060,7 +1079,7 @@ fn drive(
 /// One short request so the first measured one does not pay for page faults and lazy
 /// set-up; fails when the server does not answer with tokens.
 fn warm_up(engine: Engine, port: u16) -> Result<()> {
-    let body = engine.request_body("Warm-up: the weather today is", 8);
+    let body = engine.request_body("Warm-up: the weather today is", 8, false);
     stream_post(port, "/v1/completions", &body)
         .map(|_| ())
         .map_err(|f| anyhow::anyhow!("warm-up request failed: {}", f.message))
@@ -1166,8 +1185,7 @@ fn run_level(
             engine,
             server.port,
             clients,
-            args.requests_per_level,
-            args.max_tokens,
+            (args.requests_per_level, args.max_tokens, args.sampled),
             Duration::from_secs(args.level_timeout),
         );
         let peak = server.peak_rss_kib();
@@ -1270,7 +1288,7 @@ fn run_prefix(cx: &mut Harness, engine: Engine, args: &LoadtestArgs) -> Result<P
     );
     let outcomes: Vec<_> = (0..PREFIX_REQUESTS)
         .map(|k| {
-            let body = engine.request_body(&prefix_prompt(k), PREFIX_MAX_TOKENS);
+            let body = engine.request_body(&prefix_prompt(k), PREFIX_MAX_TOKENS, args.sampled);
             stream_post(server.port, "/v1/completions", &body)
         })
         .collect();
@@ -1334,6 +1352,9 @@ pub struct Report {
     pub prefix_nx: PrefixStats,
     pub prefix_llama: Option<PrefixStats>,
     pub wall_s: f64,
+    /// `--sampled`: every token sampled (`SAMPLING`), not greedy.
+    #[serde(default)]
+    pub sampled: bool,
 }
 
 fn opt_ms(v: Option<f64>) -> String {
@@ -1501,11 +1522,25 @@ pub fn doc_section(report: &Report) -> String {
         || "(not run: `--no-reference`)".to_string(),
         |f| format!("`llama-server -m F --host 127.0.0.1 --port P {f}`"),
     );
+    let (begin, end) = loadtest_markers(report.sampled);
+    let (title, flag, decoding) = if report.sampled {
+        let settings: Vec<String> = SAMPLING
+            .iter()
+            .map(|(k, v)| format!("`{k}: {v}`"))
+            .collect();
+        (
+            ", sampled",
+            " --sampled",
+            format!("{}, `seed: {SEED}`", settings.join(", ")),
+        )
+    } else {
+        ("", "", format!("`temperature: 0`, `seed: {SEED}`"))
+    };
     format!(
-        "{SECTION_BEGIN}\n\
-         ## Serving under load: nx serve vs llama-server\n\n\
-         Generated by `cargo xtask loadtest --write` (this section is replaced on every such \
-         run; raw figures in `target/loadtest/{json}`). One run, so read the \
+        "{begin}\n\
+         ## Serving under load{title}: nx serve vs llama-server\n\n\
+         Generated by `cargo xtask loadtest{flag} --write` (this section is replaced on every \
+         such run; raw figures in `target/loadtest/{json}`). One run, so read the \
          ratios, not the absolute figures.\n\n\
          Command:\n\n```sh\n{command}\n```\n\n\
          ```text\n{summary}\n```\n\n\
@@ -1523,7 +1558,7 @@ pub fn doc_section(report: &Report) -> String {
          level has clients (unless `--parallel`), sends one untimed 8-token warm-up request, \
          then lets that many client threads share {requests} requests: each client streams \
          one request to its end and takes the next. Every request is `POST /v1/completions` \
-         with `stream: true`, `temperature: 0`, `seed: {seed}`, `max_tokens: {max_tokens}`, \
+         with `stream: true`, {decoding}, `max_tokens: {max_tokens}`, \
          `ignore_eos: true` (llama-server also gets `n_predict: {max_tokens}`) over a \
          different prompt of {prompt_tokens} (generated sentences, the same on every \
          run).\n\n\
@@ -1551,14 +1586,13 @@ pub fn doc_section(report: &Report) -> String {
          **These numbers are noisy.** The machine is a shared VM with {cpus} logical CPUs; the \
          client threads run on the same cores as the servers; load average {load_before} \
          before and {load_after} after the run.\n\
-         {SECTION_END}\n",
+         {end}\n",
         json = json_name(report),
         command = report.command,
         summary = summary_lines(report),
         table = levels_table(report),
         max_tokens = report.max_tokens,
         requests = report.requests_per_level,
-        seed = SEED,
         nx = report.nx_flags,
         ctx = report.ctx,
         prompt_tokens = report
@@ -1615,9 +1649,10 @@ pub fn llama_runs_lines(report: &Report) -> String {
 /// `loadtest-<date>-<HHMM>.json`: one file per run, a later run the same day keeps it.
 pub fn json_name(report: &Report) -> String {
     format!(
-        "loadtest-{}-{}.json",
+        "loadtest-{}-{}{}.json",
         report.date,
-        report.time_utc.replace(':', "")
+        report.time_utc.replace(':', ""),
+        if report.sampled { "-sampled" } else { "" }
     )
 }
 
@@ -1818,6 +1853,7 @@ fn report_of(
         prefix_nx,
         prefix_llama,
         wall_s: started.elapsed().as_secs_f64(),
+        sampled: args.sampled,
     }
 }
 
@@ -1839,8 +1875,11 @@ fn write_outputs(report: &Report, log_dir: &std::path::Path, args: &LoadtestArgs
     if args.write {
         let docs = workspace_root().join("docs").join("benchmarks.md");
         let old = std::fs::read_to_string(&docs).unwrap_or_default();
-        std::fs::write(&docs, with_loadtest_section(&old, &doc_section(report)))
-            .with_context(|| format!("cannot write {}", docs.display()))?;
+        std::fs::write(
+            &docs,
+            with_loadtest_section(&old, &doc_section(report), report.sampled),
+        )
+        .with_context(|| format!("cannot write {}", docs.display()))?;
         eprintln!(
             "loadtest: updated the loadtest section of {}",
             docs.display()
@@ -1853,6 +1892,7 @@ fn write_outputs(report: &Report, log_dir: &std::path::Path, args: &LoadtestArgs
 mod tests {
     use super::*;
     use crate::sections::loadtest_section;
+    use crate::sections::{LOADTEST_BEGIN as SECTION_BEGIN, LOADTEST_END as SECTION_END};
 
     #[test]
     fn percentiles_interpolate_between_ranks() {
@@ -2014,12 +2054,12 @@ mod tests {
 
     #[test]
     fn request_bodies_and_server_flags() {
-        let nx = Engine::Nx.request_body("p", 128);
+        let nx = Engine::Nx.request_body("p", 128, false);
         assert_eq!(nx["max_tokens"], 128);
         assert_eq!(nx["ignore_eos"], true);
         assert_eq!(nx["stream"], true);
         assert!(nx.get("n_predict").is_none());
-        let llama = Engine::Llama.request_body("p", 128);
+        let llama = Engine::Llama.request_body("p", 128, false);
         assert_eq!(llama["n_predict"], 128);
         assert_eq!(llama["ignore_eos"], true);
         assert_eq!(
@@ -2099,6 +2139,7 @@ mod tests {
                 ..PrefixStats::default()
             }),
             wall_s: 60.0,
+            sampled: false,
         }
     }
 
@@ -2175,20 +2216,31 @@ mod tests {
             "{section}"
         );
         let doc = "# Benchmarks\n\ntable\n";
-        let once = with_loadtest_section(doc, &section);
+        let once = with_loadtest_section(doc, &section, false);
         assert!(once.starts_with("# Benchmarks\n\ntable\n\n<!-- loadtest:begin"));
         // A regenerated bench table keeps the section.
         let kept = loadtest_section(&once).expect("section");
-        let again = with_loadtest_section("# Benchmarks\n\nnew table\n", kept);
+        let again = with_loadtest_section("# Benchmarks\n\nnew table\n", kept, false);
         assert_eq!(loadtest_section(&again), Some(kept));
         // Updating again replaces, never duplicates, and keeps text after the section.
         let with_tail = format!("{once}\n## Later\n");
-        let twice = with_loadtest_section(&with_tail, &section.replace("Some CPU", "Other CPU"));
+        let twice =
+            with_loadtest_section(&with_tail, &section.replace("Some CPU", "Other CPU"), false);
         assert_eq!(twice.matches(SECTION_BEGIN).count(), 1);
         assert!(twice.contains("Other CPU") && !twice.contains("Some CPU"));
         assert!(twice.ends_with("\n## Later\n"));
         assert!(twice.starts_with("# Benchmarks\n\ntable\n"));
-        assert_eq!(with_loadtest_section("", &section), section);
+        assert_eq!(with_loadtest_section("", &section, false), section);
+        // A sampled run has its own section, beside the greedy one.
+        let mut sampled = report();
+        sampled.sampled = true;
+        let other = doc_section(&sampled);
+        assert!(other.starts_with(crate::sections::LOADTEST_SAMPLED_BEGIN));
+        assert!(other.contains("`temperature: 0.8`, `top_k: 40`"), "{other}");
+        assert!(other.contains("loadtest-2026-12-01-1000-sampled.json"));
+        let both = with_loadtest_section(&twice, &other, true);
+        assert!(both.contains(&other) && both.contains("Other CPU"));
+        assert_eq!(both.matches(SECTION_BEGIN).count(), 1);
     }
 
     #[derive(clap::Parser, Debug)]
@@ -2243,6 +2295,7 @@ mod tests {
             write: false,
             no_build: false,
             level_timeout: 300,
+            sampled: false,
         };
         args.validate().unwrap();
         assert!(LoadtestArgs {

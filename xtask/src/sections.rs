@@ -8,14 +8,31 @@ use anyhow::{Context, Result};
 pub const LOADTEST_BEGIN: &str =
     "<!-- loadtest:begin (written by `cargo xtask loadtest --write`) -->";
 pub const LOADTEST_END: &str = "<!-- loadtest:end -->";
-/// The loadtest section of `doc` (markers included, and its trailing newline), if any.
+/// Markers around `cargo xtask loadtest --sampled --write`'s section.
+pub const LOADTEST_SAMPLED_BEGIN: &str =
+    "<!-- loadtest-sampled:begin (written by `cargo xtask loadtest --sampled --write`) -->";
+pub const LOADTEST_SAMPLED_END: &str = "<!-- loadtest-sampled:end -->";
+
+/// The markers of the greedy loadtest's section, or of the sampled one's.
+pub fn loadtest_markers(sampled: bool) -> (&'static str, &'static str) {
+    if sampled {
+        (LOADTEST_SAMPLED_BEGIN, LOADTEST_SAMPLED_END)
+    } else {
+        (LOADTEST_BEGIN, LOADTEST_END)
+    }
+}
+
+/// The (greedy) loadtest section of `doc` (markers included, and its trailing newline),
+/// if any.
 pub fn loadtest_section(doc: &str) -> Option<&str> {
     crate::util::doc_section(doc, LOADTEST_BEGIN, LOADTEST_END)
 }
 
-/// `doc` with its loadtest section replaced by `section`, or `section` appended.
-pub fn with_loadtest_section(doc: &str, section: &str) -> String {
-    crate::util::replace_doc_section(doc, LOADTEST_BEGIN, LOADTEST_END, section)
+/// `doc` with its loadtest section (the sampled one if `sampled`) replaced by `section`,
+/// or `section` appended.
+pub fn with_loadtest_section(doc: &str, section: &str, sampled: bool) -> String {
+    let (begin, end) = loadtest_markers(sampled);
+    crate::util::replace_doc_section(doc, begin, end, section)
 }
 
 /// Markers around `cargo xtask bench --spec`'s section (its native-tier one).
