@@ -8,6 +8,7 @@
 //! (the tokens chosen after that, over the rest of the time: every sequence in every
 //! step) and the whole run's rate, each the median over `--reps`.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -75,16 +76,19 @@ pub fn run_level(
             })?;
         }
         let start = Instant::now();
-        let mut first_tokens = 0;
+        // The sequences that have their first token: a sequence whose prompt ended in an
+        // early step decodes while later prompts still prefill, so its second and later
+        // tokens must not count as other sequences' first ones.
+        let mut started = HashSet::new();
         let mut decode_start = None;
         let mut decoded = 0usize;
         while engine.has_work() {
             for event in engine.step()? {
                 match event {
                     EngineEvent::Token { .. } if decode_start.is_some() => decoded += 1,
-                    EngineEvent::Token { .. } => {
-                        first_tokens += 1;
-                        if first_tokens == n_seqs {
+                    EngineEvent::Token { seq, .. } => {
+                        started.insert(seq);
+                        if started.len() == n_seqs {
                             decode_start = Some(Instant::now());
                         }
                     }
