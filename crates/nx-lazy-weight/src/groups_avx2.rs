@@ -145,6 +145,16 @@ pub(crate) unsafe fn run(
     }
 }
 
+/// Most tokens that read the weight rows as stored, widening each block once per group
+/// of [`GROUP`]; more take [`WIDENED_ROWS`] rows widened once for all the groups. Two
+/// groups (a sixteen-sequence decode step, a long draft verification) widen each block
+/// twice and still come out ahead of the stores and reloads of a widened copy
+/// (`lm_head_timing`, the Gemma 3 LM head at 16 rows, one thread, `NX_TIER=avx2`, AMD
+/// EPYC family 25 model 17: 73.1-74.9 ms widened, 66.4-66.8 stored; `benches/batched`
+/// Q4_0 / Q5_0 / Q8_0 640×2048 at 16 tokens: 0.354 / 0.376 / 0.352 ms widened, 0.314 /
+/// 0.357 / 0.306 stored); from three groups on the widened copy pays.
+const STORED_ROWS_UP_TO: usize = 2 * GROUP;
+
 /// Weight rows widened at a time when several groups of tokens share them: they stay
 /// in L1 beside one group's activations (Gemma 3's 640-wide rows: 16 × 1.3 KB).
 const WIDENED_ROWS: usize = 16;
@@ -154,10 +164,10 @@ thread_local! {
     static WIDENED: RefCell<(Vec<__m256i>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// [`run`] for one format. One group of tokens (a batched decode step, a draft
-/// verification) widens each weight block as it goes; more take [`WIDENED_ROWS`] rows
-/// widened once for all the groups, since widening a block costs about as much vector
-/// work as multiplying it by eight tokens.
+/// [`run`] for one format. Up to [`STORED_ROWS_UP_TO`] tokens (batched decode steps,
+/// draft verification) widen each weight block as they go; more take [`WIDENED_ROWS`]
+/// rows widened once for all the groups, since widening a block costs about as much
+/// vector work as multiplying it by eight tokens.
 ///
 /// # Safety
 /// As [`run`], with `w_rows` of format `FMT`.
@@ -169,7 +179,7 @@ unsafe fn run_format<const FMT: u8>(
     out_ptr: *mut f32,
     out_stride: usize,
 ) {
-    if acts.n_tokens <= GROUP {
+    if acts.n_tokens <= STORED_ROWS_UP_TO {
         let rows = StoredRows::<FMT> { w_rows, row_bytes };
         // SAFETY: the caller's contract.
         return unsafe { groups(&rows, acts, out_ptr, out_stride) };
@@ -231,6 +241,12 @@ trait WeightBlocks {
     /// # Safety
     /// The CPU has AVX2 and F16C; only inlined into functions enabling them.
     unsafe fn block(&self, r: usize, b: usize) -> (__m256i, __m256i, __m256);
+
+    /// Row `r`'s block `b`'s `d_w` alone.
+    ///
+    /// # Safety
+    /// As [`WeightBlocks::block`].
+    unsafe fn dw(&self, r: usize, b: usize) -> f32;
 }
 
 /// Weight rows as stored, each block widened when it is needed.
@@ -256,6 +272,12 @@ impl<const FMT: u8> WeightBlocks for StoredRows<'_, FMT> {
         prefetch_ahead(row, at);
         // SAFETY: the caller's contract; `weight_block` asserts the block's length.
         unsafe { weight_block::<FMT>(&row[at..]) }
+    }
+
+    #[inline(always)]
+    unsafe fn dw(&self, r: usize, b: usize) -> f32 {
+        let at = r * self.row_bytes + b * block_bytes(FMT);
+        crate::avx2::f16_bits_to_f32(u16::from_le_bytes([self.w_rows[at], self.w_rows[at + 1]]))
     }
 }
 
@@ -321,6 +343,11 @@ impl WeightBlocks for WidenedRows<'_> {
             _mm256_set1_ps(self.dw[i]),
         )
     }
+
+    #[inline(always)]
+    unsafe fn dw(&self, r: usize, b: usize) -> f32 {
+        self.dw[r * self.n_blocks + b]
+    }
 }
 
 /// A weight block's 32 signed quants widened to i16 in lane-pair order (the first
@@ -349,26 +376,47 @@ unsafe fn weight_block<const FMT: u8>(wb: &[u8]) -> (__m256i, __m256i, __m256) {
     }
 }
 
-/// Groups of at least this many tokens take every token's `d_w·d_x` of a block from
-/// [`store_scales`]; smaller ones multiply per token (the store and reloads cost more
-/// than they save there).
-const STORED_SCALES_FROM: usize = 4;
+/// Groups of at least this many tokens take every token's `d_w·d_x` from a table of
+/// the row's products ([`row_scales`]); smaller ones multiply per token (the table
+/// costs more than it saves there).
+const SCALE_TABLE_FROM: usize = 4;
 
-/// `d_w·d_x` of the block for each token scale in `dx` (the lanes `lane_mask` sets),
-/// into `out`: a scalar multiply and a register broadcast per token take two
-/// vector-ALU slots each, one vector multiply stored whole and read back by broadcast
-/// loads takes one slot for the group (same products either way). The one
-/// whole-register store lets those loads be forwarded from it.
+thread_local! {
+    /// Each thread's table of one row's `d_w·d_x` ([`row_scales`]).
+    static SCALES: RefCell<Vec<[f32; GROUP]>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Every block's `d_w·d_x` of row `r` for each token of the group starting at `g0`
+/// (the lanes `lane_mask` sets), into `table[b]`: one vector multiply a block instead
+/// of a scalar multiply and a register broadcast per token, both on the vector ALUs
+/// the `madd`s and FMAs need (same products either way). Written before the row's
+/// blocks are multiplied, so the broadcast loads that read them back find them in L1
+/// rather than waiting on a store just issued (as a table written block by block did).
 ///
 /// # Safety
-/// The CPU has AVX2; `lane_mask` sets lanes `0..dx.len()` only, `dx.len() <= GROUP`.
+/// The CPU has AVX2 and F16C; `lane_mask` sets lanes `0..N` only; `rows` holds
+/// `acts`' block count of blocks per row.
 #[inline(always)]
-unsafe fn store_scales(dw: __m256, dx: &[f32], lane_mask: __m256i, out: &mut [f32; GROUP]) {
-    debug_assert!(dx.len() <= GROUP);
-    // SAFETY: the mask reads only the lanes inside `dx`; `out` holds eight f32.
-    unsafe {
-        let dx = _mm256_maskload_ps(dx.as_ptr(), lane_mask);
-        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(dw, dx));
+unsafe fn row_scales<const N: usize, W: WeightBlocks>(
+    rows: &W,
+    r: usize,
+    acts: &GroupActs,
+    g0: usize,
+    lane_mask: __m256i,
+    table: &mut [[f32; GROUP]],
+) {
+    let n_blocks = acts.n_blocks;
+    assert!(table.len() >= n_blocks && acts.dx.len() >= (g0 + N) * n_blocks);
+    for (b, out) in table[..n_blocks].iter_mut().enumerate() {
+        let first = g0 * n_blocks + b * N;
+        // SAFETY: the mask reads lanes 0..N of `dx[first..]`, inside `dx` (asserted: the
+        // group's last slot is below (g0 + N)·n_blocks); `out` holds eight f32; the
+        // features per the contract.
+        unsafe {
+            let dx = _mm256_maskload_ps(acts.dx.as_ptr().add(first), lane_mask);
+            let dw = _mm256_set1_ps(rows.dw(r, b));
+            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(dw, dx));
+        }
     }
 }
 
@@ -390,55 +438,56 @@ unsafe fn group<const N: usize, W: WeightBlocks>(
     assert!(g0 + N <= n && rows.n_blocks() == n_blocks);
     assert!(acts.quads.len() >= n_blocks * n * 32 && acts.dx.len() >= n_blocks * n);
     let quads = acts.quads.as_ptr();
-    // Lanes 0..N set: the tokens of this group (for `store_scales`).
+    // Lanes 0..N set: the tokens of this group (for `row_scales`).
     let lane_mask = _mm256_cmpgt_epi32(
         _mm256_set1_epi32(N as i32),
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
     );
-    let mut scales = [0.0f32; GROUP];
-    for r in 0..rows.n_rows() {
-        let mut acc = [_mm256_setzero_ps(); N];
-        for b in 0..n_blocks {
-            // SAFETY: the CPU features per the contract; `b` is inside the row.
-            let (w_lo, w_hi, dw) = unsafe { rows.block(r, b) };
-            // The group's tokens of block `b` lie side by side from here ([`slot`]).
-            let first = g0 * n_blocks + b * N;
-            debug_assert_eq!(first, slot(n, n_blocks, g0, b));
-            let stored: &[f32; GROUP] = if N >= STORED_SCALES_FROM {
-                let dx = &acts.dx[first..first + N];
-                // SAFETY: `dx` has N ≤ GROUP lanes, the ones `lane_mask` sets.
-                unsafe { store_scales(dw, dx, lane_mask, &mut scales) };
-                // Keeps the products in memory (else LLVM rebuilds each broadcast from
-                // the register with shuffles, as many ALU slots as the multiplies).
-                std::hint::black_box(&scales)
-            } else {
-                &scales
-            };
-            for (t, acc) in acc.iter_mut().enumerate() {
-                let slot = first + t;
-                // SAFETY: slot < n_blocks·n, so its 32 i16 are inside `quads`.
-                let (x_lo, x_hi) = unsafe {
-                    let p = quads.add(slot * 32);
-                    (
-                        _mm256_loadu_si256(p as *const __m256i),
-                        _mm256_loadu_si256(p.add(16) as *const __m256i),
-                    )
-                };
-                let lanes =
-                    _mm256_add_epi32(_mm256_madd_epi16(w_lo, x_lo), _mm256_madd_epi16(w_hi, x_hi));
-                let d = if N >= STORED_SCALES_FROM {
-                    _mm256_broadcast_ss(&stored[t])
-                } else {
-                    _mm256_mul_ps(dw, _mm256_set1_ps(acts.dx[slot]))
-                };
-                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), *acc);
+    SCALES.with(|cell| {
+        let mut table = cell.borrow_mut();
+        if N >= SCALE_TABLE_FROM && table.len() < n_blocks {
+            table.resize(n_blocks, [0.0; GROUP]);
+        }
+        for r in 0..rows.n_rows() {
+            if N >= SCALE_TABLE_FROM {
+                // SAFETY: the contract; the table holds n_blocks entries (resized above).
+                unsafe { row_scales::<N, W>(rows, r, acts, g0, lane_mask, &mut table) };
+            }
+            let mut acc = [_mm256_setzero_ps(); N];
+            for b in 0..n_blocks {
+                // SAFETY: the CPU features per the contract; `b` is inside the row.
+                let (w_lo, w_hi, dw) = unsafe { rows.block(r, b) };
+                // The group's tokens of block `b` lie side by side from here ([`slot`]).
+                let first = g0 * n_blocks + b * N;
+                debug_assert_eq!(first, slot(n, n_blocks, g0, b));
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    let slot = first + t;
+                    // SAFETY: slot < n_blocks·n, so its 32 i16 are inside `quads`.
+                    let (x_lo, x_hi) = unsafe {
+                        let p = quads.add(slot * 32);
+                        (
+                            _mm256_loadu_si256(p as *const __m256i),
+                            _mm256_loadu_si256(p.add(16) as *const __m256i),
+                        )
+                    };
+                    let lanes = _mm256_add_epi32(
+                        _mm256_madd_epi16(w_lo, x_lo),
+                        _mm256_madd_epi16(w_hi, x_hi),
+                    );
+                    let d = if N >= SCALE_TABLE_FROM {
+                        _mm256_broadcast_ss(&table[b][t])
+                    } else {
+                        _mm256_mul_ps(dw, _mm256_set1_ps(acts.dx[slot]))
+                    };
+                    *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), *acc);
+                }
+            }
+            for (t, acc) in acc.iter().enumerate() {
+                // SAFETY: the caller's contract on `out`.
+                unsafe { *out.add(t * out_stride + r) = hsum_ps(*acc) };
             }
         }
-        for (t, acc) in acc.iter().enumerate() {
-            // SAFETY: the caller's contract on `out`.
-            unsafe { *out.add(t * out_stride + r) = hsum_ps(*acc) };
-        }
-    }
+    });
 }
 
 #[cfg(test)]
