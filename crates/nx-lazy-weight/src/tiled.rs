@@ -938,81 +938,7 @@ unsafe fn run_avx512(
                     // SAFETY: the caller guarantees the CPU features; `w` holds
                     // `n_blocks` unpacked blocks per row for one or two rows (`pair`), `x`
                     // `n_blocks` tile blocks of the same dot type.
-                    unsafe {
-                        match (weight_type, pair) {
-                            (GgmlType::Q4_K, true) => {
-                                q4_k_tile::<2, FOUR_MIN_LANES>(w, stride, x, n_blocks, dst)
-                            }
-                            (GgmlType::Q4_K, false) => q4_k_tile::<1, FOUR_MIN_LANES>(
-                                w,
-                                stride,
-                                x,
-                                n_blocks,
-                                first_mut(dst),
-                            ),
-                            (GgmlType::Q5_K, true) => {
-                                q4_k_tile::<2, ONE_MIN_CHAIN>(w, stride, x, n_blocks, dst)
-                            }
-                            (GgmlType::Q5_K, false) => q4_k_tile::<1, ONE_MIN_CHAIN>(
-                                w,
-                                stride,
-                                x,
-                                n_blocks,
-                                first_mut(dst),
-                            ),
-                            (GgmlType::Q2_K, true) => {
-                                q2_k_tile::<2, WITH_MINS>(w, stride, x, n_blocks, dst)
-                            }
-                            (GgmlType::Q2_K, false) => {
-                                q2_k_tile::<1, WITH_MINS>(w, stride, x, n_blocks, first_mut(dst))
-                            }
-                            (GgmlType::Q3_K, true) => {
-                                q2_k_tile::<2, NO_MINS>(w, stride, x, n_blocks, dst)
-                            }
-                            (GgmlType::Q3_K, false) => {
-                                q2_k_tile::<1, NO_MINS>(w, stride, x, n_blocks, first_mut(dst))
-                            }
-                            (GgmlType::Q6_K, true) => q6_k_tile::<2>(w, stride, x, n_blocks, dst),
-                            (GgmlType::Q6_K, false) => {
-                                q6_k_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
-                            }
-                            (GgmlType::IQ1_M, _) => {
-                                let (first, second) = dst.split_at_mut(1);
-                                iq1_m_tile(w, x, n_blocks, &mut first[0]);
-                                if pair {
-                                    iq1_m_tile(&w[stride..], x, n_blocks, &mut second[0]);
-                                }
-                            }
-                            (GgmlType::IQ4_XS, true) => {
-                                grid_tile::<QUAD_PRODUCTS, 2>(w, stride, x, n_blocks, dst)
-                            }
-                            (GgmlType::IQ4_XS, false) => {
-                                let one = first_mut(dst);
-                                grid_tile::<QUAD_PRODUCTS, 1>(w, stride, x, n_blocks, one)
-                            }
-                            (t, true) if plain_grid(t).is_some() => {
-                                grid_tile::<PAIR_SUMS, 2>(w, stride, x, n_blocks, dst)
-                            }
-                            (t, false) if plain_grid(t).is_some() => {
-                                let one = first_mut(dst);
-                                grid_tile::<PAIR_SUMS, 1>(w, stride, x, n_blocks, one)
-                            }
-                            (GgmlType::Q4_1 | GgmlType::Q5_1, true) => {
-                                offset32_tile::<2>(w, stride, x, n_blocks, dst)
-                            }
-                            (GgmlType::Q4_1 | GgmlType::Q5_1, false) => {
-                                offset32_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
-                            }
-                            (GgmlType::IQ4_NL, true) => {
-                                iq4_nl_tile::<2>(w, stride, x, n_blocks, dst)
-                            }
-                            (GgmlType::IQ4_NL, false) => {
-                                iq4_nl_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
-                            }
-                            (_, true) => block32_tile::<2>(w, stride, x, n_blocks, dst),
-                            (_, false) => block32_tile::<1>(w, stride, x, n_blocks, first_mut(dst)),
-                        }
-                    }
+                    unsafe { tile_rows(weight_type, pair, w, stride, x, n_blocks, dst) };
                     r += if pair { 2 } else { 1 };
                 }
                 let block: &[[f32; TILE]; ROW_BLOCK] =
@@ -1025,6 +951,78 @@ unsafe fn run_avx512(
             }
         }
     });
+}
+
+/// One or two (`pair`) unpacked weight rows of `weight_type` against one token group's
+/// tile blocks: the format's tile kernel, its outputs to `dst[0]` (and `dst[1]`).
+///
+/// # Safety
+/// As [`run`]: the CPU has the tiled kernels' features; `w` holds `n_blocks` unpacked
+/// blocks per row (rows `stride` bytes apart) for one or two rows, `x` `n_blocks` tile
+/// blocks of the weight's dot type.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn tile_rows(
+    weight_type: GgmlType,
+    pair: bool,
+    w: &[u8],
+    stride: usize,
+    x: &[u8],
+    n_blocks: usize,
+    dst: &mut [[f32; TILE]; 2],
+) {
+    // SAFETY (every arm): the contract, the format matched.
+    unsafe {
+        match (weight_type, pair) {
+            (GgmlType::Q4_K, true) => q4_k_tile::<2, FOUR_MIN_LANES>(w, stride, x, n_blocks, dst),
+            (GgmlType::Q4_K, false) => {
+                q4_k_tile::<1, FOUR_MIN_LANES>(w, stride, x, n_blocks, first_mut(dst))
+            }
+            (GgmlType::Q5_K, true) => q4_k_tile::<2, ONE_MIN_CHAIN>(w, stride, x, n_blocks, dst),
+            (GgmlType::Q5_K, false) => {
+                q4_k_tile::<1, ONE_MIN_CHAIN>(w, stride, x, n_blocks, first_mut(dst))
+            }
+            (GgmlType::Q2_K, true) => q2_k_tile::<2, WITH_MINS>(w, stride, x, n_blocks, dst),
+            (GgmlType::Q2_K, false) => {
+                q2_k_tile::<1, WITH_MINS>(w, stride, x, n_blocks, first_mut(dst))
+            }
+            (GgmlType::Q3_K, true) => q2_k_tile::<2, NO_MINS>(w, stride, x, n_blocks, dst),
+            (GgmlType::Q3_K, false) => {
+                q2_k_tile::<1, NO_MINS>(w, stride, x, n_blocks, first_mut(dst))
+            }
+            (GgmlType::Q6_K, true) => q6_k_tile::<2>(w, stride, x, n_blocks, dst),
+            (GgmlType::Q6_K, false) => q6_k_tile::<1>(w, stride, x, n_blocks, first_mut(dst)),
+            (GgmlType::IQ1_M, _) => {
+                let (first, second) = dst.split_at_mut(1);
+                iq1_m_tile(w, x, n_blocks, &mut first[0]);
+                if pair {
+                    iq1_m_tile(&w[stride..], x, n_blocks, &mut second[0]);
+                }
+            }
+            (GgmlType::IQ4_XS, true) => grid_tile::<QUAD_PRODUCTS, 2>(w, stride, x, n_blocks, dst),
+            (GgmlType::IQ4_XS, false) => {
+                let one = first_mut(dst);
+                grid_tile::<QUAD_PRODUCTS, 1>(w, stride, x, n_blocks, one)
+            }
+            (t, true) if plain_grid(t).is_some() => {
+                grid_tile::<PAIR_SUMS, 2>(w, stride, x, n_blocks, dst)
+            }
+            (t, false) if plain_grid(t).is_some() => {
+                let one = first_mut(dst);
+                grid_tile::<PAIR_SUMS, 1>(w, stride, x, n_blocks, one)
+            }
+            (GgmlType::Q4_1 | GgmlType::Q5_1, true) => {
+                offset32_tile::<2>(w, stride, x, n_blocks, dst)
+            }
+            (GgmlType::Q4_1 | GgmlType::Q5_1, false) => {
+                offset32_tile::<1>(w, stride, x, n_blocks, first_mut(dst))
+            }
+            (GgmlType::IQ4_NL, true) => iq4_nl_tile::<2>(w, stride, x, n_blocks, dst),
+            (GgmlType::IQ4_NL, false) => iq4_nl_tile::<1>(w, stride, x, n_blocks, first_mut(dst)),
+            (_, true) => block32_tile::<2>(w, stride, x, n_blocks, dst),
+            (_, false) => block32_tile::<1>(w, stride, x, n_blocks, first_mut(dst)),
+        }
+    }
 }
 
 /// [`run`] for Q4_K / Q6_K through [`crate::amx`]: sixteen weight rows unpacked at a
