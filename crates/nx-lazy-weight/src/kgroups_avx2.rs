@@ -350,26 +350,26 @@ unsafe fn run_stored(
 ) {
     let args = (w_rows, row_bytes, acts, 0);
     macro_rules! counts {
-        ($kernel:ident $(, $five:literal)?) => {
+        ($kernel:ident $(, $kind:tt)?) => {
             // SAFETY: the caller's contract; token `t` of row `r` goes to
             // `out[t·stride + r]`.
             unsafe {
                 match acts.n_tokens {
-                    1 => $kernel::<1 $(, $five)?>(args, out_ptr, out_stride),
-                    2 => $kernel::<2 $(, $five)?>(args, out_ptr, out_stride),
-                    3 => $kernel::<3 $(, $five)?>(args, out_ptr, out_stride),
-                    4 => $kernel::<4 $(, $five)?>(args, out_ptr, out_stride),
-                    5 => $kernel::<5 $(, $five)?>(args, out_ptr, out_stride),
-                    6 => $kernel::<6 $(, $five)?>(args, out_ptr, out_stride),
-                    7 => $kernel::<7 $(, $five)?>(args, out_ptr, out_stride),
-                    _ => $kernel::<8 $(, $five)?>(args, out_ptr, out_stride),
+                    1 => $kernel::<1 $(, $kind)?>(args, out_ptr, out_stride),
+                    2 => $kernel::<2 $(, $kind)?>(args, out_ptr, out_stride),
+                    3 => $kernel::<3 $(, $kind)?>(args, out_ptr, out_stride),
+                    4 => $kernel::<4 $(, $kind)?>(args, out_ptr, out_stride),
+                    5 => $kernel::<5 $(, $kind)?>(args, out_ptr, out_stride),
+                    6 => $kernel::<6 $(, $kind)?>(args, out_ptr, out_stride),
+                    7 => $kernel::<7 $(, $kind)?>(args, out_ptr, out_stride),
+                    _ => $kernel::<8 $(, $kind)?>(args, out_ptr, out_stride),
                 }
             }
         };
     }
     match kind {
-        Kind::Q4K => counts!(q4_k_stored, false),
-        Kind::Q5K => counts!(q4_k_stored, true),
+        Kind::Q4K => counts!(q4_k_stored, { Kind::Q4K as u8 }),
+        Kind::Q5K => counts!(q4_k_stored, { Kind::Q5K as u8 }),
         Kind::Q6K => counts!(q6_k_stored),
     }
 }
@@ -420,6 +420,128 @@ unsafe fn scale_products<const N: usize>(weight_scale: __m256, dx: &[f32], out: 
     }
 }
 
+/// The float chains of one weight row against a group's `N` tokens, as the single-token
+/// K kernels keep them: eight lanes per token (`d_w·d_x` times the super-block's lane
+/// integers), and Q4_K's four min lanes or Q5_K's one min chain (`−d_x·dmin_w` times the
+/// mins against the token's sub-block sums); Q6_K has no min term, its `−32` offset is
+/// taken off the lane integers.
+struct RowChains<const N: usize> {
+    acc: [__m256; N],
+    acc_min: [__m128; N],
+    summs: [f32; N],
+}
+
+impl<const N: usize> RowChains<N> {
+    /// Every chain at `+0`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 (only inlined into functions enabling it).
+    #[inline(always)]
+    unsafe fn new() -> Self {
+        // SAFETY: AVX2 by the contract.
+        unsafe {
+            RowChains {
+                acc: [_mm256_setzero_ps(); N],
+                acc_min: [_mm_setzero_ps(); N],
+                summs: [0.0; N],
+            }
+        }
+    }
+
+    /// Adds one super-block of `KIND`: the tokens' lane integers `sumi`, their slots from
+    /// `x0`, `extra` the weight's Q6_K scales as words (for the bsums offset) or Q4_K /
+    /// Q5_K mins as words in the low half, `d` and `neg_dmin` the tokens' `d_w·d_x` and
+    /// `−d_x·dmin_w` ([`scale_products`]).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA (only inlined into functions enabling them); `x0` is
+    /// valid for `N` slots.
+    #[inline(always)]
+    unsafe fn add_block<const KIND: u8>(
+        &mut self,
+        sumi: &[__m256i; N],
+        x0: *const u8,
+        extra: __m256i,
+        (d, neg_dmin): (&[f32; GROUP], &[f32; GROUP]),
+    ) {
+        for t in 0..N {
+            // SAFETY (both loads): token t's slot lies at `x0 + t·SLOT` (the contract).
+            let lanes = if KIND == Kind::Q6K as u8 {
+                let bsums =
+                    unsafe { _mm256_loadu_si256(x0.add(t * SLOT + SLOT_BSUMS) as *const __m256i) };
+                let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, extra));
+                _mm256_sub_epi32(sumi[t], offset)
+            } else {
+                let sub_sums =
+                    unsafe { _mm_loadu_si128(x0.add(t * SLOT + SLOT_SUB_SUMS) as *const __m128i) };
+                let min_lanes = _mm_madd_epi16(sub_sums, _mm256_castsi256_si128(extra));
+                if KIND == Kind::Q5K as u8 {
+                    self.summs[t] =
+                        neg_dmin[t].mul_add(hsum_epi32(min_lanes) as f32, self.summs[t]);
+                } else {
+                    self.acc_min[t] = _mm_fmadd_ps(
+                        _mm_broadcast_ss(&neg_dmin[t]),
+                        _mm_cvtepi32_ps(min_lanes),
+                        self.acc_min[t],
+                    );
+                }
+                sumi[t]
+            };
+            self.acc[t] = _mm256_fmadd_ps(
+                _mm256_broadcast_ss(&d[t]),
+                _mm256_cvtepi32_ps(lanes),
+                self.acc[t],
+            );
+        }
+    }
+
+    /// Writes each token's output of row `r` to `out[t·out_stride + r]`: the lanes
+    /// summed, plus the min term, as the single-token kernels finish.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 (only inlined into functions enabling it); `out` is valid for
+    /// those writes.
+    #[inline(always)]
+    unsafe fn store<const KIND: u8>(&self, out: *mut f32, out_stride: usize, r: usize) {
+        for t in 0..N {
+            // SAFETY: AVX2 by the contract.
+            let lanes = unsafe { hsum_ps(self.acc[t]) };
+            let y = match KIND {
+                k if k == Kind::Q4K as u8 => lanes + unsafe { hsum4_ps(self.acc_min[t]) },
+                k if k == Kind::Q5K as u8 => lanes + self.summs[t],
+                _ => lanes,
+            };
+            // SAFETY: the caller's contract on `out`.
+            unsafe { *out.add(t * out_stride + r) = y };
+        }
+    }
+}
+
+/// `d_w·d_x` into `d` and, but for Q6_K, `−d_x·dmin_w` into `neg_dmin` for the `N` token
+/// scales `dx` ([`scale_products`]), passed on through [`std::hint::black_box`] so the
+/// products stay in memory for broadcast loads (else LLVM rebuilds each broadcast from
+/// the register with shuffles).
+///
+/// # Safety
+/// The CPU has AVX2 (only inlined into functions enabling it); `dx` holds `N <= GROUP`
+/// scales.
+#[inline(always)]
+unsafe fn block_scales<'a, const N: usize, const KIND: u8>(
+    (d_w, neg_dmin_w): (__m256, __m256),
+    dx: &[f32],
+    d: &'a mut [f32; GROUP],
+    neg_dmin: &'a mut [f32; GROUP],
+) -> (&'a [f32; GROUP], &'a [f32; GROUP]) {
+    // SAFETY: the contract.
+    unsafe {
+        scale_products::<N>(d_w, dx, d);
+        if KIND != Kind::Q6K as u8 {
+            scale_products::<N>(neg_dmin_w, dx, neg_dmin);
+        }
+    }
+    (std::hint::black_box(d), std::hint::black_box(neg_dmin))
+}
+
 /// What the stored-row kernels take: the weight rows as stored, their bytes per row, the
 /// activations and the group's first token.
 type StoredArgs<'a> = (&'a [u8], usize, &'a KGroupActs, usize);
@@ -435,21 +557,22 @@ fn checked_shape<const N: usize>(
     (n, n_blocks)
 }
 
-/// Q4_K rows (Q5_K when `FIVE`) against tokens `g0..g0 + N`: row `r`, token `g0 + t` to
+/// Q4_K rows (Q5_K when `KIND` is Q5_K's) against tokens `g0..g0 + N`: row `r`, token `g0 + t` to
 /// `out[t·out_stride + r]`. Same integers and float chains as `avx2::q4_k_impl` (and
 /// `avx2::q5_k_impl`, whose min term is one scalar chain instead of four lanes).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `out` is valid for those writes.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_stored<const N: usize, const FIVE: bool>(
+unsafe fn q4_k_stored<const N: usize, const KIND: u8>(
     args: StoredArgs<'_>,
     out: *mut f32,
     out_stride: usize,
 ) {
     let (w, row_bytes, acts, g0) = args;
-    let block_bytes = if FIVE { Q5_K_BYTES } else { Q4_K_BYTES };
-    let quants = if FIVE { q4_k::Q5_QS } else { q4_k::QS };
+    let five = KIND == Kind::Q5K as u8;
+    let block_bytes = if five { Q5_K_BYTES } else { Q4_K_BYTES };
+    let quants = if five { q4_k::Q5_QS } else { q4_k::QS };
     let (n, n_blocks) = checked_shape::<N>(args, block_bytes);
     let low4 = _mm256_set1_epi8(0x0F);
     let bit4 = _mm256_set1_epi8(0x10);
@@ -457,9 +580,8 @@ unsafe fn q4_k_stored<const N: usize, const FIVE: bool>(
     let mut d = [0.0f32; GROUP];
     let mut neg_dmin = [0.0f32; GROUP];
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        let mut acc = [_mm256_setzero_ps(); N];
-        let mut acc_min = [_mm_setzero_ps(); N];
-        let mut summs = [0.0f32; N];
+        // SAFETY: AVX2 (this function's features).
+        let mut chains = unsafe { RowChains::<N>::new() };
         for b in 0..n_blocks {
             prefetch_ahead(row, b * block_bytes);
             let wb = &row[b * block_bytes..(b + 1) * block_bytes];
@@ -470,7 +592,7 @@ unsafe fn q4_k_stored<const N: usize, const FIVE: bool>(
             let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
             // The fifth bits (Q5_K): bits 2c, 2c+1 of each byte for chunk c.
             // SAFETY: qh is bytes 16..48 of 176.
-            let mut qh = if FIVE {
+            let mut qh = if five {
                 unsafe { load32(wb, q4_k::Q5_QH) }
             } else {
                 low4
@@ -485,7 +607,7 @@ unsafe fn q4_k_stored<const N: usize, const FIVE: bool>(
                     let qs = unsafe { load32(wb, quants + 32 * $c + z) };
                     let mut lo = _mm256_and_si256(qs, low4);
                     let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), low4);
-                    if FIVE {
+                    if five {
                         lo =
                             _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bit4));
                         hi =
@@ -509,48 +631,17 @@ unsafe fn q4_k_stored<const N: usize, const FIVE: bool>(
             chunk!(3, 0xFF);
             let _ = qh;
             let dx = &acts.dx[b * n + g0..b * n + g0 + N];
-            let dmin_w = f16_splat(wb, q4_k::DMIN);
-            // SAFETY: AVX2; `dx` holds N ≤ GROUP scales.
+            // −d_x·dmin_w, as the single-token kernel forms it (a negation is exact).
+            let neg_dmin_w = _mm256_xor_ps(f16_splat(wb, q4_k::DMIN), _mm256_set1_ps(-0.0));
+            // SAFETY: AVX2; `dx` holds N ≤ GROUP scales; N slots from `x0`.
             unsafe {
-                scale_products::<N>(f16_splat(wb, 0), dx, &mut d);
-                // −d_x·dmin_w, as the single-token kernel forms it (a negation is exact).
-                scale_products::<N>(
-                    _mm256_xor_ps(dmin_w, _mm256_set1_ps(-0.0)),
-                    dx,
-                    &mut neg_dmin,
-                );
-            }
-            let (d, neg_dmin) = (std::hint::black_box(&d), std::hint::black_box(&neg_dmin));
-            for t in 0..N {
-                // SAFETY: the 32-quant sums of token g0 + t's slot.
-                let sub_sums =
-                    unsafe { _mm_loadu_si128(x0.add(t * SLOT + SLOT_SUB_SUMS) as *const __m128i) };
-                let min_lanes = _mm_madd_epi16(sub_sums, mins);
-                if FIVE {
-                    summs[t] = neg_dmin[t].mul_add(hsum_epi32(min_lanes) as f32, summs[t]);
-                } else {
-                    acc_min[t] = _mm_fmadd_ps(
-                        _mm_broadcast_ss(&neg_dmin[t]),
-                        _mm_cvtepi32_ps(min_lanes),
-                        acc_min[t],
-                    );
-                }
-                acc[t] = _mm256_fmadd_ps(
-                    _mm256_broadcast_ss(&d[t]),
-                    _mm256_cvtepi32_ps(sumi[t]),
-                    acc[t],
-                );
+                let scales = (f16_splat(wb, 0), neg_dmin_w);
+                let products = block_scales::<N, KIND>(scales, dx, &mut d, &mut neg_dmin);
+                chains.add_block::<KIND>(&sumi, x0, _mm256_castsi128_si256(mins), products);
             }
         }
-        for t in 0..N {
-            let y = if FIVE {
-                hsum_ps(acc[t]) + summs[t]
-            } else {
-                hsum_ps(acc[t]) + hsum4_ps(acc_min[t])
-            };
-            // SAFETY: the caller's contract on `out`.
-            unsafe { *out.add(t * out_stride + r) = y };
-        }
+        // SAFETY: the caller's contract on `out`.
+        unsafe { chains.store::<KIND>(out, out_stride, r) };
     }
 }
 
@@ -578,9 +669,11 @@ unsafe fn q6_k_stored<const N: usize>(args: StoredArgs<'_>, out: *mut f32, out_s
     };
     let (ctrl0, ctrl2) = (pair_ctrl(0), pair_ctrl(2));
     let slots = acts.slots.as_ptr();
-    let mut d = [0.0f32; GROUP];
+    const Q6K: u8 = Kind::Q6K as u8;
+    let (mut d, mut unused) = ([0.0f32; GROUP], [0.0f32; GROUP]);
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        let mut acc = [_mm256_setzero_ps(); N];
+        // SAFETY: AVX2 (this function's features).
+        let mut chains = unsafe { RowChains::<N>::new() };
         for b in 0..n_blocks {
             prefetch_ahead(row, b * Q6_K_BYTES);
             let wb = &row[b * Q6_K_BYTES..(b + 1) * Q6_K_BYTES];
@@ -612,26 +705,15 @@ unsafe fn q6_k_stored<const N: usize>(args: StoredArgs<'_>, out: *mut f32, out_s
                 pair!(q2, q3, ctrl2, 1);
             }
             let dx = &acts.dx[b * n + g0..b * n + g0 + N];
-            // SAFETY: AVX2; `dx` holds N ≤ GROUP scales.
-            unsafe { scale_products::<N>(f16_splat(wb, q6_k::D), dx, &mut d) };
-            let d = std::hint::black_box(&d);
-            for t in 0..N {
-                // SAFETY: the bsums of token g0 + t's slot.
-                let bsums =
-                    unsafe { _mm256_loadu_si256(x0.add(t * SLOT + SLOT_BSUMS) as *const __m256i) };
-                let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
-                let lanes = _mm256_sub_epi32(sumi[t], offset);
-                acc[t] = _mm256_fmadd_ps(
-                    _mm256_broadcast_ss(&d[t]),
-                    _mm256_cvtepi32_ps(lanes),
-                    acc[t],
-                );
+            // SAFETY: AVX2; `dx` holds N ≤ GROUP scales; N slots from `x0`.
+            unsafe {
+                let scales = (f16_splat(wb, q6_k::D), _mm256_setzero_ps());
+                let products = block_scales::<N, Q6K>(scales, dx, &mut d, &mut unused);
+                chains.add_block::<Q6K>(&sumi, x0, sc16, products);
             }
         }
-        for t in 0..N {
-            // SAFETY: the caller's contract on `out`.
-            unsafe { *out.add(t * out_stride + r) = hsum_ps(acc[t]) };
-        }
+        // SAFETY: the caller's contract on `out`.
+        unsafe { chains.store::<Q6K>(out, out_stride, r) };
     }
 }
 
@@ -781,64 +863,23 @@ unsafe fn group<const N: usize, const KIND: u8>(
     let mut d = [0.0f32; GROUP];
     let mut neg_dmin = [0.0f32; GROUP];
     for (r, row) in wide.chunks_exact(n_blocks).enumerate() {
-        let mut acc = [_mm256_setzero_ps(); N];
-        let mut acc_min = [_mm_setzero_ps(); N];
-        let mut summs = [0.0f32; N];
+        // SAFETY: AVX2 (this function's features).
+        let mut chains = unsafe { RowChains::<N>::new() };
         for (b, wk) in row.iter().enumerate() {
             // SAFETY: slot b·n + g0 + N ≤ n_blocks·n (asserted).
             let x0 = unsafe { slots.add((b * n + g0) * SLOT) };
             // SAFETY: the CPU features per the contract; N slots from `x0` (asserted).
             let sumi = unsafe { block_sums::<N>(wk, x0) };
             let dx = &acts.dx[b * n + g0..b * n + g0 + N];
-            // SAFETY: AVX2; `dx` holds N ≤ GROUP scales.
+            // SAFETY: AVX2; `dx` holds N ≤ GROUP scales; N slots from `x0`.
             unsafe {
-                scale_products::<N>(_mm256_set1_ps(wk.d), dx, &mut d);
-                if KIND != Kind::Q6K as u8 {
-                    scale_products::<N>(_mm256_set1_ps(wk.neg_dmin), dx, &mut neg_dmin);
-                }
-            }
-            let (d, neg_dmin) = (std::hint::black_box(&d), std::hint::black_box(&neg_dmin));
-            for t in 0..N {
-                let lanes = if KIND == Kind::Q6K as u8 {
-                    // SAFETY: the bsums of token g0 + t's slot.
-                    let bsums = unsafe {
-                        _mm256_loadu_si256(x0.add(t * SLOT + SLOT_BSUMS) as *const __m256i)
-                    };
-                    let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, wk.extra));
-                    _mm256_sub_epi32(sumi[t], offset)
-                } else {
-                    // SAFETY: the 32-quant sums of token g0 + t's slot.
-                    let sub_sums = unsafe {
-                        _mm_loadu_si128(x0.add(t * SLOT + SLOT_SUB_SUMS) as *const __m128i)
-                    };
-                    let min_lanes = _mm_madd_epi16(sub_sums, _mm256_castsi256_si128(wk.extra));
-                    if KIND == Kind::Q5K as u8 {
-                        summs[t] = neg_dmin[t].mul_add(hsum_epi32(min_lanes) as f32, summs[t]);
-                    } else {
-                        acc_min[t] = _mm_fmadd_ps(
-                            _mm_broadcast_ss(&neg_dmin[t]),
-                            _mm_cvtepi32_ps(min_lanes),
-                            acc_min[t],
-                        );
-                    }
-                    sumi[t]
-                };
-                acc[t] = _mm256_fmadd_ps(
-                    _mm256_broadcast_ss(&d[t]),
-                    _mm256_cvtepi32_ps(lanes),
-                    acc[t],
-                );
+                let scales = (_mm256_set1_ps(wk.d), _mm256_set1_ps(wk.neg_dmin));
+                let products = block_scales::<N, KIND>(scales, dx, &mut d, &mut neg_dmin);
+                chains.add_block::<KIND>(&sumi, x0, wk.extra, products);
             }
         }
-        for t in 0..N {
-            let y = match KIND {
-                k if k == Kind::Q4K as u8 => hsum_ps(acc[t]) + hsum4_ps(acc_min[t]),
-                k if k == Kind::Q5K as u8 => hsum_ps(acc[t]) + summs[t],
-                _ => hsum_ps(acc[t]),
-            };
-            // SAFETY: the caller's contract on `out`.
-            unsafe { *out.add(t * out_stride + r) = y };
-        }
+        // SAFETY: the caller's contract on `out`.
+        unsafe { chains.store::<KIND>(out, out_stride, r) };
     }
 }
 
