@@ -1024,6 +1024,24 @@ impl std::fmt::Debug for RefRegex {
 }
 
 impl RefRegex {
+    /// Whether code unit `u` matches `m` (ECMAScript `.` stops at line terminators,
+    /// which in the collapsed mode are only `\n` and `\r`).
+    #[inline]
+    fn matches(&self, m: Matcher, u: i32) -> bool {
+        match m {
+            Matcher::Lit(c) => u == c,
+            Matcher::Any => {
+                u != 0x0A
+                    && u != 0x0D
+                    && (self.mode == Mode::Collapsed || (u != 0x2028 && u != 0x2029))
+            }
+            Matcher::Set(s) => self
+                .sets
+                .get(s as usize)
+                .is_some_and(|set| set.matches(u, self.mode)),
+        }
+    }
+
     /// Compiles one pattern as written in the reference's table (custom-splitter patterns
     /// such as `\p{Han}+` are not regexes to it, and fail here).
     pub(crate) fn new(pattern: &str) -> Result<Self, RegexError> {
@@ -1133,24 +1151,46 @@ impl Flags {
     }
 }
 
-/// "No loop entered yet on this path" for [`Frame::Resume::last_rep`].
+/// "No loop entered yet on this path" for [`Cursor::last_rep`].
 const NO_REP: usize = usize::MAX;
 
 #[derive(Clone, Copy, Debug)]
 enum Frame {
-    /// Continue at `state` from `pos` (the untried branch of an alternation or loop);
-    /// `last_rep` is the path's [`Exec::run_inner`] bookkeeping at that point.
-    Resume {
-        state: u32,
-        pos: usize,
-        last_rep: usize,
-    },
+    /// Continue from `at` (the untried branch of an alternation or loop).
+    Resume { at: Cursor },
     /// A lazy loop whose "stop" branch was tried first: now try once more.
     LazyMore { state: u32, pos: usize },
     /// Undo a loop counter change.
     Restore { slot: u32, saved: (usize, u8) },
     /// A memoised loop node being explored: popped on failure, drained on success.
     Enter { key: u64 },
+}
+
+/// Where a path of [`Exec::run_inner`] stands: its state, its position, and `last_rep`,
+/// the position of the path's latest loop entry ([`NO_REP`] before any), which says
+/// whether a loop node's outcome may be memoised.
+#[derive(Clone, Copy, Debug)]
+struct Cursor {
+    state: u32,
+    pos: usize,
+    last_rep: usize,
+}
+
+impl Cursor {
+    /// The same path at another state.
+    fn to(self, state: u32) -> Cursor {
+        Cursor { state, ..self }
+    }
+}
+
+/// What one step of [`Exec::run_inner`] did.
+enum Step {
+    /// The path goes on from the moved cursor.
+    Went,
+    /// The path cannot go on: backtrack.
+    Failed,
+    /// The whole pattern matched, ending here.
+    Matched(usize),
 }
 
 /// The step budget ran out.
@@ -1291,157 +1331,165 @@ impl Exec<'_> {
         flags: Flags,
         base: usize,
     ) -> Result<Option<usize>, Exhausted> {
-        let re = self.re;
-        let text = self.text;
-        let mut state = start;
-        let mut pos = begin;
-        let mut last_rep = NO_REP;
+        let mut at = Cursor {
+            state: start,
+            pos: begin,
+            last_rep: NO_REP,
+        };
         loop {
             if self.steps_left == 0 {
                 return Err(Exhausted);
             }
             self.steps_left -= 1;
-            let ok = match re
-                .states
-                .get(state as usize)
-                .copied()
-                .unwrap_or(State::Accept)
-            {
-                State::Match { m, next } => {
-                    let hit = text.get(pos).is_some_and(|&u| match m {
-                        Matcher::Lit(c) => u == c,
-                        Matcher::Any => {
-                            u != 0x0A
-                                && u != 0x0D
-                                && (re.mode == Mode::Collapsed || (u != 0x2028 && u != 0x2029))
-                        }
-                        Matcher::Set(s) => re
-                            .sets
-                            .get(s as usize)
-                            .is_some_and(|set| set.matches(u, re.mode)),
-                    });
-                    if hit {
-                        pos += 1;
-                        state = next;
-                    }
-                    hit
-                }
-                State::Split { alt, next } => {
-                    self.stack.push(Frame::Resume {
-                        state: next,
-                        pos,
-                        last_rep,
-                    });
-                    state = alt;
-                    true
-                }
-                State::Repeat {
-                    body,
-                    next,
-                    greedy,
-                    slot,
-                } => 'repeat: {
-                    if self.steps_left < self.memo_below && pos > begin && last_rep != pos {
-                        let key = u64::from(state) << 40 | (pos as u64) << 2 | flags.bits();
-                        match self.memo.get(&key) {
-                            Some(&MEMO_FAIL) => break 'repeat false,
-                            Some(&end) => return Ok(Some(end)),
-                            None => self.stack.push(Frame::Enter { key }),
-                        }
-                    }
-                    if greedy {
-                        self.stack.push(Frame::Resume {
-                            state: next,
-                            pos,
-                            last_rep,
-                        });
-                        if self.once_more(slot, pos) {
-                            last_rep = pos;
-                            state = body;
-                            true
-                        } else {
-                            false
-                        }
-                    } else {
-                        self.stack.push(Frame::LazyMore { state, pos });
-                        state = next;
-                        true
+            match self.step(&mut at, begin, flags)? {
+                Step::Went => continue,
+                Step::Matched(end) => return Ok(Some(end)),
+                // Backtrack to the newest untried branch.
+                Step::Failed => {
+                    if !self.backtrack(&mut at, base) {
+                        return Ok(None);
                     }
                 }
-                State::LineBegin { next } => {
-                    state = next;
-                    pos == begin && !flags.prev_avail
-                }
-                State::LineEnd { next } => {
-                    state = next;
-                    pos == text.len()
-                }
-                State::WordBoundary { negated, next } => {
-                    let left = (pos != begin || flags.prev_avail)
-                        && pos > 0
-                        && text.get(pos - 1).is_some_and(|&u| is_word(u));
-                    let right = text.get(pos).is_some_and(|&u| is_word(u));
-                    state = next;
-                    (left != right) != negated
-                }
-                State::Look {
-                    body,
-                    negated,
-                    next,
-                } => {
-                    // A sub-executor starting here, with the same flags.
-                    let found = self.run(body, pos, flags)?.is_some();
-                    state = next;
-                    found != negated
-                }
-                State::Accept => {
-                    if !(flags.not_null && pos == begin) {
-                        return Ok(Some(pos));
-                    }
-                    false
-                }
-            };
-            if ok {
-                continue;
             }
-            // Backtrack to the newest untried branch.
-            loop {
-                if self.stack.len() <= base {
-                    return Ok(None);
+        }
+    }
+
+    /// One step of [`Exec::run_inner`] at `at`: moves `at` on when the state lets the
+    /// path go on (pushing the untried branches), or says the path failed, or matched.
+    #[inline]
+    fn step(&mut self, at: &mut Cursor, begin: usize, flags: Flags) -> Result<Step, Exhausted> {
+        let re = self.re;
+        let text = self.text;
+        let pos = at.pos;
+        let went = match re
+            .states
+            .get(at.state as usize)
+            .copied()
+            .unwrap_or(State::Accept)
+        {
+            State::Match { m, next } => {
+                let hit = text.get(pos).is_some_and(|&u| re.matches(m, u));
+                if hit {
+                    at.pos += 1;
+                    at.state = next;
                 }
-                match self.stack.pop() {
-                    None => return Ok(None),
-                    Some(Frame::Restore { slot, saved }) => {
-                        if let Some(r) = self.rep.get_mut(slot as usize) {
-                            *r = saved;
-                        }
+                hit
+            }
+            State::Split { alt, next } => {
+                self.stack.push(Frame::Resume { at: at.to(next) });
+                at.state = alt;
+                true
+            }
+            State::Repeat {
+                body,
+                next,
+                greedy,
+                slot,
+            } => return Ok(self.enter_loop(at, (body, next, greedy, slot), begin, flags)),
+            State::LineBegin { next } => {
+                at.state = next;
+                pos == begin && !flags.prev_avail
+            }
+            State::LineEnd { next } => {
+                at.state = next;
+                pos == text.len()
+            }
+            State::WordBoundary { negated, next } => {
+                let left = (pos != begin || flags.prev_avail)
+                    && pos > 0
+                    && text.get(pos - 1).is_some_and(|&u| is_word(u));
+                let right = text.get(pos).is_some_and(|&u| is_word(u));
+                at.state = next;
+                (left != right) != negated
+            }
+            State::Look {
+                body,
+                negated,
+                next,
+            } => {
+                // A sub-executor starting here, with the same flags.
+                let found = self.run(body, pos, flags)?.is_some();
+                at.state = next;
+                found != negated
+            }
+            State::Accept if !(flags.not_null && pos == begin) => return Ok(Step::Matched(pos)),
+            State::Accept => false,
+        };
+        Ok(if went { Step::Went } else { Step::Failed })
+    }
+
+    /// A loop node at `at` (`body`, `next`, `greedy`, counter `slot`): a memoised outcome
+    /// when there is one, else one more pass through the body first (greedy) or the
+    /// way on first (lazy), the other choice pushed for backtracking.
+    #[inline]
+    fn enter_loop(
+        &mut self,
+        at: &mut Cursor,
+        (body, next, greedy, slot): (u32, u32, bool, u32),
+        begin: usize,
+        flags: Flags,
+    ) -> Step {
+        let pos = at.pos;
+        if self.steps_left < self.memo_below && pos > begin && at.last_rep != pos {
+            let key = u64::from(at.state) << 40 | (pos as u64) << 2 | flags.bits();
+            match self.memo.get(&key) {
+                Some(&MEMO_FAIL) => return Step::Failed,
+                Some(&end) => return Step::Matched(end),
+                None => self.stack.push(Frame::Enter { key }),
+            }
+        }
+        if !greedy {
+            self.stack.push(Frame::LazyMore {
+                state: at.state,
+                pos,
+            });
+            at.state = next;
+            return Step::Went;
+        }
+        self.stack.push(Frame::Resume { at: at.to(next) });
+        if !self.once_more(slot, pos) {
+            return Step::Failed;
+        }
+        at.last_rep = pos;
+        at.state = body;
+        Step::Went
+    }
+
+    /// Pops frames above `base` (undoing loop counters, marking memoised loop nodes as
+    /// failed) down to the newest untried branch and moves `at` there; false when none
+    /// is left.
+    #[inline]
+    fn backtrack(&mut self, at: &mut Cursor, base: usize) -> bool {
+        while self.stack.len() > base {
+            match self.stack.pop() {
+                None => return false,
+                Some(Frame::Restore { slot, saved }) => {
+                    if let Some(r) = self.rep.get_mut(slot as usize) {
+                        *r = saved;
                     }
-                    Some(Frame::Enter { key }) => {
-                        self.remember(key, MEMO_FAIL);
-                    }
-                    Some(Frame::Resume {
-                        state: s,
-                        pos: p,
-                        last_rep: l,
-                    }) => {
-                        state = s;
-                        pos = p;
-                        last_rep = l;
-                        break;
-                    }
-                    Some(Frame::LazyMore { state: s, pos: p }) => {
-                        if let Some(&State::Repeat { body, slot, .. }) = re.states.get(s as usize) {
-                            if self.once_more(slot, p) {
-                                state = body;
-                                pos = p;
-                                last_rep = p;
-                                break;
-                            }
+                }
+                Some(Frame::Enter { key }) => self.remember(key, MEMO_FAIL),
+                Some(Frame::Resume { at: resume }) => {
+                    *at = resume;
+                    return true;
+                }
+                Some(Frame::LazyMore { state, pos }) => {
+                    if let Some(&State::Repeat { body, slot, .. }) =
+                        self.re.states.get(state as usize)
+                    {
+                        if self.once_more(slot, pos) {
+                            *at = Cursor {
+                                state: body,
+                                pos,
+                                last_rep: pos,
+                            };
+                            return true;
                         }
                     }
                 }
             }
         }
+        false
     }
 
     /// `regex_search` over `[start, end of piece)`: the first match, trying each start
