@@ -16,6 +16,14 @@
 //! `vpermd` (9: the floor of 4 `vpdpbusd` + 4 FMA + 1 multiply on the shared pipe), and
 //! without its conversions (10: they run beside, and the FMA then waits on integer
 //! inputs).
+//! `avx2_group_block` is one weight block of the AVX2 token groups against eight tokens
+//! (`nx_lazy_weight::groups_avx2`: per token its activations loaded, two 256-bit `madd`s,
+//! an add, a conversion and an FMA): about 21 cycles for the block on Zen 4 (5.7-6.3 µs
+//! against `fma8`'s 2.28), well above the 12 its 16 `madd`s and 8 FMAs need on their two
+//! shared pipes; `_multiply` forms each token's `d_w·d_x` by a scalar multiply and a
+//! register broadcast instead of a broadcast load from a table, and takes as long here.
+//! The kernel's Gemma 3 LM head pass at eight tokens (`lm_head_timing`, one thread) runs
+//! at about 25 cycles per row block, this block plus the weight block's decoding.
 //! Run: `cargo bench -p nx-benches --bench pipes` (AVX-512 VNNI CPUs; elsewhere it prints
 //! that it skipped).
 
@@ -302,6 +310,70 @@ mod x86 {
         let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
         _mm512_reduce_add_ps(s)
     }
+
+    /// [`opaque!`] for 256-bit registers.
+    macro_rules! opaque_ymm {
+        ($($v:ident),*) => {
+            // SAFETY: the template is a comment (no instruction); it only pins the values in
+            // registers.
+            unsafe {
+                asm!(
+                    concat!("# ", $("{", stringify!($v), "} "),*),
+                    $($v = inout(ymm_reg) $v,)*
+                    options(nomem, nostack, preserves_flags)
+                )
+            }
+        };
+    }
+
+    /// One weight block of the AVX2 token groups (`nx_lazy_weight::groups_avx2`) against
+    /// eight tokens, `iters` times: per token its activations loaded (from L1, as the
+    /// kernel reads them), two `madd`s and an add for the lane integers, a conversion and
+    /// the FMA, with the token's `d_w·d_x` a broadcast load from a table (`TABLE`) or a
+    /// scalar multiply and a register broadcast.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn group_block<const TABLE: bool>(iters: u64) -> f32 {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let (mut w_lo, mut w_hi) = (_mm256_set1_epi16(3), _mm256_set1_epi16(-5));
+        let acts: [[i16; 32]; 8] =
+            std::array::from_fn(|t| std::array::from_fn(|k| (t * 32 + k) as i16 - 100));
+        let acts = std::hint::black_box(&acts);
+        let table = std::hint::black_box([1e-6f32, 2e-6, 3e-6, 4e-6, 5e-6, 6e-6, 7e-6, 8e-6]);
+        let mut dw = _mm256_set1_ps(0.5);
+        for _ in 0..iters {
+            opaque_ymm!(w_lo, w_hi, dw);
+            for (t, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: 32 i16 of token t.
+                let (x_lo, x_hi) = unsafe {
+                    let p = acts[t].as_ptr();
+                    (
+                        _mm256_loadu_si256(p as *const __m256i),
+                        _mm256_loadu_si256(p.add(16) as *const __m256i),
+                    )
+                };
+                let lanes =
+                    _mm256_add_epi32(_mm256_madd_epi16(w_lo, x_lo), _mm256_madd_epi16(w_hi, x_hi));
+                let d = match TABLE {
+                    true => _mm256_broadcast_ss(&table[t]),
+                    false => _mm256_mul_ps(dw, _mm256_set1_ps(table[t])),
+                };
+                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), *acc);
+            }
+            let [mut a0, mut a1, mut a2, mut a3, mut a4, mut a5, mut a6, mut a7] = acc;
+            opaque_ymm!(a0, a1, a2, a3, a4, a5, a6, a7);
+            acc = [a0, a1, a2, a3, a4, a5, a6, a7];
+        }
+        let s = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])),
+            _mm256_add_ps(_mm256_add_ps(acc[4], acc[5]), _mm256_add_ps(acc[6], acc[7])),
+        );
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), s);
+        out.iter().sum()
+    }
 }
 
 fn bench_pipes(c: &mut Criterion) {
@@ -318,7 +390,7 @@ fn bench_pipes(c: &mut Criterion) {
         }
         type Case = (&'static str, u64, fn(u64) -> f32);
         // SAFETY (every case): the features were detected above.
-        let cases: [Case; 10] = [
+        let cases: [Case; 12] = [
             ("fma8", 8, |n| unsafe { x86::fma8(n) }),
             ("dpbusd8", 8, |n| unsafe { x86::dpbusd8(n) }),
             ("cvt8", 8, |n| unsafe { x86::unary8::<false>(n) }),
@@ -338,6 +410,13 @@ fn bench_pipes(c: &mut Criterion) {
             }),
             ("narrow_block_no_convert", 10, |n| unsafe {
                 x86::narrow_block::<false, false>(n)
+            }),
+            // Per token: two madds, an add, a conversion, an FMA (and a multiply).
+            ("avx2_group_block", 40, |n| unsafe {
+                x86::group_block::<true>(n)
+            }),
+            ("avx2_group_block_multiply", 48, |n| unsafe {
+                x86::group_block::<false>(n)
             }),
         ];
         let mut group = c.benchmark_group("pipes");
