@@ -112,8 +112,9 @@ pub struct Model {
     vectors: Vec<Vector>,
     /// Threads of the forward pass; the process-wide pool unless set.
     pool: Arc<ThreadPool>,
-    /// The LM head prepared for top rows (built on the first step that has enough of
-    /// them; `None` where the head's format or the CPU has no bound kernel).
+    /// The LM head prepared for top rows (built by [`Model::prepare_bounded_head`] or on
+    /// the first step that has enough of them; `None` where the head's format or the CPU
+    /// has no bound kernel).
     bounded_head: OnceLock<Option<BoundedHead>>,
 }
 
@@ -544,6 +545,30 @@ impl Model {
         self.lm_head(&rows, state, logits) // [rows, n_vocab]
     }
 
+    /// Prepares the LM head for top rows now, when steps of `max_rows` rows can use it
+    /// (at least six top rows; a head without logit scale or soft cap whose format and
+    /// CPU have a bound kernel), instead of in the first step that does: its table of
+    /// block terms takes a sweep of the head (about 21 MB and some tens of milliseconds
+    /// for Gemma 3's 262 144 rows), which would otherwise land on one step's latency.
+    /// Returns whether the bounded head is ready.
+    pub fn prepare_bounded_head(&self, max_rows: usize) -> Result<bool, StackError> {
+        let c = &self.config;
+        if max_rows < MIN_BOUNDED_ROWS || c.logit_scale.is_some() || c.final_logit_softcap.is_some()
+        {
+            return Ok(self.bounded_head_ready());
+        }
+        let head = self.weight(&self.lm_head)?;
+        let prepared = self
+            .bounded_head
+            .get_or_init(|| BoundedHead::new(&head, &self.pool));
+        Ok(prepared.is_some())
+    }
+
+    /// Whether the LM head is prepared for top rows ([`Model::prepare_bounded_head`]).
+    pub fn bounded_head_ready(&self) -> bool {
+        matches!(self.bounded_head.get(), Some(Some(_)))
+    }
+
     /// The [`HeadChoice`]s of the batch rows `bounded` (each with its top count) into
     /// `state.choices`; returns the rows that need full logits, which will be logits rows
     /// `first_full..`.
@@ -558,8 +583,10 @@ impl Model {
         let head = self.weight(&self.lm_head)?;
         // The bound covers the head's own sums: scaled or capped logits can tie where
         // the sums do not, so those models take full logits.
-        let plain = c.logit_scale.is_none() && c.final_logit_softcap.is_none();
-        let prepared = if plain && bounded.len() >= MIN_BOUNDED_ROWS {
+        let prepared = if c.logit_scale.is_none()
+            && c.final_logit_softcap.is_none()
+            && bounded.len() >= MIN_BOUNDED_ROWS
+        {
             self.bounded_head
                 .get_or_init(|| BoundedHead::new(&head, &self.pool))
                 .as_ref()

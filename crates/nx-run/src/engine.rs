@@ -414,6 +414,9 @@ impl Engine {
             )));
         }
         let kv = model.new_paged_cache(c.n_ctx, c.kv_dtype, c.block_size, c.kv_memory_bytes)?;
+        // A step can hold a row of every running sequence: build what their LM head pass
+        // needs now rather than in the first such step.
+        model.prepare_bounded_head(c.max_running)?;
         Ok(Engine {
             model,
             tokenizer,

@@ -130,3 +130,23 @@ fn equiv3_top_rows() {
         }
     }
 }
+
+#[test]
+#[ignore = "gate: run by cargo xtask gate"]
+fn an_engine_of_six_sequences_prepares_the_bounded_head_up_front() {
+    // qwen2-tiny's LM head is Q8_0, which has the bound kernel on the avx512 tier.
+    let (model, tok) = open(cache_dir().join("synth/qwen2-tiny.gguf"), 1);
+    let config = |max_running| nx_run::EngineConfig {
+        max_running,
+        ..nx_run::EngineConfig::default()
+    };
+    nx_run::Engine::new(model.clone(), tok.clone(), config(5)).expect("engine");
+    assert!(
+        !model.bounded_head_ready(),
+        "five sequences never make a step of six top rows"
+    );
+    nx_run::Engine::new(model.clone(), tok, config(6)).expect("engine");
+    let has_kernel =
+        nx_lazy_weight::active_tier().expect("tier") == nx_lazy_weight::CpuTier::Avx512Vnni;
+    assert_eq!(model.bounded_head_ready(), has_kernel, "six sequences");
+}
