@@ -37,18 +37,22 @@ mod x86 {
     use std::arch::asm;
     use std::arch::x86_64::*;
 
-    /// Keeps the registers opaque to the optimizer (their values could have changed).
+    /// Keeps the registers opaque to the optimizer (their values could have changed):
+    /// 512-bit ones, or those of the register class named first (`ymm_reg: a, b`).
     macro_rules! opaque {
-        ($($v:ident),*) => {
+        ($class:ident: $($v:ident),*) => {
             // SAFETY: the template is a comment (no instruction); it only pins the values in
             // registers.
             unsafe {
                 asm!(
                     concat!("# ", $("{", stringify!($v), "} "),*),
-                    $($v = inout(zmm_reg) $v,)*
+                    $($v = inout($class) $v,)*
                     options(nomem, nostack, preserves_flags)
                 )
             }
+        };
+        ($($v:ident),*) => {
+            opaque!(zmm_reg: $($v),*)
         };
     }
 
@@ -311,21 +315,6 @@ mod x86 {
         _mm512_reduce_add_ps(s)
     }
 
-    /// [`opaque!`] for 256-bit registers.
-    macro_rules! opaque_ymm {
-        ($($v:ident),*) => {
-            // SAFETY: the template is a comment (no instruction); it only pins the values in
-            // registers.
-            unsafe {
-                asm!(
-                    concat!("# ", $("{", stringify!($v), "} "),*),
-                    $($v = inout(ymm_reg) $v,)*
-                    options(nomem, nostack, preserves_flags)
-                )
-            }
-        };
-    }
-
     /// One weight block of the AVX2 token groups (`nx_lazy_weight::groups_avx2`) against
     /// eight tokens, `iters` times: per token its activations loaded (from L1, as the
     /// kernel reads them), two `madd`s and an add for the lane integers, a conversion and
@@ -344,7 +333,7 @@ mod x86 {
         let table = std::hint::black_box([1e-6f32, 2e-6, 3e-6, 4e-6, 5e-6, 6e-6, 7e-6, 8e-6]);
         let mut dw = _mm256_set1_ps(0.5);
         for _ in 0..iters {
-            opaque_ymm!(w_lo, w_hi, dw);
+            opaque!(ymm_reg: w_lo, w_hi, dw);
             for (t, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: 32 i16 of token t.
                 let (x_lo, x_hi) = unsafe {
@@ -363,7 +352,7 @@ mod x86 {
                 *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), *acc);
             }
             let [mut a0, mut a1, mut a2, mut a3, mut a4, mut a5, mut a6, mut a7] = acc;
-            opaque_ymm!(a0, a1, a2, a3, a4, a5, a6, a7);
+            opaque!(ymm_reg: a0, a1, a2, a3, a4, a5, a6, a7);
             acc = [a0, a1, a2, a3, a4, a5, a6, a7];
         }
         let s = _mm256_add_ps(
