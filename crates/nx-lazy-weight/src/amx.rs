@@ -18,10 +18,12 @@
 
 use std::arch::asm;
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 use nx_gguf::GgmlType;
 
+use crate::act_tiles::{ACTK_BLOCK, ACTK_BSUMS, ACTK_DX, ACTK_MINS};
 use crate::formats::{q4_k, q6_k, read_f16, scales_mins_k4_packed, Q4_K_BYTES, Q6_K_BYTES};
 
 /// Layout of a block of [`ROWS`] unpacked weight rows of `n_sb` super-blocks: first the
@@ -451,12 +453,165 @@ unsafe fn store_products<const G: usize>(lo: [*mut i32; 2], hi: [*mut i32; 2]) {
     }
 }
 
+/// The float side of [`k_tile`]: per (group, row), eight lane chains and (Q4_K) four min
+/// chains, and the super-block's `d_w·d_x`. A chain is written first at super-block 0 (as
+/// `fma(·, ·, +0)`, what a zeroed start gives), so none is zeroed up front (24 KiB per
+/// call at two groups).
+struct KChains<const G: usize, const Q6: bool> {
+    d: [[__m512; ROWS]; G],
+    acc: [[[MaybeUninit<__m512>; 8]; ROWS]; G],
+    acc_min: [[[MaybeUninit<__m512>; 4]; ROWS]; G],
+}
+
+impl<const G: usize, const Q6: bool> KChains<G, Q6> {
+    #[target_feature(enable = "avx512f")]
+    fn new() -> Self {
+        KChains {
+            d: [[_mm512_setzero_ps(); ROWS]; G],
+            acc: [[[MaybeUninit::uninit(); 8]; ROWS]; G],
+            acc_min: [[[MaybeUninit::uninit(); 4]; ROWS]; G],
+        }
+    }
+
+    /// Sets `d_w·d_x` of super-block `s` for every (group, row).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VNNI and FMA (these helpers are inlined into
+    /// [`k_tile_of`], which enables them); `xt[i]` are tile super-blocks, `wrow(r)` the
+    /// rows' scalar records of `s`.
+    #[inline(always)]
+    unsafe fn start_super_block(&mut self, xt: [*const u8; G], wrow: impl Fn(usize) -> *const u8) {
+        for i in 0..G {
+            // SAFETY: inside the tile super-block (the caller's contract).
+            let dx = unsafe { _mm512_loadu_ps(xt[i].add(ACTK_DX) as *const f32) };
+            for r in 0..ROWS {
+                // SAFETY: inside row r's scalar record.
+                let dw = unsafe { std::ptr::read_unaligned(wrow(r).add(W_D) as *const f32) };
+                self.d[i][r] = _mm512_mul_ps(dx, _mm512_set1_ps(dw));
+            }
+        }
+    }
+
+    /// Adds lane `l` of super-block `s` (tile products `lo[i]`/`hi[i]`, 16 rows of 16
+    /// i32) to the lane chains.
+    ///
+    /// # Safety
+    /// As [`KChains::start_super_block`]; the products were stored.
+    #[inline(always)]
+    unsafe fn add_lane(
+        &mut self,
+        (s, l): (usize, usize),
+        (lo, hi): ([*const i32; G], [*const i32; G]),
+        xt: [*const u8; G],
+        wrow: impl Fn(usize) -> *const u8,
+    ) {
+        // Word pairs (256, 0): vpdpwssd by it adds 256 × the low word of each dword.
+        let times_256 = _mm512_set1_epi32(256);
+        for i in 0..G {
+            // SAFETY: inside the tile super-block.
+            let bsums = unsafe { _mm512_loadu_si512(xt[i].add(ACTK_BSUMS + 64 * l) as *const _) };
+            for r in 0..ROWS {
+                // SAFETY: row r of each 16 × 16 product; the unpacked row's pairs.
+                unsafe {
+                    let p_lo = _mm512_loadu_si512(lo[i].add(16 * r) as *const _);
+                    let p_hi = _mm512_loadu_si512(hi[i].add(16 * r) as *const _);
+                    let lane = if Q6 {
+                        let lane = _mm512_add_epi32(p_lo, _mm512_slli_epi32::<8>(p_hi));
+                        let pair =
+                            std::ptr::read_unaligned(wrow(r).add(W_BSUMS + 4 * l) as *const i32);
+                        _mm512_dpwssd_epi32(lane, bsums, _mm512_set1_epi32(pair))
+                    } else {
+                        // Q4_K: |hi product| <= 32·3·128 fits a word (its high word is the
+                        // sign), so lo + 256·hi is one word multiply-add.
+                        _mm512_dpwssd_epi32(p_lo, p_hi, times_256)
+                    };
+                    let prev = if s == 0 {
+                        _mm512_setzero_ps()
+                    } else {
+                        self.acc[i][r][l].assume_init()
+                    };
+                    let sum = _mm512_fmadd_ps(self.d[i][r], _mm512_cvtepi32_ps(lane), prev);
+                    self.acc[i][r][l].write(sum);
+                }
+            }
+        }
+    }
+
+    /// Adds super-block `s`'s Q4_K min terms (`−dmin_w·d_x·Σ min·bsum`) to the min chains.
+    ///
+    /// # Safety
+    /// As [`KChains::start_super_block`].
+    #[inline(always)]
+    unsafe fn add_mins(&mut self, s: usize, xt: [*const u8; G], wrow: impl Fn(usize) -> *const u8) {
+        for i in 0..G {
+            // SAFETY: inside the tile super-block.
+            let dx = unsafe { _mm512_loadu_ps(xt[i].add(ACTK_DX) as *const f32) };
+            for r in 0..ROWS {
+                // SAFETY: inside the tile super-block and row r's scalar record.
+                unsafe {
+                    let dmin = std::ptr::read_unaligned(wrow(r).add(W_D + 4) as *const f32);
+                    let neg_dmin = _mm512_mul_ps(dx, _mm512_set1_ps(dmin));
+                    for m in 0..4 {
+                        let sums = _mm512_loadu_si512(xt[i].add(ACTK_MINS + 64 * m) as *const _);
+                        let pair =
+                            std::ptr::read_unaligned(wrow(r).add(W_MINS + 4 * m) as *const i32);
+                        let zero = _mm512_setzero_si512();
+                        let prod = _mm512_dpwssd_epi32(zero, sums, _mm512_set1_epi32(pair));
+                        let prev = if s == 0 {
+                            _mm512_setzero_ps()
+                        } else {
+                            self.acc_min[i][r][m].assume_init()
+                        };
+                        let sum = _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(prod), prev);
+                        self.acc_min[i][r][m].write(sum);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sums every (group, row)'s chains into `out` (the lanes in a fixed tree, then the
+    /// min chains).
+    ///
+    /// # Safety
+    /// As [`KChains::start_super_block`]; every chain was written (at least one
+    /// super-block was added).
+    #[inline(always)]
+    unsafe fn finish(&self, out: &mut [[[f32; 16]; 16]; G]) {
+        for (i, out_i) in out.iter_mut().enumerate() {
+            for (r, out_r) in out_i.iter_mut().enumerate() {
+                // SAFETY: the caller's contract.
+                let a: [__m512; 8] =
+                    std::array::from_fn(|l| unsafe { self.acc[i][r][l].assume_init() });
+                let lanes = _mm512_add_ps(
+                    _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                    _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
+                );
+                let total = if Q6 {
+                    lanes
+                } else {
+                    // SAFETY: as above (Q4_K writes the min chains at every super-block).
+                    let m: [__m512; 4] =
+                        std::array::from_fn(|k| unsafe { self.acc_min[i][r][k].assume_init() });
+                    _mm512_add_ps(
+                        lanes,
+                        _mm512_add_ps(_mm512_add_ps(m[0], m[2]), _mm512_add_ps(m[1], m[3])),
+                    )
+                };
+                // SAFETY: out[i][r] is sixteen f32.
+                unsafe { _mm512_storeu_ps(out_r.as_mut_ptr(), total) };
+            }
+        }
+    }
+}
+
 /// A block of sixteen unpacked weight rows (`w`, [`unpack_block`]'s layout, `n_sb`
 /// super-blocks) against
 /// `G` Q8_K token groups `xs` (raw quants, [`crate::tiled`] layout): `out[i][r]` gets
 /// row `r`'s sixteen outputs for group `i`. Two groups share each weight tile load.
 /// The tile products of one (super-block, lane) step are computed while the previous
-/// step's are turned into float, so the tile unit and the vector units overlap.
+/// step's are turned into float ([`KChains`]), so the tile unit and the vector units
+/// overlap.
 ///
 /// # Safety
 /// [`available`] is true, [`tiles_begin`] ran on this thread, `weight_type` is Q4_K or
@@ -470,25 +625,37 @@ pub(crate) unsafe fn k_tile<const G: usize>(
     n_sb: usize,
     out: &mut [[[f32; 16]; 16]; G],
 ) {
-    use crate::act_tiles::{ACTK_BLOCK, ACTK_BSUMS, ACTK_DX, ACTK_MINS};
+    // SAFETY: the caller's contract.
+    unsafe {
+        if weight_type == GgmlType::Q6_K {
+            k_tile_of::<G, true>(w, xs, n_sb, out)
+        } else {
+            k_tile_of::<G, false>(w, xs, n_sb, out)
+        }
+    }
+}
+
+/// [`k_tile`] for Q6_K (`Q6`) or Q4_K, the format's branches resolved at compile time.
+///
+/// # Safety
+/// As [`k_tile`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn k_tile_of<const G: usize, const Q6: bool>(
+    w: &[u8],
+    xs: [&[u8]; G],
+    n_sb: usize,
+    out: &mut [[[f32; 16]; 16]; G],
+) {
     assert!(G == 1 || G == 2);
     assert!(w.len() >= n_sb * (SB_LANE_BYTES + ROWS * SCALAR_RECORD));
     let scalars = w[n_sb * SB_LANE_BYTES..].as_ptr();
     for x in xs {
         assert!(x.len() >= n_sb * ACTK_BLOCK);
     }
-    let q6 = weight_type == GgmlType::Q6_K;
-    let zero = _mm512_setzero_si512();
-    // Word pairs (256, 0): vpdpwssd by it adds 256 × the low word of each dword.
-    let times_256 = _mm512_set1_epi32(256);
-    // The float chains: written first at super-block 0 (as fma(·, ·, +0), what a zeroed
-    // start gives), so they are not zeroed here (24 KiB per call).
-    let mut acc = [[[std::mem::MaybeUninit::<__m512>::uninit(); 8]; ROWS]; G];
-    let mut acc_min = [[[std::mem::MaybeUninit::<__m512>::uninit(); 4]; ROWS]; G];
     // Tile products, [step parity][group]: written by `tilestored` before every read,
     // so left uninitialised (zeroing them cost more than the loads that read them).
-    let mut lo_buf = std::mem::MaybeUninit::<[[Products; 2]; 2]>::uninit();
-    let mut hi_buf = std::mem::MaybeUninit::<[[Products; 2]; 2]>::uninit();
+    let mut lo_buf = MaybeUninit::<[[Products; 2]; 2]>::uninit();
+    let mut hi_buf = MaybeUninit::<[[Products; 2]; 2]>::uninit();
     let lo = lo_buf.as_mut_ptr() as *mut i32;
     let hi = hi_buf.as_mut_ptr() as *mut i32;
     // The 256 products of (step parity, group).
@@ -506,7 +673,7 @@ pub(crate) unsafe fn k_tile<const G: usize>(
         start_products::<G>(w.as_ptr(), LANE_RECORD, xt_of(0), 0);
         store_products::<G>([at(lo, 0, 0), at(lo, 0, 1)], [at(hi, 0, 0), at(hi, 0, 1)]);
     }
-    let mut d = [[_mm512_setzero_ps(); ROWS]; G];
+    let mut chains = KChains::<G, Q6>::new();
     for step in 0..n_steps {
         let (s, l) = (step / 8, step % 8);
         if step + 1 < n_steps {
@@ -518,76 +685,20 @@ pub(crate) unsafe fn k_tile<const G: usize>(
         }
         let xt = xt_of(s);
         let wrow = |r: usize| scalars.wrapping_add((s * ROWS + r) * SCALAR_RECORD);
-        if l == 0 {
-            for i in 0..G {
-                // SAFETY: inside the tile super-block / unpacked rows.
-                let dx = unsafe { _mm512_loadu_ps(xt[i].add(ACTK_DX) as *const f32) };
-                for r in 0..ROWS {
-                    // SAFETY: as above.
-                    let dw = unsafe { std::ptr::read_unaligned(wrow(r).add(W_D) as *const f32) };
-                    d[i][r] = _mm512_mul_ps(dx, _mm512_set1_ps(dw));
-                }
+        let products = (
+            std::array::from_fn(|i| at(lo, step % 2, i) as *const i32),
+            std::array::from_fn(|i| at(hi, step % 2, i) as *const i32),
+        );
+        // SAFETY: super-block s's tile super-blocks and scalar records (asserted above);
+        // this step's products were stored (step 0 before the loop, the others at the end
+        // of the step before).
+        unsafe {
+            if l == 0 {
+                chains.start_super_block(xt, wrow);
             }
-        }
-        for i in 0..G {
-            // SAFETY: inside the tile super-block.
-            let bsums = unsafe { _mm512_loadu_si512(xt[i].add(ACTK_BSUMS + 64 * l) as *const _) };
-            for r in 0..ROWS {
-                // SAFETY: row r of each 16 × 16 product; the unpacked row's pairs.
-                unsafe {
-                    let p_lo = _mm512_loadu_si512(at(lo, step % 2, i).add(16 * r) as *const _);
-                    let p_hi = _mm512_loadu_si512(at(hi, step % 2, i).add(16 * r) as *const _);
-                    let lane = if q6 {
-                        let lane = _mm512_add_epi32(p_lo, _mm512_slli_epi32::<8>(p_hi));
-                        let pair =
-                            std::ptr::read_unaligned(wrow(r).add(W_BSUMS + 4 * l) as *const i32);
-                        _mm512_dpwssd_epi32(lane, bsums, _mm512_set1_epi32(pair))
-                    } else {
-                        // Q4_K: |hi product| <= 32·3·128 fits a word (its high word is the
-                        // sign), so lo + 256·hi is one word multiply-add.
-                        _mm512_dpwssd_epi32(p_lo, p_hi, times_256)
-                    };
-                    let prev = if s == 0 {
-                        _mm512_setzero_ps()
-                    } else {
-                        acc[i][r][l].assume_init()
-                    };
-                    acc[i][r][l].write(_mm512_fmadd_ps(d[i][r], _mm512_cvtepi32_ps(lane), prev));
-                }
-            }
-        }
-        if !q6 && l == 7 {
-            for i in 0..G {
-                // SAFETY: inside the tile super-block / unpacked rows.
-                let dx = unsafe { _mm512_loadu_ps(xt[i].add(ACTK_DX) as *const f32) };
-                for r in 0..ROWS {
-                    // SAFETY: as above.
-                    unsafe {
-                        let neg_dmin = _mm512_mul_ps(
-                            dx,
-                            _mm512_set1_ps(std::ptr::read_unaligned(
-                                wrow(r).add(W_D + 4) as *const f32
-                            )),
-                        );
-                        for m in 0..4 {
-                            let sums =
-                                _mm512_loadu_si512(xt[i].add(ACTK_MINS + 64 * m) as *const _);
-                            let pair =
-                                std::ptr::read_unaligned(wrow(r).add(W_MINS + 4 * m) as *const i32);
-                            let prod = _mm512_dpwssd_epi32(zero, sums, _mm512_set1_epi32(pair));
-                            let prev = if s == 0 {
-                                _mm512_setzero_ps()
-                            } else {
-                                acc_min[i][r][m].assume_init()
-                            };
-                            acc_min[i][r][m].write(_mm512_fmadd_ps(
-                                neg_dmin,
-                                _mm512_cvtepi32_ps(prod),
-                                prev,
-                            ));
-                        }
-                    }
-                }
+            chains.add_lane((s, l), products, xt, wrow);
+            if !Q6 && l == 7 {
+                chains.add_mins(s, xt, wrow);
             }
         }
         if step + 1 < n_steps {
@@ -601,27 +712,6 @@ pub(crate) unsafe fn k_tile<const G: usize>(
             };
         }
     }
-    for i in 0..G {
-        for r in 0..ROWS {
-            // SAFETY: every chain was written at super-block 0 (n_sb > 0 here).
-            let a: [__m512; 8] = std::array::from_fn(|l| unsafe { acc[i][r][l].assume_init() });
-            let lanes = _mm512_add_ps(
-                _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
-                _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
-            );
-            let total = if q6 {
-                lanes
-            } else {
-                // SAFETY: as above (Q4_K writes the min chains at every super-block).
-                let m: [__m512; 4] =
-                    std::array::from_fn(|k| unsafe { acc_min[i][r][k].assume_init() });
-                _mm512_add_ps(
-                    lanes,
-                    _mm512_add_ps(_mm512_add_ps(m[0], m[2]), _mm512_add_ps(m[1], m[3])),
-                )
-            };
-            // SAFETY: out[i][r] is sixteen f32.
-            unsafe { _mm512_storeu_ps(out[i][r].as_mut_ptr(), total) };
-        }
-    }
+    // SAFETY: n_steps > 0, so every chain was written at super-block 0.
+    unsafe { chains.finish(out) };
 }
