@@ -14,8 +14,10 @@
 //! `N` is the level's client count unless `--parallel` fixes it. One server per level means
 //! every level's peak RSS (`VmHWM`, a high-water mark) is that level's alone and each level
 //! starts with an empty prefix cache. llama-server runs with its defaults (weight repacking
-//! on); only if it dies with them (this llama.cpp build is known to crash with repacked /
-//! AMX buffers on some machines) is it restarted with `--no-repack`, and the report says so.
+//! on); if it dies with them (the pinned build faults in its AMX kernels on some machines)
+//! the build without AMX (`cargo xtask reference`'s `build-noamx`, built then if missing)
+//! takes its place, repacking still on; only if that dies too is it restarted with
+//! `--no-repack`. The report says which.
 //!
 //! Every request is `POST /v1/completions` with `stream: true`, greedy (`temperature: 0`,
 //! `seed` fixed; with `--sampled`, `temperature` 0.8, `top_k` 40, `top_p` 0.95 and `min_p`
@@ -1097,6 +1099,8 @@ struct Harness {
     llama_extra: Vec<String>,
     /// Why `llama_extra` is not empty.
     llama_fallback: Option<String>,
+    /// Why `llama` is the build without AMX (the pinned one died with its defaults).
+    llama_no_amx: Option<String>,
 }
 
 impl Harness {
@@ -1116,7 +1120,8 @@ impl Harness {
     }
 
     /// Starts `engine` with `n` slots and warms it up. When llama-server dies with its
-    /// default flags, switches to `--no-repack` (once) and tries again.
+    /// default flags, switches to the build without AMX (weight repacking still on) and,
+    /// if that dies too, to `--no-repack`, and tries again.
     fn start_warm(&mut self, engine: Engine, n: usize, label: &str) -> Result<Server> {
         loop {
             let log = self.log_dir.join(format!("{}-{label}.log", engine.tag()));
@@ -1143,17 +1148,40 @@ impl Harness {
     }
 
     fn may_fall_back(&self, engine: Engine) -> bool {
-        engine == Engine::Llama && self.llama_extra.is_empty()
+        engine == Engine::Llama && (self.llama_no_amx.is_none() || self.llama_extra.is_empty())
     }
 
-    /// Switches llama-server to `--no-repack`, keeping the failed run's log aside.
+    /// Switches llama-server to the build without AMX (built now if missing: the pinned
+    /// build faults in its AMX kernels on some machines, and `--no-repack` would switch
+    /// off its fast layouts as well) or, when that is already the one, to `--no-repack`;
+    /// keeps the failed run's log aside.
     fn fall_back(&mut self, why: String, log: &Path) {
         let first_line = why.lines().next().unwrap_or_default().to_string();
-        let kept = log.with_extension("default-flags.log");
+        let stage = if self.llama_no_amx.is_none() {
+            "default-flags"
+        } else {
+            "no-amx"
+        };
+        let kept = log.with_extension(format!("{stage}.log"));
         let kept_text = match std::fs::rename(log, &kept) {
             Ok(()) => kept.display().to_string(),
             Err(_) => log.display().to_string(),
         };
+        if self.llama_no_amx.is_none() {
+            eprintln!(
+                "loadtest: the pinned llama-server failed with its default flags \
+                 ({first_line}); switching to the build without AMX (log of the failed \
+                 run: {kept_text})"
+            );
+            self.llama_no_amx = Some(first_line.clone());
+            match crate::reference::ensure_no_amx_server(crate::reference::DEFAULT_JOBS) {
+                Ok(bin) => {
+                    self.llama = bin;
+                    return;
+                }
+                Err(e) => eprintln!("loadtest: the build without AMX failed: {e:#}"),
+            }
+        }
         eprintln!(
             "loadtest: llama-server failed with its default flags ({first_line}); retrying \
              with {NO_REPACK} (log of the failed run: {kept_text})"
@@ -1348,6 +1376,9 @@ pub struct Report {
     /// `None` with `--no-reference`.
     pub llama_flags: Option<String>,
     pub llama_fallback: Option<String>,
+    /// Why llama-server is the build without AMX (`None`: the pinned build).
+    #[serde(default)]
+    pub llama_no_amx: Option<String>,
     pub levels: Vec<LevelRow>,
     pub prefix_nx: PrefixStats,
     pub prefix_llama: Option<PrefixStats>,
@@ -1480,6 +1511,12 @@ pub fn summary_lines(report: &Report) -> String {
         Some(f) => text.push_str(&format!("llama-server flags: {f}")),
         None => text.push_str("llama-server: skipped (--no-reference)"),
     }
+    if let Some(why) = &report.llama_no_amx {
+        text.push_str(&format!(
+            "\nllama-server build: the pinned one without AMX (`-mno-amx-*`, weight \
+             repacking still on); the pinned build failed with its default flags: {why}"
+        ));
+    }
     if let Some(why) = &report.llama_fallback {
         text.push_str(&format!(
             "\nllama-server needed {NO_REPACK}: with its default flags it failed: {why}"
@@ -1604,9 +1641,8 @@ pub fn doc_section(report: &Report) -> String {
             )),
         repack = match &report.llama_fallback {
             Some(_) => format!(
-                "; `{NO_REPACK}` only because it failed with its default weight repacking, \
-                 which selects ggml's AMX and interleaved weight buffers, see above; no \
-                 llama-server flag keeps the interleaved layouts without AMX"
+                "; `{NO_REPACK}` only because it failed with its default weight repacking \
+                 in the pinned build and in the build without AMX, see above"
             ),
             None => ", weight repacking on; and again with `--no-repack`, the faster of the \
                      two runs (by tok/s) being the one in the table, marked * where it is \
@@ -1794,6 +1830,7 @@ fn harness(args: &LoadtestArgs) -> Result<Harness> {
         ctx: args.ctx,
         llama_extra: Vec::new(),
         llama_fallback: None,
+        llama_no_amx: None,
     })
 }
 
@@ -1849,6 +1886,7 @@ fn report_of(
             f
         }),
         llama_fallback: cx.llama_fallback.clone(),
+        llama_no_amx: cx.llama_no_amx.clone(),
         levels,
         prefix_nx,
         prefix_llama,
@@ -2110,6 +2148,7 @@ mod tests {
             nx_flags: "--threads 2 --parallel N --ctx 1024".into(),
             llama_flags: Some("-np N -c N*1024 -t 2".into()),
             llama_fallback: None,
+            llama_no_amx: None,
             levels: vec![
                 LevelRow {
                     clients: 1,

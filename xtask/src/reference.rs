@@ -87,11 +87,21 @@ pub fn no_amx_build_dir() -> PathBuf {
 
 /// `llama-bench` of [`no_amx_build_dir`], built (once, about five minutes) if missing.
 pub fn ensure_no_amx_bench(jobs: u32) -> Result<PathBuf> {
-    ensure_extra_bench(
+    ensure_no_amx_tool("llama-bench", jobs)
+}
+
+/// `llama-server` of [`no_amx_build_dir`] (the load test's reference where the pinned
+/// build faults), built if missing.
+pub fn ensure_no_amx_server(jobs: u32) -> Result<PathBuf> {
+    ensure_no_amx_tool("llama-server", jobs)
+}
+
+fn ensure_no_amx_tool(tool: &str, jobs: u32) -> Result<PathBuf> {
+    ensure_extra_tool(
         &no_amx_build_dir(),
         &pins::LLAMA_NO_AMX_FLAGS,
-        "noamx-",
-        "without AMX",
+        ("noamx-", "without AMX"),
+        tool,
         jobs,
     )
 }
@@ -105,25 +115,26 @@ pub fn avx2_build_dir() -> PathBuf {
 
 /// `llama-bench` of [`avx2_build_dir`], built (once, about five minutes) if missing.
 pub fn ensure_avx2_bench(jobs: u32) -> Result<PathBuf> {
-    ensure_extra_bench(
+    ensure_extra_tool(
         &avx2_build_dir(),
         &pins::LLAMA_AVX2_FLAGS,
-        "avx2-",
-        "for AVX2 only",
+        ("avx2-", "for AVX2 only"),
+        "llama-bench",
         jobs,
     )
 }
 
-/// `llama-bench` of a second build in `dir` with `flags` added to the pinned ones (logs
-/// prefixed `log_prefix`), built once under the build lock if missing.
-fn ensure_extra_bench(
+/// `tool` of a second build in `dir` with `flags` added to the pinned ones (logs
+/// prefixed `log_prefix`, the build described as `what` in progress lines), built once
+/// under the build lock if missing.
+fn ensure_extra_tool(
     dir: &Path,
     flags: &[&str],
-    log_prefix: &str,
-    what: &str,
+    (log_prefix, what): (&str, &str),
+    tool: &str,
     jobs: u32,
 ) -> Result<PathBuf> {
-    let bin = dir.join("bin").join("llama-bench");
+    let bin = dir.join("bin").join(tool);
     if bin.is_file() {
         return Ok(bin);
     }
@@ -132,17 +143,14 @@ fn ensure_extra_bench(
     if bin.is_file() {
         return Ok(bin);
     }
-    eprintln!(
-        "reference: building llama-bench {what} in {}",
-        dir.display()
-    );
+    eprintln!("reference: building {tool} {what} in {}", dir.display());
     let started = Instant::now();
-    cmake_build(&source, dir, flags, &["llama-bench"], jobs, log_prefix)?;
+    cmake_build(&source, dir, flags, &[tool], jobs, log_prefix)?;
     if !bin.is_file() {
         bail!("the build finished but {} is missing", bin.display());
     }
     eprintln!(
-        "reference: built llama-bench {what} in {}",
+        "reference: built {tool} {what} in {}",
         duration_text(started.elapsed())
     );
     Ok(bin)
