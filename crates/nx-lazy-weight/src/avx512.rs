@@ -485,23 +485,7 @@ unsafe fn q4_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     const B: usize = Q4_K_BYTES;
     const _: () = assert!(q4_k::DMIN == 2 && q4_k::SCALES == 4 && q4_k::QS == 16);
     let n_blocks = k_rows_blocks(&w, x, B);
-    let zero = _mm512_setzero_si512();
-    // Per 128-bit lane, bytes 0..4 are the header and a, b, c the scale field's
-    // thirds at 4..8, 8..12, 12..16 (see `avx2::k4_scales_mins`): [a, c, b, c] for the
-    // low parts, and the top two bits of a and of b under scales and mins 4..8.
-    let abc_index = _mm512_broadcast_i32x4(_mm_setr_epi8(
-        4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15,
-    ));
-    let low_mask = _mm512_broadcast_i32x4(_mm_setr_epi8(
-        63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15,
-    ));
-    let ab_index = _mm512_broadcast_i32x4(_mm_setr_epi8(
-        -1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11,
-    ));
-    let top2 = _mm512_set1_epi8(0xC0u8 as i8);
-    // Dword 0 (the header) of each row's lane; then each row's dmin over its lane.
-    let header_index = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    let dmin_index = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7);
+    let header_terms = Rows4Header::new();
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut acc_min = _mm512_setzero_ps();
     for b in 0..n_blocks {
@@ -532,22 +516,9 @@ unsafe fn q4_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
             let v = _mm512_inserti32x4::<2>(v, load16(wbs[2], 0));
             _mm512_inserti32x4::<3>(v, load16(wbs[3], 0))
         };
-        let abc = _mm512_shuffle_epi8(heads, abc_index);
-        let low = _mm512_and_si512(
-            _mm512_mask_blend_epi16(0xC0C0_C0C0, abc, _mm512_srli_epi16::<4>(abc)),
-            low_mask,
-        );
-        let ab = _mm512_shuffle_epi8(heads, ab_index);
-        let high = _mm512_srli_epi16::<2>(_mm512_and_si512(ab, top2));
-        let scales_mins = _mm512_or_si512(low, high);
-        // Per lane: the eight scales, then the eight mins, as words.
-        let scales = _mm512_unpacklo_epi8(scales_mins, zero);
-        let mins = _mm512_unpackhi_epi8(scales_mins, zero);
-        let min_lanes = _mm512_madd_epi16(mins, sub_block_sums);
-        // [d_0, dmin_0, d_1, dmin_1, …] times [d_x, −d_x, …].
-        let header = _mm512_castsi512_si128(_mm512_permutexvar_epi32(header_index, heads));
-        let products = _mm256_mul_ps(_mm256_cvtph_ps(header), dx_pairs);
-        let neg_dmin = _mm512_permutexvar_ps(dmin_index, _mm512_castps256_ps512(products));
+        // SAFETY: this function enables the helper's features.
+        let (scales, min_lanes, products, neg_dmin) =
+            unsafe { header_terms.terms(heads, sub_block_sums, dx_pairs) };
         acc_min = _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(min_lanes), acc_min);
         // Row r's scale pairs (s[2c], s[2c + 1]) are dwords 4r..4r + 4, stored lane by
         // lane, as the one-row kernel stores its 16 bytes for its 4-byte broadcasts to
@@ -577,12 +548,79 @@ unsafe fn q4_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
         _mm512_extractf32x4_ps::<2>(acc_min),
         _mm512_extractf32x4_ps::<3>(acc_min),
     ];
-    [
-        hsum_ps(acc[0]) + hsum4_ps(mins[0]),
-        hsum_ps(acc[1]) + hsum4_ps(mins[1]),
-        hsum_ps(acc[2]) + hsum4_ps(mins[2]),
-        hsum_ps(acc[3]) + hsum4_ps(mins[3]),
-    ]
+    std::array::from_fn(|r| hsum_ps(acc[r]) + hsum4_ps(mins[r]))
+}
+
+/// The shuffle and index constants with which [`q4_k_rows4_impl`] turns four rows'
+/// super-block headers (one row per 128-bit lane) into their scale and min terms.
+struct Rows4Header {
+    abc_index: __m512i,
+    low_mask: __m512i,
+    ab_index: __m512i,
+    top2: __m512i,
+    header_index: __m512i,
+    dmin_index: __m512i,
+}
+
+impl Rows4Header {
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn new() -> Self {
+        Rows4Header {
+            // Per 128-bit lane, bytes 0..4 are the header and a, b, c the scale field's
+            // thirds at 4..8, 8..12, 12..16 (see `avx2::k4_scales_mins`): [a, c, b, c] for
+            // the low parts, and the top two bits of a and of b under scales and mins 4..8.
+            abc_index: _mm512_broadcast_i32x4(_mm_setr_epi8(
+                4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15,
+            )),
+            low_mask: _mm512_broadcast_i32x4(_mm_setr_epi8(
+                63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15,
+            )),
+            ab_index: _mm512_broadcast_i32x4(_mm_setr_epi8(
+                -1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11,
+            )),
+            top2: _mm512_set1_epi8(0xC0u8 as i8),
+            // Dword 0 (the header) of each row's lane; then each row's dmin over its lane.
+            header_index: _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+            dmin_index: _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7),
+        }
+    }
+
+    /// From four rows' headers `heads`: per lane the eight scales as words, the four
+    /// min lanes `Σ min·sub-block sum` (`sub_block_sums` the activation's), the products
+    /// `[d_0·d_x, −dmin_0·d_x, d_1·d_x, …]` (`dx_pairs` = `[d_x, −d_x, …]`) and each
+    /// row's `−dmin·d_x` over its lane.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW, AVX2 and F16C (inlined into [`q4_k_rows4_impl`]).
+    #[inline(always)]
+    unsafe fn terms(
+        &self,
+        heads: __m512i,
+        sub_block_sums: __m512i,
+        dx_pairs: __m256,
+    ) -> (__m512i, __m512i, __m256, __m512) {
+        // SAFETY (features): the caller's contract.
+        unsafe {
+            let abc = _mm512_shuffle_epi8(heads, self.abc_index);
+            let low = _mm512_and_si512(
+                _mm512_mask_blend_epi16(0xC0C0_C0C0, abc, _mm512_srli_epi16::<4>(abc)),
+                self.low_mask,
+            );
+            let ab = _mm512_shuffle_epi8(heads, self.ab_index);
+            let high = _mm512_srli_epi16::<2>(_mm512_and_si512(ab, self.top2));
+            let scales_mins = _mm512_or_si512(low, high);
+            // Per lane: the eight scales, then the eight mins, as words.
+            let zero = _mm512_setzero_si512();
+            let scales = _mm512_unpacklo_epi8(scales_mins, zero);
+            let mins = _mm512_unpackhi_epi8(scales_mins, zero);
+            let min_lanes = _mm512_madd_epi16(mins, sub_block_sums);
+            // [d_0, dmin_0, d_1, dmin_1, …] times [d_x, −d_x, …].
+            let header = _mm512_castsi512_si128(_mm512_permutexvar_epi32(self.header_index, heads));
+            let products = _mm256_mul_ps(_mm256_cvtph_ps(header), dx_pairs);
+            let neg_dmin = _mm512_permutexvar_ps(self.dmin_index, _mm512_castps256_ps512(products));
+            (scales, min_lanes, products, neg_dmin)
+        }
+    }
 }
 
 /// Q5_K × Q8_K for `R` weight rows and one token: Q4_K plus the fifth bits, added under a
