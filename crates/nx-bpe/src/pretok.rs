@@ -669,6 +669,34 @@ pub const DEEPSEEK_LLM_LETTERS: &[(u32, u32)] = &[
     (0x1E900, 0x1E943),
 ];
 
+/// DeepSeek's CJK stage: `[\u4E00-\u9FA5\u0800-\u4E00\uAC00-\uD7FF]+`'s set.
+fn deepseek_cjk(cp: u32) -> bool {
+    (0x4E00..=0x9FA5).contains(&cp)
+        || (0x0800..=0x4E00).contains(&cp)
+        || (0xAC00..=0xD7FF).contains(&cp)
+}
+
+/// DeepSeek LLM's letter set ([`DEEPSEEK_LLM_LETTERS`], sorted disjoint ranges).
+fn deepseek_llm_letter(cp: u32) -> bool {
+    DEEPSEEK_LLM_LETTERS
+        .binary_search_by(|&(a, b)| {
+            if b < cp {
+                std::cmp::Ordering::Less
+            } else if a > cp {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        })
+        .is_ok()
+}
+
+/// DeepSeek LLM's punctuation set.
+fn deepseek_llm_punct(cp: u32) -> bool {
+    matches!(cp, 0x21..=0x2F | 0x3A..=0x7E | 0xFF01..=0xFF0F | 0xFF1A..=0xFF5E
+        | 0x2018..=0x201F | 0x3000..=0x3002)
+}
+
 /// DeepSeek Coder's five patterns, or (with `llm`) DeepSeek LLM's six, in sequence.
 fn split_deepseek(
     s: &SplitScratch,
@@ -696,28 +724,8 @@ fn split_deepseek(
         }
         Some(end)
     };
-    let cjk = |cp: u32| {
-        (0x4E00..=0x9FA5).contains(&cp)
-            || (0x0800..=0x4E00).contains(&cp)
-            || (0xAC00..=0xD7FF).contains(&cp)
-    };
-    let llm_letter = |cp: u32, _: u8| {
-        DEEPSEEK_LLM_LETTERS
-            .binary_search_by(|&(a, b)| {
-                if b < cp {
-                    std::cmp::Ordering::Less
-                } else if a > cp {
-                    std::cmp::Ordering::Greater
-                } else {
-                    std::cmp::Ordering::Equal
-                }
-            })
-            .is_ok()
-    };
-    let llm_punct = |cp: u32, _: u8| {
-        matches!(cp, 0x21..=0x2F | 0x3A..=0x7E | 0xFF01..=0xFF0F | 0xFF1A..=0xFF5E
-            | 0x2018..=0x201F | 0x3000..=0x3002)
-    };
+    let llm_letter = |cp: u32, _: u8| deepseek_llm_letter(cp);
+    let llm_punct = |cp: u32, _: u8| deepseek_llm_punct(cp);
     let mut pieces = vec![(lo, hi)];
     pieces = split_stage(&pieces, |i, _| is_crlf(i).then_some(i + 1));
     if llm {
@@ -737,7 +745,7 @@ fn split_deepseek(
     }
     pieces = split_stage(&pieces, |i, hi| {
         let mut end = i;
-        while in_set(end, hi, &cjk) {
+        while in_set(end, hi, &deepseek_cjk) {
             end += 1;
         }
         (end > i).then_some(end)
