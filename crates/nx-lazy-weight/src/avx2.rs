@@ -69,6 +69,7 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::Q2_K => dot_q2_k_q8_k,
         GgmlType::Q3_K => dot_q3_k_q8_k,
         GgmlType::F32 => dot_f32_f32,
+        GgmlType::F16 => dot_f16_f16,
         GgmlType::IQ2_XXS => dot_iq2_xxs_q8_k,
         GgmlType::IQ2_XS => dot_iq2_xs_q8_k,
         GgmlType::IQ2_S => dot_iq2_s_q8_k,
@@ -653,6 +654,7 @@ checked_entry! {
     dot_q2_k_q8_k => q2_k_impl,
     dot_q3_k_q8_k => q3_k_impl,
     dot_f32_f32 => f32_impl,
+    dot_f16_f16 => f16_impl,
 }
 
 /// The f16 at `bytes[offset..offset + 2]` as f32, in all eight lanes (F16C).
@@ -995,19 +997,59 @@ unsafe fn f32_impl(w: &[u8], x: &[u8]) -> f32 {
             *acc = _mm256_fmadd_ps(a, b, *acc);
         }
     }
-    let mut sum = 0.0;
-    if whole > 0 {
-        let mut lanes = [0f32; LANES];
-        for (k, acc) in acc.iter().enumerate() {
-            // SAFETY: `lanes` holds 64 f32; register k fills lanes 8k..8k+8.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * k), *acc) };
-        }
-        sum = nx_f32::scalar::reduce_lanes_64(&lanes);
-    }
+    let mut sum = if whole > 0 { reduce_lanes_64(acc) } else { 0.0 };
     for i in whole..n {
         sum += read_f32(w, 4 * i) * read_f32(x, 4 * i);
     }
     sum
+}
+
+/// F16 × F16: [`crate::dot_scalar::dot_f16`]'s 64 running fused multiply-adds as eight
+/// 8-lane registers of values widened by F16C (lane `l` in register `l / 8`), reduced by
+/// the same code, then the tail element by element in f64. Same bits.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_impl(w: &[u8], x: &[u8]) -> f32 {
+    const LANES: usize = 64;
+    let n = (w.len() / 2).min(x.len() / 2);
+    let whole = n / LANES * LANES;
+    let mut acc = [_mm256_setzero_ps(); LANES / 8];
+    for (cw, cx) in w[..whole * 2]
+        .chunks_exact(LANES * 2)
+        .zip(x[..whole * 2].chunks_exact(LANES * 2))
+    {
+        for (k, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: both chunks hold 64 f16 (128 bytes); register k reads bytes
+            // 16k..16k+16; unaligned loads.
+            let (a, b) = unsafe {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(cw.as_ptr().add(16 * k).cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(cx.as_ptr().add(16 * k).cast())),
+                )
+            };
+            *acc = _mm256_fmadd_ps(a, b, *acc);
+        }
+    }
+    // The reduction of all-zero lanes is +0, as the scalar twin's.
+    let mut sum = f64::from(reduce_lanes_64(acc));
+    for i in whole..n {
+        sum += f64::from(f16_scalar(w, 2 * i) * f16_scalar(x, 2 * i));
+    }
+    sum as f32
+}
+
+/// Eight 8-lane registers of running sums (lane `l` in register `l / 8`) reduced as
+/// [`nx_f32::scalar::reduce_lanes_64`] reduces the 64 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn reduce_lanes_64(acc: [__m256; 8]) -> f32 {
+    let mut lanes = [0f32; 64];
+    for (k, acc) in acc.iter().enumerate() {
+        // SAFETY: `lanes` holds 64 f32; register k fills lanes 8k..8k+8.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * k), *acc) };
+    }
+    nx_f32::scalar::reduce_lanes_64(&lanes)
 }
 
 /// Q8_0 × Q8_0: both sides split into their even and odd bytes, sign-extended in place

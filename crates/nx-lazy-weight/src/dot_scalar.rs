@@ -7,7 +7,8 @@
 //! multiply-add of the block scale into each of eight f32 lanes, the lanes summed at the
 //! end as ggml's `hsum_float_8`; Q4_K adds its min terms through four more lanes, Q5_K
 //! (like Q4_1/Q5_1 in their modules) through one running f32 added last. The order depends
-//! on the row length K alone. The float types mirror ggml's generic kernels (f64 sums).
+//! on the row length K alone. F32 and F16 follow ggml's AVX-512 kernels, BF16 its generic
+//! one (f64 sum).
 //! The SIMD kernels (`avx2`, `avx512`) compute the same lane integers in the same float
 //! order, so they are bit-identical to these (`tests/simd_twins.rs`), and both equal the
 //! reference engine's own kernels bit for bit (`tests/dot_reference.rs`). Which kernel
@@ -16,7 +17,7 @@
 //! | weight | activations | per block | accumulation |
 //! |---|---|---|---|
 //! | F32 | F32 | fused `w·x` | 64 f32 lanes (ggml's AVX-512 `vec_dot_f32`), f32 tail |
-//! | F16 | F16 | `w·x` in f32 (exact) | f64 sum, rounded to f32 |
+//! | F16 | F16 | fused `w·x` | 64 f32 lanes (ggml's AVX-512 `vec_dot_f16`), f64 tail |
 //! | BF16 | BF16 | `w·x` in f32 (exact) | f64 sum, rounded to f32 |
 //! | Q4_0 | Q8_0 | `sumi` i32 | `sumf += (sumi·d_w)·d_x` |
 //! | Q5_0 | Q8_0 | `sumi` i32 | `sumf += (d_w·d_x)·sumi` |
@@ -73,13 +74,26 @@ pub fn dot_f32(w: &[u8], x: &[u8]) -> f32 {
     sum
 }
 
-/// F16 × F16.
+/// F16 × F16 (the activations rounded to F16) in the order of ggml's AVX-512
+/// `vec_dot_f16`, the reference's one-token path for an F16 weight: [`dot_f32`]'s 64
+/// running fused multiply-adds of the values widened to f32, reduced the same way, then
+/// the elements past the last whole 64 added in f64 (each product rounded to f32 first),
+/// and the f64 sum rounded to f32. (A product of two f16 values is exact in f32, so the
+/// fused and the unfused multiply-add give the same bits: the order is what matters.)
 pub fn dot_f16(w: &[u8], x: &[u8]) -> f32 {
-    let mut sum = 0.0f64;
-    for (a, b) in w.chunks_exact(2).zip(x.chunks_exact(2)) {
-        let wa = f16_to_f32(u16::from_le_bytes([a[0], a[1]]));
-        let xb = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-        sum += (wa * xb) as f64;
+    const LANES: usize = 64;
+    let n = (w.len() / 2).min(x.len() / 2);
+    let whole = n / LANES * LANES;
+    let at = |b: &[u8], i: usize| f16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]));
+    let mut lanes = [0f32; LANES];
+    for start in (0..whole).step_by(LANES) {
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            *lane = at(w, start + l).mul_add(at(x, start + l), *lane);
+        }
+    }
+    let mut sum = f64::from(nx_f32::scalar::reduce_lanes_64(&lanes));
+    for i in whole..n {
+        sum += f64::from(at(w, i) * at(x, i));
     }
     sum as f32
 }

@@ -400,38 +400,50 @@ fn dot_row_is_the_active_tier_kernel() {
     }
 }
 
-/// The F32 kernel (MoE routers) keeps the scalar twin's 64 running lanes and its tail:
-/// bit for bit on every length, the whole-64 boundary and a lone tail included.
+/// The F32 kernel (MoE routers) and the F16 one keep the scalar twin's 64 running lanes
+/// and its tail: bit for bit on every length, the whole-64 boundary and a lone tail
+/// included.
 #[test]
-fn f32_kernel_is_bit_identical_to_scalar() {
-    let bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+fn float_kernels_are_bit_identical_to_scalar() {
+    let f32_bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+    let f16_bytes = |v: &[f32]| {
+        v.iter()
+            .flat_map(|&f| nx_lazy_weight::formats::f32_to_f16(f).to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    type Encode<'a> = &'a dyn Fn(&[f32]) -> Vec<u8>;
+    let encodings: [(GgmlType, Encode); 2] =
+        [(GgmlType::F32, &f32_bytes), (GgmlType::F16, &f16_bytes)];
     for tier in simd_tiers() {
-        let (scalar, simd) = kernels(tier, GgmlType::F32);
-        for n in [
-            0usize,
-            1,
-            5,
-            63,
-            64,
-            65,
-            100,
-            128,
-            1024,
-            1024 + 37,
-            2048 + 63,
-        ] {
-            let mut rng = Rng::new(n as u64 + 7);
-            for case in 0..20 {
-                // Values of mixed magnitude, so that a different order rounds differently.
-                let w: Vec<f32> = (0..n)
-                    .map(|_| rng.normal() * rng.signed_pow2(-6.0, 6.0))
-                    .collect();
-                let x = rng.normals(n, 3.0);
-                let (a, b) = (scalar(&bytes(&w), &bytes(&x)), simd(&bytes(&w), &bytes(&x)));
-                assert!(
-                    a.to_bits() == b.to_bits(),
-                    "{tier} F32 n={n} case {case}: scalar {a:e} simd {b:e}"
-                );
+        for (ty, bytes) in encodings {
+            let (scalar, simd) = kernels(tier, ty);
+            for n in [
+                0usize,
+                1,
+                5,
+                63,
+                64,
+                65,
+                100,
+                128,
+                1024,
+                1024 + 37,
+                2048 + 63,
+            ] {
+                let mut rng = Rng::new(n as u64 + 7);
+                for case in 0..20 {
+                    // Values of mixed magnitude, so that a different order rounds
+                    // differently.
+                    let w: Vec<f32> = (0..n)
+                        .map(|_| rng.normal() * rng.signed_pow2(-6.0, 6.0))
+                        .collect();
+                    let x = rng.normals(n, 3.0);
+                    let (a, b) = (scalar(&bytes(&w), &bytes(&x)), simd(&bytes(&w), &bytes(&x)));
+                    assert!(
+                        a.to_bits() == b.to_bits(),
+                        "{tier} {ty} n={n} case {case}: scalar {a:e} simd {b:e}"
+                    );
+                }
             }
         }
     }

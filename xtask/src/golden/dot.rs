@@ -60,6 +60,9 @@ const CASES: &[(GgmlType, [usize; 2])] = &[
     (GgmlType::IQ3_S, [256, 768]),
     (GgmlType::IQ1_S, [768, 2048]),
     (GgmlType::IQ1_M, [256, 768]),
+    // F16 against F16-rounded activations: 672 leaves a 32-element tail past the kernel's
+    // 64-element steps.
+    (GgmlType::F16, [256, 672]),
 ];
 
 /// Cases per row length: weights from the quantizer for the even ones, raw bytes else.
@@ -181,7 +184,16 @@ fn inputs_for(ty: GgmlType, lengths: [usize; 2]) -> Vec<Input> {
             }
             let has_quantizer = nx_lazy_weight::formats::block_format(ty)
                 .is_some_and(|f| f.quantize_block.is_some());
-            let (weights, origin) = if case % 2 == 0 && has_quantizer {
+            let (weights, origin) = if ty == GgmlType::F16 {
+                // Finite values only (random bytes would hold NaNs and infinities).
+                let bytes = (0..row_len)
+                    .flat_map(|_| {
+                        let v = rng.normal() * 0.05;
+                        nx_lazy_weight::formats::f32_to_f16(v).to_le_bytes()
+                    })
+                    .collect();
+                (bytes, "f16-values")
+            } else if case % 2 == 0 && has_quantizer {
                 let values: Vec<f32> = (0..row_len).map(|_| rng.normal() * 0.05).collect();
                 let mut bytes = vec![0u8; ty.row_bytes(row_len as u64).unwrap() as usize];
                 nx_lazy_weight::quantize_row(ty, &values, &mut bytes)

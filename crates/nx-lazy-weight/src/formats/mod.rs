@@ -161,8 +161,8 @@ pub fn can_dequantize(ggml_type: GgmlType) -> bool {
 /// Q8_0 for the 32-element formats (Q8_1 for Q4_1 and Q5_1, whose offset term needs the
 /// activations' sum), Q8_K for the K and ternary formats, and for the float types
 /// the weight's own type (F32 activations stay F32; for F16 and BF16 weights the
-/// activations are rounded to F16 / BF16 first, then multiplied exactly in f32 and
-/// summed in f64 — what ggml's `vec_dot_f16` / `vec_dot_bf16` do without SIMD).
+/// activations are rounded to F16 / BF16 first: see [`crate::dot_scalar`] for the
+/// order each is summed in).
 pub fn vec_dot_type(weight_type: GgmlType) -> Option<GgmlType> {
     match weight_type {
         GgmlType::F32 => Some(GgmlType::F32),
