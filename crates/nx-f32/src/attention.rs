@@ -134,9 +134,11 @@ pub fn attend<T: KvElem>(
         // SAFETY: `use_avx512` verified AVX-512 F, AVX2, FMA and F16C on this CPU.
         return unsafe { attend_avx512(q, view, rows, scoring.into(), out, scratch) };
     }
+    // The portable code compiled for AVX2 + FMA: also the scalar tier's where the CPU has
+    // them (same source, same bits).
     #[cfg(target_arch = "x86_64")]
-    if crate::use_avx2_fma() {
-        // SAFETY: `use_avx2_fma` verified AVX2 and FMA on this CPU.
+    if crate::cpu_has_avx2_fma() {
+        // SAFETY: `cpu_has_avx2_fma` verified AVX2 and FMA on this CPU.
         return unsafe { attend_avx2(q, view, rows, scoring.into(), out, scratch) };
     }
     attend_portable(q, view, rows, scoring.into(), out, scratch)
@@ -357,7 +359,32 @@ pub fn attend_group<T: KvElem>(
         // SAFETY: `use_avx2_fma` verified AVX2 and FMA on this CPU.
         return unsafe { attend_group_avx2(qs, view, rows, scoring.into(), outs, scratch) };
     }
+    // The scalar tier on a CPU with AVX2 + FMA: the portable code compiled for them.
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu_has_avx2_fma() {
+        // SAFETY: `cpu_has_avx2_fma` verified AVX2 and FMA on this CPU.
+        return unsafe { attend_group_portable_fma(qs, view, rows, scoring.into(), outs, scratch) };
+    }
     attend_group_portable(qs, view, rows, scoring.into(), outs, scratch)
+}
+
+/// [`attend_group_portable`] compiled for AVX2 + FMA: the same source (no hand-written
+/// SIMD), each fused multiply-add one instruction instead of a library call; Rust never
+/// reassociates floats, so the bits are the portable build's.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn attend_group_portable_fma<T: KvElem>(
+    qs: &[f32],
+    view: CacheView<'_, T>,
+    rows: Range<usize>,
+    scoring: impl Into<Scoring>,
+    outs: &mut [f32],
+    scratch: &mut [f32],
+) {
+    attend_group_body::<T, false, PORTABLE>(qs, view, rows, scoring.into(), outs, scratch)
 }
 
 /// [`attend_group`] without any CPU-specific code generation: the scalar twin.

@@ -96,6 +96,17 @@ fn use_avx2_fma() -> bool {
     })
 }
 
+/// True when the CPU has AVX2 and FMA, whatever the tier: the portable attention code's
+/// copies compiled for them (the same source, so the same bits) run even at the scalar
+/// tier, where fused multiply-adds would otherwise be a library call each.
+#[cfg(target_arch = "x86_64")]
+fn cpu_has_avx2_fma() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    })
+}
+
 /// Dot product of an f32 vector with an f16 row, same order as [`dot`] (AVX2 when the
 /// tier allows, bit-identical to [`scalar::dot_f16`]).
 #[inline]
@@ -247,9 +258,11 @@ pub fn swiglu_row_in_place(gate: &mut [f32], up: &[f32]) {
         // SAFETY: `use_avx512` verified AVX-512 F/DQ, AVX2, FMA and F16C on this CPU.
         return unsafe { swiglu_row_avx512(gate, up) };
     }
+    // The scalar code compiled for FMA, at every tier (the scalar one too) where the CPU
+    // has it: the same bits.
     #[cfg(target_arch = "x86_64")]
-    if use_avx2_fma() {
-        // SAFETY: `use_avx2_fma` verified AVX2 and FMA on this CPU.
+    if cpu_has_avx2_fma() {
+        // SAFETY: `cpu_has_avx2_fma` verified AVX2 and FMA on this CPU.
         return unsafe { swiglu_row_avx2(gate, up) };
     }
     scalar::swiglu_row_in_place(gate, up)

@@ -377,8 +377,10 @@ fn rotate_head(cos: &[f32], sin: &[f32], x: &mut [f32], style: RopeStyle) {
 /// [`RopeTable::angles_at`]): [`RopeTable::apply_heads`] without the table, bit for bit.
 pub fn rotate_heads(cos: &[f32], sin: &[f32], x: &mut [f32], head_dim: usize, style: RopeStyle) {
     #[cfg(target_arch = "x86_64")]
-    if crate::use_avx2_fma() {
-        // SAFETY: use_avx2_fma verified AVX2 and FMA on this CPU.
+    // The portable code compiled with FMA, at every tier (the scalar one too) where the
+    // CPU has it: the same bits.
+    if crate::cpu_has_avx2_fma() {
+        // SAFETY: cpu_has_avx2_fma verified AVX2 and FMA on this CPU.
         return unsafe { rotate_heads_fma(cos, sin, x, head_dim, style) };
     }
     rotate_heads_portable(cos, sin, x, head_dim, style)

@@ -977,27 +977,9 @@ unsafe fn q5_0_impl(w: &[u8], x: &[u8]) -> f32 {
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn f32_impl(w: &[u8], x: &[u8]) -> f32 {
-    const LANES: usize = 64;
     let n = (w.len() / 4).min(x.len() / 4);
-    let whole = n / LANES * LANES;
-    let mut acc = [_mm256_setzero_ps(); LANES / 8];
-    for (cw, cx) in w[..whole * 4]
-        .chunks_exact(LANES * 4)
-        .zip(x[..whole * 4].chunks_exact(LANES * 4))
-    {
-        for (k, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: both chunks hold 64 f32 (256 bytes); register k reads bytes
-            // 32k..32k+32; unaligned loads.
-            let (a, b) = unsafe {
-                (
-                    _mm256_loadu_ps(cw.as_ptr().add(32 * k).cast()),
-                    _mm256_loadu_ps(cx.as_ptr().add(32 * k).cast()),
-                )
-            };
-            *acc = _mm256_fmadd_ps(a, b, *acc);
-        }
-    }
-    let mut sum = if whole > 0 { reduce_lanes_64(acc) } else { 0.0 };
+    // SAFETY: the CPU has the features (caller's contract).
+    let (mut sum, whole) = unsafe { lanes64_sum::<F32s>(w, x, n) };
     for i in whole..n {
         sum += read_f32(w, 4 * i) * read_f32(x, 4 * i);
     }
@@ -1012,32 +994,82 @@ unsafe fn f32_impl(w: &[u8], x: &[u8]) -> f32 {
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn f16_impl(w: &[u8], x: &[u8]) -> f32 {
-    const LANES: usize = 64;
     let n = (w.len() / 2).min(x.len() / 2);
+    // SAFETY: the CPU has the features (caller's contract). The reduction of all-zero
+    // lanes is +0, as the scalar twin's.
+    let (sum, whole) = unsafe { lanes64_sum::<F16s>(w, x, n) };
+    let mut sum = f64::from(sum);
+    for i in whole..n {
+        sum += f64::from(f16_scalar(w, 2 * i) * f16_scalar(x, 2 * i));
+    }
+    sum as f32
+}
+
+/// How the float dots read eight values into a register.
+trait FloatLoad {
+    /// Bytes per value.
+    const BYTES: usize;
+    /// Eight values from `p`, widened to f32.
+    ///
+    /// # Safety
+    /// `p` is valid for reading `8 · BYTES` bytes; the CPU has AVX2 and F16C.
+    unsafe fn load8(p: *const u8) -> __m256;
+}
+
+/// F32 values.
+struct F32s;
+
+impl FloatLoad for F32s {
+    const BYTES: usize = 4;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: 32 readable bytes (caller's contract); unaligned load.
+        unsafe { _mm256_loadu_ps(p.cast()) }
+    }
+}
+
+/// F16 values, widened by F16C.
+struct F16s;
+
+impl FloatLoad for F16s {
+    const BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: 16 readable bytes (caller's contract); unaligned load.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+}
+
+/// The float dots' 64 running fused multiply-adds over the whole 64-value chunks of the
+/// first `n` values of `w` and `x` (lane `l` in register `l / 8`), reduced; returns the
+/// sum and how many values it covers (the tail is the caller's).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `w` and `x` hold at least `n` values of `L`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn lanes64_sum<L: FloatLoad>(w: &[u8], x: &[u8], n: usize) -> (f32, usize) {
+    const LANES: usize = 64;
     let whole = n / LANES * LANES;
+    let chunk = LANES * L::BYTES;
     let mut acc = [_mm256_setzero_ps(); LANES / 8];
-    for (cw, cx) in w[..whole * 2]
-        .chunks_exact(LANES * 2)
-        .zip(x[..whole * 2].chunks_exact(LANES * 2))
+    for (cw, cx) in w[..whole * L::BYTES]
+        .chunks_exact(chunk)
+        .zip(x[..whole * L::BYTES].chunks_exact(chunk))
     {
         for (k, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: both chunks hold 64 f16 (128 bytes); register k reads bytes
-            // 16k..16k+16; unaligned loads.
+            // SAFETY: both chunks hold 64 values; register k reads values 8k..8k+8.
             let (a, b) = unsafe {
                 (
-                    _mm256_cvtph_ps(_mm_loadu_si128(cw.as_ptr().add(16 * k).cast())),
-                    _mm256_cvtph_ps(_mm_loadu_si128(cx.as_ptr().add(16 * k).cast())),
+                    L::load8(cw.as_ptr().add(8 * k * L::BYTES)),
+                    L::load8(cx.as_ptr().add(8 * k * L::BYTES)),
                 )
             };
             *acc = _mm256_fmadd_ps(a, b, *acc);
         }
     }
-    // The reduction of all-zero lanes is +0, as the scalar twin's.
-    let mut sum = f64::from(reduce_lanes_64(acc));
-    for i in whole..n {
-        sum += f64::from(f16_scalar(w, 2 * i) * f16_scalar(x, 2 * i));
-    }
-    sum as f32
+    let sum = if whole > 0 { reduce_lanes_64(acc) } else { 0.0 };
+    (sum, whole)
 }
 
 /// Eight 8-lane registers of running sums (lane `l` in register `l / 8`) reduced as

@@ -24,6 +24,9 @@ pub fn dot_kernel_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel>
         return None;
     }
     let simd = match tier {
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Scalar => crate::scalar_x86::kernel(weight_type),
+        #[cfg(not(target_arch = "x86_64"))]
         CpuTier::Scalar => None,
         #[cfg(target_arch = "x86_64")]
         CpuTier::Avx2 => crate::avx2::kernel(weight_type),
@@ -42,14 +45,21 @@ pub fn dot_kernel_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel>
 }
 
 /// The four-token kernel of `weight_type` at `tier`, when the tier has one (Q4_0,
-/// Q5_0, Q8_0, Q4_K, Q5_K, Q6_K and the formats of `formats::BLOCK_FORMATS` on AVX2 and AVX-512
-/// VNNI). `None` otherwise: callers then use
+/// Q5_0, Q8_0, Q4_K, Q5_K, Q6_K on every x86 tier, scalar included, and more formats of
+/// `formats::BLOCK_FORMATS` on AVX2 and AVX-512 VNNI). `None` otherwise: callers then use
 /// [`dot_kernel_for`] per token, which gives the same bits.
 pub fn dot_kernel4_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel4> {
     if !tier_supported(tier) {
         return None;
     }
     match tier {
+        CpuTier::Scalar => {
+            #[cfg(target_arch = "x86_64")]
+            let copy = crate::scalar_x86::kernel4(weight_type);
+            #[cfg(not(target_arch = "x86_64"))]
+            let copy = None;
+            copy.or_else(|| crate::formats::block_format(weight_type).and_then(|f| f.dot4))
+        }
         #[cfg(target_arch = "x86_64")]
         CpuTier::Avx2 => crate::avx2::kernel4(weight_type),
         #[cfg(target_arch = "x86_64")]
@@ -139,7 +149,12 @@ mod tests {
         let mut x = [0x11u8; crate::formats::Q8_K_BYTES];
         x[0..4].copy_from_slice(&0.5f32.to_le_bytes());
         assert_eq!(k(&w, &x).to_bits(), scalar(&w, &x).to_bits());
-        if !cfg!(miri) {
+        // The same kernel, unless this x86 CPU runs the scalar source's AVX2 + FMA copy.
+        #[cfg(target_arch = "x86_64")]
+        let copied = crate::scalar_x86::kernel(GgmlType::Q4_K).is_some();
+        #[cfg(not(target_arch = "x86_64"))]
+        let copied = false;
+        if !cfg!(miri) && !copied {
             assert_eq!(k as usize, scalar as usize);
         }
         assert!(dot_kernel_for(CpuTier::Scalar, GgmlType::Q8_K).is_none());

@@ -67,6 +67,8 @@ mod neon;
 pub mod plan;
 pub mod quant;
 mod reduce;
+#[cfg(target_arch = "x86_64")]
+mod scalar_x86;
 pub mod tier;
 #[cfg(target_arch = "x86_64")]
 mod tiled;

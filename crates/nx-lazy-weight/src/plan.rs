@@ -174,6 +174,7 @@ fn has_rows4(tier: CpuTier, ty: GgmlType) -> bool {
 /// True when `tier` has a four-token kernel of its own for `ty`.
 fn has_tokens4(tier: CpuTier, ty: GgmlType) -> bool {
     match tier {
+        CpuTier::Scalar => crate::formats::block_format(ty).is_some_and(|f| f.dot4.is_some()),
         #[cfg(target_arch = "x86_64")]
         CpuTier::Avx2 => crate::avx2::kernel4(ty).is_some(),
         #[cfg(target_arch = "x86_64")]
@@ -230,7 +231,10 @@ pub fn prefill_candidates(active: CpuTier, ty: GgmlType) -> Vec<PrefillKernel> {
         }
     }
     for tier in allowed_tiers(active) {
-        if has_tokens4(tier, ty) {
+        // The scalar four-token kernels only where no SIMD tier runs: under one, its
+        // kernels are faster (x86) or the choice is unmeasured (Neon's one-row kernels).
+        let scalar_under_simd = tier == CpuTier::Scalar && active != CpuTier::Scalar;
+        if has_tokens4(tier, ty) && !scalar_under_simd {
             out.push(PrefillKernel::Tokens4(tier));
         }
     }
@@ -589,7 +593,8 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 ///    groups, activations group by group.
 /// 13: AVX2 Q4_K / Q5_K / Q6_K token groups over widened weight rows.
 /// 14: AVX-512 narrow K tiles (2 to 16 tokens of Q4_K / Q5_K, 5 to 16 of Q6_K, `narrow_k`).
-pub const KERNELS_REVISION: u32 = 14;
+/// 15: scalar four-token kernels (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) at the scalar tier.
+pub const KERNELS_REVISION: u32 = 15;
 
 #[cfg(test)]
 mod tests {
@@ -613,7 +618,9 @@ mod tests {
         }
         let scalar = KernelPlan::default_rules(CpuTier::Scalar).get(GgmlType::Q8_0);
         assert_eq!(scalar.decode, DecodeKernel::Rows1(CpuTier::Scalar));
-        assert_eq!(scalar.prefill, PrefillKernel::PerToken);
+        assert_eq!(scalar.prefill, PrefillKernel::Tokens4(CpuTier::Scalar));
+        let q4_1 = KernelPlan::default_rules(CpuTier::Scalar).get(GgmlType::Q4_1);
+        assert_eq!(q4_1.prefill, PrefillKernel::PerToken);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The float reduction orders of the reference engine's x86 dot kernels, shared by every
 //! scalar kernel that reproduces one.
 
+use crate::formats::{read_f16, Q8_0_BYTES};
+
 /// Eight f32 lanes, each fed once per block by a fused multiply-add of the block scale
 /// with that lane's exact integer sum, then added pairwise as
 /// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))` (ggml's `hsum_float_8`). Reproducing it (rather
@@ -42,6 +44,8 @@ impl Lanes8 {
 /// (what `maddubs` then `madd` by ones, or `dpbusd`, leave in each 32-bit lane).
 #[inline(always)]
 pub(crate) fn quad_lanes(wq: &[i32; 32], xq: &[u8]) -> [i32; 8] {
+    // A fixed-size view: no bounds check per element, so the loop vectorizes.
+    let xq: &[u8; 32] = xq[..32].try_into().expect("32 quants");
     let mut lanes = [0i32; 8];
     for (l, lane) in lanes.iter_mut().enumerate() {
         for k in 4 * l..4 * l + 4 {
@@ -51,6 +55,51 @@ pub(crate) fn quad_lanes(wq: &[i32; 32], xq: &[u8]) -> [i32; 8] {
     lanes
 }
 
+/// The blocks every row has: the weight row's `w_blocks`, or fewer when an activation
+/// row (blocks of `x_block_bytes`) is shorter (as a zip of the rows' blocks stops).
+#[inline(always)]
+pub(crate) fn common_blocks<const N: usize>(
+    w_blocks: usize,
+    x_block_bytes: usize,
+    xs: &[&[u8]; N],
+) -> usize {
+    xs.iter()
+        .fold(w_blocks, |n, x| n.min(x.len() / x_block_bytes))
+}
+
+/// Block `b` (of `block_bytes` bytes) of each of the `N` activation rows.
+#[inline(always)]
+pub(crate) fn blocks_at<'a, const N: usize>(
+    xs: &[&'a [u8]; N],
+    b: usize,
+    block_bytes: usize,
+) -> [&'a [u8]; N] {
+    xs.map(|x| &x[b * block_bytes..][..block_bytes])
+}
+
+/// A 32-quant format (Q4_0, Q5_0, Q8_0: `d` f16 at byte 0 of each block, the signed
+/// quants from `quants`) times `N` Q8_0 activation rows, each weight block decoded once
+/// for the `N` rows. Row `t`'s float operations are those of `N = 1` in the same order
+/// (one [`Lanes8`] per row), so every `N` gives the one-row kernel's bits.
+#[inline(always)]
+pub(crate) fn dot32_rows<const N: usize>(
+    w: &[u8],
+    block_bytes: usize,
+    xs: [&[u8]; N],
+    quants: impl Fn(&[u8]) -> [i32; 32],
+) -> [f32; N] {
+    let n_blocks = common_blocks(w.len() / block_bytes, Q8_0_BYTES, &xs);
+    let mut acc = [Lanes8::default(); N];
+    for (b, wb) in w.chunks_exact(block_bytes).take(n_blocks).enumerate() {
+        let wq = quants(wb);
+        let d = read_f16(wb, 0);
+        for (acc, xb) in acc.iter_mut().zip(blocks_at(&xs, b, Q8_0_BYTES)) {
+            acc.fma_block(d * read_f16(xb, 0), &quad_lanes(&wq, &xb[2..]));
+        }
+    }
+    acc.map(|a| a.sum())
+}
+
 /// K-format lane sums: lane `l` collects, for every 32-quant group `g` of the
 /// super-block, `scale(g, l)·Σ w[32g+k]·x[32g+k]` over `k` in `4l..4l+4`, where
 /// `scale(g, l)` is the scale of the sub-block holding those quants (sub-blocks of
@@ -58,6 +107,8 @@ pub(crate) fn quad_lanes(wq: &[i32; 32], xq: &[u8]) -> [i32; 8] {
 /// after `maddubs` and `madd` by the (shuffled) scales.
 #[inline(always)]
 pub(crate) fn k_quad_lanes(wq: &[i8; 256], xq: &[u8], scales: &[i32], sub_len: usize) -> [i32; 8] {
+    // A fixed-size view: no bounds check per element, so the loops vectorize.
+    let xq: &[u8; 256] = xq[..256].try_into().expect("256 quants");
     let mut lanes = [0i32; 8];
     for g in 0..256 / 32 {
         for (l, lane) in lanes.iter_mut().enumerate() {

@@ -94,6 +94,20 @@ fn x86_tiers_have_four_token_kernels() {
             }
         }
     }
+    // The scalar tier's: the formats of the common files (the default model's among them).
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ] {
+        assert!(
+            dot_kernel4_for(CpuTier::Scalar, ty).is_some(),
+            "scalar {ty}: no four-token kernel"
+        );
+    }
     // No tier hands out a four-token kernel for a type without one.
     for tier in supported_tiers() {
         assert!(dot_kernel4_for(tier, GgmlType::F32).is_none(), "{tier}");

@@ -50,6 +50,10 @@ pub struct BlockFormat {
     /// scalar dot kernel (in the float order of the reference engine's x86 kernel);
     /// `None` for activation-only formats.
     pub dot: Option<(GgmlType, DotKernel)>,
+    /// The scalar four-token kernel (each weight block decoded once for four activation
+    /// rows, every row's bits those of `dot`), where the format has one: the scalar
+    /// tier's prefill.
+    pub dot4: Option<DotKernel4>,
     /// Quantizes one block of values (weights for fixtures, or activations).
     pub quantize_block: Option<QuantizeBlock>,
 }

@@ -8,10 +8,8 @@
 
 use nx_gguf::GgmlType;
 
-use super::block::{
-    f16_to_f32, f32_to_f16, read_f16, signed_abs_max, BlockFormat, Q8_0_BLOCK_BYTES,
-};
-use crate::reduce::{quad_lanes, Lanes8};
+use super::block::{f16_to_f32, f32_to_f16, read_f16, signed_abs_max, BlockFormat};
+use crate::reduce::dot32_rows;
 
 /// Bytes of one block.
 pub const BYTES: usize = 18;
@@ -26,6 +24,7 @@ pub const FORMAT: BlockFormat = BlockFormat {
     block_bytes: BYTES,
     dequantize_block,
     dot: Some((GgmlType::Q8_0, dot)),
+    dot4: Some(dot4),
     quantize_block: Some(quantize_block),
 };
 
@@ -43,20 +42,28 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 
 /// Q4_0 × Q8_0 in the order of ggml's x86 kernel: exact lanes per block, one fused
 /// multiply-add of `d_w·d_x` per block into eight f32 lanes.
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    let mut acc = Lanes8::default();
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_0_BLOCK_BYTES)) {
-        let mut wq = [0i32; 32];
-        for j in 0..16 {
-            wq[j] = (wb[QS + j] & 0x0F) as i32 - 8;
-            wq[j + 16] = (wb[QS + j] >> 4) as i32 - 8;
-        }
-        acc.fma_block(
-            read_f16(wb, 0) * read_f16(xb, 0),
-            &quad_lanes(&wq, &xb[2..]),
-        );
+    dot32_rows(w, BYTES, [x], quants)[0]
+}
+
+/// [`dot`] for four activation rows, each weight block decoded once: row `t`'s result
+/// is `dot(w, x[t])`, bit for bit.
+#[inline(always)]
+pub fn dot4(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    dot32_rows(w, BYTES, x, quants)
+}
+
+/// The signed quants `q − 8` of one block.
+#[inline(always)]
+fn quants(wb: &[u8]) -> [i32; 32] {
+    let mut wq = [0i32; 32];
+    for j in 0..16 {
+        wq[j] = (wb[QS + j] & 0x0F) as i32 - 8;
+        wq[j + 16] = (wb[QS + j] >> 4) as i32 - 8;
     }
-    acc.sum()
+    wq
 }
 
 /// Q4_0 / Q5_0 style: `d = max/−levels_half` so the extreme element is level 0,

@@ -28,6 +28,7 @@ pub const FORMAT: BlockFormat = BlockFormat {
     block_bytes: BYTES,
     dequantize_block,
     dot: Some((GgmlType::Q8_1, dot)),
+    dot4: None,
     quantize_block: Some(quantize_block),
 };
 

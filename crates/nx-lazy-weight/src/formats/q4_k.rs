@@ -18,7 +18,7 @@ use super::block::{
     Q8_K_BSUMS, Q8_K_QS,
 };
 use super::{pack_scale_min_k4, scale_min_k4};
-use crate::reduce::{k_quad_lanes, Lanes8};
+use crate::reduce::{blocks_at, common_blocks, k_quad_lanes, Lanes8};
 
 /// Bytes of one super-block.
 pub const BYTES: usize = 144;
@@ -43,6 +43,7 @@ pub const FORMAT: BlockFormat = BlockFormat {
     block_bytes: BYTES,
     dequantize_block,
     dot: Some((GgmlType::Q8_K, dot)),
+    dot4: Some(dot4),
     quantize_block: Some(quantize_block),
 };
 
@@ -86,10 +87,26 @@ pub(crate) fn scales_mins(scales: &[u8]) -> ([i32; 8], [i32; 8]) {
 /// (`lane m = m[2m]·(b[4m]+b[4m+1]) + m[2m+1]·(b[4m+2]+b[4m+3])` over the bsums `b`),
 /// each fed by a fused multiply-add with `−d_x·dmin_w`, summed `(m0+m2)+(m1+m3)` and
 /// added to the eight-lane sum at the end.
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    let mut acc = Lanes8::default();
-    let mut acc_m = [0f32; 4];
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BLOCK_BYTES)) {
+    dot_rows(w, [x])[0]
+}
+
+/// [`dot`] for four activation rows, each super-block decoded once: row `t`'s result
+/// is `dot(w, x[t])`, bit for bit.
+#[inline(always)]
+pub fn dot4(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    dot_rows(w, x)
+}
+
+/// [`dot`] for `N` activation rows, each with its own accumulators.
+#[inline(always)]
+fn dot_rows<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let n_blocks = common_blocks(w.len() / BYTES, Q8_K_BLOCK_BYTES, &xs);
+    let mut acc = [Lanes8::default(); N];
+    let mut acc_m = [[0f32; 4]; N];
+    for (b, wb) in w.chunks_exact(BYTES).take(n_blocks).enumerate() {
         let mut wq = [0i8; 256];
         for chunk in 0..4 {
             let qs = &wb[QS + 32 * chunk..QS + 32 * chunk + 32];
@@ -99,18 +116,24 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
             }
         }
         let (sc, mn) = scales_mins(&wb[SCALES..SCALES + 12]);
-        let dx = read_f32(xb, 0);
-        let d = dx * read_f16(wb, 0);
-        let dmin = -dx * read_f16(wb, DMIN);
-        let bsum = |j: usize| read_i16(xb, Q8_K_BSUMS + 2 * j) as i32;
-        for (m, lane) in acc_m.iter_mut().enumerate() {
-            let pair = |k: usize| bsum(2 * k) + bsum(2 * k + 1);
-            let prod = mn[2 * m] * pair(2 * m) + mn[2 * m + 1] * pair(2 * m + 1);
-            *lane = dmin.mul_add(prod as f32, *lane);
+        let (d_w, dmin_w) = (read_f16(wb, 0), read_f16(wb, DMIN));
+        let xbs = blocks_at(&xs, b, Q8_K_BLOCK_BYTES);
+        for ((acc, acc_m), xb) in acc.iter_mut().zip(&mut acc_m).zip(xbs) {
+            let dx = read_f32(xb, 0);
+            let (d, dmin) = (dx * d_w, -dx * dmin_w);
+            let bsum = |j: usize| read_i16(xb, Q8_K_BSUMS + 2 * j) as i32;
+            for (m, lane) in acc_m.iter_mut().enumerate() {
+                let pair = |k: usize| bsum(2 * k) + bsum(2 * k + 1);
+                let prod = mn[2 * m] * pair(2 * m) + mn[2 * m + 1] * pair(2 * m + 1);
+                *lane = dmin.mul_add(prod as f32, *lane);
+            }
+            acc.fma_block(d, &k_quad_lanes(&wq, &xb[Q8_K_QS..Q8_K_QS + 256], &sc, 32));
         }
-        acc.fma_block(d, &k_quad_lanes(&wq, &xb[Q8_K_QS..Q8_K_QS + 256], &sc, 32));
     }
-    acc.sum() + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+    std::array::from_fn(|t| {
+        let m = &acc_m[t];
+        acc[t].sum() + ((m[0] + m[2]) + (m[1] + m[3]))
+    })
 }
 
 /// Sub-block scales and mins of a Q4_K/Q5_K super-block, and the quants (this crate's

@@ -9,9 +9,9 @@
 
 use nx_gguf::GgmlType;
 
-use super::block::{read_f16, read_u32, BlockFormat, Q8_0_BLOCK_BYTES};
+use super::block::{read_f16, read_u32, BlockFormat};
 use super::q4_0::quantize_signed_32;
-use crate::reduce::{quad_lanes, Lanes8};
+use crate::reduce::dot32_rows;
 
 /// Bytes of one block.
 pub const BYTES: usize = 22;
@@ -28,6 +28,7 @@ pub const FORMAT: BlockFormat = BlockFormat {
     block_bytes: BYTES,
     dequantize_block,
     dot: Some((GgmlType::Q8_0, dot)),
+    dot4: Some(dot4),
     quantize_block: Some(quantize_block),
 };
 
@@ -47,24 +48,32 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 }
 
 /// Q5_0 × Q8_0 in the order of ggml's x86 kernel (as Q4_0's).
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    let mut acc = Lanes8::default();
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_0_BLOCK_BYTES)) {
-        let qh = read_u32(wb, QH);
-        let qs = &wb[QS..QS + 16];
-        let mut wq = [0i32; 32];
-        for j in 0..16 {
-            let h_lo = ((qh >> j) & 1) << 4;
-            let h_hi = ((qh >> (j + 16)) & 1) << 4;
-            wq[j] = ((qs[j] & 0x0F) as u32 | h_lo) as i32 - 16;
-            wq[j + 16] = ((qs[j] >> 4) as u32 | h_hi) as i32 - 16;
-        }
-        acc.fma_block(
-            read_f16(wb, 0) * read_f16(xb, 0),
-            &quad_lanes(&wq, &xb[2..]),
-        );
+    dot32_rows(w, BYTES, [x], quants)[0]
+}
+
+/// [`dot`] for four activation rows, each weight block decoded once: row `t`'s result
+/// is `dot(w, x[t])`, bit for bit.
+#[inline(always)]
+pub fn dot4(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    dot32_rows(w, BYTES, x, quants)
+}
+
+/// The signed quants `q − 16` of one block (the fifth bits from `qh`).
+#[inline(always)]
+fn quants(wb: &[u8]) -> [i32; 32] {
+    let qh = read_u32(wb, QH);
+    let qs = &wb[QS..QS + 16];
+    let mut wq = [0i32; 32];
+    for j in 0..16 {
+        let h_lo = ((qh >> j) & 1) << 4;
+        let h_hi = ((qh >> (j + 16)) & 1) << 4;
+        wq[j] = ((qs[j] & 0x0F) as u32 | h_lo) as i32 - 16;
+        wq[j + 16] = ((qs[j] >> 4) as u32 | h_hi) as i32 - 16;
     }
-    acc.sum()
+    wq
 }
 
 /// Weights for fixtures (Q4_0's quantizer with 16 half levels).

@@ -16,7 +16,7 @@ use super::block::{
 };
 use super::q4_k::{quantize_asym, scales_mins, DMIN, SCALES};
 use super::{pack_scale_min_k4, scale_min_k4};
-use crate::reduce::{k_quad_lanes, Lanes8};
+use crate::reduce::{blocks_at, common_blocks, k_quad_lanes, Lanes8};
 
 /// Bytes of one super-block.
 pub const BYTES: usize = 176;
@@ -33,6 +33,7 @@ pub const FORMAT: BlockFormat = BlockFormat {
     block_bytes: BYTES,
     dequantize_block,
     dot: Some((GgmlType::Q8_K, dot)),
+    dot4: Some(dot4),
     quantize_block: Some(quantize_block),
 };
 
@@ -76,10 +77,26 @@ fn bsum_min_term(xb: &[u8], mins: &[i32; 8]) -> i32 {
 /// `fma(d_x·d_w, lane)` per super-block; the min term's integer `Σ m_j·(b_2j + b_2j+1)`
 /// fused with `−d_x·dmin_w` into one running f32 (GCC contracts `summs += dmin*sumi`),
 /// added after the lane sum.
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    let mut acc = Lanes8::default();
-    let mut summs = 0.0f32;
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BLOCK_BYTES)) {
+    dot_rows(w, [x])[0]
+}
+
+/// [`dot`] for four activation rows, each super-block decoded once: row `t`'s result
+/// is `dot(w, x[t])`, bit for bit.
+#[inline(always)]
+pub fn dot4(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    dot_rows(w, x)
+}
+
+/// [`dot`] for `N` activation rows, each with its own accumulators.
+#[inline(always)]
+fn dot_rows<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let n_blocks = common_blocks(w.len() / BYTES, Q8_K_BLOCK_BYTES, &xs);
+    let mut acc = [Lanes8::default(); N];
+    let mut summs = [0.0f32; N];
+    for (b, wb) in w.chunks_exact(BYTES).take(n_blocks).enumerate() {
         let qh = &wb[QH..QH + 32];
         let mut wq = [0i8; 256];
         for chunk in 0..4 {
@@ -92,15 +109,19 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
             }
         }
         let (sc, mn) = scales_mins(&wb[SCALES..SCALES + 12]);
-        let dx = read_f32(xb, 0);
-        let dmin = -dx * read_f16(wb, DMIN);
-        summs = dmin.mul_add(bsum_min_term(xb, &mn) as f32, summs);
-        acc.fma_block(
-            dx * read_f16(wb, 0),
-            &k_quad_lanes(&wq, &xb[Q8_K_QS..Q8_K_QS + 256], &sc, 32),
-        );
+        let (d_w, dmin_w) = (read_f16(wb, 0), read_f16(wb, DMIN));
+        let xbs = blocks_at(&xs, b, Q8_K_BLOCK_BYTES);
+        for ((acc, summs), xb) in acc.iter_mut().zip(&mut summs).zip(xbs) {
+            let dx = read_f32(xb, 0);
+            let dmin = -dx * dmin_w;
+            *summs = dmin.mul_add(bsum_min_term(xb, &mn) as f32, *summs);
+            acc.fma_block(
+                dx * d_w,
+                &k_quad_lanes(&wq, &xb[Q8_K_QS..Q8_K_QS + 256], &sc, 32),
+            );
+        }
     }
-    acc.sum() + summs
+    std::array::from_fn(|t| acc[t].sum() + summs[t])
 }
 
 /// Weights for fixtures (Q4_K's quantizer with 31 levels).

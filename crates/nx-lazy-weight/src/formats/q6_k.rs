@@ -14,7 +14,7 @@ use super::block::{
     f16_bits_at_least, f16_to_f32, read_f16, read_f32, read_i16, BlockFormat, Q8_K_BLOCK_BYTES,
     Q8_K_BSUMS, Q8_K_QS,
 };
-use crate::reduce::{k_quad_lanes, Lanes8};
+use crate::reduce::{blocks_at, common_blocks, k_quad_lanes, Lanes8};
 
 /// Bytes of one super-block.
 pub const BYTES: usize = 210;
@@ -35,6 +35,7 @@ pub const FORMAT: BlockFormat = BlockFormat {
     block_bytes: BYTES,
     dequantize_block,
     dot: Some((GgmlType::Q8_K, dot)),
+    dot4: Some(dot4),
     quantize_block: Some(quantize_block),
 };
 
@@ -72,9 +73,25 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// Q6_K × Q8_K: the unsigned 0..63 quants in `k_quad_lanes`, minus, per lane `l`,
 /// `32·(b[2l]·s[2l] + b[2l+1]·s[2l+1])` over the bsums `b` and scales `s`; one fused
 /// multiply-add per lane and block with `d_x·d_w`.
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    let mut acc = Lanes8::default();
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BLOCK_BYTES)) {
+    dot_rows(w, [x])[0]
+}
+
+/// [`dot`] for four activation rows, each super-block decoded once: row `t`'s result
+/// is `dot(w, x[t])`, bit for bit.
+#[inline(always)]
+pub fn dot4(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    dot_rows(w, x)
+}
+
+/// [`dot`] for `N` activation rows, each with its own accumulators.
+#[inline(always)]
+fn dot_rows<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let n_blocks = common_blocks(w.len() / BYTES, Q8_K_BLOCK_BYTES, &xs);
+    let mut acc = [Lanes8::default(); N];
+    for (b, wb) in w.chunks_exact(BYTES).take(n_blocks).enumerate() {
         let mut wq = [0i8; 256];
         for half in 0..2 {
             let ql = &wb[QL + 64 * half..QL + 64 * half + 64];
@@ -91,14 +108,17 @@ pub fn dot(w: &[u8], x: &[u8]) -> f32 {
         for (j, s) in sc.iter_mut().enumerate() {
             *s = wb[SCALES + j] as i8 as i32;
         }
-        let mut lanes = k_quad_lanes(&wq, &xb[Q8_K_QS..Q8_K_QS + 256], &sc, 16);
-        for (l, lane) in lanes.iter_mut().enumerate() {
-            let b = |j: usize| read_i16(xb, Q8_K_BSUMS + 2 * j) as i32;
-            *lane -= 32 * (b(2 * l) * sc[2 * l] + b(2 * l + 1) * sc[2 * l + 1]);
+        let d_w = read_f16(wb, D);
+        for (acc, xb) in acc.iter_mut().zip(blocks_at(&xs, b, Q8_K_BLOCK_BYTES)) {
+            let mut lanes = k_quad_lanes(&wq, &xb[Q8_K_QS..Q8_K_QS + 256], &sc, 16);
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                let b = |j: usize| read_i16(xb, Q8_K_BSUMS + 2 * j) as i32;
+                *lane -= 32 * (b(2 * l) * sc[2 * l] + b(2 * l + 1) * sc[2 * l + 1]);
+            }
+            acc.fma_block(read_f32(xb, 0) * d_w, &lanes);
         }
-        acc.fma_block(read_f32(xb, 0) * read_f16(wb, D), &lanes);
     }
-    acc.sum()
+    acc.map(|a| a.sum())
 }
 
 /// Weights for fixtures (this crate's own quantizer): symmetric per 16, step

@@ -10,7 +10,7 @@
 use nx_gguf::GgmlType;
 
 use super::block::{f32_to_f16, nearest_int, read_f16, BlockFormat};
-use crate::reduce::{quad_lanes, Lanes8};
+use crate::reduce::dot32_rows;
 
 /// Bytes of one block.
 pub const BYTES: usize = super::block::Q8_0_BLOCK_BYTES;
@@ -25,6 +25,7 @@ pub const FORMAT: BlockFormat = BlockFormat {
     block_bytes: BYTES,
     dequantize_block,
     dot: Some((GgmlType::Q8_0, dot)),
+    dot4: Some(dot4),
     quantize_block: Some(quantize_block),
 };
 
@@ -37,19 +38,27 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 }
 
 /// Q8_0 × Q8_0 in the order of ggml's x86 kernel (as Q4_0's).
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
-    let mut acc = Lanes8::default();
-    for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(BYTES)) {
-        let mut wq = [0i32; 32];
-        for (q, &b) in wq.iter_mut().zip(&wb[QS..QS + 32]) {
-            *q = b as i8 as i32;
-        }
-        acc.fma_block(
-            read_f16(wb, 0) * read_f16(xb, 0),
-            &quad_lanes(&wq, &xb[QS..]),
-        );
+    dot32_rows(w, BYTES, [x], quants)[0]
+}
+
+/// [`dot`] for four activation rows, each weight block read once: row `t`'s result is
+/// `dot(w, x[t])`, bit for bit.
+#[inline(always)]
+pub fn dot4(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    dot32_rows(w, BYTES, x, quants)
+}
+
+/// The quants of one block, widened.
+#[inline(always)]
+fn quants(wb: &[u8]) -> [i32; 32] {
+    let mut wq = [0i32; 32];
+    for (q, &b) in wq.iter_mut().zip(&wb[QS..QS + 32]) {
+        *q = b as i8 as i32;
     }
-    acc.sum()
+    wq
 }
 
 /// ggml's `quantize_row_q8_0_ref`: `d = amax/127`, `id = 1/d` (0 when d is 0),

@@ -27,6 +27,7 @@ pub const FORMAT: BlockFormat = BlockFormat {
     block_bytes: BYTES,
     dequantize_block,
     dot: None,
+    dot4: None,
     quantize_block: Some(quantize_block),
 };
 
