@@ -8,8 +8,8 @@
 //! AVX2 and FMA enabled, each fused multiply-add is one instruction. Rust never
 //! reassociates or contracts float operations, so each copy gives the plain kernel's
 //! bits (checked below); the scalar tier still runs no hand-written SIMD, so
-//! `NX_TIER=scalar` keeps testing the portable code. On an Intel Xeon (Sapphire Rapids
-//! class) it took the kernel plan's Q5_0 prefill timing from 15.5 to 3.6 ms and the
+//! `NX_TIER=scalar` keeps testing the portable code. On an Intel Xeon (family 6,
+//! model 207) it took the kernel plan's Q5_0 prefill timing from 15.5 to 3.6 ms and the
 //! gate's scalar-tier steps from 21 to 7 minutes (with the four-token kernels and the
 //! attention's copy in `nx-f32`).
 
