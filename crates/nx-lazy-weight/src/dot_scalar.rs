@@ -50,6 +50,7 @@ pub fn dot_kernel(weight_type: GgmlType) -> Option<DotKernel> {
 /// an F32 weight such as a MoE router): 64 running fused multiply-adds, lane `l` taking
 /// elements `l, l+64, …`, reduced as four 16-lane registers, then the elements past the
 /// last whole 64 added one by one in f32.
+#[inline(always)] // into `scalar_x86`'s copy compiled for AVX2 + FMA
 pub fn dot_f32(w: &[u8], x: &[u8]) -> f32 {
     const LANES: usize = 64;
     let n = (w.len() / 4).min(x.len() / 4);
@@ -80,6 +81,7 @@ pub fn dot_f32(w: &[u8], x: &[u8]) -> f32 {
 /// the elements past the last whole 64 added in f64 (each product rounded to f32 first),
 /// and the f64 sum rounded to f32. (A product of two f16 values is exact in f32, so the
 /// fused and the unfused multiply-add give the same bits: the order is what matters.)
+#[inline(always)] // into `scalar_x86`'s copy compiled for AVX2 + FMA
 pub fn dot_f16(w: &[u8], x: &[u8]) -> f32 {
     const LANES: usize = 64;
     let n = (w.len() / 2).min(x.len() / 2);
@@ -99,6 +101,7 @@ pub fn dot_f16(w: &[u8], x: &[u8]) -> f32 {
 }
 
 /// BF16 × BF16.
+#[inline(always)] // into `scalar_x86`'s copy compiled for AVX2 + FMA
 pub fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
     let mut sum = 0.0f64;
     for (a, b) in w.chunks_exact(2).zip(x.chunks_exact(2)) {

@@ -1,4 +1,5 @@
-//! Every SIMD dot kernel against its scalar twin, for every tier this CPU supports.
+//! Every SIMD dot kernel against its scalar twin, for every tier this CPU supports (the
+//! scalar tier too: its AVX2 + FMA copies of the scalar source).
 //!
 //! Two properties per quantized weight type and tier:
 //! 1. Integer parts exact. With all float scales 1.0 and small sub-block scales, every
@@ -37,13 +38,12 @@ const QUANT_TYPES: [GgmlType; 6] = [
     GgmlType::Q6_K,
 ];
 
-/// The tiers to test: every supported one except the scalar reference itself.
-fn simd_tiers() -> Vec<CpuTier> {
-    let tiers: Vec<CpuTier> = supported_tiers()
-        .into_iter()
-        .filter(|&t| t != CpuTier::Scalar)
-        .collect();
-    eprintln!("SIMD tiers under test: {tiers:?}");
+/// The tiers to test: every supported one, the scalar tier too (on an x86 CPU with AVX2
+/// and FMA its kernels are the scalar source compiled a second time for them, which must
+/// give the plain build's bits).
+fn tiers_under_test() -> Vec<CpuTier> {
+    let tiers = supported_tiers();
+    eprintln!("tiers under test: {tiers:?}");
     tiers
 }
 
@@ -140,7 +140,7 @@ fn unit_block_bound(ty: GgmlType) -> u64 {
 
 #[test]
 fn integer_parts_are_exact_for_every_byte_pattern() {
-    for tier in simd_tiers() {
+    for tier in tiers_under_test() {
         for ty in QUANT_TYPES {
             let (scalar, simd) = kernels(tier, ty);
             let act = vec_dot_type(ty).unwrap();
@@ -170,7 +170,7 @@ fn integer_parts_are_exact_for_every_byte_pattern() {
 /// all 127 (the saturation and sign corner cases of `maddubs`/`dpbusd`).
 #[test]
 fn integer_parts_are_exact_at_the_extremes() {
-    for tier in simd_tiers() {
+    for tier in tiers_under_test() {
         for ty in QUANT_TYPES {
             let (scalar, simd) = kernels(tier, ty);
             let act = vec_dot_type(ty).unwrap();
@@ -264,7 +264,7 @@ fn realistic_case(rng: &mut Rng, ty: GgmlType, row_len: usize) -> (Vec<u8>, Vec<
 
 #[test]
 fn floats_agree_within_the_rounding_bound() {
-    for tier in simd_tiers() {
+    for tier in tiers_under_test() {
         for ty in QUANT_TYPES {
             let (scalar, simd) = kernels(tier, ty);
             // Gemma-like K (640, 2048) and odd block counts; K formats need 256s.
@@ -313,7 +313,7 @@ fn random_acts(rng: &mut Rng, act: GgmlType, row_len: usize) -> Vec<u8> {
 
 #[test]
 fn x86_order_types_are_bit_identical_to_scalar() {
-    for tier in simd_tiers() {
+    for tier in tiers_under_test() {
         for ty in BIT_IDENTICAL_TYPES {
             let (scalar, simd) = kernels(tier, ty);
             let act = vec_dot_type(ty).unwrap();
@@ -348,7 +348,7 @@ fn x86_order_types_are_bit_identical_to_scalar() {
 /// quantizer-made weights.
 #[test]
 fn bound_detects_a_flipped_scale_bit() {
-    for tier in simd_tiers() {
+    for tier in tiers_under_test() {
         for ty in QUANT_TYPES {
             let (scalar, simd) = kernels(tier, ty);
             let row_len = 2048;
@@ -414,7 +414,7 @@ fn float_kernels_are_bit_identical_to_scalar() {
     type Encode<'a> = &'a dyn Fn(&[f32]) -> Vec<u8>;
     let encodings: [(GgmlType, Encode); 2] =
         [(GgmlType::F32, &f32_bytes), (GgmlType::F16, &f16_bytes)];
-    for tier in simd_tiers() {
+    for tier in tiers_under_test() {
         for (ty, bytes) in encodings {
             let (scalar, simd) = kernels(tier, ty);
             for n in [

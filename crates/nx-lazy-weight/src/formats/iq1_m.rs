@@ -83,6 +83,8 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// part (`GridBlock::lanes`) and the offset part (the activations signed by each
 /// group's offset sign, same multipliers), each fused into running lanes with
 /// `d_x·d`; at the end `hsum_float_8(grid) + 0.125·hsum_float_8(offsets)`.
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     let mut grid_lanes = Lanes8::default();
     let mut offset_lanes = Lanes8::default();

@@ -82,6 +82,8 @@ pub(crate) fn put_ternary8(block: &mut GridBlock, k: usize, grid: &[u8; 8]) {
 /// GCC contracts it, which the IQ1_S dot fixture, with block scales kept within one
 /// octave, tells apart: unfused, 5 of its 24 cases differ in the last bit); at the end
 /// `hsum_float_8(lanes) + 0.125·acc`.
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     let mut lanes = Lanes8::default();
     let mut offsets = 0.0f32;

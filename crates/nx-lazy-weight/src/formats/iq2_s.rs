@@ -56,6 +56,8 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 
 /// IQ2_S × Q8_K in the order of ggml's AVX2 kernel (`grid_dot` with multipliers
 /// `2·ls + 1` per 16 and a final `0.125`).
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     grid_dot(w, x, BYTES, POST_SCALE, Grid)
 }

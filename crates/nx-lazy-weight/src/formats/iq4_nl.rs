@@ -59,6 +59,8 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// set of eight lanes and odd blocks in another (`fma(d_x·d_w, lane)` each), the two
 /// added lane-wise and then summed; an odd last block is added after, as one fused
 /// multiply-add of its scale with its integer sum.
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     paired_table_dot(w, x, BYTES, |wb| {
         (read_f16(wb, 0), levels(&wb[QS..QS + 16]))

@@ -66,6 +66,8 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// IQ4_XS × Q8_K in the order of ggml's AVX2 kernel: per super-block eight integer lanes
 /// (lane `l` = `Σ_j ls_j·Σ w·x` over positions `4l..4l+4` of each sub-block), one
 /// `fma(d_w·d_x, lane)` each, then the eight lanes summed.
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     let mut acc = Lanes8::default();
     for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BLOCK_BYTES)) {

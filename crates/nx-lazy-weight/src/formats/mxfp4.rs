@@ -71,6 +71,8 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// scale `d_x·2^(e−128)`: blocks in pairs into two sets of eight lanes
 /// (`fma(d, lane)`), added lane-wise and summed; an odd last block added after as one
 /// fused multiply-add (see `paired_table_dot`).
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     paired_table_dot(w, x, BYTES, |wb| {
         (e8m0_to_f32_half(wb[E]), levels(&wb[QS..QS + 16]))

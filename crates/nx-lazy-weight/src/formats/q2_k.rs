@@ -67,6 +67,8 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 /// Q2_K × Q8_K in the order of ggml's AVX2 kernel: per super-block first the min term
 /// (lane `l` = `m[2l]·bsum[2l] + m[2l+1]·bsum[2l+1]`, one `fma(−d_x·dmin_w, lane)`),
 /// then the scaled level sums (one `fma(d_x·d_w, lane)`), into the same eight lanes.
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     let mut acc = Lanes8::default();
     for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BLOCK_BYTES)) {

@@ -86,6 +86,8 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 
 /// Q3_K × Q8_K in the order of ggml's AVX2 kernel: per super-block eight integer lanes
 /// of scaled level sums, one `fma(d_x·d_w, lane)` each, then the eight lanes summed.
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     let mut acc = Lanes8::default();
     for (wb, xb) in w.chunks_exact(BYTES).zip(x.chunks_exact(Q8_K_BLOCK_BYTES)) {

@@ -52,6 +52,8 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 }
 
 /// Q5_1 × Q8_1 in the order of ggml's AVX2 kernel (as Q4_1's).
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     q4_1::offset_dot(w, x, BYTES, levels)
 }

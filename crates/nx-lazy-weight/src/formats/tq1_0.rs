@@ -75,6 +75,8 @@ pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
 
 /// TQ1_0 × Q8_K in the order of ggml's AVX2 kernel, which decodes the digits to bytes in
 /// weight order and then reduces exactly as TQ2_0's (`ternary_dot`).
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     ternary_dot(w, x, BYTES, |wb| (read_f16(wb, D), levels(wb)))
 }

@@ -61,6 +61,8 @@ pub(crate) fn ternary_dequantize(d: f32, levels: &[u8; 256], y: &mut [f32]) {
 /// TQ2_0 × Q8_K in the order of ggml's AVX2 kernel: per super-block eight 32-bit lanes
 /// of `Σ q·x − bsums` formed in 16-bit lanes (`offset_pair_lanes`), one
 /// `fma(d_x·d_w, lane)` into eight running lanes, `hsum_float_8` at the end.
+// Inlined into `scalar_x86`'s copy compiled for AVX2 + FMA.
+#[inline(always)]
 pub fn dot(w: &[u8], x: &[u8]) -> f32 {
     ternary_dot(w, x, BYTES, |wb| (read_f16(wb, D), levels(wb)))
 }
