@@ -597,8 +597,11 @@ impl Kernels {
         };
         #[cfg(target_arch = "x86_64")]
         let (tiled, groups) = match plan.prefill {
-            PrefillKernel::Tiles => (!xq.tiles.raw_k(), false),
-            PrefillKernel::Amx => (xq.tiles.raw_k(), false),
+            // The wide tiles' layout must be the kernel's (raw quants for AMX); without
+            // wide tiles (fewer than sixteen tokens) the narrow tiles, the same for both,
+            // still run.
+            PrefillKernel::Tiles => (xq.tiles.n_groups() == 0 || !xq.tiles.raw_k(), false),
+            PrefillKernel::Amx => (xq.tiles.n_groups() == 0 || xq.tiles.raw_k(), false),
             PrefillKernel::Groups => (false, true),
             _ => (false, false),
         };
