@@ -1,8 +1,6 @@
 //! The float reduction orders of the reference engine's x86 dot kernels, shared by every
 //! scalar kernel that reproduces one.
 
-use crate::formats::{read_f16, Q8_0_BYTES};
-
 /// Eight f32 lanes, each fed once per block by a fused multiply-add of the block scale
 /// with that lane's exact integer sum, then added pairwise as
 /// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))` (ggml's `hsum_float_8`). Reproducing it (rather
@@ -75,29 +73,6 @@ pub(crate) fn blocks_at<'a, const N: usize>(
     block_bytes: usize,
 ) -> [&'a [u8]; N] {
     xs.map(|x| &x[b * block_bytes..][..block_bytes])
-}
-
-/// A 32-quant format (Q4_0, Q5_0, Q8_0: `d` f16 at byte 0 of each block, the signed
-/// quants from `quants`) times `N` Q8_0 activation rows, each weight block decoded once
-/// for the `N` rows. Row `t`'s float operations are those of `N = 1` in the same order
-/// (one [`Lanes8`] per row), so every `N` gives the one-row kernel's bits.
-#[inline(always)]
-pub(crate) fn dot32_rows<const N: usize>(
-    w: &[u8],
-    block_bytes: usize,
-    xs: [&[u8]; N],
-    quants: impl Fn(&[u8]) -> [i32; 32],
-) -> [f32; N] {
-    let n_blocks = common_blocks(w.len() / block_bytes, Q8_0_BYTES, &xs);
-    let mut acc = [Lanes8::default(); N];
-    for (b, wb) in w.chunks_exact(block_bytes).take(n_blocks).enumerate() {
-        let wq = quants(wb);
-        let d = read_f16(wb, 0);
-        for (acc, xb) in acc.iter_mut().zip(blocks_at(&xs, b, Q8_0_BYTES)) {
-            acc.fma_block(d * read_f16(xb, 0), &quad_lanes(&wq, &xb[2..]));
-        }
-    }
-    acc.map(|a| a.sum())
 }
 
 /// K-format lane sums: lane `l` collects, for every 32-quant group `g` of the

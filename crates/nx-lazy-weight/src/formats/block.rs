@@ -2,6 +2,8 @@
 
 use nx_gguf::GgmlType;
 
+use crate::reduce::{blocks_at, common_blocks, quad_lanes, Lanes8};
+
 /// Bytes of a Q8_0 activation block (`d` f16, `qs[32]` i8).
 pub const Q8_0_BLOCK_BYTES: usize = 34;
 /// Bytes of a Q8_K activation block (`d` f32 @0, `qs[256]` i8 @4, `bsums[16]` i16 @260).
@@ -181,4 +183,27 @@ pub fn f16_bits_at_least(v: f32) -> u16 {
     } else {
         h
     }
+}
+
+/// A 32-quant format (Q4_0, Q5_0, Q8_0: `d` f16 at byte 0 of each block, the signed
+/// quants from `quants`) times `N` Q8_0 activation rows, each weight block decoded once
+/// for the `N` rows. Row `t`'s float operations are those of `N = 1` in the same order
+/// (one [`Lanes8`] per row), so every `N` gives the one-row kernel's bits.
+#[inline(always)]
+pub(super) fn dot32_rows<const N: usize>(
+    w: &[u8],
+    block_bytes: usize,
+    xs: [&[u8]; N],
+    quants: impl Fn(&[u8]) -> [i32; 32],
+) -> [f32; N] {
+    let n_blocks = common_blocks(w.len() / block_bytes, Q8_0_BLOCK_BYTES, &xs);
+    let mut acc = [Lanes8::default(); N];
+    for (b, wb) in w.chunks_exact(block_bytes).take(n_blocks).enumerate() {
+        let wq = quants(wb);
+        let d = read_f16(wb, 0);
+        for (acc, xb) in acc.iter_mut().zip(blocks_at(&xs, b, Q8_0_BLOCK_BYTES)) {
+            acc.fma_block(d * read_f16(xb, 0), &quad_lanes(&wq, &xb[2..]));
+        }
+    }
+    acc.map(|a| a.sum())
 }

@@ -8,8 +8,8 @@
 
 use nx_gguf::GgmlType;
 
+use super::block::dot32_rows;
 use super::block::{f16_to_f32, f32_to_f16, read_f16, signed_abs_max, BlockFormat};
-use crate::reduce::dot32_rows;
 
 /// Bytes of one block.
 pub const BYTES: usize = 18;

@@ -9,9 +9,9 @@
 
 use nx_gguf::GgmlType;
 
+use super::block::dot32_rows;
 use super::block::{read_f16, read_u32, BlockFormat};
 use super::q4_0::quantize_signed_32;
-use crate::reduce::dot32_rows;
 
 /// Bytes of one block.
 pub const BYTES: usize = 22;

@@ -9,8 +9,8 @@
 
 use nx_gguf::GgmlType;
 
+use super::block::dot32_rows;
 use super::block::{f32_to_f16, nearest_int, read_f16, BlockFormat};
-use crate::reduce::dot32_rows;
 
 /// Bytes of one block.
 pub const BYTES: usize = super::block::Q8_0_BLOCK_BYTES;
