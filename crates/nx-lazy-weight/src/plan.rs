@@ -593,7 +593,8 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 ///    groups, activations group by group.
 /// 13: AVX2 Q4_K / Q5_K / Q6_K token groups over widened weight rows.
 /// 14: AVX-512 narrow K tiles (2 to 16 tokens of Q4_K / Q5_K, 5 to 16 of Q6_K, `narrow_k`).
-/// 15: scalar four-token kernels (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) at the scalar tier.
+/// 15: scalar four-token kernels (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), and the scalar tier's
+///    kernels compiled for AVX2 + FMA where the CPU has them (`scalar_x86`).
 pub const KERNELS_REVISION: u32 = 15;
 
 #[cfg(test)]
