@@ -598,10 +598,9 @@ impl Kernels {
         #[cfg(target_arch = "x86_64")]
         let (tiled, groups) = match plan.prefill {
             // The wide tiles' layout must be the kernel's (raw quants for AMX); without
-            // wide tiles (fewer than sixteen tokens) the narrow tiles, the same for both,
-            // still run.
-            PrefillKernel::Tiles => (xq.tiles.n_groups() == 0 || !xq.tiles.raw_k(), false),
-            PrefillKernel::Amx => (xq.tiles.n_groups() == 0 || xq.tiles.raw_k(), false),
+            // wide tiles the narrow ones, the same for both, still run.
+            PrefillKernel::Tiles => (xq.tiles.layout_fits(false), false),
+            PrefillKernel::Amx => (xq.tiles.layout_fits(true), false),
             PrefillKernel::Groups => (false, true),
             _ => (false, false),
         };
