@@ -9,7 +9,9 @@
 //! from memory), a Q8_0, a Q5_0 and a Q4_0 FFN projection (640 → 2048, in cache: the
 //! kernels' own speed) and a Q4_K / Q5_K / Q6_K down projection (2048 → 640).
 //! `bounded/…` and `bounded-top40/…` time the LM head's bounded pass for greedy and
-//! top-40 rows (`BoundedHead`) at the same widths.
+//! top-40 rows (`BoundedHead`) at the same widths, as an engine runs it (AMX above eight
+//! tokens where the CPU has it); `bounded-vnni/…` and `bounded-amx/…` each pass at every
+//! width.
 //! Run: `cargo bench -p nx-benches --bench batched` (a filter
 //! such as `Q8_0` narrows it; `NX_TIER=avx2` for the lower tier).
 
@@ -19,7 +21,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use nx_benches::{values, weights};
 use nx_lazy_weight::{
-    matmul_pool, BoundedHead, BoundedScratch, GgmlType, LazyWeight, QuantizedActs,
+    matmul_pool, BoundedHead, BoundedKernel, BoundedScratch, GgmlType, LazyWeight, QuantizedActs,
 };
 use nx_syscalls::ThreadPool;
 
@@ -69,10 +71,24 @@ fn bench_bounded(c: &mut Criterion) {
     let pool = ThreadPool::new(2);
     let bytes = weights(ty, row_len, n_rows);
     let w = LazyWeight::from_parts(ty, &[row_len as u64, n_rows as u64], &bytes).unwrap();
-    let Some(head) = BoundedHead::new(&w, &pool) else {
-        return; // no kernel on this tier
-    };
-    for (name, k) in [("bounded", 1), ("bounded-top40", 40)] {
+    let passes = [
+        ("bounded", BoundedHead::new(&w, &pool), 1),
+        ("bounded-top40", BoundedHead::new(&w, &pool), 40),
+        (
+            "bounded-vnni",
+            BoundedHead::with_kernel(&w, &pool, BoundedKernel::Vnni),
+            1,
+        ),
+        (
+            "bounded-amx",
+            BoundedHead::with_kernel(&w, &pool, BoundedKernel::Amx),
+            1,
+        ),
+    ];
+    for (name, head, k) in passes {
+        let Some(head) = head else {
+            continue; // no such pass on this CPU and tier
+        };
         let mut group = c.benchmark_group(format!("{name}/{}/{row_len}x{n_rows}", ty.name()));
         group.throughput(Throughput::Bytes(bytes.len() as u64));
         group.sample_size(10);

@@ -22,9 +22,12 @@
 //! `γ(m)·Σ|terms|` of `S`, and `Σ|terms| ≤ T = Σ_b |s_b|·128·Σ_k |x_k|` (`|w| ≤ 128`).
 //! The exact kernels keep eight lanes (`m ≤ n_blocks + 3`; `8·n_blocks + 16` is used, so
 //! any lane split is covered) and this pass one chain (`m = n_blocks + 1`), so
-//! `|exact − approx| ≤ (γ(8n+16) + γ(n+1))·T`. `T` itself is summed in f32 alongside
-//! (a chain of non-negative terms, off by at most `γ(n)` relative), and the margin is
-//! doubled to cover the rounding of `approx ± margin`.
+//! `|exact − approx| ≤ (γ(8n+16) + γ(n+1))·T`. `T` is bounded per row, with no float work
+//! per block: `|s_b| ≤ m·d_x·(1+u)` for the row's largest `m = max_b |d_w|`, so
+//! `T ≤ (1+u)·m·X` with `X = Σ_b d_x·128·Σ|x|` per token, which is summed in f32 once per
+//! step (a chain of non-negative terms, off by at most `γ(n)` relative) and multiplied by
+//! `m` (one more rounding): the factor is divided by `(1 − γ(n))·(1 − u)/(1 + u)`. The
+//! margin is doubled to cover the rounding of `approx ± margin`.
 //!
 //! Outputs are finite whenever the approximations are: a non-finite scale makes a
 //! product infinite or NaN, which no later addition undoes. A token whose pass saw a
@@ -33,6 +36,7 @@
 
 use nx_syscalls::ThreadPool;
 
+use crate::formats::read_f16;
 use crate::{LazyWeight, LazyWeightError, QuantizedActs};
 
 /// At most this many rows per token beyond its `k` get exact outputs; past that (rows
@@ -75,52 +79,113 @@ pub fn has_bounded_kernel(w: &LazyWeight<'_>) -> bool {
     }
 }
 
-/// One weight made ready for [`BoundedHead::candidates`]: every block's `−128·Σw`, the
-/// term that turns the pass's unsigned activations (`x + 128`) back into `Σ w·x` — one
-/// load per block instead of flipping every weight quad (4 bytes per 34-byte block,
-/// computed once).
+/// A pass of [`BoundedHead`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BoundedKernel {
+    /// AVX-512 VNNI: one token per 32-bit lane, each weight quad broadcast to
+    /// `vpdpbusd`.
+    Vnni,
+    /// AMX-INT8: sixteen rows by sixteen tokens of one block's integer dot products per
+    /// `tdpbssd`, where the CPU has it and the kernel grants tile data (`NX_AMX=0` turns
+    /// it off). Its tile operations cost the same for any number of tokens: it is the
+    /// faster pass above eight.
+    Amx,
+}
+
+impl BoundedKernel {
+    /// Whether this pass can run here for weights of `w`'s type ([`has_bounded_kernel`]).
+    pub fn available(self, w: &LazyWeight<'_>) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            has_bounded_kernel(w) && (self == BoundedKernel::Vnni || crate::amx::available())
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = w;
+            false
+        }
+    }
+}
+
+/// Above this many tokens [`BoundedHead::new`]'s head takes the AMX pass where it can
+/// (`benches/batched`, `bounded/…`: at eight tokens the VNNI pass's 256-bit registers are
+/// as fast).
+const AMX_ABOVE: usize = 8;
+
+/// One weight made ready for [`BoundedHead::candidates`], computed once: every block's
+/// `−128·Σw`, the term that turns the VNNI pass's unsigned activations (`x + 128`) back
+/// into `Σ w·x` (one load per block instead of flipping every weight quad; the AMX pass
+/// multiplies signed bytes), and each row's largest `|d_w|` (its `T` is bounded per row,
+/// see the module docs).
 #[derive(Debug)]
 pub struct BoundedHead {
     /// `[n_rows, n_blocks]`.
     corrections: Vec<i32>,
+    /// `[n_rows]`, NaN when a scale is.
+    row_max: Vec<f32>,
     n_blocks: usize,
+    /// Tokens above which a pass takes AMX (`usize::MAX`: never).
+    amx_above: usize,
     /// The weight's address, length and row length (what [`Self::candidates`] checks).
     weight: (usize, usize, usize),
 }
 
 impl BoundedHead {
-    /// Prepares `w` (one pass over its rows, on `pool`); `None` when
-    /// [`has_bounded_kernel`] is false.
+    /// Prepares `w` (one pass over its rows, on `pool`) for the fastest pass this CPU
+    /// runs at each number of tokens; `None` when [`has_bounded_kernel`] is false.
     pub fn new(w: &LazyWeight<'_>, pool: &ThreadPool) -> Option<BoundedHead> {
-        if !has_bounded_kernel(w) {
+        let amx = BoundedKernel::Amx.available(w);
+        let mut head = BoundedHead::with_kernel(w, pool, BoundedKernel::Vnni)?;
+        head.amx_above = if amx { AMX_ABOVE } else { usize::MAX };
+        Some(head)
+    }
+
+    /// Prepares `w` for `kernel`'s pass at every number of tokens; `None` when that pass
+    /// cannot run here. Every pass gives the candidates the same (exact) outputs; which
+    /// rows below the top they list may differ.
+    pub fn with_kernel(
+        w: &LazyWeight<'_>,
+        pool: &ThreadPool,
+        kernel: BoundedKernel,
+    ) -> Option<BoundedHead> {
+        if !kernel.available(w) {
             return None;
         }
         let n_blocks = w.row_len() / 32;
-        let mut corrections = vec![0i32; w.n_rows() * n_blocks];
-        let mut states = vec![(); pool.n_threads().max(1)];
-        let (bytes, row_bytes) = (w.bytes(), w.row_bytes());
-        pool.parallel_chunks_mut(
-            &mut corrections,
-            n_blocks,
-            4096,
-            &mut states,
-            |_, rows, out| {
-                let rows = &bytes[rows.start * row_bytes..rows.end * row_bytes];
-                for (row, out) in rows
-                    .chunks_exact(row_bytes)
-                    .zip(out.chunks_exact_mut(n_blocks))
-                {
-                    for (wb, c) in row.chunks_exact(Q8_0_BLOCK).zip(out.iter_mut()) {
-                        *c = -128 * wb[2..].iter().map(|&q| q as i8 as i32).sum::<i32>();
-                    }
+        let corrections = per_row(w, pool, n_blocks, |row, out| {
+            for (wb, c) in row.chunks_exact(Q8_0_BLOCK).zip(out) {
+                *c = -128 * wb[2..].iter().map(|&q| q as i8 as i32).sum::<i32>();
+            }
+        });
+        let row_max = per_row(w, pool, 1, |row, out| {
+            out[0] = row.chunks_exact(Q8_0_BLOCK).fold(0f32, |m, wb| {
+                let d = read_f16(wb, 0);
+                if d.is_nan() || m.is_nan() {
+                    f32::NAN
+                } else {
+                    m.max(d.abs())
                 }
-            },
-        );
+            });
+        });
         Some(BoundedHead {
             corrections,
+            row_max,
             n_blocks,
+            amx_above: match kernel {
+                BoundedKernel::Vnni => usize::MAX,
+                BoundedKernel::Amx => 0,
+            },
             weight: (w.bytes().as_ptr() as usize, w.bytes().len(), w.row_len()),
         })
+    }
+
+    /// The pass this head runs for `n_tokens` tokens (per sixteen).
+    pub fn kernel_for(&self, n_tokens: usize) -> BoundedKernel {
+        if n_tokens.min(MAX_TOKENS) > self.amx_above {
+            BoundedKernel::Amx
+        } else {
+            BoundedKernel::Vnni
+        }
     }
 
     /// For each of the `n` tokens of `x` (`[n, w.row_len()]`), the rows of `w` that can be
@@ -184,13 +249,9 @@ impl BoundedHead {
         top: &[usize],
         pool: &ThreadPool,
     ) -> Vec<Option<Vec<u32>>> {
-        x86::candidates(
-            w,
-            (&self.corrections, self.n_blocks),
-            scratch,
-            (t0, top),
-            pool,
-        )
+        let tables = (&self.corrections[..], &self.row_max[..], self.n_blocks);
+        let kernel = self.kernel_for(top.len());
+        x86::candidates(w, (tables, kernel), scratch, (t0, top), pool)
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -232,6 +293,26 @@ fn exact_outputs(
         .collect()
 }
 
+/// `[n_rows, per]` values, `f(row, out)` filling each row's `per` (one pass over the rows
+/// on `pool`).
+fn per_row<T: Copy + Default + Send>(
+    w: &LazyWeight<'_>,
+    pool: &ThreadPool,
+    per: usize,
+    f: impl Fn(&[u8], &mut [T]) + Sync,
+) -> Vec<T> {
+    let mut out = vec![T::default(); w.n_rows() * per];
+    let mut states = vec![(); pool.n_threads().max(1)];
+    let (bytes, row_bytes) = (w.bytes(), w.row_bytes());
+    pool.parallel_chunks_mut(&mut out, per, 4096, &mut states, |_, rows, out| {
+        let rows = &bytes[rows.start * row_bytes..rows.end * row_bytes];
+        for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(per)) {
+            f(row, out);
+        }
+    });
+    out
+}
+
 /// The margin factor `c` of the module docs for rows of `n_blocks` blocks: an output's
 /// exact value lies within `c·T` of its approximation, `T` as summed by the pass.
 fn margin_factor(n_blocks: usize) -> f32 {
@@ -240,8 +321,10 @@ fn margin_factor(n_blocks: usize) -> f32 {
         let mu = m as f64 * u;
         mu / (1.0 - mu)
     };
-    let c =
-        2.0 * (gamma(8 * n_blocks + 16) + gamma(n_blocks + 1) + 4.0 * u) / (1.0 - gamma(n_blocks));
+    let c = 2.0 * (gamma(8 * n_blocks + 16) + gamma(n_blocks + 1) + 4.0 * u)
+        / (1.0 - gamma(n_blocks))
+        * (1.0 + u)
+        / (1.0 - u);
     // Rounded up to f32.
     (c * (1.0 + 1e-6)) as f32
 }

@@ -75,7 +75,8 @@ mod tiled;
 pub mod tune;
 
 pub use bounded::{
-    has_bounded_kernel, BoundedHead, BoundedScratch, Candidates, MAX_EXTRA_CANDIDATES,
+    has_bounded_kernel, BoundedHead, BoundedKernel, BoundedScratch, Candidates,
+    MAX_EXTRA_CANDIDATES,
 };
 pub use dequant::dequantize_row;
 pub use dispatch::{

@@ -7,13 +7,14 @@ mod common;
 
 use common::Rng;
 use nx_lazy_weight::{
-    has_bounded_kernel, matmul_pool, quantize_row, BoundedHead, BoundedScratch, GgmlType,
-    LazyWeight, LazyWeightError, QuantizedActs,
+    has_bounded_kernel, matmul_pool, quantize_row, BoundedHead, BoundedKernel, BoundedScratch,
+    GgmlType, LazyWeight, LazyWeightError, QuantizedActs,
 };
 use nx_syscalls::ThreadPool;
 
 const K: usize = 640;
-const N_ROWS: usize = 2000;
+/// Not a multiple of 16: the AMX pass pads its last rows to a tile.
+const N_ROWS: usize = 2005;
 const ROW_BYTES: usize = K / 32 * 34;
 
 /// The 32 values every block of a periodic token repeats.
@@ -108,15 +109,46 @@ fn best(rows: impl Iterator<Item = (u32, f32)>) -> Option<(u32, f32)> {
     })
 }
 
+/// The passes this CPU runs.
+const KERNELS: [BoundedKernel; 2] = [BoundedKernel::Vnni, BoundedKernel::Amx];
+
 #[test]
 fn candidates_hold_the_argmax_with_the_matmuls_bits() {
+    for kernel in KERNELS {
+        candidates_hold_the_argmax(kernel);
+    }
+}
+
+#[test]
+fn the_default_head_takes_amx_above_eight_tokens() {
     let mut rng = Rng::new(11);
     let bytes = weights(&mut rng);
     let w = LazyWeight::from_parts(GgmlType::Q8_0, &[K as u64, N_ROWS as u64], &bytes).unwrap();
-    let Some(head) = BoundedHead::new(&w, &ThreadPool::new(2)) else {
-        assert!(!has_bounded_kernel(&w));
+    let pool = ThreadPool::new(1);
+    let head = BoundedHead::new(&w, &pool);
+    assert_eq!(head.is_some(), has_bounded_kernel(&w));
+    if let Some(head) = head {
+        let amx = BoundedKernel::Amx.available(&w);
+        for n in 1..=40 {
+            let want = if amx && n > 8 {
+                BoundedKernel::Amx
+            } else {
+                BoundedKernel::Vnni
+            };
+            assert_eq!(head.kernel_for(n), want, "{n} tokens");
+        }
+    }
+}
+
+fn candidates_hold_the_argmax(kernel: BoundedKernel) {
+    let mut rng = Rng::new(11);
+    let bytes = weights(&mut rng);
+    let w = LazyWeight::from_parts(GgmlType::Q8_0, &[K as u64, N_ROWS as u64], &bytes).unwrap();
+    let Some(head) = BoundedHead::with_kernel(&w, &ThreadPool::new(2), kernel) else {
+        assert!(!kernel.available(&w));
         return;
     };
+    assert!((1..=40).all(|n| head.kernel_for(n) == kernel));
     let mut scratch = BoundedScratch::default();
     let (mut xq, mut ties, mut checked) = (QuantizedActs::new(), 0, 0usize);
     for (n, threads) in [
@@ -185,7 +217,7 @@ fn candidates_hold_the_argmax_with_the_matmuls_bits() {
     }
     // Rows 700 and 1500 tie exactly, so an aligned token whose best is one of them
     // lists both; say how many rows the aligned tokens listed beside their best.
-    eprintln!("aligned tokens: {checked}, rows beside the best: {ties}");
+    eprintln!("{kernel:?}: aligned tokens: {checked}, rows beside the best: {ties}");
     assert!(checked > 0);
 }
 
@@ -200,14 +232,19 @@ fn a_non_finite_scale_gives_no_bound() {
         let pool = ThreadPool::new(2);
         let x = tokens(&mut rng, &w, 5);
         let mut scratch = BoundedScratch::default();
-        let Some(head) = BoundedHead::new(&w, &pool) else {
-            return;
-        };
-        let got = head
-            .candidates(&w, &x, &[1, 1, 3, 1, 40], &mut scratch, &pool)
-            .unwrap();
-        // A NaN output, or an infinite one: either way no bound for any token.
-        assert!(got.iter().all(|c| c.is_none()), "scale bits {bits:#x}");
+        for kernel in KERNELS {
+            let Some(head) = BoundedHead::with_kernel(&w, &pool, kernel) else {
+                continue;
+            };
+            let got = head
+                .candidates(&w, &x, &[1, 1, 3, 1, 40], &mut scratch, &pool)
+                .unwrap();
+            // A NaN output, or an infinite one: either way no bound for any token.
+            assert!(
+                got.iter().all(|c| c.is_none()),
+                "{kernel:?}: scale bits {bits:#x}"
+            );
+        }
     }
 }
 

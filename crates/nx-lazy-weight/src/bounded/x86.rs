@@ -8,10 +8,14 @@
 
 use std::arch::x86_64::*;
 
-use super::{margin_factor, BoundedScratch, MAX_EXTRA_CANDIDATES, MAX_TOKENS, Q8_0_BLOCK};
+use super::{
+    margin_factor, BoundedKernel, BoundedScratch, MAX_EXTRA_CANDIDATES, MAX_TOKENS, Q8_0_BLOCK,
+};
 use crate::formats::read_f16;
 use crate::LazyWeight;
 use nx_syscalls::ThreadPool;
+
+mod amx;
 
 /// Added to every margin: covers the absolute rounding errors of subnormal values (far
 /// below any output that is not itself negligible).
@@ -59,21 +63,27 @@ impl PassState {
 }
 
 /// Row candidates of tokens `t0..t0 + nt` of `scratch.acts` (already quantized), token
-/// `t0 + t` asking for its `top[t]` largest outputs; `corrections` being the weight's
-/// `[n_rows, n_blocks]` block terms.
+/// `t0 + t` asking for its `top[t]` largest outputs, by `kernel`'s pass; `corrections`
+/// and `row_max` being the weight's tables.
 pub(super) fn candidates(
     w: &LazyWeight<'_>,
-    (corrections, n_blocks): (&[i32], usize),
+    ((corrections, row_max, n_blocks), kernel): ((&[i32], &[f32], usize), BoundedKernel),
     scratch: &mut BoundedScratch,
     (t0, top): (usize, &[usize]),
     pool: &ThreadPool,
 ) -> Vec<Option<Vec<u32>>> {
     let nt = top.len();
-    let lanes = if nt <= 8 { 8 } else { 16 };
+    let amx = kernel == BoundedKernel::Amx;
+    // The AMX pass's activation tile is always sixteen tokens wide, of signed quants.
+    let (lanes, flip) = match (amx, nt <= 8) {
+        (false, true) => (8, 0x80),
+        (false, false) => (16, 0x80),
+        (true, _) => (16, 0),
+    };
     lay_out(
         &scratch.acts,
         (t0, nt),
-        (n_blocks, lanes),
+        (n_blocks, lanes, flip),
         &mut scratch.layout,
     );
     let init = PassState {
@@ -83,23 +93,49 @@ pub(super) fn candidates(
         maybe: Vec::new(),
     };
     let mut states = vec![init; pool.n_threads().max(1)];
-    let c = margin_factor(n_blocks);
     let layout = &scratch.layout[..];
     let (bytes, row_bytes) = (w.bytes(), w.row_bytes());
-    pool.parallel_for_with(w.n_rows(), CHUNK_ROWS, &mut states, |state, rows| {
-        let w_rows = &bytes[rows.start * row_bytes..rows.end * row_bytes];
-        let corr = &corrections[rows.start * n_blocks..rows.end * n_blocks];
-        let args = (layout, n_blocks, c);
-        // SAFETY: `has_bounded_kernel` checked the features; `w_rows` holds whole rows of
-        // `n_blocks` Q8_0 blocks and `corr` their terms, the layout `lanes` lanes.
-        unsafe {
-            if lanes == 8 {
-                pass::<Y>((w_rows, row_bytes, corr), args, (rows.start, top), state);
-            } else {
-                pass::<Z>((w_rows, row_bytes, corr), args, (rows.start, top), state);
-            }
+    let c = margin_factor(n_blocks);
+    let totals = token_totals(layout, (n_blocks, lanes));
+    match kernel {
+        BoundedKernel::Vnni => {
+            pool.parallel_for_with(w.n_rows(), CHUNK_ROWS, &mut states, |state, rows| {
+                let w_rows = &bytes[rows.start * row_bytes..rows.end * row_bytes];
+                let corr = &corrections[rows.start * n_blocks..rows.end * n_blocks];
+                let row_max = &row_max[rows.start..rows.end];
+                let args = (layout, n_blocks, c, &totals);
+                // SAFETY: `has_bounded_kernel` checked the features; `w_rows` holds whole
+                // rows of `n_blocks` Q8_0 blocks and `corr` their terms, the layout
+                // `lanes` lanes.
+                unsafe {
+                    let w_rows = (w_rows, row_bytes, corr, row_max);
+                    if lanes == 8 {
+                        pass::<Y>(w_rows, args, (rows.start, top), state);
+                    } else {
+                        pass::<Z>(w_rows, args, (rows.start, top), state);
+                    }
+                }
+            });
         }
-    });
+        BoundedKernel::Amx => {
+            pool.parallel_for_with(w.n_rows(), CHUNK_ROWS, &mut states, |state, rows| {
+                let w_rows = &bytes[rows.start * row_bytes..rows.end * row_bytes];
+                let row_max = &row_max[rows.start..rows.end];
+                // SAFETY: `BoundedKernel::Amx.available` held when the head was built
+                // (AMX permitted, AVX-512 VNNI tier features); `w_rows` holds whole rows
+                // of `n_blocks` Q8_0 blocks and `row_max` their table, the layout sixteen
+                // lanes of signed quants.
+                unsafe {
+                    amx::pass(
+                        (w_rows, row_bytes, row_max),
+                        (layout, n_blocks, c, &totals),
+                        (rows.start, top),
+                        state,
+                    );
+                }
+            });
+        }
+    }
     let mut maybe: Vec<&(u32, [f32; MAX_TOKENS])> = states.iter().flat_map(|s| &s.maybe).collect();
     maybe.sort_unstable_by_key(|m| m.0);
     (0..nt)
@@ -122,19 +158,20 @@ pub(super) fn candidates(
 }
 
 /// Lays out tokens `t0..t0 + nt` as the pass reads them: per block, [`FIELDS`]
-/// registers of `lanes` lanes. Padding lanes hold `x = 0` (quants 128 unsigned, scale
-/// 0): their outputs are 0.
+/// registers of `lanes` lanes, the quants xor `flip` (`0x80`: unsigned `x + 128`, for
+/// `vpdpbusd`; `0`: signed, for `tdpbssd`). Padding lanes hold `x = 0` (scale 0): their
+/// outputs are 0.
 fn lay_out(
     acts: &crate::QuantizedActs,
     (t0, nt): (usize, usize),
-    (n_blocks, lanes): (usize, usize),
+    (n_blocks, lanes, flip): (usize, usize, u8),
     out: &mut Vec<u8>,
 ) {
     let reg = 4 * lanes;
     out.clear();
     out.resize(n_blocks * FIELDS * reg, 0);
     for block in out.chunks_exact_mut(FIELDS * reg) {
-        block[..8 * reg].fill(0x80);
+        block[..8 * reg].fill(flip);
     }
     for t in 0..nt.min(lanes) {
         let Some(row) = acts.get_row(t0 + t) else {
@@ -145,7 +182,7 @@ fn lay_out(
             let qs = &xb[2..];
             for j in 0..8 {
                 for i in 0..4 {
-                    blk[reg * j + 4 * t + i] = qs[4 * j + i] ^ 0x80;
+                    blk[reg * j + 4 * t + i] = qs[4 * j + i] ^ flip;
                 }
             }
             let abs: i32 = qs.iter().map(|&q| (q as i8 as i32).abs()).sum();
@@ -155,6 +192,23 @@ fn lay_out(
                 .copy_from_slice(&((128 * abs) as f32).to_le_bytes());
         }
     }
+}
+
+/// Per token (lane) of the layout, `X = Σ_b d_x·128·Σ|x_b|` (one chain, each product
+/// rounded): times a row's largest `|d_w|`, the row's `T` (see the module docs).
+fn token_totals(layout: &[u8], (n_blocks, lanes): (usize, usize)) -> [f32; MAX_TOKENS] {
+    let reg = 4 * lanes;
+    let field = |b: usize, f: usize, t: usize| {
+        let at = b * FIELDS * reg + f * reg + 4 * t;
+        f32::from_le_bytes(layout[at..at + 4].try_into().expect("four bytes"))
+    };
+    std::array::from_fn(|t| {
+        if t < lanes {
+            (0..n_blocks).fold(0f32, |x, b| x + field(b, 8, t) * field(b, 9, t))
+        } else {
+            0.0
+        }
+    })
 }
 
 /// One register width of the pass: its integer and float vectors and the operations the
@@ -183,7 +237,6 @@ trait Width {
     unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
     unsafe fn add(a: Self::F, b: Self::F) -> Self::F;
     unsafe fn sub(a: Self::F, b: Self::F) -> Self::F;
-    unsafe fn abs(a: Self::F) -> Self::F;
     /// `a·b + c`, one rounding.
     unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     /// `c − a·b`, one rounding.
@@ -261,10 +314,6 @@ impl Width for Y {
     #[inline(always)]
     unsafe fn sub(a: __m256, b: __m256) -> __m256 {
         _mm256_sub_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn abs(a: __m256) -> __m256 {
-        _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX)))
     }
     #[inline(always)]
     unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
@@ -358,11 +407,6 @@ impl Width for Z {
         unsafe { _mm512_sub_ps(a, b) }
     }
     #[inline(always)]
-    unsafe fn abs(a: __m512) -> __m512 {
-        // SAFETY: as `zero_i`.
-        unsafe { _mm512_abs_ps(a) }
-    }
-    #[inline(always)]
     unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
         // SAFETY: as `zero_i`.
         unsafe { _mm512_fmadd_ps(a, b, c) }
@@ -379,37 +423,112 @@ impl Width for Z {
     }
 }
 
-/// Every row of `w` (`row_bytes` each, block terms in `corr`; the first is row `first`
-/// of the weight) against the layout's first `top.len()` tokens: the lower ends, the
-/// finiteness check and the rows that may be among the top into `state`.
+/// A thread's running judgement of its rows, in registers: each lane's bar (the
+/// `top`-th largest lower end so far) and the finiteness check; the margin factor.
+struct Judge<W: Width> {
+    bar: W::F,
+    check: W::F,
+    cv: W::F,
+    tiny: W::F,
+    /// Lanes that are tokens (padding lanes reach their own lower end on every row).
+    tokens: u32,
+}
+
+impl<W: Width> Judge<W> {
+    /// Starts from `state`'s bars and check, for `nt` tokens and margin factor `c`.
+    ///
+    /// # Safety
+    /// As [`Width`]'s methods.
+    #[inline(always)]
+    unsafe fn new(state: &PassState, c: f32, nt: usize) -> Self {
+        assert!(W::LANES <= MAX_TOKENS);
+        // SAFETY: the caller's contract; loads within `state`'s arrays of MAX_TOKENS ≥
+        // W::LANES floats.
+        unsafe {
+            Judge {
+                bar: W::load_f(state.bar.as_ptr() as *const u8),
+                check: W::load_f(state.check.as_ptr() as *const u8),
+                cv: W::splat_f(c),
+                tiny: W::splat_f(TINY),
+                tokens: (1u32 << nt.min(W::LANES)) - 1,
+            }
+        }
+    }
+
+    /// Files weight row `row` with approximations `approx` and bound sums `total`.
+    ///
+    /// # Safety
+    /// As [`Width`]'s methods.
+    #[inline(always)]
+    unsafe fn row(
+        &mut self,
+        (approx, total): (W::F, W::F),
+        row: usize,
+        top: &[usize],
+        state: &mut PassState,
+    ) {
+        // SAFETY: the caller's contract; stores and loads within arrays of MAX_TOKENS ≥
+        // W::LANES floats.
+        unsafe {
+            let hi = W::add(W::fmadd(total, self.cv, approx), self.tiny);
+            let lo = W::sub(W::fnmadd(total, self.cv, approx), self.tiny);
+            let span = W::sub(hi, lo);
+            self.check = W::add(self.check, W::sub(span, span));
+            if W::ge_mask(hi, self.bar) & self.tokens != 0 {
+                let mut ends = [f32::NEG_INFINITY; MAX_TOKENS];
+                let mut lows = [f32::NEG_INFINITY; MAX_TOKENS];
+                W::store_f(ends.as_mut_ptr(), hi);
+                W::store_f(lows.as_mut_ptr(), lo);
+                state.maybe.push((row as u32, ends));
+                // A row below a lane's bar stays below it (`lo ≤ hi`): only rows that
+                // reached it can raise it.
+                for (t, &k) in top.iter().enumerate() {
+                    if lows[t] > state.bar[t] {
+                        state.file_lower(t, lows[t], k);
+                    }
+                }
+                self.bar = W::load_f(state.bar.as_ptr() as *const u8);
+            }
+        }
+    }
+
+    /// Leaves the check in `state`.
+    ///
+    /// # Safety
+    /// As [`Width`]'s methods.
+    #[inline(always)]
+    unsafe fn finish(self, state: &mut PassState) {
+        // SAFETY: the caller's contract; MAX_TOKENS ≥ W::LANES floats.
+        unsafe { W::store_f(state.check.as_mut_ptr(), self.check) }
+    }
+}
+
+/// Every row of `w` (`row_bytes` each, block terms in `corr`, largest `|d_w|` in
+/// `row_max`; the first is row `first` of the weight) against the layout's first
+/// `top.len()` tokens (`totals`: their `X`): the lower ends, the finiteness check and the
+/// rows that may be among the top into `state`.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL/VNNI and F16C; `w` holds whole rows of `n_blocks` Q8_0
 /// blocks and `corr` `n_blocks` terms per row; the layout `W::LANES` lanes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn pass<W: Width>(
-    (w, row_bytes, corr): (&[u8], usize, &[i32]),
-    (layout, n_blocks, c): (&[u8], usize, f32),
+    (w, row_bytes, corr, row_max): (&[u8], usize, &[i32], &[f32]),
+    (layout, n_blocks, c, totals): (&[u8], usize, f32, &[f32; MAX_TOKENS]),
     (first, top): (usize, &[usize]),
     state: &mut PassState,
 ) {
-    let nt = top.len();
     let rows = w.len() / row_bytes;
     assert!(row_bytes >= n_blocks * Q8_0_BLOCK);
-    assert!(corr.len() >= rows * n_blocks);
+    assert!(corr.len() >= rows * n_blocks && row_max.len() >= rows);
     assert!(layout.len() >= n_blocks * FIELDS * 4 * W::LANES);
-    assert!(W::LANES <= MAX_TOKENS);
-    // Padding lanes (outputs 0) reach their own lower end on every row.
-    let tokens = (1u32 << nt.min(W::LANES)) - 1;
-    // SAFETY (every block): the features per this function's contract; loads and
-    // stores within `state`'s arrays of MAX_TOKENS ≥ W::LANES floats.
+    // SAFETY (every block): the features per this function's contract.
     unsafe {
-        let mut bar = W::load_f(state.bar.as_ptr() as *const u8);
-        let mut check = W::load_f(state.check.as_ptr() as *const u8);
-        let (cv, tiny) = (W::splat_f(c), W::splat_f(TINY));
+        let mut judge = Judge::<W>::new(state, c, top.len());
+        let x_total = W::load_f(totals.as_ptr() as *const u8);
         let mut r = 0;
         while r < rows {
-            let mut sums = [(W::zero_f(), W::zero_f()); ROWS];
+            let mut sums = [W::zero_f(); ROWS];
             let block = (&w[r * row_bytes..], row_bytes, &corr[r * n_blocks..]);
             // Whole rows from `r` on.
             let k = if rows - r >= ROWS {
@@ -419,36 +538,19 @@ unsafe fn pass<W: Width>(
                 row_sums::<W, 1>(block, (layout, n_blocks), &mut sums);
                 1
             };
-            for (i, &(approx, total)) in sums.iter().enumerate().take(k) {
-                let hi = W::add(W::fmadd(total, cv, approx), tiny);
-                let lo = W::sub(W::fnmadd(total, cv, approx), tiny);
-                let span = W::sub(hi, lo);
-                check = W::add(check, W::sub(span, span));
-                if W::ge_mask(hi, bar) & tokens != 0 {
-                    let mut ends = [f32::NEG_INFINITY; MAX_TOKENS];
-                    let mut lows = [f32::NEG_INFINITY; MAX_TOKENS];
-                    W::store_f(ends.as_mut_ptr(), hi);
-                    W::store_f(lows.as_mut_ptr(), lo);
-                    state.maybe.push(((first + r + i) as u32, ends));
-                    // A row below a lane's bar stays below it (`lo ≤ hi`): only rows
-                    // that reached it can raise it.
-                    for (t, &k) in top.iter().enumerate() {
-                        if lows[t] > state.bar[t] {
-                            state.file_lower(t, lows[t], k);
-                        }
-                    }
-                    bar = W::load_f(state.bar.as_ptr() as *const u8);
-                }
+            for (i, &approx) in sums.iter().enumerate().take(k) {
+                let total = W::mul(W::splat_f(row_max[r + i]), x_total);
+                judge.row((approx, total), first + r + i, top, state);
             }
             r += k;
         }
-        W::store_f(state.check.as_mut_ptr(), check);
+        judge.finish(state);
     }
 }
 
 /// `R` consecutive rows (from the start of `w`, `row_bytes` apart; their block terms from
 /// the start of `corr`) against the layout: for row `k`, the approximation
-/// `Σ_b s_b·Σ w·x` (one FMA chain) and `T = Σ_b |s_b|·128·Σ|x|` into `sums[k]`.
+/// `Σ_b s_b·Σ w·x` (one FMA chain) into `sums[k]`.
 ///
 /// # Safety
 /// As [`pass`], with `R` whole rows in `w` and their terms in `corr`.
@@ -456,7 +558,7 @@ unsafe fn pass<W: Width>(
 unsafe fn row_sums<W: Width, const R: usize>(
     (w, row_bytes, corr): (&[u8], usize, &[i32]),
     (layout, n_blocks): (&[u8], usize),
-    sums: &mut [(W::F, W::F); ROWS],
+    sums: &mut [W::F; ROWS],
 ) {
     assert!(w.len() >= (R - 1) * row_bytes + n_blocks * Q8_0_BLOCK);
     assert!(corr.len() >= R * n_blocks);
@@ -466,7 +568,6 @@ unsafe fn row_sums<W: Width, const R: usize>(
     // layout's block `b`, the rows' block `b` and their terms (asserted above).
     unsafe {
         let mut approx = [W::zero_f(); R];
-        let mut total = [W::zero_f(); R];
         for b in 0..n_blocks {
             let xb = layout.as_ptr().add(b * FIELDS * reg);
             // Two independent chains of four quads per row (one chain of eight
@@ -488,18 +589,14 @@ unsafe fn row_sums<W: Width, const R: usize>(
                 }
             }
             let dx = W::load_f(xb.add(8 * reg));
-            let bound = W::load_f(xb.add(9 * reg));
             for k in 0..R {
                 let d_bits =
                     (w.as_ptr().add(k * row_bytes + b * Q8_0_BLOCK) as *const i16).read_unaligned();
                 let s = W::mul(W::splat_f16(d_bits), dx);
                 let sum = W::add_i(acc[k][0], acc[k][1]);
                 approx[k] = W::fmadd(W::cvt(sum), s, approx[k]);
-                total[k] = W::fmadd(W::abs(s), bound, total[k]);
             }
         }
-        for k in 0..R {
-            sums[k] = (approx[k], total[k]);
-        }
+        sums[..R].copy_from_slice(&approx);
     }
 }
