@@ -107,14 +107,7 @@ fn dot_rows<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     let mut acc = [Lanes8::default(); N];
     let mut acc_m = [[0f32; 4]; N];
     for (b, wb) in w.chunks_exact(BYTES).take(n_blocks).enumerate() {
-        let mut wq = [0i8; 256];
-        for chunk in 0..4 {
-            let qs = &wb[QS + 32 * chunk..QS + 32 * chunk + 32];
-            for l in 0..32 {
-                wq[64 * chunk + l] = (qs[l] & 0x0F) as i8;
-                wq[64 * chunk + 32 + l] = (qs[l] >> 4) as i8;
-            }
-        }
+        let wq = unpack_quants(&wb[QS..QS + 128], None);
         let (sc, mn) = scales_mins(&wb[SCALES..SCALES + 12]);
         let (d_w, dmin_w) = (read_f16(wb, 0), read_f16(wb, DMIN));
         let xbs = blocks_at(&xs, b, Q8_K_BLOCK_BYTES);
@@ -134,6 +127,27 @@ fn dot_rows<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
         let m = &acc_m[t];
         acc[t].sum() + ((m[0] + m[2]) + (m[1] + m[3]))
     })
+}
+
+/// A Q4_K/Q5_K super-block's 256 quants in weight order: from its nibble bytes `qs`
+/// (weight `l` of sub-block `2c` in the low nibble of byte `32c + l`, of sub-block `2c + 1`
+/// in the high one) and, for Q5_K, the fifth bits `qh` (bits `2c` and `2c + 1` of byte
+/// `l`). One helper for both formats' scalar dots, so they unpack alike.
+#[inline(always)]
+pub(super) fn unpack_quants(qs: &[u8], qh: Option<&[u8]>) -> [i8; 256] {
+    let qs: &[u8; 128] = qs.try_into().expect("128 nibble bytes");
+    let qh: [u8; 32] = qh.map_or([0; 32], |h| h.try_into().expect("32 high-bit bytes"));
+    let mut wq = [0i8; 256];
+    for chunk in 0..4 {
+        for l in 0..32 {
+            let q = qs[32 * chunk + l];
+            let h_lo = ((qh[l] >> (2 * chunk)) & 1) << 4;
+            let h_hi = ((qh[l] >> (2 * chunk + 1)) & 1) << 4;
+            wq[64 * chunk + l] = ((q & 0x0F) | h_lo) as i8;
+            wq[64 * chunk + 32 + l] = ((q >> 4) | h_hi) as i8;
+        }
+    }
+    wq
 }
 
 /// Sub-block scales and mins of a Q4_K/Q5_K super-block, and the quants (this crate's

@@ -14,7 +14,7 @@ use nx_gguf::GgmlType;
 use super::block::{
     read_f16, read_f32, read_i16, BlockFormat, Q8_K_BLOCK_BYTES, Q8_K_BSUMS, Q8_K_QS,
 };
-use super::q4_k::{quantize_asym, scales_mins, DMIN, SCALES};
+use super::q4_k::{quantize_asym, scales_mins, unpack_quants, DMIN, SCALES};
 use super::{pack_scale_min_k4, scale_min_k4};
 use crate::reduce::{blocks_at, common_blocks, k_quad_lanes, Lanes8};
 
@@ -97,17 +97,7 @@ fn dot_rows<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     let mut acc = [Lanes8::default(); N];
     let mut summs = [0.0f32; N];
     for (b, wb) in w.chunks_exact(BYTES).take(n_blocks).enumerate() {
-        let qh = &wb[QH..QH + 32];
-        let mut wq = [0i8; 256];
-        for chunk in 0..4 {
-            let qs = &wb[QS + 32 * chunk..QS + 32 * chunk + 32];
-            for l in 0..32 {
-                let h_lo = ((qh[l] >> (2 * chunk)) & 1) << 4;
-                let h_hi = ((qh[l] >> (2 * chunk + 1)) & 1) << 4;
-                wq[64 * chunk + l] = ((qs[l] & 0x0F) | h_lo) as i8;
-                wq[64 * chunk + 32 + l] = ((qs[l] >> 4) | h_hi) as i8;
-            }
-        }
+        let wq = unpack_quants(&wb[QS..QS + 128], Some(&wb[QH..QH + 32]));
         let (sc, mn) = scales_mins(&wb[SCALES..SCALES + 12]);
         let (d_w, dmin_w) = (read_f16(wb, 0), read_f16(wb, DMIN));
         let xbs = blocks_at(&xs, b, Q8_K_BLOCK_BYTES);
