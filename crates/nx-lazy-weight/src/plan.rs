@@ -171,15 +171,16 @@ fn has_rows4(tier: CpuTier, ty: GgmlType) -> bool {
     }
 }
 
-/// True when `tier` has a four-token kernel of its own for `ty`: the one
-/// [`crate::dot_kernel4_for`] hands out, unless that is the AVX2 kernel the AVX-512 tier
-/// borrows (the AVX2 candidate already times it).
+/// True when `tier` has a four-token kernel of its own for `ty`.
 fn has_tokens4(tier: CpuTier, ty: GgmlType) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if tier == CpuTier::Avx512Vnni && crate::avx512::kernel4(ty).is_none() {
-        return false;
+    match tier {
+        CpuTier::Scalar => crate::formats::block_format(ty).is_some_and(|f| f.dot4.is_some()),
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Avx2 => crate::avx2::kernel4(ty).is_some(),
+        #[cfg(target_arch = "x86_64")]
+        CpuTier::Avx512Vnni => crate::avx512::kernel4(ty).is_some(),
+        _ => false,
     }
-    crate::dot_kernel4_for(tier, ty).is_some()
 }
 
 /// The tiers this process may use, highest first.
