@@ -81,6 +81,9 @@ pub const GATES: &[Gate] = &[
     // kernels) against the single-token kernel, bit for bit (the default run tests the
     // AVX-512 tiles).
     Gate::new("TOKENS-AVX2", "nx-lazy-weight", "multi_token").with_env(&[("NX_TIER", "avx2")]),
+    // The LM head's bounded pass on the AVX2 tier (AVX-VNNI, where the CPU has it): the
+    // candidates hold the top rows with the matmul's bits.
+    Gate::new("BOUNDED-AVX2", "nx-lazy-weight", "bounded_head").with_env(&[("NX_TIER", "avx2")]),
     // Bit-identical logits for prefill chunks 1, 7, 32, whole prompt and 1 or 2 threads.
     Gate::new("EQUIV-1", "nx-llama-stack", "equiv"),
     // The same on the AVX2 tier (the default here is AVX-512): tiers must not break it.

@@ -58,32 +58,49 @@ pub struct BoundedScratch {
 }
 
 /// Whether [`BoundedHead`] has a kernel for weights of `w`'s type on this process's
-/// tier (Q8_0 rows under the AVX-512 VNNI tier).
+/// tier: Q8_0 rows under the AVX-512 VNNI tier, or under the AVX2 tier where the CPU has
+/// AVX-VNNI (`vpdpbusd` on 256-bit registers, VEX-encoded: Intel's cores since Alder Lake
+/// and Sapphire Rapids, AMD's since Zen 5).
 pub fn has_bounded_kernel(w: &LazyWeight<'_>) -> bool {
+    w.ggml_type() == nx_gguf::GgmlType::Q8_0
+        && w.row_len() > 0
+        && w.row_len().is_multiple_of(32)
+        && w.n_rows() <= u32::MAX as usize
+        && vnni_width().is_some()
+}
+
+/// The widest `vpdpbusd` this process's tier may run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum VnniWidth {
+    /// AVX-512 VNNI: eight or sixteen tokens per pass.
+    Avx512,
+    /// AVX-VNNI under the AVX2 tier: eight tokens per pass.
+    Avx2,
+}
+
+fn vnni_width() -> Option<VnniWidth> {
     #[cfg(target_arch = "x86_64")]
     {
-        w.ggml_type() == nx_gguf::GgmlType::Q8_0
-            && w.row_len() > 0
-            && w.row_len().is_multiple_of(32)
-            && w.n_rows() <= u32::MAX as usize
-            && matches!(
-                crate::tier::active_tier(),
-                Ok(nx_syscalls::CpuTier::Avx512Vnni)
-            )
-            && crate::avx512::available()
+        use nx_syscalls::CpuTier;
+        match crate::tier::active_tier() {
+            Ok(CpuTier::Avx512Vnni) if crate::avx512::available() => Some(VnniWidth::Avx512),
+            Ok(CpuTier::Avx2) if crate::avx2::available() && x86::has_avx_vnni() => {
+                Some(VnniWidth::Avx2)
+            }
+            _ => None,
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = w;
-        false
+        None
     }
 }
 
 /// A pass of [`BoundedHead`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BoundedKernel {
-    /// AVX-512 VNNI: one token per 32-bit lane, each weight quad broadcast to
-    /// `vpdpbusd`.
+    /// `vpdpbusd` (AVX-512 VNNI, or AVX-VNNI under the AVX2 tier): one token per 32-bit
+    /// lane, each weight quad broadcast.
     Vnni,
     /// AMX-INT8: sixteen rows by sixteen tokens of one block's integer dot products per
     /// `tdpbssd`, where the CPU has it and the kernel grants tile data (`NX_AMX=0` turns
@@ -97,7 +114,9 @@ impl BoundedKernel {
     pub fn available(self, w: &LazyWeight<'_>) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            has_bounded_kernel(w) && (self == BoundedKernel::Vnni || crate::amx::available())
+            has_bounded_kernel(w)
+                && (self == BoundedKernel::Vnni
+                    || vnni_width() == Some(VnniWidth::Avx512) && crate::amx::available())
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -225,9 +244,14 @@ impl BoundedHead {
         }
         scratch.acts.quantize_for_pool(w, x, n, pool)?;
         let mut out = Vec::with_capacity(n);
+        // Tokens per pass: the lanes of the widest register.
+        let per_pass = match vnni_width() {
+            Some(VnniWidth::Avx2) => 8,
+            _ => MAX_TOKENS,
+        };
         let mut t0 = 0;
         while t0 < n {
-            let nt = (n - t0).min(MAX_TOKENS);
+            let nt = (n - t0).min(per_pass);
             let rows = self.rows_of(w, scratch, t0, &top[t0..t0 + nt], pool);
             for (t, rows) in rows.into_iter().enumerate() {
                 out.push(match rows {
@@ -251,7 +275,8 @@ impl BoundedHead {
     ) -> Vec<Option<Vec<u32>>> {
         let tables = (&self.corrections[..], &self.row_max[..], self.n_blocks);
         let kernel = self.kernel_for(top.len());
-        x86::candidates(w, (tables, kernel), scratch, (t0, top), pool)
+        let avx2 = vnni_width() == Some(VnniWidth::Avx2);
+        x86::candidates(w, (tables, kernel, avx2), scratch, (t0, top), pool)
     }
 
     #[cfg(not(target_arch = "x86_64"))]

@@ -1,12 +1,14 @@
 //! The bound pass on AVX-512 VNNI: one token per 32-bit lane — eight per 256-bit register
 //! up to eight tokens, sixteen per 512-bit one above — each weight quad broadcast from
-//! the row as `vpdpbusd`'s memory operand.
+//! the row as `vpdpbusd`'s memory operand. The AVX2 tier runs the same pass, eight
+//! tokens at a time, with AVX-VNNI's VEX `vpdpbusd` where the CPU has it.
 //!
 //! On Zen 4 a 256-bit and a 512-bit `vpdpbusd` both take a cycle (`benches/pipes`), so
 //! nine to sixteen tokens cost what eight do; on CPUs with two 256-bit VNNI ports the
 //! narrower register halves the cost of a few tokens.
 
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
 use super::{
     margin_factor, BoundedKernel, BoundedScratch, MAX_EXTRA_CANDIDATES, MAX_TOKENS, Q8_0_BLOCK,
@@ -67,7 +69,11 @@ impl PassState {
 /// and `row_max` being the weight's tables.
 pub(super) fn candidates(
     w: &LazyWeight<'_>,
-    ((corrections, row_max, n_blocks), kernel): ((&[i32], &[f32], usize), BoundedKernel),
+    ((corrections, row_max, n_blocks), kernel, avx2): (
+        (&[i32], &[f32], usize),
+        BoundedKernel,
+        bool,
+    ),
     scratch: &mut BoundedScratch,
     (t0, top): (usize, &[usize]),
     pool: &ThreadPool,
@@ -75,7 +81,8 @@ pub(super) fn candidates(
     let nt = top.len();
     let amx = kernel == BoundedKernel::Amx;
     // The AMX pass's activation tile is always sixteen tokens wide, of signed quants.
-    let (lanes, flip) = match (amx, nt <= 8) {
+    // The AVX2 tier's pass (AVX-VNNI) takes eight tokens.
+    let (lanes, flip) = match (amx, nt <= 8 || avx2) {
         (false, true) => (8, 0x80),
         (false, false) => (16, 0x80),
         (true, _) => (16, 0),
@@ -104,15 +111,16 @@ pub(super) fn candidates(
                 let corr = &corrections[rows.start * n_blocks..rows.end * n_blocks];
                 let row_max = &row_max[rows.start..rows.end];
                 let args = (layout, n_blocks, c, &totals);
-                // SAFETY: `has_bounded_kernel` checked the features; `w_rows` holds whole
-                // rows of `n_blocks` Q8_0 blocks and `corr` their terms, the layout
-                // `lanes` lanes.
+                // SAFETY: `has_bounded_kernel` checked the features (AVX-VNNI where
+                // `avx2`, AVX-512 VNNI otherwise); `w_rows` holds whole rows of `n_blocks`
+                // Q8_0 blocks and `corr` their terms, the layout `lanes` lanes.
                 unsafe {
                     let w_rows = (w_rows, row_bytes, corr, row_max);
-                    if lanes == 8 {
-                        pass::<Y>(w_rows, args, (rows.start, top), state);
-                    } else {
-                        pass::<Z>(w_rows, args, (rows.start, top), state);
+                    let at = (rows.start, top);
+                    match (avx2, lanes) {
+                        (true, _) => pass_avx2::<Y<Vex>>(w_rows, args, at, state),
+                        (false, 8) => pass_avx512::<Y<Evex>>(w_rows, args, at, state),
+                        _ => pass_avx512::<Z>(w_rows, args, at, state),
                     }
                 }
             });
@@ -245,12 +253,41 @@ trait Width {
     unsafe fn ge_mask(a: Self::F, b: Self::F) -> u32;
 }
 
-/// 256-bit registers: eight tokens.
-struct Y;
+/// 256-bit registers: eight tokens, `vpdpbusd` as `D` encodes it.
+struct Y<D>(PhantomData<D>);
+/// The EVEX `vpdpbusd` of AVX-512 VNNI (with VL).
+struct Evex;
+/// The VEX `vpdpbusd` of AVX-VNNI, for the AVX2 tier.
+struct Vex;
+
+/// One encoding of the 256-bit `vpdpbusd`.
+trait Dpbusd256 {
+    /// `acc + Σ a·b` per lane (`a` unsigned, `b` signed bytes).
+    ///
+    /// # Safety
+    /// The CPU has the encoding's features and they are enabled where this is inlined.
+    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+}
+
+impl Dpbusd256 for Evex {
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: the trait's contract (AVX-512 VNNI and VL).
+        unsafe { _mm256_dpbusd_epi32(acc, a, b) }
+    }
+}
+
+impl Dpbusd256 for Vex {
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: the trait's contract (AVX-VNNI).
+        unsafe { _mm256_dpbusd_avx_epi32(acc, a, b) }
+    }
+}
 /// 512-bit registers: sixteen tokens.
 struct Z;
 
-impl Width for Y {
+impl<D: Dpbusd256> Width for Y<D> {
     const LANES: usize = 8;
     type I = __m256i;
     type F = __m256;
@@ -292,8 +329,8 @@ impl Width for Y {
     }
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-        // SAFETY: the trait's contract (AVX-512 VNNI and VL).
-        unsafe { _mm256_dpbusd_epi32(acc, a, b) }
+        // SAFETY: the trait's contract (the encoding's features).
+        unsafe { D::dpbusd(acc, a, b) }
     }
     #[inline(always)]
     unsafe fn add_i(a: __m256i, b: __m256i) -> __m256i {
@@ -327,8 +364,8 @@ impl Width for Y {
     }
     #[inline(always)]
     unsafe fn ge_mask(a: __m256, b: __m256) -> u32 {
-        // SAFETY: the trait's contract (AVX-512 F and VL).
-        unsafe { _mm256_cmp_ps_mask::<_CMP_GE_OQ>(a, b) as u32 }
+        // AVX's compare and sign-bit mask: both tiers have them.
+        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(a, b)) as u32
     }
 }
 
@@ -509,9 +546,10 @@ impl<W: Width> Judge<W> {
 /// rows that may be among the top into `state`.
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VL/VNNI and F16C; `w` holds whole rows of `n_blocks` Q8_0
-/// blocks and `corr` `n_blocks` terms per row; the layout `W::LANES` lanes.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+/// Inlined where `W`'s features are enabled (see [`pass_avx512`], [`pass_avx2`]); `w`
+/// holds whole rows of `n_blocks` Q8_0 blocks and `corr` `n_blocks` terms per row; the
+/// layout `W::LANES` lanes.
+#[inline(always)]
 unsafe fn pass<W: Width>(
     (w, row_bytes, corr, row_max): (&[u8], usize, &[i32], &[f32]),
     (layout, n_blocks, c, totals): (&[u8], usize, f32, &[f32; MAX_TOKENS]),
@@ -546,6 +584,41 @@ unsafe fn pass<W: Width>(
         }
         judge.finish(state);
     }
+}
+
+/// [`pass`] with AVX-512 F/BW/VL/VNNI (for [`Y<Evex>`] and [`Z`]).
+///
+/// # Safety
+/// The CPU has those features and F16C; otherwise as [`pass`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn pass_avx512<W: Width>(
+    rows: (&[u8], usize, &[i32], &[f32]),
+    layout: (&[u8], usize, f32, &[f32; MAX_TOKENS]),
+    at: (usize, &[usize]),
+    state: &mut PassState,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { pass::<W>(rows, layout, at, state) }
+}
+
+/// [`pass`] with AVX2 and AVX-VNNI (for [`Y<Vex>`]).
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and AVX-VNNI; otherwise as [`pass`].
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn pass_avx2<W: Width>(
+    rows: (&[u8], usize, &[i32], &[f32]),
+    layout: (&[u8], usize, f32, &[f32; MAX_TOKENS]),
+    at: (usize, &[usize]),
+    state: &mut PassState,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { pass::<W>(rows, layout, at, state) }
+}
+
+/// Whether the CPU has AVX-VNNI (the VEX `vpdpbusd`).
+pub(super) fn has_avx_vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avxvnni")
 }
 
 /// `R` consecutive rows (from the start of `w`, `row_bytes` apart; their block terms from
