@@ -144,9 +144,16 @@ pub(super) fn candidates(
             });
         }
     }
+    rows_per_token(&states, top)
+}
+
+/// From the threads' pass states, each token's rows that may be among its `top[t]`
+/// largest outputs; `None` where the pass saw a non-finite value or more than
+/// [`MAX_EXTRA_CANDIDATES`] extra rows.
+fn rows_per_token(states: &[PassState], top: &[usize]) -> Vec<Option<Vec<u32>>> {
     let mut maybe: Vec<&(u32, [f32; MAX_TOKENS])> = states.iter().flat_map(|s| &s.maybe).collect();
     maybe.sort_unstable_by_key(|m| m.0);
-    (0..nt)
+    (0..top.len())
         .map(|t| {
             let finite = states.iter().all(|s| s.check[t] == 0.0);
             // The `top`-th largest lower end of all rows: the threads' own tops hold it.
