@@ -69,6 +69,20 @@ pub fn has_bounded_kernel(w: &LazyWeight<'_>) -> bool {
         && vnni_width().is_some()
 }
 
+/// The fewest tokens per call for which the bound pass beats the full matmul of a head on
+/// this process's tier. The pass sweeps every row once whatever the token count (up to
+/// eight, sixteen with AMX); the full head's cost grows with the tokens, slowly on the
+/// AVX-512 tier (`benches/batched`, the Gemma 3 LM head, two threads, AMD EPYC family 25
+/// model 17: 4 tokens 8.4–8.9 ms against a full head's 7.3–8.9, 8 tokens 8.5–9.1 against
+/// 12.3–12.6), fast on the AVX2 tier (Intel Xeon family 6 model 207, `NX_TIER=avx2`:
+/// 2 tokens 8.3 ms against 16.0, 4 tokens 11.6 against 27.3).
+pub fn min_bounded_tokens() -> usize {
+    match vnni_width() {
+        Some(VnniWidth::Avx2) => 2,
+        _ => 6,
+    }
+}
+
 /// The widest `vpdpbusd` this process's tier may run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum VnniWidth {

@@ -75,7 +75,7 @@ mod tiled;
 pub mod tune;
 
 pub use bounded::{
-    has_bounded_kernel, BoundedHead, BoundedKernel, BoundedScratch, Candidates,
+    has_bounded_kernel, min_bounded_tokens, BoundedHead, BoundedKernel, BoundedScratch, Candidates,
     MAX_EXTRA_CANDIDATES,
 };
 pub use dequant::dequantize_row;

@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use nx_gguf::{GgmlType, Gguf, TensorInfo};
 use nx_kv_cache::{KvCache, KvDtype, KvSegments, PagedKv};
-use nx_lazy_weight::{BoundedHead, BoundedScratch, LazyWeight, QuantizedActs};
+use nx_lazy_weight::{min_bounded_tokens, BoundedHead, BoundedScratch, LazyWeight, QuantizedActs};
 use nx_llama_block::{BlockScratch, FfnWeights, LayerConfig, LayerWeights, MoeWeights, Segment};
 use nx_syscalls::{Placement, ThreadPool};
 
@@ -117,13 +117,6 @@ pub struct Model {
     /// has no bound kernel).
     bounded_head: OnceLock<Option<BoundedHead>>,
 }
-
-/// Top rows in one step below this go through the full LM head: the bound pass
-/// costs one sweep of every row whatever the token count up to eight, about what the
-/// full head costs for four (`benches/batched`, the Gemma 3 LM head, two threads, AMD
-/// EPYC family 25 model 17: 4 tokens 8.4–8.9 ms against 7.3–8.9, 8 tokens 8.5–9.1
-/// against 12.3–12.6, 16 tokens 14.5–15.4 against 22.6–23.5).
-const MIN_BOUNDED_ROWS: usize = 6;
 
 /// What [`Model::forward_batch`] gives for a row of an item's `top_rows`.
 #[derive(Debug, Clone, PartialEq)]
@@ -546,14 +539,16 @@ impl Model {
     }
 
     /// Prepares the LM head for top rows now, when steps of `max_rows` rows can use it
-    /// (at least six top rows; a head without logit scale or soft cap whose format and
+    /// (at least [`min_bounded_tokens`] top rows; a head without logit scale or soft cap whose format and
     /// CPU have a bound kernel), instead of in the first step that does: its table of
     /// block terms takes a sweep of the head (about 21 MB and some tens of milliseconds
     /// for Gemma 3's 262 144 rows), which would otherwise land on one step's latency.
     /// Returns whether the bounded head is ready.
     pub fn prepare_bounded_head(&self, max_rows: usize) -> Result<bool, StackError> {
         let c = &self.config;
-        if max_rows < MIN_BOUNDED_ROWS || c.logit_scale.is_some() || c.final_logit_softcap.is_some()
+        if max_rows < min_bounded_tokens()
+            || c.logit_scale.is_some()
+            || c.final_logit_softcap.is_some()
         {
             return Ok(self.bounded_head_ready());
         }
@@ -585,7 +580,8 @@ impl Model {
         // the sums do not, so those models take full logits.
         let prepared = if c.logit_scale.is_none()
             && c.final_logit_softcap.is_none()
-            && bounded.len() >= MIN_BOUNDED_ROWS
+            // Fewer top rows go through the full head, cheaper then.
+            && bounded.len() >= min_bounded_tokens()
         {
             self.bounded_head
                 .get_or_init(|| BoundedHead::new(&head, &self.pool))
