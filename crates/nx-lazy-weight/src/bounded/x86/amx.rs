@@ -164,32 +164,28 @@ unsafe fn group_sums(
 /// tile shapes.
 #[inline(always)]
 unsafe fn start_products(quants: *const u8, row_bytes: usize, acts: *const u8, set: usize) {
+    // One set's instructions; tile registers are named in the instruction text.
+    macro_rules! start {
+        ($c:literal, $a:literal, $b:literal) => {
+            asm!(
+                concat!("tileloadd ", $a, ", [{w} + {ws}*1]"),
+                concat!("tileloadd ", $b, ", [{x} + {xs}*1]"),
+                concat!("tilezero ", $c),
+                concat!("tdpbssd ", $c, ", ", $a, ", ", $b),
+                w = in(reg) quants,
+                ws = in(reg) row_bytes,
+                x = in(reg) acts,
+                xs = in(reg) REG,
+                options(nostack, readonly),
+            )
+        };
+    }
     // SAFETY: the caller's contract.
     unsafe {
         if set == 0 {
-            asm!(
-                "tileloadd tmm2, [{w} + {ws}*1]",
-                "tileloadd tmm4, [{x} + {xs}*1]",
-                "tilezero tmm0",
-                "tdpbssd tmm0, tmm2, tmm4",
-                w = in(reg) quants,
-                ws = in(reg) row_bytes,
-                x = in(reg) acts,
-                xs = in(reg) REG,
-                options(nostack, readonly),
-            );
+            start!("tmm0", "tmm2", "tmm4");
         } else {
-            asm!(
-                "tileloadd tmm3, [{w} + {ws}*1]",
-                "tileloadd tmm7, [{x} + {xs}*1]",
-                "tilezero tmm1",
-                "tdpbssd tmm1, tmm3, tmm7",
-                w = in(reg) quants,
-                ws = in(reg) row_bytes,
-                x = in(reg) acts,
-                xs = in(reg) REG,
-                options(nostack, readonly),
-            );
+            start!("tmm1", "tmm3", "tmm7");
         }
     }
 }
