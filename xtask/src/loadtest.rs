@@ -17,7 +17,10 @@
 //! on); if it dies with them (the pinned build faults in its AMX kernels on some machines)
 //! the build without AMX (`cargo xtask reference`'s `build-noamx`, built then if missing)
 //! takes its place, repacking still on; only if that dies too is it restarted with
-//! `--no-repack`. The report says which.
+//! `--no-repack`. The report says which. Under `NX_TIER=avx2` (nx standing in for a CPU
+//! without AVX-512) llama-server is built for AVX2 too, with AVX-VNNI where the CPU has it
+//! (`build-avx2-vnni`, else `build-avx2`; built then if missing), and `--write` refuses:
+//! the docs' section is the default tier's.
 //!
 //! Every request is `POST /v1/completions` with `stream: true`, greedy (`temperature: 0`,
 //! `seed` fixed; with `--sampled`, `temperature` 0.8, `top_k` 40, `top_p` 0.95 and `min_p`
@@ -1101,6 +1104,8 @@ struct Harness {
     llama_fallback: Option<String>,
     /// Why `llama` is the build without AMX (the pinned one died with its defaults).
     llama_no_amx: Option<String>,
+    /// The AVX2 build `llama` is under `NX_TIER=avx2`, described.
+    llama_avx2: Option<&'static str>,
 }
 
 impl Harness {
@@ -1148,7 +1153,8 @@ impl Harness {
     }
 
     fn may_fall_back(&self, engine: Engine) -> bool {
-        engine == Engine::Llama && (self.llama_no_amx.is_none() || self.llama_extra.is_empty())
+        let no_amx_left = self.llama_no_amx.is_none() && self.llama_avx2.is_none();
+        engine == Engine::Llama && (no_amx_left || self.llama_extra.is_empty())
     }
 
     /// Switches llama-server to the build without AMX (built now if missing: the pinned
@@ -1157,7 +1163,9 @@ impl Harness {
     /// keeps the failed run's log aside.
     fn fall_back(&mut self, why: String, log: &Path) {
         let first_line = why.lines().next().unwrap_or_default().to_string();
-        let stage = if self.llama_no_amx.is_none() {
+        // The AVX2 build has no AMX to leave out.
+        let no_amx_left = self.llama_no_amx.is_none() && self.llama_avx2.is_none();
+        let stage = if no_amx_left {
             "default-flags"
         } else {
             "no-amx"
@@ -1167,7 +1175,7 @@ impl Harness {
             Ok(()) => kept.display().to_string(),
             Err(_) => log.display().to_string(),
         };
-        if self.llama_no_amx.is_none() {
+        if no_amx_left {
             eprintln!(
                 "loadtest: the pinned llama-server failed with its default flags \
                  ({first_line}); switching to the build without AMX (log of the failed \
@@ -1379,6 +1387,9 @@ pub struct Report {
     /// Why llama-server is the build without AMX (`None`: the pinned build).
     #[serde(default)]
     pub llama_no_amx: Option<String>,
+    /// Under `NX_TIER=avx2`: the AVX2 build llama-server is, described.
+    #[serde(default)]
+    pub llama_avx2: Option<String>,
     pub levels: Vec<LevelRow>,
     pub prefix_nx: PrefixStats,
     pub prefix_llama: Option<PrefixStats>,
@@ -1510,6 +1521,12 @@ pub fn summary_lines(report: &Report) -> String {
     match &report.llama_flags {
         Some(f) => text.push_str(&format!("llama-server flags: {f}")),
         None => text.push_str("llama-server: skipped (--no-reference)"),
+    }
+    if let Some(what) = &report.llama_avx2 {
+        text.push_str(&format!(
+            "\nllama-server build: {what} (nx on its AVX2 tier, NX_TIER=avx2), weight \
+             repacking on"
+        ));
     }
     if let Some(why) = &report.llama_no_amx {
         text.push_str(&format!(
@@ -1800,7 +1817,24 @@ fn harness(args: &LoadtestArgs) -> Result<Harness> {
             model.display()
         );
     }
-    let llama = llama_bin("llama-server");
+    // nx on its AVX2 tier stands in for a CPU without AVX-512: llama-server too.
+    let avx2 = std::env::var("NX_TIER").is_ok_and(|t| t == "avx2") && !args.no_reference;
+    if avx2 && args.write {
+        bail!(
+            "--write fills the default tier's section; under NX_TIER=avx2 the table is \
+             printed only"
+        );
+    }
+    let (llama, llama_avx2) = if avx2 {
+        let (bin, what) = crate::reference::ensure_avx2_server(crate::reference::DEFAULT_JOBS)?;
+        eprintln!(
+            "loadtest: NX_TIER=avx2: llama-server built {what} ({})",
+            bin.display()
+        );
+        (bin, Some(what))
+    } else {
+        (llama_bin("llama-server"), None)
+    };
     if !args.no_reference && !llama.is_file() {
         bail!(
             "{} is missing; run `cargo xtask reference` to build it, or pass --no-reference \
@@ -1831,6 +1865,7 @@ fn harness(args: &LoadtestArgs) -> Result<Harness> {
         llama_extra: Vec::new(),
         llama_fallback: None,
         llama_no_amx: None,
+        llama_avx2,
     })
 }
 
@@ -1887,6 +1922,7 @@ fn report_of(
         }),
         llama_fallback: cx.llama_fallback.clone(),
         llama_no_amx: cx.llama_no_amx.clone(),
+        llama_avx2: cx.llama_avx2.map(str::to_string),
         levels,
         prefix_nx,
         prefix_llama,
@@ -2149,6 +2185,7 @@ mod tests {
             llama_flags: Some("-np N -c N*1024 -t 2".into()),
             llama_fallback: None,
             llama_no_amx: None,
+            llama_avx2: None,
             levels: vec![
                 LevelRow {
                     clients: 1,

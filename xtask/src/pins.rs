@@ -339,6 +339,21 @@ pub const LLAMA_AVX2_FLAGS: [&str; 9] = [
     "-DGGML_AMX_INT8=OFF",
 ];
 
+/// [`LLAMA_AVX2_FLAGS`] with AVX-VNNI on (`reference::avx2_vnni_build_dir`): llama.cpp's
+/// best build on a CPU with AVX-VNNI but no AVX-512, where nx's AVX2 tier uses AVX-VNNI
+/// too (the LM head's bound pass).
+pub const LLAMA_AVX2_VNNI_FLAGS: [&str; 9] = [
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+    "-DGGML_AVX512=OFF",
+    "-DGGML_AVX_VNNI=ON",
+    "-DGGML_AMX_INT8=OFF",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -124,6 +124,40 @@ pub fn ensure_avx2_bench(jobs: u32) -> Result<PathBuf> {
     )
 }
 
+/// The AVX2 build with AVX-VNNI on ([`pins::LLAMA_AVX2_VNNI_FLAGS`]).
+pub fn avx2_vnni_build_dir() -> PathBuf {
+    llama_root_dir().join("build-avx2-vnni")
+}
+
+/// `llama-server` for AVX2 (the load test's reference under `NX_TIER=avx2`), built (once)
+/// if missing: with AVX-VNNI where the CPU has it, as nx's AVX2 tier then uses it, else
+/// [`avx2_build_dir`]'s flags. Returns the binary and a description of the build.
+pub fn ensure_avx2_server(jobs: u32) -> Result<(PathBuf, &'static str)> {
+    #[cfg(target_arch = "x86_64")]
+    let vnni = std::arch::is_x86_feature_detected!("avxvnni");
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    if vnni {
+        let bin = ensure_extra_tool(
+            &avx2_vnni_build_dir(),
+            &pins::LLAMA_AVX2_VNNI_FLAGS,
+            ("avx2-vnni-", "for AVX2 with AVX-VNNI"),
+            "llama-server",
+            jobs,
+        )?;
+        Ok((bin, "for AVX2 with AVX-VNNI, no AVX-512 or AMX"))
+    } else {
+        let bin = ensure_extra_tool(
+            &avx2_build_dir(),
+            &pins::LLAMA_AVX2_FLAGS,
+            ("avx2-", "for AVX2 only"),
+            "llama-server",
+            jobs,
+        )?;
+        Ok((bin, "for AVX2 only, no AVX-512, VNNI or AMX"))
+    }
+}
+
 /// `tool` of a second build in `dir` with `flags` added to the pinned ones (logs
 /// prefixed `log_prefix`, the build described as `what` in progress lines), built once
 /// under the build lock if missing.
