@@ -342,21 +342,27 @@ pub const LLAMA_AVX2_FLAGS: [&str; 9] = [
 /// [`LLAMA_AVX2_FLAGS`] with AVX-VNNI on (`reference::avx2_vnni_build_dir`): llama.cpp's
 /// best build on a CPU with AVX-VNNI but no AVX-512, where nx's AVX2 tier uses AVX-VNNI
 /// too (the LM head's bound pass).
-pub const LLAMA_AVX2_VNNI_FLAGS: [&str; 9] = [
-    "-DGGML_NATIVE=OFF",
-    "-DGGML_AVX=ON",
-    "-DGGML_AVX2=ON",
-    "-DGGML_FMA=ON",
-    "-DGGML_F16C=ON",
-    "-DGGML_BMI2=ON",
-    "-DGGML_AVX512=OFF",
-    "-DGGML_AVX_VNNI=ON",
-    "-DGGML_AMX_INT8=OFF",
-];
+pub const LLAMA_AVX2_VNNI_FLAGS: [&str; 9] = {
+    let mut flags = LLAMA_AVX2_FLAGS;
+    flags[AVX2_VNNI_FLAG] = "-DGGML_AVX_VNNI=ON";
+    flags
+};
+
+/// Where [`LLAMA_AVX2_FLAGS`] sets AVX-VNNI (off).
+const AVX2_VNNI_FLAG: usize = 7;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_avx_vnni_build_differs_from_the_avx2_one_in_that_flag_only() {
+        assert_eq!(LLAMA_AVX2_FLAGS[AVX2_VNNI_FLAG], "-DGGML_AVX_VNNI=OFF");
+        let differ: Vec<_> = (0..9)
+            .filter(|&i| LLAMA_AVX2_FLAGS[i] != LLAMA_AVX2_VNNI_FLAGS[i])
+            .collect();
+        assert_eq!(differ, [AVX2_VNNI_FLAG]);
+    }
 
     fn is_sha256_hex(s: &str) -> bool {
         s.len() == 64
