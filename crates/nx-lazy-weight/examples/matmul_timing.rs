@@ -1,7 +1,8 @@
 //! Min-of-N timing of prefill-shaped quantized matmuls on one thread, in chunks of 16
 //! weight rows as the thread pool hands them out: Q4_K and Q6_K with K = 2048, 640
-//! rows; Q5_0 and Q8_0 with K = 640, 2048 rows (Gemma 3 270M's FFN shapes); 64 and 512
-//! tokens.
+//! rows; Q5_0 and Q8_0 with K = 640, 2048 rows (Gemma 3 270M's FFN shapes); Q4_K with
+//! K = 8960, 256 rows (a slice of Qwen2.5-1.5B's down projection: a long row, whose
+//! activation tiles outgrow L2 at 512 tokens); 64 and 512 tokens.
 //!
 //! Run: `cargo run --release -p nx-lazy-weight --example matmul_timing`.
 
@@ -22,6 +23,7 @@ fn run(n: usize) {
         (GgmlType::Q6_K, 640, 2048),
         (GgmlType::Q5_0, 2048, 640),
         (GgmlType::Q8_0, 2048, 640),
+        (GgmlType::Q4_K, 256, 8960),
     ] {
         let vals: Vec<f32> = (0..n_rows * k)
             .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 5000.0)

@@ -423,6 +423,28 @@ unsafe fn start_products<const G: usize>(
     }
 }
 
+/// Steps of [`k_tile`] between a step's tiles being asked into L1 and loaded: a
+/// `tileloadd` waits on its lines, and the activations of every token group stream from
+/// L2 (or further) once per block of weight rows.
+const PREFETCH_STEPS: usize = 2;
+
+/// Asks for the lines of one step's tiles: the weights' 1 KiB (sixteen records) at `wl`,
+/// each group's eight 64-byte activation rows, 512 bytes apart, at `xl[i]`.
+#[inline(always)]
+fn prefetch_step<const G: usize>(wl: *const u8, xl: [*const u8; G]) {
+    for line in 0..ROWS * LANE_RECORD / 64 {
+        // SAFETY: prefetch is a hint that reads nothing and cannot fault (SSE, baseline on
+        // x86_64).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(wl.wrapping_add(64 * line) as *const i8) };
+    }
+    for x in xl {
+        for row in 0..8 {
+            // SAFETY: as above.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(512 * row) as *const i8) };
+        }
+    }
+}
+
 /// Stores the products started by [`start_products`] to `lo[i]` / `hi[i]` (256 i32
 /// each, 16 rows of 64 bytes).
 ///
@@ -685,6 +707,12 @@ unsafe fn k_tile_of<const G: usize, const Q6: bool>(
             unsafe {
                 start_products::<G>(w[s1 * SB_LANE_BYTES..].as_ptr(), LANE_RECORD, xt_of(s1), l1)
             };
+        }
+        if step + PREFETCH_STEPS < n_steps {
+            let ahead = step + PREFETCH_STEPS;
+            let (s2, l2) = (ahead / 8, ahead % 8);
+            let wl = w[s2 * SB_LANE_BYTES + ROWS * LANE_RECORD * l2..].as_ptr();
+            prefetch_step(wl, xs.map(|x| x[s2 * ACTK_BLOCK + 64 * l2..].as_ptr()));
         }
         let xt = xt_of(s);
         let wrow = |r: usize| scalars.wrapping_add((s * ROWS + r) * SCALAR_RECORD);
