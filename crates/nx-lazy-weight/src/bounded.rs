@@ -152,7 +152,7 @@ const AMX_ABOVE: usize = 8;
 /// see the module docs).
 #[derive(Debug)]
 pub struct BoundedHead {
-    /// `[n_rows, n_blocks]`.
+    /// `[n_rows, n_blocks]`; empty for a head that never runs the VNNI pass.
     corrections: Vec<i32>,
     /// `[n_rows]`, NaN when a scale is.
     row_max: Vec<f32>,
@@ -185,11 +185,15 @@ impl BoundedHead {
             return None;
         }
         let n_blocks = w.row_len() / 32;
-        let corrections = per_row(w, pool, n_blocks, |row, out| {
-            for (wb, c) in row.chunks_exact(Q8_0_BLOCK).zip(out) {
-                *c = -128 * wb[2..].iter().map(|&q| q as i8 as i32).sum::<i32>();
-            }
-        });
+        let corrections = match kernel {
+            BoundedKernel::Vnni => per_row(w, pool, n_blocks, |row, out| {
+                for (wb, c) in row.chunks_exact(Q8_0_BLOCK).zip(out) {
+                    *c = -128 * wb[2..].iter().map(|&q| q as i8 as i32).sum::<i32>();
+                }
+            }),
+            // A head that only runs the AMX pass (signed bytes) needs no terms.
+            BoundedKernel::Amx => Vec::new(),
+        };
         let row_max = per_row(w, pool, 1, |row, out| {
             out[0] = row.chunks_exact(Q8_0_BLOCK).fold(0f32, |m, wb| {
                 let d = read_f16(wb, 0);
