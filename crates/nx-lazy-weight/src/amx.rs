@@ -136,29 +136,57 @@ unsafe fn put_lanes(
             _mm512_extracti64x4_epi64::<1>(t[l / 2])
         };
         let w = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(half), scales(l));
-        let lo = _mm512_cvtepi16_epi8(w);
-        let hi = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<8>(w));
+        // Each 128-bit lane's eight low bytes, then its eight high bytes (a word's high
+        // byte is `w >> 8`, arithmetic); then the lanes' low halves before their high ones:
+        // the record's 32 `lo` bytes and 32 `hi` bytes in one store.
+        let split = _mm512_shuffle_epi8(w, low_then_high_bytes());
+        let record = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), split);
         // SAFETY: lane_stride·l + 64 <= out.len() (asserted).
-        unsafe {
-            _mm256_storeu_si256(out.as_mut_ptr().add(lane_stride * l) as *mut __m256i, lo);
-            _mm256_storeu_si256(
-                out.as_mut_ptr().add(lane_stride * l + 32) as *mut __m256i,
-                hi,
-            );
-        }
+        unsafe { _mm512_storeu_si512(out.as_mut_ptr().add(lane_stride * l) as *mut _, record) };
     }
 }
 
-/// 32 words: `v[g]` for `g = 0..8`, each four times (the layout of one lane's bytes).
+/// `vpshufb` indices taking, in each 128-bit lane, the low bytes of its eight words and
+/// then their high bytes.
 #[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
-fn scale_words(v: [i16; 8]) -> __m512i {
-    let mut w = [0i16; 32];
-    for (i, e) in w.iter_mut().enumerate() {
-        *e = v[i / 4];
+fn low_then_high_bytes() -> __m512i {
+    let lane = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    _mm512_broadcast_i32x4(lane)
+}
+
+/// 32 words, `v(g)` four times for `g = 0..8` (the layout of one lane's bytes), where
+/// `v(g)` is byte `at(g)` of `bytes`' 128-bit lanes (all alike), zero- or (`SIGNED`)
+/// sign-extended: one `vpshufb` (a byte index with bit 7 set writes zero).
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn group_words<const SIGNED: bool>(bytes: __m512i, at: impl Fn(usize) -> u8) -> __m512i {
+    // Signed: the byte into the word's high half, then an arithmetic shift down.
+    let word = |g: usize| {
+        let b = u64::from(at(g));
+        if SIGNED {
+            b << 8 | 0x80
+        } else {
+            0x8000 | b
+        }
+    };
+    let qword = |g: usize| (word(g) * 0x0001_0001_0001_0001) as i64;
+    let pick = _mm512_setr_epi64(
+        qword(0),
+        qword(1),
+        qword(2),
+        qword(3),
+        qword(4),
+        qword(5),
+        qword(6),
+        qword(7),
+    );
+    let words = _mm512_shuffle_epi8(bytes, pick);
+    if SIGNED {
+        _mm512_srai_epi16::<8>(words)
+    } else {
+        words
     }
-    // SAFETY: reading 64 bytes from a 32-element i16 array.
-    unsafe { _mm512_loadu_si512(w.as_ptr() as *const _) }
 }
 
 fn put_f32(out: &mut [u8], at: usize, v: f32) {
@@ -203,7 +231,8 @@ unsafe fn unpack_q4_k(wb: &[u8], lanes: &mut [u8], lane_stride: usize, scalars: 
     ];
     let (sc, mn) = scales_mins_k4_packed(&wb[q4_k::SCALES..q4_k::SCALES + 12]);
     let byte = |v: u64, j: usize| ((v >> (8 * j)) & 0xFF) as i16;
-    let scales = scale_words(std::array::from_fn(|g| byte(sc, g)));
+    // The eight scales in the low eight bytes of every 128-bit lane.
+    let scales = group_words::<false>(_mm512_set1_epi64(sc as i64), |g| g as u8);
     // SAFETY: the caller's contract on `lanes`.
     unsafe {
         put_lanes(
@@ -257,9 +286,13 @@ unsafe fn unpack_q6_k(wb: &[u8], lanes: &mut [u8], lane_stride: usize, scalars: 
         g2[2 * h + 1] = _mm512_or_si512(high, top(4, 6));
     }
     let sc: [i16; 16] = std::array::from_fn(|j| wb[q6_k::SCALES + j] as i8 as i16);
+    // SAFETY: the sixteen scales are bytes SCALES..SCALES+16 of the block.
+    let scale_bytes = _mm512_broadcast_i32x4(unsafe {
+        _mm_loadu_si128(wb.as_ptr().add(q6_k::SCALES) as *const __m128i)
+    });
     // Lane l of group g has the scale of sub-block 2g + l/4.
-    let first = scale_words(std::array::from_fn(|g| sc[2 * g]));
-    let second = scale_words(std::array::from_fn(|g| sc[2 * g + 1]));
+    let first = group_words::<true>(scale_bytes, |g| 2 * g as u8);
+    let second = group_words::<true>(scale_bytes, |g| 2 * g as u8 + 1);
     // SAFETY: the caller's contract on `lanes`.
     unsafe {
         put_lanes(
