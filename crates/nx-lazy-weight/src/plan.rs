@@ -595,7 +595,9 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 /// 14: AVX-512 narrow K tiles (2 to 16 tokens of Q4_K / Q5_K, 5 to 16 of Q6_K, `narrow_k`).
 /// 15: scalar four-token kernels (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), and the scalar tier's
 ///    kernels compiled for AVX2 + FMA where the CPU has them (`scalar_x86`).
-pub const KERNELS_REVISION: u32 = 15;
+/// 16: AVX2 Q4_0 / Q5_0 / Q8_0 token groups with AVX-VNNI's `vpdpbusd` where the CPU has
+///    it; AMX K tiles prefetched, their unpacking in fewer operations.
+pub const KERNELS_REVISION: u32 = 16;
 
 #[cfg(test)]
 mod tests {
