@@ -417,7 +417,7 @@ const SCALE_TABLE_FROM: usize = 4;
 
 thread_local! {
     /// Each thread's table of one row's `d_w·d_x` ([`row_scales`]).
-    static SCALES: RefCell<Vec<[f32; GROUP]>> = const { RefCell::new(Vec::new()) };
+    static SCALES: std::cell::Cell<Vec<[f32; GROUP]>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Every block's `d_w·d_x` of row `r` for each token of the group starting at `g0`
@@ -454,8 +454,117 @@ unsafe fn row_scales<const N: usize, W: WeightBlocks>(
     }
 }
 
+/// How [`group_body`] forms a token's eight lane integers from one weight block.
+trait LaneInts {
+    /// What a block gives every token of the group.
+    type Block: Copy;
+
+    /// The weight rows read.
+    fn rows(&self) -> &impl WeightBlocks;
+
+    /// Row `r`'s block `b`, and its `d_w` splatted.
+    ///
+    /// # Safety
+    /// The CPU has the kernel's features; only inlined into functions enabling them.
+    unsafe fn block(&self, r: usize, b: usize) -> (Self::Block, __m256);
+
+    /// Whether `acts` holds the quants [`LaneInts::lanes`] reads for its first `slots`
+    /// slots.
+    fn holds(acts: &GroupActs, slots: usize) -> bool;
+
+    /// Token slot `slot`'s lane integers against `block`.
+    ///
+    /// # Safety
+    /// As [`LaneInts::block`]; [`LaneInts::holds`] is true for `acts` and `slot + 1`.
+    unsafe fn lanes(&self, block: Self::Block, acts: &GroupActs, slot: usize) -> __m256i;
+}
+
+/// The widened quants: two `vpmaddwd` and an add per token.
+struct Widened<'a, W>(&'a W);
+
+impl<W: WeightBlocks> LaneInts for Widened<'_, W> {
+    type Block = (__m256i, __m256i);
+
+    fn rows(&self) -> &impl WeightBlocks {
+        self.0
+    }
+
+    #[inline(always)]
+    unsafe fn block(&self, r: usize, b: usize) -> (Self::Block, __m256) {
+        // SAFETY: the caller's contract.
+        let (w_lo, w_hi, dw) = unsafe { self.0.block(r, b) };
+        ((w_lo, w_hi), dw)
+    }
+
+    fn holds(acts: &GroupActs, slots: usize) -> bool {
+        acts.quads.len() >= slots * 32
+    }
+
+    #[inline(always)]
+    unsafe fn lanes(&self, (w_lo, w_hi): Self::Block, acts: &GroupActs, slot: usize) -> __m256i {
+        // SAFETY: the slot's 32 i16 are inside `quads` (the contract); AVX2 per the
+        // contract.
+        unsafe {
+            let p = acts.quads.as_ptr().add(slot * 32);
+            let (x_lo, x_hi) = (
+                _mm256_loadu_si256(p as *const __m256i),
+                _mm256_loadu_si256(p.add(16) as *const __m256i),
+            );
+            _mm256_add_epi32(_mm256_madd_epi16(w_lo, x_lo), _mm256_madd_epi16(w_hi, x_hi))
+        }
+    }
+}
+
+/// The stored rows' signed bytes against the unsigned quants (`x + 128`): one AVX-VNNI
+/// `vpdpbusd` per token, started at the block's `−128·Σw` (one more per block), so
+/// `Σ (x + 128)·w − 128·Σ w = Σ x·w` — the same integers as [`Widened`]'s from half the
+/// activation bytes.
+struct Bytes<'a, 'r, const FMT: u8>(&'a StoredRows<'r, FMT>);
+
+impl<const FMT: u8> LaneInts for Bytes<'_, '_, FMT> {
+    type Block = (__m256i, __m256i);
+
+    fn rows(&self) -> &impl WeightBlocks {
+        self.0
+    }
+
+    #[inline(always)]
+    unsafe fn block(&self, r: usize, b: usize) -> (Self::Block, __m256) {
+        let row = &self.0.w_rows[r * self.0.row_bytes..(r + 1) * self.0.row_bytes];
+        let at = b * block_bytes(FMT);
+        // Every row is read once per group: stream ahead, as decoding does.
+        prefetch_ahead(row, at);
+        // SAFETY: the caller's contract (AVX2, F16C and AVX-VNNI); `signed_quants`
+        // asserts the block's length.
+        unsafe {
+            let (w, dw) = signed_quants::<FMT>(&row[at..]);
+            // `vpdpbusd` of the bytes 0x80 (unsigned 128) and `w`: 128·Σw per lane.
+            let zero = _mm256_setzero_si256();
+            let start = _mm256_sub_epi32(
+                zero,
+                _mm256_dpbusd_avx_epi32(zero, _mm256_set1_epi8(-128), w),
+            );
+            ((w, start), _mm256_set1_ps(dw))
+        }
+    }
+
+    fn holds(acts: &GroupActs, slots: usize) -> bool {
+        acts.unsigned.len() >= slots * 32
+    }
+
+    #[inline(always)]
+    unsafe fn lanes(&self, (w, start): Self::Block, acts: &GroupActs, slot: usize) -> __m256i {
+        // SAFETY: the slot's 32 bytes are inside `unsigned` (the contract); AVX-VNNI per
+        // the contract.
+        unsafe {
+            let x = _mm256_loadu_si256(acts.unsigned.as_ptr().add(slot * 32) as *const __m256i);
+            _mm256_dpbusd_avx_epi32(start, x, w)
+        }
+    }
+}
+
 /// The weight rows of `rows` against tokens `g0..g0 + N` of `acts`: row `r`, token
-/// `g0 + t` to `out[t·out_stride + r]`.
+/// `g0 + t` to `out[t·out_stride + r]`, with [`Widened`] lane integers.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `rows` holds `acts`' block count of blocks per row;
@@ -468,60 +577,85 @@ unsafe fn group<const N: usize, W: WeightBlocks>(
     out: *mut f32,
     out_stride: usize,
 ) {
+    // SAFETY: the caller's contract.
+    unsafe { group_body::<N, _>(&Widened(rows), acts, g0, (out, out_stride)) }
+}
+
+/// [`group`] with [`Bytes`] lane integers.
+///
+/// # Safety
+/// As [`group`], the CPU having AVX-VNNI and `acts` holding its unsigned quants.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn group_vnni<const N: usize, const FMT: u8>(
+    rows: &StoredRows<'_, FMT>,
+    acts: &GroupActs,
+    g0: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { group_body::<N, _>(&Bytes(rows), acts, g0, (out, out_stride)) }
+}
+
+/// [`group`]'s work, inlined into each kernel's entry point: per row and block the lane
+/// integers of every token, then the single-token kernel's `d_w·d_x`, FMA chain and
+/// final lane sum.
+///
+/// # Safety
+/// As [`group`], with the features `ints` needs enabled where this is inlined.
+#[inline(always)]
+unsafe fn group_body<const N: usize, K: LaneInts>(
+    ints: &K,
+    acts: &GroupActs,
+    g0: usize,
+    (out, out_stride): (*mut f32, usize),
+) {
+    let rows = ints.rows();
     let (n, n_blocks) = (acts.n_tokens, acts.n_blocks);
     assert!(g0 + N <= n && rows.n_blocks() == n_blocks);
-    assert!(acts.quads.len() >= n_blocks * n * 32 && acts.dx.len() >= n_blocks * n);
-    let quads = acts.quads.as_ptr();
+    assert!(acts.dx.len() >= n_blocks * n && K::holds(acts, n_blocks * n));
     // Lanes 0..N set: the tokens of this group (for `row_scales`).
     let lane_mask = _mm256_cmpgt_epi32(
         _mm256_set1_epi32(N as i32),
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
     );
-    SCALES.with(|cell| {
-        let mut table = cell.borrow_mut();
-        if N >= SCALE_TABLE_FROM && table.len() < n_blocks {
-            table.resize(n_blocks, [0.0; GROUP]);
+    // Taken out of the thread-local rather than used inside its closure: a closure is
+    // compiled without the target features of the kernel this body is inlined into, so
+    // its intrinsics would be calls.
+    let mut table = SCALES.with(|cell| cell.take());
+    if N >= SCALE_TABLE_FROM && table.len() < n_blocks {
+        table.resize(n_blocks, [0.0; GROUP]);
+    }
+    for r in 0..rows.n_rows() {
+        if N >= SCALE_TABLE_FROM {
+            // SAFETY: the contract; the table holds n_blocks entries (resized above).
+            unsafe { row_scales::<N, _>(rows, r, acts, g0, lane_mask, &mut table) };
         }
-        for r in 0..rows.n_rows() {
-            if N >= SCALE_TABLE_FROM {
-                // SAFETY: the contract; the table holds n_blocks entries (resized above).
-                unsafe { row_scales::<N, W>(rows, r, acts, g0, lane_mask, &mut table) };
-            }
-            let mut acc = [_mm256_setzero_ps(); N];
-            for b in 0..n_blocks {
-                // SAFETY: the CPU features per the contract; `b` is inside the row.
-                let (w_lo, w_hi, dw) = unsafe { rows.block(r, b) };
-                // The group's tokens of block `b` lie side by side from here ([`slot`]).
-                let first = g0 * n_blocks + b * N;
-                debug_assert_eq!(first, slot(n, n_blocks, g0, b));
-                for (t, acc) in acc.iter_mut().enumerate() {
-                    let slot = first + t;
-                    // SAFETY: slot < n_blocks·n, so its 32 i16 are inside `quads`.
-                    let (x_lo, x_hi) = unsafe {
-                        let p = quads.add(slot * 32);
-                        (
-                            _mm256_loadu_si256(p as *const __m256i),
-                            _mm256_loadu_si256(p.add(16) as *const __m256i),
-                        )
-                    };
-                    let lanes = _mm256_add_epi32(
-                        _mm256_madd_epi16(w_lo, x_lo),
-                        _mm256_madd_epi16(w_hi, x_hi),
-                    );
-                    let d = if N >= SCALE_TABLE_FROM {
-                        _mm256_broadcast_ss(&table[b][t])
-                    } else {
-                        _mm256_mul_ps(dw, _mm256_set1_ps(acts.dx[slot]))
-                    };
-                    *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), *acc);
-                }
-            }
-            for (t, acc) in acc.iter().enumerate() {
-                // SAFETY: the caller's contract on `out`.
-                unsafe { *out.add(t * out_stride + r) = hsum_ps(*acc) };
+        let mut acc = [_mm256_setzero_ps(); N];
+        for b in 0..n_blocks {
+            // SAFETY: the CPU features per the contract; `b` is inside the row.
+            let (block, dw) = unsafe { ints.block(r, b) };
+            // The group's tokens of block `b` lie side by side from here ([`slot`]).
+            let first = g0 * n_blocks + b * N;
+            debug_assert_eq!(first, slot(n, n_blocks, g0, b));
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let slot = first + t;
+                // SAFETY: slot < n_blocks·n, whose quants `acts` holds (asserted).
+                let lanes = unsafe { ints.lanes(block, acts, slot) };
+                let d = if N >= SCALE_TABLE_FROM {
+                    _mm256_broadcast_ss(&table[b][t])
+                } else {
+                    _mm256_mul_ps(dw, _mm256_set1_ps(acts.dx[slot]))
+                };
+                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), *acc);
             }
         }
-    });
+        for (t, acc) in acc.iter().enumerate() {
+            // SAFETY: the caller's contract on `out`.
+            unsafe { *out.add(t * out_stride + r) = hsum_ps(*acc) };
+        }
+    }
+    SCALES.with(|cell| cell.replace(table));
 }
 
 /// [`run_format`] with AVX-VNNI: every group of [`GROUP`] tokens against the rows as
@@ -557,77 +691,6 @@ unsafe fn run_vnni<const FMT: u8>(
             }
         }
     }
-}
-
-/// [`group`] with AVX-VNNI: a token's eight lane integers are one `vpdpbusd` of its
-/// unsigned quants (`x + 128`) and the block's signed ones, started at the block's
-/// `−128·Σw` per lane (one `vpdpbusd` per block for all the tokens), so
-/// `Σ (x + 128)·w − 128·Σ w = Σ x·w`: the same integers as two `vpmaddwd` and an add
-/// on widened quants, from half the activation bytes. The float part is [`group`]'s.
-///
-/// # Safety
-/// As [`group`], the CPU having AVX-VNNI and `acts` holding its unsigned quants.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn group_vnni<const N: usize, const FMT: u8>(
-    rows: &StoredRows<'_, FMT>,
-    acts: &GroupActs,
-    g0: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    let (n, n_blocks) = (acts.n_tokens, acts.n_blocks);
-    assert!(g0 + N <= n && rows.n_blocks() == n_blocks);
-    assert!(acts.unsigned.len() >= n_blocks * n * 32 && acts.dx.len() >= n_blocks * n);
-    let unsigned = acts.unsigned.as_ptr();
-    let lane_mask = _mm256_cmpgt_epi32(
-        _mm256_set1_epi32(N as i32),
-        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-    );
-    let minus_128 = _mm256_set1_epi8(-128);
-    SCALES.with(|cell| {
-        let mut table = cell.borrow_mut();
-        if N >= SCALE_TABLE_FROM && table.len() < n_blocks {
-            table.resize(n_blocks, [0.0; GROUP]);
-        }
-        for r in 0..rows.n_rows() {
-            if N >= SCALE_TABLE_FROM {
-                // SAFETY: the contract; the table holds n_blocks entries (resized above).
-                unsafe { row_scales::<N, _>(rows, r, acts, g0, lane_mask, &mut table) };
-            }
-            let row = &rows.w_rows[r * rows.row_bytes..(r + 1) * rows.row_bytes];
-            let mut acc = [_mm256_setzero_ps(); N];
-            for b in 0..n_blocks {
-                let at = b * block_bytes(FMT);
-                prefetch_ahead(row, at);
-                // SAFETY: the CPU features per the contract; `signed_quants` asserts the
-                // block's length.
-                let (w, dw) = unsafe { signed_quants::<FMT>(&row[at..]) };
-                // `vpdpbusd` of the bytes 0x80 (unsigned 128) and `w`: 128·Σw per lane.
-                let start = _mm256_sub_epi32(
-                    _mm256_setzero_si256(),
-                    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), minus_128, w),
-                );
-                let first = g0 * n_blocks + b * N;
-                for (t, acc) in acc.iter_mut().enumerate() {
-                    let slot = first + t;
-                    // SAFETY: slot < n_blocks·n, so its 32 bytes are inside `unsigned`.
-                    let x =
-                        unsafe { _mm256_loadu_si256(unsigned.add(slot * 32) as *const __m256i) };
-                    let lanes = _mm256_dpbusd_avx_epi32(start, x, w);
-                    let d = if N >= SCALE_TABLE_FROM {
-                        _mm256_broadcast_ss(&table[b][t])
-                    } else {
-                        _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_set1_ps(acts.dx[slot]))
-                    };
-                    *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), *acc);
-                }
-            }
-            for (t, acc) in acc.iter().enumerate() {
-                // SAFETY: the caller's contract on `out`.
-                unsafe { *out.add(t * out_stride + r) = hsum_ps(*acc) };
-            }
-        }
-    });
 }
 
 #[cfg(test)]
