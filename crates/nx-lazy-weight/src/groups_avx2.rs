@@ -22,7 +22,7 @@
 //! 2.34 / 2.60 / 2.29 ms).
 
 use std::arch::x86_64::*;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use nx_gguf::GgmlType;
 
@@ -62,9 +62,16 @@ impl GroupActs {
         self.n_blocks = 0;
     }
 
-    /// Lays out the `n` Q8_0 activation rows of `rows` (`row_bytes` each); leaves
-    /// nothing unless there are at least two whole rows of whole blocks.
+    /// Lays out the `n` Q8_0 activation rows of `rows` (`row_bytes` each) for this CPU's
+    /// group kernel; leaves nothing unless there are at least two whole rows of whole
+    /// blocks.
     pub(crate) fn build(&mut self, rows: &[u8], n: usize, row_bytes: usize) {
+        self.build_for(rows, (n, row_bytes), vnni_available());
+    }
+
+    /// [`GroupActs::build`] as unsigned bytes for [`group_vnni`] (`unsigned`) or widened
+    /// for [`group`]: each kernel reads only its own layout.
+    fn build_for(&mut self, rows: &[u8], (n, row_bytes): (usize, usize), unsigned: bool) {
         self.clear();
         if n < 2
             || row_bytes == 0
@@ -74,14 +81,14 @@ impl GroupActs {
             return;
         }
         let n_blocks = row_bytes / Q8_0_BYTES;
-        self.quads.clear();
-        self.quads.resize(n_blocks * n * TOKEN_BLOCK / 2, 0);
         self.dx.clear();
         self.dx.resize(n_blocks * n, 0.0);
-        let unsigned = vnni_available();
+        self.quads.clear();
         self.unsigned.clear();
         if unsigned {
             self.unsigned.resize(n_blocks * n * 32, 0);
+        } else {
+            self.quads.resize(n_blocks * n * TOKEN_BLOCK / 2, 0);
         }
         for t in 0..n {
             for b in 0..n_blocks {
@@ -94,6 +101,7 @@ impl GroupActs {
                     for (u, &q) in out.iter_mut().zip(&xb[2..]) {
                         *u = q ^ 0x80;
                     }
+                    continue;
                 }
                 let out = &mut self.quads[slot * 32..slot * 32 + 32];
                 for l in 0..8 {
@@ -417,7 +425,7 @@ const SCALE_TABLE_FROM: usize = 4;
 
 thread_local! {
     /// Each thread's table of one row's `d_w·d_x` ([`row_scales`]).
-    static SCALES: std::cell::Cell<Vec<[f32; GROUP]>> = const { std::cell::Cell::new(Vec::new()) };
+    static SCALES: Cell<Vec<[f32; GROUP]>> = const { Cell::new(Vec::new()) };
 }
 
 /// Every block's `d_w·d_x` of row `r` for each token of the group starting at `g0`
@@ -734,7 +742,7 @@ mod tests {
             }
         }
         let mut g = GroupActs::default();
-        g.build(&rows, 2, Q8_0_BYTES);
+        g.build_for(&rows, (2, Q8_0_BYTES), false);
         assert_eq!((g.n_tokens(), g.n_blocks), (2, 1));
         let q = |t: usize, k: i16| t as i16 * 32 + k - 40;
         // Token 1 of block 0 is slot 1; lane 3 holds quants 12, 13 | 14, 15.
@@ -782,8 +790,8 @@ mod tests {
                 let mut acts = GroupActs::default();
                 acts.build(&x, n, n_blocks * Q8_0_BYTES);
                 assert!(!acts.unsigned.is_empty());
-                let mut widened = acts.clone();
-                widened.unsigned.clear();
+                let mut widened = GroupActs::default();
+                widened.build_for(&x, (n, n_blocks * Q8_0_BYTES), false);
                 let mut got = vec![0f32; n * n_rows];
                 let mut want = vec![0f32; n * n_rows];
                 // SAFETY: AVX2, FMA, F16C and AVX-VNNI (checked above), a group format,
