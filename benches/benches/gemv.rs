@@ -21,6 +21,7 @@ fn bench_gemv(c: &mut Criterion) {
     // (weight type, K = row length, N = rows)
     let cases = [
         (GgmlType::Q5_0, 640, 2048),
+        (GgmlType::BF16, 640, 2048),
         (GgmlType::Q8_0, 640, 2048),
         (GgmlType::Q4_0, 640, 2048),
         (GgmlType::IQ4_NL, 640, 2048),

@@ -518,13 +518,20 @@ pub fn choose_llama_bench(model: &Path, threads: usize) -> Result<LlamaBench> {
     if crate::sections::pinned_tier()? == Some("avx2") {
         // nx pinned to AVX2 stands in for a CPU without AVX-512: llama.cpp's best there
         // is its AVX2 build.
-        let bin = crate::reference::ensure_avx2_bench(DEFAULT_JOBS)?;
+        let (bin, build) = crate::reference::ensure_avx2_bench(DEFAULT_JOBS)?;
+        let config = if build == crate::reference::Avx2Build::Vnni {
+            "the pinned source built for AVX2 with AVX-VNNI (GGML_NATIVE=OFF with AVX, AVX2, \
+             FMA, F16C, BMI2 and AVX-VNNI; no AVX-512 or AMX), weight repacking on: llama.cpp \
+             at its best on a CPU with AVX-VNNI and without AVX-512"
+        } else {
+            "the pinned source built for AVX2 only (GGML_NATIVE=OFF with AVX, AVX2, FMA, F16C \
+             and BMI2; no AVX-512, VNNI or AMX), weight repacking on: llama.cpp at its best on \
+             a CPU without AVX-512"
+        };
         return Ok(LlamaBench {
             bin,
             repack: true,
-            config: "the pinned source built for AVX2 only (GGML_NATIVE=OFF with AVX, AVX2, \
-                     FMA, F16C and BMI2; no AVX-512, VNNI or AMX), weight repacking on: \
-                     llama.cpp at its best on a CPU without AVX-512",
+            config,
         });
     }
     let runs = |bin: &Path, repack: bool| -> bool {

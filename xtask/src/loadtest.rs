@@ -1826,7 +1826,8 @@ fn harness(args: &LoadtestArgs) -> Result<Harness> {
         );
     }
     let (llama, llama_avx2) = if avx2 {
-        let (bin, what) = crate::reference::ensure_avx2_server(crate::reference::DEFAULT_JOBS)?;
+        let (bin, build) = crate::reference::ensure_avx2_server(crate::reference::DEFAULT_JOBS)?;
+        let what = build.describe();
         eprintln!(
             "loadtest: NX_TIER=avx2: llama-server built {what} ({})",
             bin.display()

@@ -53,8 +53,9 @@ enum Command {
         /// Parallel build jobs.
         #[arg(long, default_value_t = reference::DEFAULT_JOBS)]
         jobs: u32,
-        /// Also build llama-bench for AVX2 only into $NX_CACHE/llama.cpp/build-avx2 (what
-        /// `NX_TIER=avx2 cargo xtask bench` compares against; built on first need anyway).
+        /// Also build llama-bench for AVX2 into $NX_CACHE/llama.cpp/build-avx2-vnni (with
+        /// AVX-VNNI, where the CPU has it) or build-avx2 (what `NX_TIER=avx2 cargo xtask
+        /// bench` compares against; built on first need anyway).
         #[arg(long)]
         avx2: bool,
     },
@@ -182,8 +183,12 @@ fn main() {
         }),
         Command::Reference { jobs, avx2 } => reference::ensure_reference(jobs).and_then(|()| {
             if avx2 {
-                let bin = reference::ensure_avx2_bench(jobs)?;
-                eprintln!("reference: AVX2-only llama-bench at {}", bin.display());
+                let (bin, build) = reference::ensure_avx2_bench(jobs)?;
+                eprintln!(
+                    "reference: llama-bench {} at {}",
+                    build.describe(),
+                    bin.display()
+                );
             }
             Ok(())
         }),

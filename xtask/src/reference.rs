@@ -107,21 +107,16 @@ fn ensure_no_amx_tool(tool: &str, jobs: u32) -> Result<PathBuf> {
 }
 
 /// The AVX2-only build (no AVX-512, VNNI or AMX; [`pins::LLAMA_AVX2_FLAGS`]), for
-/// benches of nx's `NX_TIER=avx2`: llama.cpp as it runs at its best on a CPU without
-/// AVX-512.
+/// benches of nx's `NX_TIER=avx2` on CPUs without AVX-VNNI: llama.cpp as it runs at its
+/// best on a CPU without AVX-512 or AVX-VNNI.
 pub fn avx2_build_dir() -> PathBuf {
     llama_root_dir().join("build-avx2")
 }
 
-/// `llama-bench` of [`avx2_build_dir`], built (once, about five minutes) if missing.
-pub fn ensure_avx2_bench(jobs: u32) -> Result<PathBuf> {
-    ensure_extra_tool(
-        &avx2_build_dir(),
-        &pins::LLAMA_AVX2_FLAGS,
-        ("avx2-", "for AVX2 only"),
-        "llama-bench",
-        jobs,
-    )
+/// `llama-bench` for AVX2 (what `NX_TIER=avx2 cargo xtask bench` compares against), as
+/// [`ensure_avx2_tool`] builds it.
+pub fn ensure_avx2_bench(jobs: u32) -> Result<(PathBuf, Avx2Build)> {
+    ensure_avx2_tool("llama-bench", jobs)
 }
 
 /// The AVX2 build with AVX-VNNI on ([`pins::LLAMA_AVX2_VNNI_FLAGS`]).
@@ -129,33 +124,58 @@ pub fn avx2_vnni_build_dir() -> PathBuf {
     llama_root_dir().join("build-avx2-vnni")
 }
 
-/// `llama-server` for AVX2 (the load test's reference under `NX_TIER=avx2`), built (once)
-/// if missing: with AVX-VNNI where the CPU has it, as nx's AVX2 tier then uses it, else
-/// [`avx2_build_dir`]'s flags. Returns the binary and a description of the build.
-pub fn ensure_avx2_server(jobs: u32) -> Result<(PathBuf, &'static str)> {
+/// `llama-server` for AVX2 (the load test's reference under `NX_TIER=avx2`), as
+/// [`ensure_avx2_tool`] builds it.
+pub fn ensure_avx2_server(jobs: u32) -> Result<(PathBuf, Avx2Build)> {
+    ensure_avx2_tool("llama-server", jobs)
+}
+
+/// Which AVX2 build of llama.cpp stands in for it on a CPU without AVX-512.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Avx2Build {
+    /// [`pins::LLAMA_AVX2_VNNI_FLAGS`]: where the CPU has AVX-VNNI.
+    Vnni,
+    /// [`pins::LLAMA_AVX2_FLAGS`]: AVX2 only.
+    Plain,
+}
+
+impl Avx2Build {
+    /// The build in a few words, for reports.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Avx2Build::Vnni => "for AVX2 with AVX-VNNI, no AVX-512 or AMX",
+            Avx2Build::Plain => "for AVX2 only, no AVX-512, VNNI or AMX",
+        }
+    }
+}
+
+/// `tool` built for AVX2, once, if missing: with AVX-VNNI where the CPU has it (nx's AVX2
+/// tier then uses it too, so this is llama.cpp at its best on such a CPU without
+/// AVX-512), else with [`avx2_build_dir`]'s flags.
+pub fn ensure_avx2_tool(tool: &str, jobs: u32) -> Result<(PathBuf, Avx2Build)> {
     #[cfg(target_arch = "x86_64")]
     let vnni = std::arch::is_x86_feature_detected!("avxvnni");
     #[cfg(not(target_arch = "x86_64"))]
     let vnni = false;
-    if vnni {
-        let bin = ensure_extra_tool(
-            &avx2_vnni_build_dir(),
+    let (dir, flags, log_prefix, build) = if vnni {
+        let what = ("avx2-vnni-", "for AVX2 with AVX-VNNI");
+        (
+            avx2_vnni_build_dir(),
             &pins::LLAMA_AVX2_VNNI_FLAGS,
-            ("avx2-vnni-", "for AVX2 with AVX-VNNI"),
-            "llama-server",
-            jobs,
-        )?;
-        Ok((bin, "for AVX2 with AVX-VNNI, no AVX-512 or AMX"))
+            what,
+            Avx2Build::Vnni,
+        )
     } else {
-        let bin = ensure_extra_tool(
-            &avx2_build_dir(),
+        let what = ("avx2-", "for AVX2 only");
+        (
+            avx2_build_dir(),
             &pins::LLAMA_AVX2_FLAGS,
-            ("avx2-", "for AVX2 only"),
-            "llama-server",
-            jobs,
-        )?;
-        Ok((bin, "for AVX2 only, no AVX-512, VNNI or AMX"))
-    }
+            what,
+            Avx2Build::Plain,
+        )
+    };
+    let bin = ensure_extra_tool(&dir, flags, log_prefix, tool, jobs)?;
+    Ok((bin, build))
 }
 
 /// `tool` of a second build in `dir` with `flags` added to the pinned ones (logs

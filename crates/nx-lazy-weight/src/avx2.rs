@@ -70,6 +70,7 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::Q3_K => dot_q3_k_q8_k,
         GgmlType::F32 => dot_f32_f32,
         GgmlType::F16 => dot_f16_f16,
+        GgmlType::BF16 => return crate::bf16_x86::avx2_kernel(),
         GgmlType::IQ2_XXS => dot_iq2_xxs_q8_k,
         GgmlType::IQ2_XS => dot_iq2_xs_q8_k,
         GgmlType::IQ2_S => dot_iq2_s_q8_k,

@@ -44,8 +44,9 @@ pub(crate) fn available() -> bool {
         && std::arch::is_x86_feature_detected!("avx512vnni")
 }
 
-/// The AVX-512 VNNI kernel of a weight type; `None` for types without one (the float
-/// types) or when this CPU lacks one of the features.
+/// The AVX-512 VNNI kernel of a weight type (for BF16 the AVX512_BF16 one, where the CPU
+/// has it); `None` for types without one (F32, F16: their AVX2 kernels serve) or when
+/// this CPU lacks one of the features.
 pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
     if !available() {
         return None;
@@ -62,6 +63,7 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::IQ4_NL => dot_iq4_nl_q8_0,
         GgmlType::IQ4_XS => dot_iq4_xs_q8_k,
         GgmlType::MXFP4 => dot_mxfp4_q8_0,
+        GgmlType::BF16 => return crate::bf16_x86::avx512_kernel(),
         _ => return None,
     };
     Some(k)

@@ -5,7 +5,8 @@
 //! under the AVX-512 tier) because every kernel gives the same bits: for every
 //! quantized type every tier gives the scalar reference's bits exactly, which are the
 //! reference engine's (`tests/simd_twins.rs`, `tests/simd_twins_formats.rs`,
-//! `tests/dot_reference.rs`); the float types use the scalar kernels on every tier.
+//! `tests/dot_reference.rs`); so do the float types' (F32 and F16 have AVX2 kernels,
+//! BF16 an AVX-512 BF16 one and an AVX2 copy of it: `crate::bf16_x86`).
 
 use nx_gguf::GgmlType;
 use nx_syscalls::CpuTier;

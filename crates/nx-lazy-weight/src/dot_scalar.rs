@@ -7,8 +7,8 @@
 //! multiply-add of the block scale into each of eight f32 lanes, the lanes summed at the
 //! end as ggml's `hsum_float_8`; Q4_K adds its min terms through four more lanes, Q5_K
 //! (like Q4_1/Q5_1 in their modules) through one running f32 added last. The order depends
-//! on the row length K alone. F32 and F16 follow ggml's AVX-512 kernels, BF16 its generic
-//! one (f64 sum).
+//! on the row length K alone. F32, F16 and BF16 follow ggml's AVX-512 kernels (BF16 its
+//! AVX512_BF16 one).
 //! The SIMD kernels (`avx2`, `avx512`) compute the same lane integers in the same float
 //! order, so they are bit-identical to these (`tests/simd_twins.rs`), and both equal the
 //! reference engine's own kernels bit for bit (`tests/dot_reference.rs`). Which kernel
@@ -18,7 +18,7 @@
 //! |---|---|---|---|
 //! | F32 | F32 | fused `w·x` | 64 f32 lanes (ggml's AVX-512 `vec_dot_f32`), f32 tail |
 //! | F16 | F16 | fused `w·x` | 64 f32 lanes (ggml's AVX-512 `vec_dot_f16`), f64 tail |
-//! | BF16 | BF16 | `w·x` in f32 (exact) | f64 sum, rounded to f32 |
+//! | BF16 | BF16 | `vdpbf16ps` pairs | 32 f32 lanes (ggml's AVX512_BF16 `vec_dot_bf16`), f64 tail |
 //! | Q4_0 | Q8_0 | `sumi` i32 | `sumf += (sumi·d_w)·d_x` |
 //! | Q5_0 | Q8_0 | `sumi` i32 | `sumf += (d_w·d_x)·sumi` |
 //! | Q8_0 | Q8_0 | `sumi` i32 | `sumf += sumi·(d_w·d_x)` |
@@ -100,14 +100,53 @@ pub fn dot_f16(w: &[u8], x: &[u8]) -> f32 {
     sum as f32
 }
 
-/// BF16 × BF16.
+/// BF16 × BF16 (the activations rounded to BF16) in the order of ggml's AVX-512 BF16
+/// `vec_dot_bf16`, the reference's one-token path for a BF16 weight on CPUs with
+/// AVX512_BF16 (its build for the machine uses `vdpbf16ps`): two 16-lane registers, the
+/// first taking each 64-element chunk's first 32 elements and the second its last 32,
+/// lane `l` adding elements `2l + 1` and then `2l` ([`dpbf16_step`]); each register
+/// reduced as a 512-bit register is, the two sums and then the elements past the last
+/// whole 64 (each product in f32) added in f64, and the f64 sum rounded to f32.
 #[inline(always)] // into `scalar_x86`'s copy compiled for AVX2 + FMA
 pub fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
-    let mut sum = 0.0f64;
-    for (a, b) in w.chunks_exact(2).zip(x.chunks_exact(2)) {
-        let wa = bf16_to_f32(u16::from_le_bytes([a[0], a[1]]));
-        let xb = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-        sum += (wa * xb) as f64;
+    const CHUNK: usize = 64;
+    let n = (w.len() / 2).min(x.len() / 2);
+    let whole = n / CHUNK * CHUNK;
+    let at = |b: &[u8], i: usize| bf16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]));
+    let mut regs = [[0f32; 16]; 2];
+    for start in (0..whole).step_by(CHUNK) {
+        for (half, reg) in regs.iter_mut().enumerate() {
+            let base = start + 32 * half;
+            for (l, lane) in reg.iter_mut().enumerate() {
+                let (even, odd) = (base + 2 * l, base + 2 * l + 1);
+                *lane = dpbf16_step(*lane, at(w, odd), at(x, odd));
+                *lane = dpbf16_step(*lane, at(w, even), at(x, even));
+            }
+        }
+    }
+    let mut sum = f64::from(nx_f32::scalar::reduce_add_16(&regs[0]));
+    sum += f64::from(nx_f32::scalar::reduce_add_16(&regs[1]));
+    for i in whole..n {
+        sum += f64::from(at(w, i) * at(x, i));
     }
     sum as f32
+}
+
+/// One product-accumulate of `vdpbf16ps`: `acc + a·b` in one rounding (to nearest even),
+/// with subnormal inputs read as zero and a subnormal result written as zero (the
+/// instruction ignores MXCSR and always works so). A product of two BF16 values is exact
+/// in f32, so only the addition rounds.
+#[inline(always)]
+pub fn dpbf16_step(acc: f32, a: f32, b: f32) -> f32 {
+    flush_subnormal(flush_subnormal(a).mul_add(flush_subnormal(b), flush_subnormal(acc)))
+}
+
+/// `v`, or a zero of its sign where `v` is subnormal.
+#[inline(always)]
+fn flush_subnormal(v: f32) -> f32 {
+    if v.is_subnormal() {
+        0f32.copysign(v)
+    } else {
+        v
+    }
 }

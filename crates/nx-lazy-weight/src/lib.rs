@@ -45,6 +45,8 @@ mod avx2_rows4;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
+mod bf16_x86;
+#[cfg(target_arch = "x86_64")]
 mod block32_x86;
 mod bounded;
 pub mod dequant;

@@ -400,9 +400,10 @@ fn dot_row_is_the_active_tier_kernel() {
     }
 }
 
-/// The F32 kernel (MoE routers) and the F16 one keep the scalar twin's 64 running lanes
-/// and its tail: bit for bit on every length, the whole-64 boundary and a lone tail
-/// included.
+/// The F32 kernel (MoE routers), the F16 one and the BF16 ones (`vdpbf16ps`, or its AVX2
+/// copy) keep the scalar twin's running lanes and its tail: bit for bit on every length,
+/// the whole-64 boundary and a lone tail included. BF16 also at magnitudes where products
+/// and sums are subnormal, which that instruction flushes to zero.
 #[test]
 fn float_kernels_are_bit_identical_to_scalar() {
     let f32_bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
@@ -411,11 +412,23 @@ fn float_kernels_are_bit_identical_to_scalar() {
             .flat_map(|&f| nx_lazy_weight::formats::f32_to_f16(f).to_le_bytes())
             .collect::<Vec<u8>>()
     };
+    let bf16_bytes = |v: &[f32]| {
+        v.iter()
+            .flat_map(|&f| nx_lazy_weight::formats::f32_to_bf16(f).to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
     type Encode<'a> = &'a dyn Fn(&[f32]) -> Vec<u8>;
-    let encodings: [(GgmlType, Encode); 2] =
-        [(GgmlType::F32, &f32_bytes), (GgmlType::F16, &f16_bytes)];
+    let encodings: [(GgmlType, Encode, &[f32]); 3] = [
+        (GgmlType::F32, &f32_bytes, &[1.0]),
+        (GgmlType::F16, &f16_bytes, &[1.0]),
+        (
+            GgmlType::BF16,
+            &bf16_bytes,
+            &[1.0, 2f32.powi(-63), 2f32.powi(-70)],
+        ),
+    ];
     for tier in tiers_under_test() {
-        for (ty, bytes) in encodings {
+        for (ty, bytes, scales) in encodings {
             let (scalar, simd) = kernels(tier, ty);
             for n in [
                 0usize,
@@ -434,10 +447,11 @@ fn float_kernels_are_bit_identical_to_scalar() {
                 for case in 0..20 {
                     // Values of mixed magnitude, so that a different order rounds
                     // differently.
+                    let scale = scales[case % scales.len()];
                     let w: Vec<f32> = (0..n)
-                        .map(|_| rng.normal() * rng.signed_pow2(-6.0, 6.0))
+                        .map(|_| rng.normal() * rng.signed_pow2(-6.0, 6.0) * scale)
                         .collect();
-                    let x = rng.normals(n, 3.0);
+                    let x: Vec<f32> = rng.normals(n, 3.0).iter().map(|v| v * scale).collect();
                     let (a, b) = (scalar(&bytes(&w), &bytes(&x)), simd(&bytes(&w), &bytes(&x)));
                     assert!(
                         a.to_bits() == b.to_bits(),

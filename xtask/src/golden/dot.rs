@@ -63,6 +63,9 @@ const CASES: &[(GgmlType, [usize; 2])] = &[
     // F16 against F16-rounded activations: 672 leaves a 32-element tail past the kernel's
     // 64-element steps.
     (GgmlType::F16, [256, 672]),
+    // BF16 likewise (`vdpbf16ps` on CPUs with AVX512_BF16), with tiny weights in two cases:
+    // the instruction reads subnormals as zero, the tail's f32 products do not.
+    (GgmlType::BF16, [256, 672]),
 ];
 
 /// Cases per row length: weights from the quantizer for the even ones, raw bytes else.
@@ -193,6 +196,16 @@ fn inputs_for(ty: GgmlType, lengths: [usize; 2]) -> Vec<Input> {
                     })
                     .collect();
                 (bytes, "f16-values")
+            } else if ty == GgmlType::BF16 {
+                // Cases 2 and 3 near and below the smallest normal BF16.
+                let magnitude = [0.05, 0.05, 2f32.powi(-122), 2f32.powi(-128)][case % 4];
+                let bytes = (0..row_len)
+                    .flat_map(|_| {
+                        let v = rng.normal() * magnitude;
+                        nx_lazy_weight::formats::f32_to_bf16(v).to_le_bytes()
+                    })
+                    .collect();
+                (bytes, "bf16-values")
             } else if case % 2 == 0 && has_quantizer {
                 let values: Vec<f32> = (0..row_len).map(|_| rng.normal() * 0.05).collect();
                 let mut bytes = vec![0u8; ty.row_bytes(row_len as u64).unwrap() as usize];
