@@ -88,7 +88,7 @@ pub fn min_bounded_tokens() -> usize {
 enum VnniWidth {
     /// AVX-512 VNNI: eight or sixteen tokens per pass.
     Avx512,
-    /// AVX-VNNI under the AVX2 tier: eight tokens per pass.
+    /// AVX-VNNI under the AVX2 tier: eight tokens per pass, or sixteen on register pairs.
     Avx2,
 }
 
@@ -262,11 +262,9 @@ impl BoundedHead {
         }
         scratch.acts.quantize_for_pool(w, x, n, pool)?;
         let mut out = Vec::with_capacity(n);
-        // Tokens per pass: the lanes of the widest register.
-        let per_pass = match vnni_width() {
-            Some(VnniWidth::Avx2) => 8,
-            _ => MAX_TOKENS,
-        };
+        // Tokens per pass: the lanes of the widest register (a pair of 256-bit ones on
+        // the AVX2 tier).
+        let per_pass = MAX_TOKENS;
         let mut t0 = 0;
         while t0 < n {
             let nt = (n - t0).min(per_pass);

@@ -1,7 +1,8 @@
 //! The bound pass on AVX-512 VNNI: one token per 32-bit lane — eight per 256-bit register
 //! up to eight tokens, sixteen per 512-bit one above — each weight quad broadcast from
-//! the row as `vpdpbusd`'s memory operand. The AVX2 tier runs the same pass, eight
-//! tokens at a time, with AVX-VNNI's VEX `vpdpbusd` where the CPU has it.
+//! the row as `vpdpbusd`'s memory operand. The AVX2 tier runs the same pass with AVX-VNNI's
+//! VEX `vpdpbusd` where the CPU has it, above eight tokens on a pair of 256-bit registers
+//! ([`Pair`]), so that sixteen tokens read the rows once.
 //!
 //! On Zen 4 a 256-bit and a 512-bit `vpdpbusd` both take a cycle (`benches/pipes`), so
 //! nine to sixteen tokens cost what eight do; on CPUs with two 256-bit VNNI ports the
@@ -81,8 +82,8 @@ pub(super) fn candidates(
     let nt = top.len();
     let amx = kernel == BoundedKernel::Amx;
     // The AMX pass's activation tile is always sixteen tokens wide, of signed quants.
-    // The AVX2 tier's pass (AVX-VNNI) takes eight tokens.
-    let (lanes, flip) = match (amx, nt <= 8 || avx2) {
+    // Above eight tokens the AVX2 tier's pass (AVX-VNNI) takes a pair of registers.
+    let (lanes, flip) = match (amx, nt <= 8) {
         (false, true) => (8, 0x80),
         (false, false) => (16, 0x80),
         (true, _) => (16, 0),
@@ -118,7 +119,8 @@ pub(super) fn candidates(
                     let w_rows = (w_rows, row_bytes, corr, row_max);
                     let at = (rows.start, top);
                     match (avx2, lanes) {
-                        (true, _) => pass_avx2::<Y<Vex>>(w_rows, args, at, state),
+                        (true, 8) => pass_avx2::<Y<Vex>>(w_rows, args, at, state),
+                        (true, _) => pass_avx2::<Pair<Y<Vex>>>(w_rows, args, at, state),
                         (false, 8) => pass_avx512::<Y<Evex>>(w_rows, args, at, state),
                         _ => pass_avx512::<Z>(w_rows, args, at, state),
                     }
@@ -234,6 +236,9 @@ fn token_totals(layout: &[u8], (n_blocks, lanes): (usize, usize)) -> [f32; MAX_T
 trait Width {
     /// Lanes (tokens) per register.
     const LANES: usize;
+    /// Rows per group of the pass: 4, or 2 where a register is a pair (their
+    /// accumulators and the block's registers then fill the sixteen of AVX2).
+    const GROUP_ROWS: usize = ROWS;
     type I: Copy;
     type F: Copy;
     unsafe fn zero_i() -> Self::I;
@@ -373,6 +378,91 @@ impl<D: Dpbusd256> Width for Y<D> {
     unsafe fn ge_mask(a: __m256, b: __m256) -> u32 {
         // AVX's compare and sign-bit mask: both tiers have them.
         _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(a, b)) as u32
+    }
+}
+
+/// Two registers of `W` as one of twice the lanes: the AVX2 tier's sixteen tokens in one
+/// sweep of the rows (two eight-token sweeps read the head twice), each weight quad
+/// broadcast once for both.
+struct Pair<W>(PhantomData<W>);
+
+impl<W: Width> Width for Pair<W> {
+    const LANES: usize = 2 * W::LANES;
+    const GROUP_ROWS: usize = 2;
+    type I = [W::I; 2];
+    type F = [W::F; 2];
+    #[inline(always)]
+    unsafe fn zero_i() -> Self::I {
+        // SAFETY (every method): the trait's contract, passed on to `W`'s; pointers cover
+        // both halves (`LANES` lanes), the second half `W::LANES` lanes on.
+        unsafe { [W::zero_i(); 2] }
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> Self::F {
+        unsafe { [W::zero_f(); 2] }
+    }
+    #[inline(always)]
+    unsafe fn splat_i(v: i32) -> Self::I {
+        unsafe { [W::splat_i(v); 2] }
+    }
+    #[inline(always)]
+    unsafe fn splat_f(v: f32) -> Self::F {
+        unsafe { [W::splat_f(v); 2] }
+    }
+    #[inline(always)]
+    unsafe fn splat_f16(bits: i16) -> Self::F {
+        unsafe { [W::splat_f16(bits); 2] }
+    }
+    #[inline(always)]
+    unsafe fn load_i(p: *const u8) -> Self::I {
+        unsafe { [W::load_i(p), W::load_i(p.add(4 * W::LANES))] }
+    }
+    #[inline(always)]
+    unsafe fn load_f(p: *const u8) -> Self::F {
+        unsafe { [W::load_f(p), W::load_f(p.add(4 * W::LANES))] }
+    }
+    #[inline(always)]
+    unsafe fn store_f(p: *mut f32, v: Self::F) {
+        unsafe {
+            W::store_f(p, v[0]);
+            W::store_f(p.add(W::LANES), v[1]);
+        }
+    }
+    #[inline(always)]
+    unsafe fn dpbusd(acc: Self::I, a: Self::I, b: Self::I) -> Self::I {
+        unsafe { [W::dpbusd(acc[0], a[0], b[0]), W::dpbusd(acc[1], a[1], b[1])] }
+    }
+    #[inline(always)]
+    unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I {
+        unsafe { [W::add_i(a[0], b[0]), W::add_i(a[1], b[1])] }
+    }
+    #[inline(always)]
+    unsafe fn cvt(a: Self::I) -> Self::F {
+        unsafe { [W::cvt(a[0]), W::cvt(a[1])] }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self::F, b: Self::F) -> Self::F {
+        unsafe { [W::mul(a[0], b[0]), W::mul(a[1], b[1])] }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self::F, b: Self::F) -> Self::F {
+        unsafe { [W::add(a[0], b[0]), W::add(a[1], b[1])] }
+    }
+    #[inline(always)]
+    unsafe fn sub(a: Self::F, b: Self::F) -> Self::F {
+        unsafe { [W::sub(a[0], b[0]), W::sub(a[1], b[1])] }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F {
+        unsafe { [W::fmadd(a[0], b[0], c[0]), W::fmadd(a[1], b[1], c[1])] }
+    }
+    #[inline(always)]
+    unsafe fn fnmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F {
+        unsafe { [W::fnmadd(a[0], b[0], c[0]), W::fnmadd(a[1], b[1], c[1])] }
+    }
+    #[inline(always)]
+    unsafe fn ge_mask(a: Self::F, b: Self::F) -> u32 {
+        unsafe { W::ge_mask(a[0], b[0]) | W::ge_mask(a[1], b[1]) << W::LANES }
     }
 }
 
@@ -576,7 +666,10 @@ unsafe fn pass<W: Width>(
             let mut sums = [W::zero_f(); ROWS];
             let block = (&w[r * row_bytes..], row_bytes, &corr[r * n_blocks..]);
             // Whole rows from `r` on.
-            let k = if rows - r >= ROWS {
+            let k = if W::GROUP_ROWS == 2 && rows - r >= 2 {
+                row_sums::<W, 2>(block, (layout, n_blocks), &mut sums);
+                2
+            } else if W::GROUP_ROWS == ROWS && rows - r >= ROWS {
                 row_sums::<W, ROWS>(block, (layout, n_blocks), &mut sums);
                 ROWS
             } else {
