@@ -597,7 +597,9 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 ///    kernels compiled for AVX2 + FMA where the CPU has them (`scalar_x86`).
 /// 16: AVX2 Q4_0 / Q5_0 / Q8_0 token groups with AVX-VNNI's `vpdpbusd` where the CPU has
 ///    it; AMX K tiles prefetched, their unpacking in fewer operations.
-pub const KERNELS_REVISION: u32 = 16;
+/// 17: BF16 in the reference's `vdpbf16ps` order, with AVX-512 BF16 and AVX2 kernels (a
+///    cached plan could hold the scalar one, now the slowest).
+pub const KERNELS_REVISION: u32 = 17;
 
 #[cfg(test)]
 mod tests {
