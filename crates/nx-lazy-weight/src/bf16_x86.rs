@@ -11,8 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::dot_scalar::DotKernel;
-use crate::formats::bf16_to_f32;
+use crate::dot_scalar::{bf16_sum, DotKernel};
 
 /// BF16 values per step: two 512-bit registers of pairs, as the reference's loop.
 const CHUNK: usize = 64;
@@ -44,17 +43,6 @@ fn dot_emulated(w: &[u8], x: &[u8]) -> f32 {
     unsafe { emulated_impl(w, x) }
 }
 
-/// The two registers' sums, then the tail element by element, in f64.
-fn finish(regs: &[[f32; 16]; 2], (w, x): (&[u8], &[u8]), (whole, n): (usize, usize)) -> f32 {
-    let at = |b: &[u8], i: usize| bf16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]));
-    let mut sum = f64::from(nx_f32::scalar::reduce_add_16(&regs[0]));
-    sum += f64::from(nx_f32::scalar::reduce_add_16(&regs[1]));
-    for i in whole..n {
-        sum += f64::from(at(w, i) * at(x, i));
-    }
-    sum as f32
-}
-
 /// # Safety
 /// The CPU has AVX-512 F and BF16.
 #[target_feature(enable = "avx512f,avx512bf16")]
@@ -81,7 +69,7 @@ unsafe fn dpbf16_impl(w: &[u8], x: &[u8]) -> f32 {
         _mm512_storeu_ps(regs[0].as_mut_ptr(), c[0]);
         _mm512_storeu_ps(regs[1].as_mut_ptr(), c[1]);
     }
-    finish(&regs, (w, x), (whole, n))
+    bf16_sum(&regs, (w, x), (whole, n))
 }
 
 /// `v` with every subnormal (or zero) lane replaced by a zero of its sign.
@@ -140,7 +128,7 @@ unsafe fn emulated_impl(w: &[u8], x: &[u8]) -> f32 {
             _mm256_storeu_ps(reg.as_mut_ptr().add(8), c[1]);
         }
     }
-    finish(&regs, (w, x), (whole, n))
+    bf16_sum(&regs, (w, x), (whole, n))
 }
 
 #[cfg(test)]
@@ -202,7 +190,7 @@ mod tests {
             // loads read the 64 bytes of `w`, `x` and `acc`.
             unsafe { hardware_step(&acc, &w, &x, &mut hw) };
             for l in 0..16 {
-                let bf = |v: u16| bf16_to_f32(v);
+                let bf = crate::formats::bf16_to_f32;
                 let step = dpbf16_step(acc[l], bf(w[2 * l + 1]), bf(x[2 * l + 1]));
                 let step = dpbf16_step(step, bf(w[2 * l]), bf(x[2 * l]));
                 assert!(

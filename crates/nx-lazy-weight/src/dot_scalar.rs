@@ -124,6 +124,19 @@ pub fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
             }
         }
     }
+    bf16_sum(&regs, (w, x), (whole, n))
+}
+
+/// The end of every BF16 kernel: the two 16-lane registers `regs` each reduced as a
+/// 512-bit register is, then the elements `whole..n` of `w` and `x` (each product in f32),
+/// all added in f64 and rounded to f32.
+#[inline(always)]
+pub(crate) fn bf16_sum(
+    regs: &[[f32; 16]; 2],
+    (w, x): (&[u8], &[u8]),
+    (whole, n): (usize, usize),
+) -> f32 {
+    let at = |b: &[u8], i: usize| bf16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]));
     let mut sum = f64::from(nx_f32::scalar::reduce_add_16(&regs[0]));
     sum += f64::from(nx_f32::scalar::reduce_add_16(&regs[1]));
     for i in whole..n {
