@@ -240,6 +240,29 @@ unsafe fn run_format<const FMT: u8>(
     });
 }
 
+/// Runs `$group::<N, $param>(rows, acts, g0, out, stride)` for every group of up to
+/// [`GROUP`] tokens of `acts` (`g0` its first token, `N` its size as a constant), token
+/// `g0 + t` of row `r` going to `out_ptr[(g0 + t)·stride + r]`. A macro, not a function
+/// taking the kernel, so that each group kernel is inlined under its own entry's target
+/// features. Expands to unsafe calls: the caller's contract is the group kernel's.
+macro_rules! each_group {
+    ($group:ident::<$param:tt>($rows:expr, $acts:expr, ($out_ptr:expr, $stride:expr))) => {
+        for g0 in (0..$acts.n_tokens).step_by(GROUP) {
+            let out = $out_ptr.add(g0 * $stride);
+            match GROUP.min($acts.n_tokens - g0) {
+                1 => $group::<1, $param>($rows, $acts, g0, out, $stride),
+                2 => $group::<2, $param>($rows, $acts, g0, out, $stride),
+                3 => $group::<3, $param>($rows, $acts, g0, out, $stride),
+                4 => $group::<4, $param>($rows, $acts, g0, out, $stride),
+                5 => $group::<5, $param>($rows, $acts, g0, out, $stride),
+                6 => $group::<6, $param>($rows, $acts, g0, out, $stride),
+                7 => $group::<7, $param>($rows, $acts, g0, out, $stride),
+                _ => $group::<8, $param>($rows, $acts, g0, out, $stride),
+            }
+        }
+    };
+}
+
 /// Every group of [`GROUP`] tokens of `acts` against every row of `rows`.
 ///
 /// # Safety
@@ -251,23 +274,8 @@ unsafe fn groups<W: WeightBlocks>(
     out_ptr: *mut f32,
     out_stride: usize,
 ) {
-    for g0 in (0..acts.n_tokens).step_by(GROUP) {
-        // SAFETY: the caller's contract; token `g0 + t` of row `r` goes to
-        // `out[(g0 + t)·stride + r]`.
-        unsafe {
-            let out = out_ptr.add(g0 * out_stride);
-            match GROUP.min(acts.n_tokens - g0) {
-                1 => group::<1, W>(rows, acts, g0, out, out_stride),
-                2 => group::<2, W>(rows, acts, g0, out, out_stride),
-                3 => group::<3, W>(rows, acts, g0, out, out_stride),
-                4 => group::<4, W>(rows, acts, g0, out, out_stride),
-                5 => group::<5, W>(rows, acts, g0, out, out_stride),
-                6 => group::<6, W>(rows, acts, g0, out, out_stride),
-                7 => group::<7, W>(rows, acts, g0, out, out_stride),
-                _ => group::<8, W>(rows, acts, g0, out, out_stride),
-            }
-        }
-    }
+    // SAFETY: the caller's contract.
+    unsafe { each_group!(group::<W>(rows, acts, (out_ptr, out_stride))) }
 }
 
 /// Where [`group`] gets each weight block, widened as [`weight_block`] widens it.
@@ -682,23 +690,8 @@ unsafe fn run_vnni<const FMT: u8>(
     out_stride: usize,
 ) {
     let rows = StoredRows::<FMT> { w_rows, row_bytes };
-    for g0 in (0..acts.n_tokens).step_by(GROUP) {
-        // SAFETY: the caller's contract; token `g0 + t` of row `r` goes to
-        // `out[(g0 + t)·stride + r]`.
-        unsafe {
-            let out = out_ptr.add(g0 * out_stride);
-            match GROUP.min(acts.n_tokens - g0) {
-                1 => group_vnni::<1, FMT>(&rows, acts, g0, out, out_stride),
-                2 => group_vnni::<2, FMT>(&rows, acts, g0, out, out_stride),
-                3 => group_vnni::<3, FMT>(&rows, acts, g0, out, out_stride),
-                4 => group_vnni::<4, FMT>(&rows, acts, g0, out, out_stride),
-                5 => group_vnni::<5, FMT>(&rows, acts, g0, out, out_stride),
-                6 => group_vnni::<6, FMT>(&rows, acts, g0, out, out_stride),
-                7 => group_vnni::<7, FMT>(&rows, acts, g0, out, out_stride),
-                _ => group_vnni::<8, FMT>(&rows, acts, g0, out, out_stride),
-            }
-        }
-    }
+    // SAFETY: the caller's contract.
+    unsafe { each_group!(group_vnni::<FMT>(&rows, acts, (out_ptr, out_stride))) }
 }
 
 #[cfg(test)]
