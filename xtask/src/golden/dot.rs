@@ -172,6 +172,18 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     }
 }
 
+/// nx's rounding of an f32 to a 16-bit float type's bits.
+type HalfEncode = fn(f32) -> u16;
+
+/// For the 16-bit float types, their [`HalfEncode`] and the name of the cases' origin.
+fn half_float(ty: GgmlType) -> Option<(HalfEncode, &'static str)> {
+    match ty {
+        GgmlType::F16 => Some((nx_lazy_weight::formats::f32_to_f16, "f16-values")),
+        GgmlType::BF16 => Some((nx_lazy_weight::formats::f32_to_bf16, "bf16-values")),
+        _ => None,
+    }
+}
+
 fn inputs_for(ty: GgmlType, lengths: [usize; 2]) -> Vec<Input> {
     let mut rng = SplitMix64(0x00D0_7000 + ty.id() as u64);
     let mut inputs = Vec::new();
@@ -187,25 +199,18 @@ fn inputs_for(ty: GgmlType, lengths: [usize; 2]) -> Vec<Input> {
             }
             let has_quantizer = nx_lazy_weight::formats::block_format(ty)
                 .is_some_and(|f| f.quantize_block.is_some());
-            let (weights, origin) = if ty == GgmlType::F16 {
-                // Finite values only (random bytes would hold NaNs and infinities).
+            let (weights, origin) = if let Some((encode, origin)) = half_float(ty) {
+                // Finite values only (random bytes would hold NaNs and infinities); BF16's
+                // cases 2 and 3 near and below its smallest normal value.
+                let magnitude = match (ty, case % 4) {
+                    (GgmlType::BF16, 2) => 2f32.powi(-122),
+                    (GgmlType::BF16, 3) => 2f32.powi(-128),
+                    _ => 0.05,
+                };
                 let bytes = (0..row_len)
-                    .flat_map(|_| {
-                        let v = rng.normal() * 0.05;
-                        nx_lazy_weight::formats::f32_to_f16(v).to_le_bytes()
-                    })
+                    .flat_map(|_| encode(rng.normal() * magnitude).to_le_bytes())
                     .collect();
-                (bytes, "f16-values")
-            } else if ty == GgmlType::BF16 {
-                // Cases 2 and 3 near and below the smallest normal BF16.
-                let magnitude = [0.05, 0.05, 2f32.powi(-122), 2f32.powi(-128)][case % 4];
-                let bytes = (0..row_len)
-                    .flat_map(|_| {
-                        let v = rng.normal() * magnitude;
-                        nx_lazy_weight::formats::f32_to_bf16(v).to_le_bytes()
-                    })
-                    .collect();
-                (bytes, "bf16-values")
+                (bytes, origin)
             } else if case % 2 == 0 && has_quantizer {
                 let values: Vec<f32> = (0..row_len).map(|_| rng.normal() * 0.05).collect();
                 let mut bytes = vec![0u8; ty.row_bytes(row_len as u64).unwrap() as usize];
