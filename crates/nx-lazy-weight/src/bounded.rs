@@ -145,11 +145,11 @@ impl BoundedKernel {
 /// as fast).
 const AMX_ABOVE: usize = 8;
 
-/// One weight made ready for [`BoundedHead::candidates`], computed once: every block's
-/// `−128·Σw`, the term that turns the VNNI pass's unsigned activations (`x + 128`) back
-/// into `Σ w·x` (one load per block instead of flipping every weight quad; the AMX pass
-/// multiplies signed bytes), and each row's largest `|d_w|` (its `T` is bounded per row,
-/// see the module docs).
+/// One weight made ready for [`BoundedHead::candidates`], computed once: half of every
+/// block's `−128·Σw`, the term that turns the VNNI pass's unsigned activations (`x + 128`)
+/// back into `Σ w·x` (one load per block instead of flipping every weight quad; a token's
+/// two accumulators each start at half; the AMX pass multiplies signed bytes), and each
+/// row's largest `|d_w|` (its `T` is bounded per row, see the module docs).
 #[derive(Debug)]
 pub struct BoundedHead {
     /// `[n_rows, n_blocks]`; empty for a head that never runs the VNNI pass.
@@ -186,9 +186,11 @@ impl BoundedHead {
         }
         let n_blocks = w.row_len() / 32;
         let corrections = match kernel {
+            // Half of each block's `−128·Σw` (exact: the term is even): the VNNI passes
+            // start two lanes or two chains of every token at it.
             BoundedKernel::Vnni => per_row(w, pool, n_blocks, |row, out| {
                 for (wb, c) in row.chunks_exact(Q8_0_BLOCK).zip(out) {
-                    *c = -128 * wb[2..].iter().map(|&q| q as i8 as i32).sum::<i32>();
+                    *c = -64 * wb[2..].iter().map(|&q| q as i8 as i32).sum::<i32>();
                 }
             }),
             // A head that only runs the AMX pass (signed bytes) needs no terms.

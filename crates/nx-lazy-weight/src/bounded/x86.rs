@@ -1,12 +1,15 @@
-//! The bound pass on AVX-512 VNNI: one token per 32-bit lane — eight per 256-bit register
-//! up to eight tokens, sixteen per 512-bit one above — each weight quad broadcast from
-//! the row as `vpdpbusd`'s memory operand. The AVX2 tier runs the same pass with AVX-VNNI's
-//! VEX `vpdpbusd` where the CPU has it, above eight tokens on a pair of 256-bit registers
-//! ([`Pair`]), so that sixteen tokens read the rows once.
+//! The bound pass on AVX-512 VNNI: up to eight tokens, a token's quads in two lanes of a
+//! 512-bit register, each pair of a row's quads broadcast to all of them
+//! ([`paired_row_sums`]); above eight, one token per 32-bit lane of a 512-bit register,
+//! each weight quad broadcast from the row as `vpdpbusd`'s memory operand. The AVX2 tier
+//! runs the one-token-per-lane pass with AVX-VNNI's VEX `vpdpbusd` where the CPU has it:
+//! eight tokens per 256-bit register, above eight on a pair of them ([`Pair`]), so that
+//! sixteen tokens read the rows once.
 //!
 //! On Zen 4 a 256-bit and a 512-bit `vpdpbusd` both take a cycle (`benches/pipes`), so
-//! nine to sixteen tokens cost what eight do; on CPUs with two 256-bit VNNI ports the
-//! narrower register halves the cost of a few tokens.
+//! nine to sixteen tokens cost what eight do; on the Xeons with AMX here the two widths
+//! run at the same rate too (about 0.17 ns each, in a loop of independent ones), which
+//! is why eight tokens take 512-bit registers in pairs rather than 256-bit ones.
 
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
@@ -28,8 +31,8 @@ const CHUNK_ROWS: usize = 512;
 /// Rows per group of the pass (their accumulators and the block's registers fit).
 const ROWS: usize = 4;
 /// Fields of a block in the layout, each one register: eight of quads (lane `t` holds
-/// token `t`'s quants `4j..4j+4`, plus 128 as unsigned bytes), the scales `d_x` and the
-/// bound weights `128·Σ|x|`.
+/// token `t`'s quants `4j..4j+4`, plus 128 as unsigned bytes; in pairs for
+/// [`paired_row_sums`]), the scales `d_x` and the bound weights `128·Σ|x|`.
 const FIELDS: usize = 10;
 
 /// Per-thread results of the pass. For each lane (token) with its count `top`: the
@@ -88,10 +91,12 @@ pub(super) fn candidates(
         (false, false) => (16, 0x80),
         (true, _) => (16, 0),
     };
+    // Up to eight tokens under AVX-512, the quads in pairs (`paired_row_sums`).
+    let paired = !amx && !avx2 && lanes == 8;
     lay_out(
         &scratch.acts,
         (t0, nt),
-        (n_blocks, lanes, flip),
+        (n_blocks, lanes, flip, paired),
         &mut scratch.layout,
     );
     let init = PassState {
@@ -121,7 +126,7 @@ pub(super) fn candidates(
                     match (avx2, lanes) {
                         (true, 8) => pass_avx2::<Y<Vex>>(w_rows, args, at, state),
                         (true, _) => pass_avx2::<Pair<Y<Vex>>>(w_rows, args, at, state),
-                        (false, 8) => pass_avx512::<Y<Evex>>(w_rows, args, at, state),
+                        (false, 8) => pass_avx512::<Y<EvexPaired>>(w_rows, args, at, state),
                         _ => pass_avx512::<Z>(w_rows, args, at, state),
                     }
                 }
@@ -181,7 +186,7 @@ fn rows_per_token(states: &[PassState], top: &[usize]) -> Vec<Option<Vec<u32>>> 
 fn lay_out(
     acts: &crate::QuantizedActs,
     (t0, nt): (usize, usize),
-    (n_blocks, lanes, flip): (usize, usize, u8),
+    (n_blocks, lanes, flip, paired): (usize, usize, u8, bool),
     out: &mut Vec<u8>,
 ) {
     let reg = 4 * lanes;
@@ -199,7 +204,12 @@ fn lay_out(
             let qs = &xb[2..];
             for j in 0..8 {
                 for i in 0..4 {
-                    blk[reg * j + 4 * t + i] = qs[4 * j + i] ^ flip;
+                    let at = if paired {
+                        2 * reg * (j / 2) + 4 * (2 * t + j % 2)
+                    } else {
+                        reg * j + 4 * t
+                    };
+                    blk[at + i] = qs[4 * j + i] ^ flip;
                 }
             }
             let abs: i32 = qs.iter().map(|&q| (q as i8 as i32).abs()).sum();
@@ -263,17 +273,34 @@ trait Width {
     unsafe fn fnmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     /// Bit `l` set where lane `l` of `a` is at least that of `b` (ordered).
     unsafe fn ge_mask(a: Self::F, b: Self::F) -> u32;
+    /// [`row_sums`] for this width.
+    #[inline(always)]
+    unsafe fn row_sums<const R: usize>(
+        rows: (&[u8], usize, &[i32]),
+        layout: (&[u8], usize),
+        sums: &mut [Self::F; ROWS],
+    ) where
+        Self: Sized,
+    {
+        // SAFETY: the caller's contract.
+        unsafe { row_sums::<Self, R>(rows, layout, sums) }
+    }
 }
 
 /// 256-bit registers: eight tokens, `vpdpbusd` as `D` encodes it.
 struct Y<D>(PhantomData<D>);
-/// The EVEX `vpdpbusd` of AVX-512 VNNI (with VL).
+/// The EVEX `vpdpbusd` of AVX-512 VNNI (with VL): the 256-bit pass the paired one
+/// ([`EvexPaired`]) replaced up to eight tokens, kept as its twin in the tests.
+#[cfg_attr(not(test), allow(dead_code))]
 struct Evex;
 /// The VEX `vpdpbusd` of AVX-VNNI, for the AVX2 tier.
 struct Vex;
 
 /// One encoding of the 256-bit `vpdpbusd`.
 trait Dpbusd256 {
+    /// Whether the pass takes the layout's quads in pairs on 512-bit registers
+    /// ([`paired_row_sums`]) instead of one quad per 256-bit `vpdpbusd`.
+    const PAIRED_QUADS: bool = false;
     /// `acc + Σ a·b` per lane (`a` unsigned, `b` signed bytes).
     ///
     /// # Safety
@@ -282,6 +309,18 @@ trait Dpbusd256 {
 }
 
 impl Dpbusd256 for Evex {
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: the trait's contract (AVX-512 VNNI and VL).
+        unsafe { _mm256_dpbusd_epi32(acc, a, b) }
+    }
+}
+
+/// [`Evex`] on 512-bit registers, two quads per `vpdpbusd` ([`paired_row_sums`]).
+struct EvexPaired;
+
+impl Dpbusd256 for EvexPaired {
+    const PAIRED_QUADS: bool = true;
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: the trait's contract (AVX-512 VNNI and VL).
@@ -303,6 +342,22 @@ impl<D: Dpbusd256> Width for Y<D> {
     const LANES: usize = 8;
     type I = __m256i;
     type F = __m256;
+    #[inline(always)]
+    unsafe fn row_sums<const R: usize>(
+        rows: (&[u8], usize, &[i32]),
+        layout: (&[u8], usize),
+        sums: &mut [__m256; ROWS],
+    ) {
+        // SAFETY: the caller's contract (`PAIRED_QUADS` only for `EvexPaired`, under
+        // AVX-512).
+        unsafe {
+            if D::PAIRED_QUADS {
+                paired_row_sums::<R>(rows, layout, sums)
+            } else {
+                row_sums::<Self, R>(rows, layout, sums)
+            }
+        }
+    }
     #[inline(always)]
     unsafe fn zero_i() -> __m256i {
         _mm256_setzero_si256()
@@ -667,13 +722,13 @@ unsafe fn pass<W: Width>(
             let block = (&w[r * row_bytes..], row_bytes, &corr[r * n_blocks..]);
             // Whole rows from `r` on.
             let k = if W::GROUP_ROWS == 2 && rows - r >= 2 {
-                row_sums::<W, 2>(block, (layout, n_blocks), &mut sums);
+                W::row_sums::<2>(block, (layout, n_blocks), &mut sums);
                 2
             } else if W::GROUP_ROWS == ROWS && rows - r >= ROWS {
-                row_sums::<W, ROWS>(block, (layout, n_blocks), &mut sums);
+                W::row_sums::<ROWS>(block, (layout, n_blocks), &mut sums);
                 ROWS
             } else {
-                row_sums::<W, 1>(block, (layout, n_blocks), &mut sums);
+                W::row_sums::<1>(block, (layout, n_blocks), &mut sums);
                 1
             };
             for (i, &approx) in sums.iter().enumerate().take(k) {
@@ -686,7 +741,7 @@ unsafe fn pass<W: Width>(
     }
 }
 
-/// [`pass`] with AVX-512 F/BW/VL/VNNI (for [`Y<Evex>`] and [`Z`]).
+/// [`pass`] with AVX-512 F/BW/VL/VNNI (for [`Y<EvexPaired>`] and [`Z`]).
 ///
 /// # Safety
 /// The CPU has those features and F16C; otherwise as [`pass`].
@@ -745,10 +800,11 @@ unsafe fn row_sums<W: Width, const R: usize>(
             let xb = layout.as_ptr().add(b * FIELDS * reg);
             // Two independent chains of four quads per row (one chain of eight
             // `vpdpbusd` would wait on its own latency); integer sums, so their order is
-            // free. Σ(w)·(x+128) − 128·Σw = Σ w·x: the first starts at the block's term.
+            // free. Σ(w)·(x+128) − 128·Σw = Σ w·x: each starts at half the block's term.
             let mut acc = [[W::zero_i(); 2]; R];
             for (k, acc) in acc.iter_mut().enumerate() {
-                acc[0] = W::splat_i(*corr.get_unchecked(k * n_blocks + b));
+                let half = W::splat_i(*corr.get_unchecked(k * n_blocks + b));
+                *acc = [half, half];
                 // Every row is read once per step: stream ahead, as decoding does.
                 let row = &w[k * row_bytes..(k + 1) * row_bytes];
                 crate::avx2::prefetch_block(row, b * Q8_0_BLOCK, Q8_0_BLOCK, R);
@@ -771,5 +827,171 @@ unsafe fn row_sums<W: Width, const R: usize>(
             }
         }
         sums[..R].copy_from_slice(&approx);
+    }
+}
+
+/// [`row_sums`] for eight tokens on 512-bit registers, two quads per `vpdpbusd`: lane
+/// `2t + e` of a block's quad register `i` holds token `t`'s quad `2i + e`, so one 64-bit
+/// broadcast of a row's quads `2i, 2i + 1` meets them all (four `vpdpbusd` per row and
+/// block instead of eight on 256-bit registers, at the same rate here). Both lanes of a
+/// token start at half the block's term; a pair of rows' lanes then fold, exactly (integer
+/// sums), into one register of `[row a, row b]` per token — lane `2t` row `a`'s, `2t + 1`
+/// row `b`'s — whose scales and FMA run at once. Every lane's float steps are
+/// [`row_sums`]'s (the same `d_w·d_x`, the same chain, the same exact integers), so the
+/// sums are its bits.
+///
+/// # Safety
+/// As [`row_sums`], under AVX-512 F/BW/VL/VNNI and F16C, the layout paired
+/// ([`lay_out`]), eight lanes.
+#[inline(always)]
+unsafe fn paired_row_sums<const R: usize>(
+    (w, row_bytes, corr): (&[u8], usize, &[i32]),
+    (layout, n_blocks): (&[u8], usize),
+    sums: &mut [__m256; ROWS],
+) {
+    const REG: usize = 32;
+    assert!((1..=ROWS).contains(&R));
+    assert!(w.len() >= (R - 1) * row_bytes + n_blocks * Q8_0_BLOCK);
+    assert!(corr.len() >= R * n_blocks);
+    assert!(layout.len() >= n_blocks * FIELDS * REG);
+    // SAFETY (every block): the features per the caller's contract; loads inside the
+    // layout's block `b`, the rows' block `b` and their terms (asserted above).
+    unsafe {
+        let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        let even = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+        let odd = _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+        let pairs = R.div_ceil(2);
+        let partner = |p: usize| (2 * p, (2 * p + 1).min(R - 1));
+        let mut approx = [_mm512_setzero_ps(); ROWS / 2];
+        for b in 0..n_blocks {
+            let xb = layout.as_ptr().add(b * FIELDS * REG);
+            let mut acc = [_mm512_setzero_si512(); R];
+            for (k, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_set1_epi32(*corr.get_unchecked(k * n_blocks + b));
+                let row = &w[k * row_bytes..(k + 1) * row_bytes];
+                crate::avx2::prefetch_block(row, b * Q8_0_BLOCK, Q8_0_BLOCK, R);
+            }
+            for i in 0..4 {
+                let xu = _mm512_loadu_si512(xb.add(2 * REG * i) as *const _);
+                for (k, acc) in acc.iter_mut().enumerate() {
+                    let wq = w.as_ptr().add(k * row_bytes + b * Q8_0_BLOCK + 2 + 8 * i);
+                    let wv = _mm512_set1_epi64((wq as *const i64).read_unaligned());
+                    *acc = _mm512_dpbusd_epi32(*acc, xu, wv);
+                }
+            }
+            let dx = _mm256_loadu_ps(xb.add(8 * REG) as *const f32);
+            let dx = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(dx));
+            for (p, approx) in approx.iter_mut().enumerate().take(pairs) {
+                let (ra, rb) = partner(p);
+                let sum = _mm512_add_epi32(
+                    _mm512_permutex2var_epi32(acc[ra], even, acc[rb]),
+                    _mm512_permutex2var_epi32(acc[ra], odd, acc[rb]),
+                );
+                let d = |k: usize| {
+                    let at = w.as_ptr().add(k * row_bytes + b * Q8_0_BLOCK);
+                    (at as *const u16).read_unaligned() as u32
+                };
+                let bits = _mm256_set1_epi32((d(ra) | d(rb) << 16) as i32);
+                let s = _mm512_mul_ps(_mm512_cvtph_ps(bits), dx);
+                *approx = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), s, *approx);
+            }
+        }
+        let split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+        for (p, &approx) in approx.iter().enumerate().take(pairs) {
+            let (ra, rb) = partner(p);
+            let v = _mm512_permutexvar_ps(split, approx);
+            sums[ra] = _mm512_castps512_ps256(v);
+            if rb != ra {
+                sums[rb] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::QuantizedActs;
+
+    /// `R` rows' sums by the 256-bit pass (one quad per `vpdpbusd`, its own layout) and by
+    /// the paired one.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn both<const R: usize>(
+        rows: (&[u8], usize, &[i32]),
+        (plain, paired, n_blocks): (&[u8], &[u8], usize),
+    ) -> ([[f32; 8]; ROWS], [[f32; 8]; ROWS]) {
+        let mut sums = [[_mm256_setzero_ps(); ROWS]; 2];
+        // SAFETY: the features are enabled here (the caller checked the CPU); the rows,
+        // terms and layouts are whole (the callee asserts it).
+        unsafe {
+            row_sums::<Y<Evex>, R>(rows, (plain, n_blocks), &mut sums[0]);
+            paired_row_sums::<R>(rows, (paired, n_blocks), &mut sums[1]);
+        }
+        let lanes = |v: &[__m256; ROWS]| {
+            v.map(|r| {
+                let mut out = [0f32; 8];
+                // SAFETY: eight f32.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), r) };
+                out
+            })
+        };
+        (lanes(&sums[0]), lanes(&sums[1]))
+    }
+
+    /// The paired pass's approximations are the 256-bit pass's bits, lane for lane: one
+    /// to eight tokens, groups of four rows and single rows, quants over their whole range
+    /// (−128 included), scales of either sign.
+    #[test]
+    fn the_paired_pass_gives_the_256_bit_pass_bits() {
+        if !crate::avx512::available() {
+            return;
+        }
+        let (n_blocks, n_rows) = (5, 4);
+        let row_bytes = n_blocks * Q8_0_BLOCK;
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for case in 0..24 {
+            let mut w = vec![0u8; n_rows * row_bytes];
+            for block in w.chunks_exact_mut(Q8_0_BLOCK) {
+                let d = half::f16::from_f32((next() % 2000) as f32 / 1000.0 - 1.0);
+                block[..2].copy_from_slice(&d.to_bits().to_le_bytes());
+                block[2..].iter_mut().for_each(|q| *q = next() as u8);
+            }
+            let terms: Vec<i32> = w
+                .chunks_exact(Q8_0_BLOCK)
+                .map(|b| -64 * b[2..].iter().map(|&q| q as i8 as i32).sum::<i32>())
+                .collect();
+            let weight = LazyWeight::from_parts(
+                nx_gguf::GgmlType::Q8_0,
+                &[(n_blocks * 32) as u64, n_rows as u64],
+                &w,
+            )
+            .unwrap();
+            let nt = 1 + case % 8;
+            let x: Vec<f32> = (0..nt * n_blocks * 32)
+                .map(|_| (next() % 20001) as f32 / 1000.0 - 10.0)
+                .collect();
+            let mut acts = QuantizedActs::new();
+            acts.quantize_for(&weight, &x, nt).unwrap();
+            let (mut plain, mut paired) = (Vec::new(), Vec::new());
+            lay_out(&acts, (0, nt), (n_blocks, 8, 0x80, false), &mut plain);
+            lay_out(&acts, (0, nt), (n_blocks, 8, 0x80, true), &mut paired);
+            let layouts = (&plain[..], &paired[..], n_blocks);
+            // SAFETY: the features were checked above.
+            let (four, one) = unsafe {
+                (
+                    both::<4>((&w, row_bytes, &terms), layouts),
+                    both::<1>((&w[row_bytes..], row_bytes, &terms[n_blocks..]), layouts),
+                )
+            };
+            let bits = |v: [[f32; 8]; ROWS]| v.map(|r| r.map(f32::to_bits));
+            assert_eq!(bits(four.0), bits(four.1), "four rows, {nt} tokens");
+            assert_eq!(bits(one.0)[0], bits(one.1)[0], "one row, {nt} tokens");
+        }
     }
 }
