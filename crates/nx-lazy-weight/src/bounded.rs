@@ -72,14 +72,18 @@ pub fn has_bounded_kernel(w: &LazyWeight<'_>) -> bool {
 /// The fewest tokens per call for which the bound pass beats the full matmul of a head on
 /// this process's tier. The pass sweeps every row once whatever the token count (up to
 /// eight, sixteen with AMX); the full head's cost grows with the tokens, slowly on the
-/// AVX-512 tier (`benches/batched`, the Gemma 3 LM head, two threads, AMD EPYC family 25
-/// model 17: 4 tokens 8.4–8.9 ms against a full head's 7.3–8.9, 8 tokens 8.5–9.1 against
-/// 12.3–12.6), fast on the AVX2 tier (Intel Xeon family 6 model 207, `NX_TIER=avx2`:
-/// 2 tokens 8.3 ms against 16.0, 4 tokens 11.6 against 27.3).
+/// AVX-512 tier, fast on the AVX2 tier (Intel Xeon family 6 model 207, `NX_TIER=avx2`:
+/// 2 tokens 8.3 ms against 16.0, 4 tokens 11.6 against 27.3). On the AVX-512 tier the
+/// paired pass took it from six tokens to three: `benches/batched` there (two threads,
+/// the Gemma 3 head), full head 2 / 4 / 8 tokens 5.6 / 7.8 / 13.0 ms against the pass's
+/// 6.1–6.4 / 6.0–6.8 / 6.1–6.5; and in a serving step, where the head streams from memory
+/// either way, `nx bench --parallel N` (alternating runs) gained with the pass at 3
+/// sequences in 7 of 8 pairs (about +7 %), at 4 in 5 of 5 (+8 %), at 5 in 3 of 3
+/// (+15–34 %: five tokens took the full head's eight-wide tiles).
 pub fn min_bounded_tokens() -> usize {
     match vnni_width() {
         Some(VnniWidth::Avx2) => 2,
-        _ => 6,
+        _ => 3,
     }
 }
 

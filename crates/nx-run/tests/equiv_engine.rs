@@ -141,8 +141,8 @@ fn an_engine_that_can_fill_the_bounded_head_prepares_it_up_front() {
         max_running,
         ..nx_run::EngineConfig::default()
     };
-    // The head pays from this many top rows per step on this tier (six on AVX-512, two on
-    // AVX2).
+    // The head pays from this many top rows per step on this tier (three on AVX-512, two
+    // on AVX2).
     let min = nx_lazy_weight::min_bounded_tokens();
     nx_run::Engine::new(model.clone(), tok.clone(), config(min - 1)).expect("engine");
     assert!(
