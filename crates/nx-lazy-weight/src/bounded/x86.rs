@@ -92,13 +92,8 @@ pub(super) fn candidates(
         (true, _) => (16, 0),
     };
     // Up to eight tokens under AVX-512, the quads in pairs (`paired_row_sums`).
-    let paired = !amx && !avx2 && lanes == 8;
-    lay_out(
-        &scratch.acts,
-        (t0, nt),
-        (n_blocks, lanes, flip, paired),
-        &mut scratch.layout,
-    );
+    let shape = (n_blocks, lanes, flip, !amx && !avx2 && lanes == 8);
+    lay_out(&scratch.acts, (t0, nt), shape, &mut scratch.layout);
     let init = PassState {
         lows: vec![Vec::new(); MAX_TOKENS],
         bar: [f32::NEG_INFINITY; MAX_TOKENS],
