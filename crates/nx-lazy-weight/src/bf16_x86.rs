@@ -135,18 +135,7 @@ unsafe fn emulated_impl(w: &[u8], x: &[u8]) -> f32 {
 mod tests {
     use super::*;
     use crate::dot_scalar::dpbf16_step;
-
-    /// A small xorshift generator.
-    struct Bits(u64);
-
-    impl Bits {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-    }
+    use crate::test_bits::Bits;
 
     /// A BF16 value of kind `kind`: any bits, or exponents near the bottom of the range
     /// (subnormal included), or near one.

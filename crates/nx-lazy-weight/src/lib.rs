@@ -71,6 +71,8 @@ pub mod quant;
 mod reduce;
 #[cfg(target_arch = "x86_64")]
 mod scalar_x86;
+#[cfg(test)]
+mod test_bits;
 pub mod tier;
 #[cfg(target_arch = "x86_64")]
 mod tiled;

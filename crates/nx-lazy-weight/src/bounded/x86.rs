@@ -943,13 +943,8 @@ mod tests {
         }
         let (n_blocks, n_rows) = (5, 4);
         let row_bytes = n_blocks * Q8_0_BLOCK;
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut bits = crate::test_bits::Bits(0x2545_f491_4f6c_dd1d);
+        let mut next = move || bits.next();
         for case in 0..24 {
             let mut w = vec![0u8; n_rows * row_bytes];
             for block in w.chunks_exact_mut(Q8_0_BLOCK) {
