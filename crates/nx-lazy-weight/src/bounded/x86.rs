@@ -91,8 +91,10 @@ pub(super) fn candidates(
         (false, false) => (16, 0x80),
         (true, _) => (16, 0),
     };
-    // Up to eight tokens under AVX-512, the quads in pairs (`paired_row_sums`).
-    let shape = (n_blocks, lanes, flip, !amx && !avx2 && lanes == 8);
+    // The quads in pairs (`paired_row_sums`): up to eight tokens under AVX-512, up to
+    // four under AVX2.
+    let paired = !amx && nt <= if avx2 { PairsY::TOKENS } else { PairsZ::TOKENS };
+    let shape = (n_blocks, lanes, flip, paired);
     lay_out(&scratch.acts, (t0, nt), shape, &mut scratch.layout);
     let init = PassState {
         lows: vec![Vec::new(); MAX_TOKENS],
@@ -119,6 +121,7 @@ pub(super) fn candidates(
                     let w_rows = (w_rows, row_bytes, corr, row_max);
                     let at = (rows.start, top);
                     match (avx2, lanes) {
+                        (true, 8) if paired => pass_avx2::<Y<VexPaired>>(w_rows, args, at, state),
                         (true, 8) => pass_avx2::<Y<Vex>>(w_rows, args, at, state),
                         (true, _) => pass_avx2::<Pair<Y<Vex>>>(w_rows, args, at, state),
                         (false, 8) => pass_avx512::<Y<EvexPaired>>(w_rows, args, at, state),
@@ -293,9 +296,10 @@ struct Vex;
 
 /// One encoding of the 256-bit `vpdpbusd`.
 trait Dpbusd256 {
-    /// Whether the pass takes the layout's quads in pairs on 512-bit registers
-    /// ([`paired_row_sums`]) instead of one quad per 256-bit `vpdpbusd`.
-    const PAIRED_QUADS: bool = false;
+    /// How the pass takes the layout's quads: one per 256-bit `vpdpbusd` ([`row_sums`]),
+    /// or in pairs ([`paired_row_sums`] on 512-bit registers, [`paired_row_sums`] on
+    /// 256-bit ones for up to four tokens).
+    const QUADS: Quads = Quads::One;
     /// `acc + Σ a·b` per lane (`a` unsigned, `b` signed bytes).
     ///
     /// # Safety
@@ -311,11 +315,19 @@ impl Dpbusd256 for Evex {
     }
 }
 
+/// How a pass of [`Y`] takes the layout's quads ([`Dpbusd256::QUADS`]).
+#[derive(PartialEq, Eq)]
+enum Quads {
+    One,
+    PairsZmm,
+    PairsYmm,
+}
+
 /// [`Evex`] on 512-bit registers, two quads per `vpdpbusd` ([`paired_row_sums`]).
 struct EvexPaired;
 
 impl Dpbusd256 for EvexPaired {
-    const PAIRED_QUADS: bool = true;
+    const QUADS: Quads = Quads::PairsZmm;
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: the trait's contract (AVX-512 VNNI and VL).
@@ -324,6 +336,18 @@ impl Dpbusd256 for EvexPaired {
 }
 
 impl Dpbusd256 for Vex {
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: the trait's contract (AVX-VNNI).
+        unsafe { _mm256_dpbusd_avx_epi32(acc, a, b) }
+    }
+}
+
+/// [`Vex`] for up to four tokens, two quads per `vpdpbusd` ([`paired_row_sums`]).
+struct VexPaired;
+
+impl Dpbusd256 for VexPaired {
+    const QUADS: Quads = Quads::PairsYmm;
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: the trait's contract (AVX-VNNI).
@@ -343,13 +367,13 @@ impl<D: Dpbusd256> Width for Y<D> {
         layout: (&[u8], usize),
         sums: &mut [__m256; ROWS],
     ) {
-        // SAFETY: the caller's contract (`PAIRED_QUADS` only for `EvexPaired`, under
-        // AVX-512).
+        // SAFETY: the caller's contract (`PairsZmm` only for `EvexPaired`, under
+        // AVX-512; `PairsYmm` only for `VexPaired`, under AVX-VNNI, at most four tokens).
         unsafe {
-            if D::PAIRED_QUADS {
-                paired_row_sums::<R>(rows, layout, sums)
-            } else {
-                row_sums::<Self, R>(rows, layout, sums)
+            match D::QUADS {
+                Quads::One => row_sums::<Self, R>(rows, layout, sums),
+                Quads::PairsZmm => paired_row_sums::<PairsZ, R>(rows, layout, sums),
+                Quads::PairsYmm => paired_row_sums::<PairsY, R>(rows, layout, sums),
             }
         }
     }
@@ -751,7 +775,7 @@ unsafe fn pass_avx512<W: Width>(
     unsafe { pass::<W>(rows, layout, at, state) }
 }
 
-/// [`pass`] with AVX2 and AVX-VNNI (for [`Y<Vex>`]).
+/// [`pass`] with AVX2 and AVX-VNNI (for [`Y<Vex>`], [`Y<VexPaired>`] and [`Pair`]).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA, F16C and AVX-VNNI; otherwise as [`pass`].
@@ -825,21 +849,21 @@ unsafe fn row_sums<W: Width, const R: usize>(
     }
 }
 
-/// [`row_sums`] for eight tokens on 512-bit registers, two quads per `vpdpbusd`: lane
-/// `2t + e` of a block's quad register `i` holds token `t`'s quad `2i + e`, so one 64-bit
-/// broadcast of a row's quads `2i, 2i + 1` meets them all (four `vpdpbusd` per row and
-/// block instead of eight on 256-bit registers, at the same rate here). Both lanes of a
-/// token start at half the block's term; a pair of rows' lanes then fold, exactly (integer
-/// sums), into one register of `[row a, row b]` per token — lane `2t` row `a`'s, `2t + 1`
-/// row `b`'s — whose scales and FMA run at once. Every lane's float steps are
-/// [`row_sums`]'s (the same `d_w·d_x`, the same chain, the same exact integers), so the
-/// sums are its bits.
+/// [`row_sums`] with a token's quads in two lanes: lane `2t + e` of a block's quad
+/// register `i` holds token `t`'s quad `2i + e`, so one 64-bit broadcast of a row's quads
+/// `2i, 2i + 1` meets every token — four `vpdpbusd` per row and block instead of eight,
+/// for eight tokens on 512-bit registers ([`PairsZ`]) or four on 256-bit ones
+/// ([`PairsY`]); a 512-bit and a 256-bit `vpdpbusd` run at the same rate here. Both lanes
+/// of a token start at half the block's term; a pair of rows' lanes then fold, exactly
+/// (integer sums), into one register holding both rows' tokens, whose scales and FMA run
+/// at once. Every token's float steps are [`row_sums`]'s (the same `d_w·d_x`, the same
+/// chain, the same exact integers), so the sums are its bits.
 ///
 /// # Safety
-/// As [`row_sums`], under AVX-512 F/BW/VL/VNNI and F16C, the layout paired
-/// ([`lay_out`]), eight lanes.
+/// As [`row_sums`], under `P`'s features, the layout paired ([`lay_out`]), eight lanes,
+/// at most [`PairedWidth::TOKENS`] tokens in it.
 #[inline(always)]
-unsafe fn paired_row_sums<const R: usize>(
+unsafe fn paired_row_sums<P: PairedWidth, const R: usize>(
     (w, row_bytes, corr): (&[u8], usize, &[i32]),
     (layout, n_blocks): (&[u8], usize),
     sums: &mut [__m256; ROWS],
@@ -852,53 +876,214 @@ unsafe fn paired_row_sums<const R: usize>(
     // SAFETY (every block): the features per the caller's contract; loads inside the
     // layout's block `b`, the rows' block `b` and their terms (asserted above).
     unsafe {
-        let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-        let even = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
-        let odd = _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
         let pairs = R.div_ceil(2);
         let partner = |p: usize| (2 * p, (2 * p + 1).min(R - 1));
-        let mut approx = [_mm512_setzero_ps(); ROWS / 2];
+        let mut approx = [P::zero_f(); ROWS / 2];
         for b in 0..n_blocks {
             let xb = layout.as_ptr().add(b * FIELDS * REG);
-            let mut acc = [_mm512_setzero_si512(); R];
+            let mut acc = [P::splat_i(0); R];
             for (k, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm512_set1_epi32(*corr.get_unchecked(k * n_blocks + b));
+                *acc = P::splat_i(*corr.get_unchecked(k * n_blocks + b));
                 let row = &w[k * row_bytes..(k + 1) * row_bytes];
                 crate::avx2::prefetch_block(row, b * Q8_0_BLOCK, Q8_0_BLOCK, R);
             }
             for i in 0..4 {
-                let xu = _mm512_loadu_si512(xb.add(2 * REG * i) as *const _);
+                let xu = P::load_i(xb.add(2 * REG * i));
                 for (k, acc) in acc.iter_mut().enumerate() {
                     let wq = w.as_ptr().add(k * row_bytes + b * Q8_0_BLOCK + 2 + 8 * i);
-                    let wv = _mm512_set1_epi64((wq as *const i64).read_unaligned());
-                    *acc = _mm512_dpbusd_epi32(*acc, xu, wv);
+                    *acc = P::dpbusd(*acc, xu, P::splat_quads(wq));
                 }
             }
-            let dx = _mm256_loadu_ps(xb.add(8 * REG) as *const f32);
-            let dx = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(dx));
+            let dx = P::spread_dx(_mm256_loadu_ps(xb.add(8 * REG) as *const f32));
             for (p, approx) in approx.iter_mut().enumerate().take(pairs) {
                 let (ra, rb) = partner(p);
-                let sum = _mm512_add_epi32(
-                    _mm512_permutex2var_epi32(acc[ra], even, acc[rb]),
-                    _mm512_permutex2var_epi32(acc[ra], odd, acc[rb]),
-                );
                 let d = |k: usize| {
                     let at = w.as_ptr().add(k * row_bytes + b * Q8_0_BLOCK);
-                    (at as *const u16).read_unaligned() as u32
+                    (at as *const u16).read_unaligned()
                 };
-                let bits = _mm256_set1_epi32((d(ra) | d(rb) << 16) as i32);
-                let s = _mm512_mul_ps(_mm512_cvtph_ps(bits), dx);
-                *approx = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), s, *approx);
+                let s = P::mul(P::scales(d(ra), d(rb)), dx);
+                *approx = P::fmadd(P::cvt(P::fold(acc[ra], acc[rb])), s, *approx);
             }
         }
-        let split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
         for (p, &approx) in approx.iter().enumerate().take(pairs) {
             let (ra, rb) = partner(p);
-            let v = _mm512_permutexvar_ps(split, approx);
-            sums[ra] = _mm512_castps512_ps256(v);
+            let (a, b) = P::split(approx);
+            sums[ra] = a;
             if rb != ra {
-                sums[rb] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+                sums[rb] = b;
             }
+        }
+    }
+}
+
+/// A register width of [`paired_row_sums`]: where a folded pair of rows keeps each
+/// token, and the operations the pass takes.
+///
+/// # Safety
+/// The methods may only be called where the width's features are enabled.
+trait PairedWidth {
+    /// Tokens a register holds (two lanes each).
+    const TOKENS: usize;
+    type I: Copy;
+    type F: Copy;
+    unsafe fn splat_i(v: i32) -> Self::I;
+    unsafe fn zero_f() -> Self::F;
+    /// A quad register of the paired layout at `p`.
+    unsafe fn load_i(p: *const u8) -> Self::I;
+    /// The eight bytes at `p` in every 64-bit lane.
+    unsafe fn splat_quads(p: *const u8) -> Self::I;
+    /// `acc + Σ a·b` per lane (`a` unsigned, `b` signed bytes).
+    unsafe fn dpbusd(acc: Self::I, a: Self::I, b: Self::I) -> Self::I;
+    /// Token lanes' sums of rows `a` and `b` into one register.
+    unsafe fn fold(a: Self::I, b: Self::I) -> Self::I;
+    /// The tokens' scales `d_x` (lane `t`) where [`Self::fold`] keeps token `t`.
+    unsafe fn spread_dx(dx: __m256) -> Self::F;
+    /// The f16 scales `da` of row `a` and `db` of row `b` where [`Self::fold`] keeps them.
+    unsafe fn scales(da: u16, db: u16) -> Self::F;
+    unsafe fn cvt(a: Self::I) -> Self::F;
+    unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
+    /// `a·b + c`, one rounding.
+    unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    /// Rows `a` and `b` of a folded register, token `t` in lane `t` (the other lanes
+    /// finite).
+    unsafe fn split(v: Self::F) -> (__m256, __m256);
+}
+
+/// Eight tokens on 512-bit registers (AVX-512 F/BW/VL/VNNI, F16C): a folded pair keeps
+/// token `t` of row `a` in lane `2t` and of row `b` in lane `2t + 1`.
+struct PairsZ;
+
+impl PairedWidth for PairsZ {
+    const TOKENS: usize = 8;
+    type I = __m512i;
+    type F = __m512;
+    #[inline(always)]
+    unsafe fn splat_i(v: i32) -> __m512i {
+        // SAFETY (every method): the trait's contract; pointers cover what they load.
+        unsafe { _mm512_set1_epi32(v) }
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> __m512 {
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn load_i(p: *const u8) -> __m512i {
+        unsafe { _mm512_loadu_si512(p as *const _) }
+    }
+    #[inline(always)]
+    unsafe fn splat_quads(p: *const u8) -> __m512i {
+        unsafe { _mm512_set1_epi64((p as *const i64).read_unaligned()) }
+    }
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        unsafe { _mm512_dpbusd_epi32(acc, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn fold(a: __m512i, b: __m512i) -> __m512i {
+        unsafe {
+            let even = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+            let odd = _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+            _mm512_add_epi32(
+                _mm512_permutex2var_epi32(a, even, b),
+                _mm512_permutex2var_epi32(a, odd, b),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn spread_dx(dx: __m256) -> __m512 {
+        unsafe {
+            let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+            _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(dx))
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(da: u16, db: u16) -> __m512 {
+        unsafe { _mm512_cvtph_ps(_mm256_set1_epi32((da as u32 | (db as u32) << 16) as i32)) }
+    }
+    #[inline(always)]
+    unsafe fn cvt(a: __m512i) -> __m512 {
+        unsafe { _mm512_cvtepi32_ps(a) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn split(v: __m512) -> (__m256, __m256) {
+        unsafe {
+            let split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+            let v = _mm512_permutexvar_ps(split, v);
+            let b = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v));
+            (_mm512_castps512_ps256(v), _mm256_castpd_ps(b))
+        }
+    }
+}
+
+/// Four tokens on 256-bit registers (AVX2, AVX-VNNI, FMA, F16C): one `vphaddd` folds a
+/// pair of rows into `[a₀ a₁ b₀ b₁ | a₂ a₃ b₂ b₃]`.
+struct PairsY;
+
+impl PairedWidth for PairsY {
+    const TOKENS: usize = 4;
+    type I = __m256i;
+    type F = __m256;
+    #[inline(always)]
+    unsafe fn splat_i(v: i32) -> __m256i {
+        // SAFETY (every method): the trait's contract; pointers cover what they load.
+        unsafe { _mm256_set1_epi32(v) }
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> __m256 {
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn load_i(p: *const u8) -> __m256i {
+        unsafe { _mm256_loadu_si256(p as *const _) }
+    }
+    #[inline(always)]
+    unsafe fn splat_quads(p: *const u8) -> __m256i {
+        unsafe { _mm256_set1_epi64x((p as *const i64).read_unaligned()) }
+    }
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_avx_epi32(acc, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn fold(a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_hadd_epi32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn spread_dx(dx: __m256) -> __m256 {
+        unsafe { _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3)) }
+    }
+    #[inline(always)]
+    unsafe fn scales(da: u16, db: u16) -> __m256 {
+        let (da, db) = (da as u64, db as u64);
+        let bits = da | da << 16 | db << 32 | db << 48;
+        unsafe { _mm256_cvtph_ps(_mm_set1_epi64x(bits as i64)) }
+    }
+    #[inline(always)]
+    unsafe fn cvt(a: __m256i) -> __m256 {
+        unsafe { _mm256_cvtepi32_ps(a) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn split(v: __m256) -> (__m256, __m256) {
+        unsafe {
+            let a = _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+            let b = _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(2, 3, 6, 7, 0, 1, 4, 5));
+            (a, b)
         }
     }
 }
@@ -908,39 +1093,58 @@ mod tests {
     use super::*;
     use crate::QuantizedActs;
 
-    /// `R` rows' sums by the 256-bit pass (one quad per `vpdpbusd`, its own layout) and by
-    /// the paired one.
+    /// Sums by two passes of eight lanes, as `[row][lane]` bits: `R` rows by pass `A` on
+    /// the plain layout and by pass `B` on the paired one.
+    ///
+    /// # Safety
+    /// Inlined where both passes' features are enabled; as [`row_sums`] otherwise.
+    #[inline(always)]
+    unsafe fn twin<A, B, const R: usize>(
+        rows: (&[u8], usize, &[i32]),
+        (plain, paired, n_blocks): (&[u8], &[u8], usize),
+    ) -> [[[u32; 8]; ROWS]; 2]
+    where
+        A: Width<F = __m256>,
+        B: Width<F = __m256>,
+    {
+        let mut sums = [[_mm256_setzero_ps(); ROWS]; 2];
+        // SAFETY: the caller's contract; the callees assert that the rows, terms and
+        // layouts are whole.
+        unsafe {
+            A::row_sums::<R>(rows, (plain, n_blocks), &mut sums[0]);
+            B::row_sums::<R>(rows, (paired, n_blocks), &mut sums[1]);
+        }
+        // SAFETY: a 256-bit register is eight f32 (any bits are valid u32).
+        sums.map(|rows| rows.map(|r| unsafe { std::mem::transmute::<__m256, [u32; 8]>(r) }))
+    }
+
+    /// [`twin`] of the 256-bit one-quad pass and the 512-bit paired one.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn both<const R: usize>(
         rows: (&[u8], usize, &[i32]),
-        (plain, paired, n_blocks): (&[u8], &[u8], usize),
-    ) -> ([[f32; 8]; ROWS], [[f32; 8]; ROWS]) {
-        let mut sums = [[_mm256_setzero_ps(); ROWS]; 2];
-        // SAFETY: the features are enabled here (the caller checked the CPU); the rows,
-        // terms and layouts are whole (the callee asserts it).
-        unsafe {
-            row_sums::<Y<Evex>, R>(rows, (plain, n_blocks), &mut sums[0]);
-            paired_row_sums::<R>(rows, (paired, n_blocks), &mut sums[1]);
-        }
-        let lanes = |v: &[__m256; ROWS]| {
-            v.map(|r| {
-                let mut out = [0f32; 8];
-                // SAFETY: eight f32.
-                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), r) };
-                out
-            })
-        };
-        (lanes(&sums[0]), lanes(&sums[1]))
+        layouts: (&[u8], &[u8], usize),
+    ) -> [[[u32; 8]; ROWS]; 2] {
+        // SAFETY: the features are enabled here (the caller checked the CPU).
+        unsafe { twin::<Y<Evex>, Y<EvexPaired>, R>(rows, layouts) }
     }
 
-    /// The paired pass's approximations are the 256-bit pass's bits, lane for lane: one
-    /// to eight tokens, groups of four rows and single rows, quants over their whole range
-    /// (−128 included), scales of either sign.
+    /// [`twin`] of AVX-VNNI's one-quad pass and its 256-bit paired one.
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    unsafe fn both_vex<const R: usize>(
+        rows: (&[u8], usize, &[i32]),
+        layouts: (&[u8], &[u8], usize),
+    ) -> [[[u32; 8]; ROWS]; 2] {
+        // SAFETY: as `both`.
+        unsafe { twin::<Y<Vex>, Y<VexPaired>, R>(rows, layouts) }
+    }
+
+    /// The paired passes' approximations are the one-quad passes' bits, lane for lane:
+    /// one to eight tokens on 512-bit registers, one to four on 256-bit ones (AVX-VNNI),
+    /// groups of four rows and single rows, quants over their whole range (−128
+    /// included), scales of either sign.
     #[test]
     fn the_paired_pass_gives_the_256_bit_pass_bits() {
-        if !crate::avx512::available() {
-            return;
-        }
+        let (zmm, ymm) = (crate::avx512::available(), has_avx_vnni());
         let (n_blocks, n_rows) = (5, 4);
         let row_bytes = n_blocks * Q8_0_BLOCK;
         let mut bits = crate::test_bits::Bits(0x2545_f491_4f6c_dd1d);
@@ -972,16 +1176,30 @@ mod tests {
             lay_out(&acts, (0, nt), (n_blocks, 8, 0x80, false), &mut plain);
             lay_out(&acts, (0, nt), (n_blocks, 8, 0x80, true), &mut paired);
             let layouts = (&plain[..], &paired[..], n_blocks);
-            // SAFETY: the features were checked above.
-            let (four, one) = unsafe {
-                (
-                    both::<4>((&w, row_bytes, &terms), layouts),
-                    both::<1>((&w[row_bytes..], row_bytes, &terms[n_blocks..]), layouts),
-                )
+            let (all, last) = (
+                (&w[..], row_bytes, &terms[..]),
+                (&w[row_bytes..], row_bytes, &terms[n_blocks..]),
+            );
+            // Lanes of real tokens (the 256-bit paired pass fills the rest with another
+            // row's), of `rows` rows.
+            let check = |[a, b]: [[[u32; 8]; ROWS]; 2], rows: usize, lanes: usize, tag: &str| {
+                for r in 0..rows {
+                    assert_eq!(a[r][..lanes], b[r][..lanes], "row {r}, {nt} tokens, {tag}");
+                }
             };
-            let bits = |v: [[f32; 8]; ROWS]| v.map(|r| r.map(f32::to_bits));
-            assert_eq!(bits(four.0), bits(four.1), "four rows, {nt} tokens");
-            assert_eq!(bits(one.0)[0], bits(one.1)[0], "one row, {nt} tokens");
+            if zmm {
+                // SAFETY: the features were checked above.
+                let (four, one) = unsafe { (both::<4>(all, layouts), both::<1>(last, layouts)) };
+                check(four, 4, 8, "512-bit");
+                check(one, 1, 8, "512-bit, one row");
+            }
+            if ymm && nt <= 4 {
+                // SAFETY: the features were checked above.
+                let (four, one) =
+                    unsafe { (both_vex::<4>(all, layouts), both_vex::<1>(last, layouts)) };
+                check(four, 4, nt, "256-bit");
+                check(one, 1, nt, "256-bit, one row");
+            }
         }
     }
 }
