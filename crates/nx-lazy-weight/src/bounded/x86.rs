@@ -289,7 +289,6 @@ trait Width {
 struct Y<D>(PhantomData<D>);
 /// The EVEX `vpdpbusd` of AVX-512 VNNI (with VL): the 256-bit pass the paired one
 /// ([`EvexPaired`]) replaced up to eight tokens, kept as its twin in the tests.
-#[cfg_attr(not(test), allow(dead_code))]
 struct Evex;
 /// The VEX `vpdpbusd` of AVX-VNNI, for the AVX2 tier.
 struct Vex;
@@ -330,8 +329,8 @@ impl Dpbusd256 for EvexPaired {
     const QUADS: Quads = Quads::PairsZmm;
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-        // SAFETY: the trait's contract (AVX-512 VNNI and VL).
-        unsafe { _mm256_dpbusd_epi32(acc, a, b) }
+        // SAFETY: the trait's contract.
+        unsafe { Evex::dpbusd(acc, a, b) }
     }
 }
 
@@ -350,8 +349,8 @@ impl Dpbusd256 for VexPaired {
     const QUADS: Quads = Quads::PairsYmm;
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-        // SAFETY: the trait's contract (AVX-VNNI).
-        unsafe { _mm256_dpbusd_avx_epi32(acc, a, b) }
+        // SAFETY: the trait's contract.
+        unsafe { Vex::dpbusd(acc, a, b) }
     }
 }
 /// 512-bit registers: sixteen tokens.
