@@ -170,12 +170,7 @@ fn merged_with_active(new: KernelPlan) -> Result<KernelPlan> {
             merged.set(ty, fp)?;
         }
     }
-    // Two models whose Q8_K formats picked different tiles: the newer plan's win.
-    Ok(if merged.check_shared_tiles().is_ok() {
-        merged
-    } else {
-        new
-    })
+    Ok(merged)
 }
 
 /// The cached plan at `path`, when it exists and applies here.

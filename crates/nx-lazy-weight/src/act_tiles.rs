@@ -85,12 +85,6 @@ impl ActTiles {
         self.raw_k
     }
 
-    /// True when a kernel reading raw quants (`raw_k`, AMX) or the VNNI layout can use
-    /// these tiles: always when there are none (fewer than sixteen tokens).
-    pub(crate) fn layout_fits(&self, raw_k: bool) -> bool {
-        self.n_groups == 0 || self.raw_k == raw_k
-    }
-
     /// Forgets the contents (keeps the buffer).
     pub(crate) fn clear(&mut self) {
         self.n_groups = 0;

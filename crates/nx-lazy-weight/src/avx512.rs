@@ -64,6 +64,9 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::IQ4_XS => dot_iq4_xs_q8_k,
         GgmlType::MXFP4 => dot_mxfp4_q8_0,
         GgmlType::BF16 => return crate::bf16_x86::avx512_kernel(),
+        GgmlType::IQ2_XXS if crate::grids_avx512::available() => {
+            crate::grids_avx512::dot_iq2_xxs_q8_k
+        }
         _ => return None,
     };
     Some(k)
@@ -790,6 +793,9 @@ pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
         GgmlType::Q4_1 => dot4_q4_1_q8_1,
         GgmlType::Q5_1 => dot4_q5_1_q8_1,
         GgmlType::IQ4_NL => dot4_iq4_nl_q8_0,
+        GgmlType::IQ2_XXS if crate::grids_avx512::available() => {
+            crate::grids_avx512::dot4_iq2_xxs_q8_k
+        }
         _ => return None,
     };
     Some(k)

@@ -127,12 +127,4 @@ pub enum PlanError {
         /// The kernels that can.
         eligible: String,
     },
-    /// Formats that share activation tiles asked for different tile kernels.
-    #[error("NX_PLAN: {} and {} share their activation tiles, so both take amx-tiles or neither", .first.name(), .second.name())]
-    SharedTiles {
-        /// One format.
-        first: GgmlType,
-        /// The other.
-        second: GgmlType,
-    },
 }

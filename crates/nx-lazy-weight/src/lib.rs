@@ -55,6 +55,8 @@ pub mod dot_scalar;
 mod error;
 pub mod formats;
 #[cfg(target_arch = "x86_64")]
+mod grids_avx512;
+#[cfg(target_arch = "x86_64")]
 mod groups_avx2;
 #[cfg(target_arch = "x86_64")]
 mod kgroups_avx2;

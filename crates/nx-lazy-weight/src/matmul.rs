@@ -41,6 +41,12 @@ pub struct QuantizedActs {
     /// them and there is at least one group).
     #[cfg(target_arch = "x86_64")]
     tiles: crate::act_tiles::ActTiles,
+    /// The same groups in the VNNI tiles' layout (`x + 128`) when `tiles` holds the AMX
+    /// kernels' raw Q8_K quants and some other format multiplied with these activations
+    /// takes the VNNI tiles (Q5_K, Q3_K, Q2_K, IQ4_XS and the grids beside AMX's Q4_K
+    /// and Q6_K); else empty.
+    #[cfg(target_arch = "x86_64")]
+    tiles_vnni: crate::act_tiles::ActTiles,
     /// The 2 to 16 tokens after the whole groups again (sixteen Q8_0 tokens take them
     /// instead of one wide group), for the narrow tiles (built only when the process
     /// tier has them and the activations are Q8_0).
@@ -77,6 +83,8 @@ impl QuantizedActs {
             data: Vec::new(),
             #[cfg(target_arch = "x86_64")]
             tiles: crate::act_tiles::ActTiles::default(),
+            #[cfg(target_arch = "x86_64")]
+            tiles_vnni: crate::act_tiles::ActTiles::default(),
             #[cfg(target_arch = "x86_64")]
             narrow: crate::narrow::NarrowTiles::default(),
             #[cfg(target_arch = "x86_64")]
@@ -147,11 +155,17 @@ impl QuantizedActs {
     fn build_layouts(&mut self, plan: &KernelPlan, pool: Option<&ThreadPool>) {
         let (act_type, n, rb) = (self.act_type, self.n_rows, self.row_bytes);
         let amx = plan.wants(act_type, PrefillKernel::Amx);
-        let tiles = amx || plan.wants(act_type, PrefillKernel::Tiles);
+        let vnni = plan.wants(act_type, PrefillKernel::Tiles);
+        let tiles = amx || vnni;
         let n_groups = crate::act_tiles::ActTiles::groups_for(act_type, n);
+        self.tiles_vnni.clear();
         if n_groups > 0 && tiles && crate::tiled::available() {
             let raw_k = amx && crate::amx::available();
             self.tiles.build(act_type, &self.data, n, rb, raw_k, pool);
+            if self.tiles.raw_k() && vnni {
+                self.tiles_vnni
+                    .build(act_type, &self.data, n, rb, false, pool);
+            }
         } else {
             self.tiles.clear();
         }
@@ -191,6 +205,19 @@ impl QuantizedActs {
         } else {
             self.kgroups.clear();
         }
+    }
+
+    /// The wide tiles in the layout a tile kernel reads (`raw_k`: AMX's raw Q8_K quants,
+    /// else the VNNI one): `None` when there are groups but none in that layout; the
+    /// empty tiles when there are no groups (fewer than sixteen tokens).
+    #[cfg(target_arch = "x86_64")]
+    fn wide_tiles(&self, raw_k: bool) -> Option<&crate::act_tiles::ActTiles> {
+        if self.tiles.n_groups() == 0 {
+            return Some(&self.tiles);
+        }
+        [&self.tiles, &self.tiles_vnni]
+            .into_iter()
+            .find(|t| t.n_groups() > 0 && t.raw_k() == raw_k)
     }
 
     /// Quantize `n` rows `x` (`[n, K]`) for multiplication with `w`.
@@ -576,6 +603,9 @@ struct Kernels {
     rows4: Option<DotKernelRows4>,
     /// The token-tiled kernels (VNNI or AMX) take the whole 16-token groups.
     tiled: bool,
+    /// The tiled kernel is AMX's (it reads the raw Q8_K layout).
+    #[cfg(target_arch = "x86_64")]
+    tiled_raw: bool,
     /// The AVX2 token groups take every token (when there are two or more).
     #[cfg(target_arch = "x86_64")]
     groups: bool,
@@ -599,8 +629,8 @@ impl Kernels {
         let (tiled, groups) = match plan.prefill {
             // The wide tiles' layout must be the kernel's (raw quants for AMX); without
             // wide tiles the narrow ones, the same for both, still run.
-            PrefillKernel::Tiles => (xq.tiles.layout_fits(false), false),
-            PrefillKernel::Amx => (xq.tiles.layout_fits(true), false),
+            PrefillKernel::Tiles => (xq.wide_tiles(false).is_some(), false),
+            PrefillKernel::Amx => (xq.wide_tiles(true).is_some(), false),
             PrefillKernel::Groups => (false, true),
             _ => (false, false),
         };
@@ -619,6 +649,8 @@ impl Kernels {
             four,
             rows4,
             tiled,
+            #[cfg(target_arch = "x86_64")]
+            tiled_raw: plan.prefill == PrefillKernel::Amx,
             #[cfg(target_arch = "x86_64")]
             groups,
         })
@@ -753,21 +785,16 @@ unsafe fn layouts_into(
     let narrow_whole = kernels.tiled
         && ((xq.narrow.held.all_of(n) && crate::narrow::takes_group(ty))
             || (xq.narrow_k.held.all_of(n) && crate::narrow_k::has_kernel(ty, n)));
-    if kernels.tiled && xq.tiles.n_groups() > 0 && !narrow_whole {
+    let wide = xq
+        .wide_tiles(kernels.tiled_raw)
+        .filter(|t| t.n_groups() > 0);
+    if let Some(wide) = wide.filter(|_| kernels.tiled && !narrow_whole) {
         // SAFETY: `kernels.tiled` means the CPU has the tiled kernels' features and the
-        // type has one; the tiles were built from `xq`, which fits `w` (checked by the
-        // caller). Writes go to `t·stride + r − col0` for `t < n`, `r ∈ rows`.
-        unsafe {
-            crate::tiled::run(
-                ty,
-                w_rows,
-                row_bytes,
-                &xq.tiles,
-                out.add(row0 - col0),
-                stride,
-            )
-        };
-        t0 = xq.tiles.n_tokens();
+        // type has one; the tiles (in the kernel's layout) were built from `xq`, which
+        // fits `w` (checked by the caller). Writes go to `t·stride + r − col0` for
+        // `t < n`, `r ∈ rows`.
+        unsafe { crate::tiled::run(ty, w_rows, row_bytes, wide, out.add(row0 - col0), stride) };
+        t0 = wide.n_tokens();
     }
     // The 2 to 16 tokens after them (a batched decode step, a draft verification) go
     // through the narrow tiles when the format has them.
@@ -1032,5 +1059,65 @@ mod thread_split_tests {
         let c = rows_per_chunk(262_144, 680, 2).expect("split");
         assert!(c * 680 <= MAX_CHUNK_WORK + ROW_GRAIN * 680, "{c}");
         assert!(262_144 / c >= 16);
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod layout_tests {
+    use super::*;
+
+    #[test]
+    fn amx_and_vnni_tiles_of_one_activation_get_a_layout_each() {
+        if !(crate::tiled::available() && crate::amx::available()) {
+            return;
+        }
+        let mut plan = KernelPlan::default_rules(CpuTier::Avx512Vnni);
+        let amx = FormatPlan {
+            prefill: PrefillKernel::Amx,
+            ..plan.get(GgmlType::Q4_K)
+        };
+        let tiles = FormatPlan {
+            prefill: PrefillKernel::Tiles,
+            ..plan.get(GgmlType::IQ2_XXS)
+        };
+        plan.set(GgmlType::Q4_K, amx).unwrap();
+        plan.set(GgmlType::IQ2_XXS, tiles).unwrap();
+        let (n, k) = (32, 256);
+        let x: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut xq = QuantizedActs::new();
+        xq.quantize_with_plan(&plan, GgmlType::Q8_K, &x, n, k, None)
+            .unwrap();
+        for raw_k in [true, false] {
+            let wide = xq.wide_tiles(raw_k).expect("a layout");
+            assert_eq!((wide.raw_k(), wide.n_tokens()), (raw_k, n));
+        }
+        // Only AMX wanted: no second copy, and the VNNI tiles find none.
+        plan.set(
+            GgmlType::IQ2_XXS,
+            FormatPlan {
+                prefill: PrefillKernel::PerToken,
+                ..tiles
+            },
+        )
+        .unwrap();
+        for ty in planned_formats_with_tiles(&plan) {
+            let p = FormatPlan {
+                prefill: PrefillKernel::PerToken,
+                ..plan.get(ty)
+            };
+            plan.set(ty, p).unwrap();
+        }
+        xq.quantize_with_plan(&plan, GgmlType::Q8_K, &x, n, k, None)
+            .unwrap();
+        assert!(xq.wide_tiles(true).is_some());
+        assert!(xq.wide_tiles(false).is_none());
+    }
+
+    /// The Q8_K formats `plan` gives the VNNI tiles.
+    fn planned_formats_with_tiles(plan: &KernelPlan) -> Vec<GgmlType> {
+        crate::plan::planned_formats()
+            .filter(|&t| crate::formats::vec_dot_type(t) == Some(GgmlType::Q8_K))
+            .filter(|&t| plan.get(t).prefill == PrefillKernel::Tiles)
+            .collect()
     }
 }

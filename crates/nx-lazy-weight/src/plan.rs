@@ -277,11 +277,6 @@ fn default_kernels(tier: CpuTier, ty: GgmlType) -> FormatPlan {
     FormatPlan { decode, prefill }
 }
 
-/// True for the formats whose activations are Q8_K, which share one set of tiles.
-pub(crate) fn shares_k_tiles(ty: GgmlType) -> bool {
-    vec_dot_type(ty) == Some(GgmlType::Q8_K)
-}
-
 impl KernelPlan {
     /// The default rules at `tier`: the highest tier's four-row kernel where it has one,
     /// else its one-row kernel; for prefill AMX, then the AVX-512 tiles, then (at the AVX2
@@ -336,27 +331,6 @@ impl KernelPlan {
         Ok(())
     }
 
-    /// Errors when two formats that share activation tiles take different tile kernels.
-    pub fn check_shared_tiles(&self) -> Result<(), PlanError> {
-        let tiled: Vec<(GgmlType, bool)> = planned_formats()
-            .filter(|&t| shares_k_tiles(t))
-            .filter_map(|t| match self.get(t).prefill {
-                PrefillKernel::Amx => Some((t, true)),
-                PrefillKernel::Tiles => Some((t, false)),
-                _ => None,
-            })
-            .collect();
-        for pair in tiled.windows(2) {
-            if pair[0].1 != pair[1].1 {
-                return Err(PlanError::SharedTiles {
-                    first: pair[0].0,
-                    second: pair[1].0,
-                });
-            }
-        }
-        Ok(())
-    }
-
     /// True when activations of `act_type` should be laid out for `prefill` (some format
     /// multiplied with them takes it).
     pub(crate) fn wants(&self, act_type: GgmlType, prefill: PrefillKernel) -> bool {
@@ -385,7 +359,6 @@ impl KernelPlan {
             }
             self.apply_item(item)?;
         }
-        self.check_shared_tiles()?;
         Ok(defaults)
     }
 
@@ -565,7 +538,6 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
             reason: format!("this process runs tier {tier}"),
         }));
     }
-    plan.check_shared_tiles()?;
     *ACTIVE.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(plan));
     Ok(())
 }
@@ -599,7 +571,10 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 ///    it; AMX K tiles prefetched, their unpacking in fewer operations.
 /// 17: BF16 in the reference's `vdpbf16ps` order, with AVX-512 BF16 and AVX2 kernels (a
 ///    cached plan could hold the scalar one, now the slowest).
-pub const KERNELS_REVISION: u32 = 17;
+/// 18: AVX-512 VBMI grid kernels (IQ2_XXS) decoding a block in registers; the VNNI tiles
+///    of Q5_K, Q3_K, Q2_K, IQ4_XS, IQ1_M and the grids where AMX takes Q4_K / Q6_K (their
+///    activations tiled a second time in the VNNI layout).
+pub const KERNELS_REVISION: u32 = 18;
 
 #[cfg(test)]
 mod tests {

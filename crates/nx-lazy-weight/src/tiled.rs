@@ -100,11 +100,9 @@ pub(crate) fn available() -> bool {
     crate::avx512::available()
 }
 
-/// Weight types with a tiled kernel.
-///
-/// IQ4_XS and the IQ2/IQ3 grid formats only without AMX: there the Q8_K activation tiles
-/// hold the raw quants the AMX kernels of Q4_K / Q6_K read (one layout per matmul's
-/// activations), not the `x + 128` their VNNI tiles read.
+/// Weight types with a tiled kernel. Their Q8_K activations are tiled twice where AMX
+/// multiplies some of the weights beside them (raw quants for AMX, `x + 128` for these
+/// VNNI tiles: `QuantizedActs::wide_tiles`).
 pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
     matches!(
         weight_type,
@@ -116,13 +114,12 @@ pub(crate) fn has_kernel(weight_type: GgmlType) -> bool {
             | GgmlType::IQ4_NL
             | GgmlType::Q4_K
             | GgmlType::Q6_K
-    ) || ((weight_type == GgmlType::IQ4_XS
-        || weight_type == GgmlType::IQ1_M
-        || weight_type == GgmlType::Q5_K
-        || weight_type == GgmlType::Q3_K
-        || weight_type == GgmlType::Q2_K
-        || plain_grid(weight_type).is_some())
-        && !crate::amx::available())
+            | GgmlType::IQ4_XS
+            | GgmlType::IQ1_M
+            | GgmlType::Q5_K
+            | GgmlType::Q3_K
+            | GgmlType::Q2_K
+    ) || plain_grid(weight_type).is_some()
 }
 
 /// Bytes of one unpacked weight row of `n_blocks` blocks (or super-blocks).

@@ -11,10 +11,7 @@ use nx_syscalls::ThreadPool;
 
 use crate::lazy::LazyWeight;
 use crate::matmul::{matmul_quantized_pool_with, QuantizedActs};
-use crate::plan::{
-    decode_candidates, prefill_candidates, shares_k_tiles, FormatPlan, KernelPlan, PrefillKernel,
-    Role,
-};
+use crate::plan::{decode_candidates, prefill_candidates, FormatPlan, KernelPlan, Role};
 use crate::tier::active_tier;
 use crate::LazyWeightError;
 
@@ -108,7 +105,6 @@ pub fn tune(weights: &[LazyWeight<'_>], pool: &ThreadPool) -> Result<Tuned, Lazy
         timings.extend(prefill.into_iter().map(|(_, t)| t));
         plan.set(ty, best)?;
     }
-    settle_shared_tiles(&mut plan, &timings)?;
     Ok(Tuned {
         plan,
         timings,
@@ -132,41 +128,6 @@ fn fastest<K: Copy + PartialEq>(timed: &[(K, Timing)], default: K) -> K {
         Some(d) if t.seconds > d * (1.0 - TUNE_MARGIN) => default,
         _ => *k,
     }
-}
-
-/// The formats with Q8_K activations share one set of tiles: when their fastest tile
-/// kernels differ, all take the one with the smaller summed time.
-fn settle_shared_tiles(plan: &mut KernelPlan, timings: &[Timing]) -> Result<(), LazyWeightError> {
-    if plan.check_shared_tiles().is_ok() {
-        return Ok(());
-    }
-    let sum = |name: &str| -> f64 {
-        timings
-            .iter()
-            .filter(|t| t.role == Role::Prefill && shares_k_tiles(t.format) && t.kernel == name)
-            .map(|t| t.seconds)
-            .sum()
-    };
-    let pick = if sum(&PrefillKernel::Amx.name()) <= sum(&PrefillKernel::Tiles.name()) {
-        PrefillKernel::Amx
-    } else {
-        PrefillKernel::Tiles
-    };
-    let formats: Vec<GgmlType> = plan
-        .chosen()
-        .iter()
-        .map(|(t, _)| *t)
-        .filter(|&t| shares_k_tiles(t))
-        .collect();
-    for ty in formats {
-        let mut p = plan.get(ty);
-        if matches!(p.prefill, PrefillKernel::Amx | PrefillKernel::Tiles) {
-            p.prefill = pick;
-            plan.set(ty, p)?;
-        }
-    }
-    plan.check_shared_tiles()?;
-    Ok(())
 }
 
 /// Times `kernels` (each set by `with` on top of the format's default) on `w` times `n`

@@ -222,24 +222,10 @@ fn four_row_kernel_equals_single_token_kernel_bit_for_bit() {
 fn avx512_tier_tiles_every_multi_type() {
     // Keeps the token counts ≥ 16 below from passing without exercising the tiles.
     if active_tier().unwrap() == CpuTier::Avx512Vnni {
-        // Where Q4_K / Q6_K take AMX, the Q8_K tiles hold its layout and Q3_K, Q5_K,
-        // IQ4_XS and the grid formats keep their four-token kernels (their VNNI tiles are tested with
-        // `NX_AMX=0`, tests/tiled_vnni.rs).
-        let amx = nx_lazy_weight::active_plan()
-            .unwrap()
-            .get(GgmlType::Q4_K)
-            .prefill
-            .name()
-            == "amx-tiles";
+        // Where Q4_K / Q6_K take AMX, the other Q8_K formats read a second, VNNI layout
+        // of the same activations: every tiled type takes its tiles.
         for ty in TILED_TYPES {
-            assert!(
-                uses_tiled_kernels(ty)
-                    || (amx
-                        && ty.block_size() == 256
-                        && ty != GgmlType::Q4_K
-                        && ty != GgmlType::Q6_K),
-                "{ty}"
-            );
+            assert!(uses_tiled_kernels(ty), "{ty}");
         }
     }
     // The formats of `formats::BLOCK_FORMATS` have no tiles yet (four-token kernels only).

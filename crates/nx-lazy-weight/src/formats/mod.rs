@@ -49,7 +49,7 @@ use nx_gguf::GgmlType;
 use crate::LazyWeightError;
 
 mod block;
-mod grid_tables;
+pub(crate) mod grid_tables;
 pub(crate) mod grids;
 pub mod iq1_m;
 pub mod iq1_s;
