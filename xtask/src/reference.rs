@@ -96,6 +96,12 @@ pub fn ensure_no_amx_server(jobs: u32) -> Result<PathBuf> {
     ensure_no_amx_tool("llama-server", jobs)
 }
 
+/// `llama-imatrix` of [`no_amx_build_dir`] (the synthetic grid files' importance matrix
+/// where the pinned build faults), built if missing.
+pub fn ensure_no_amx_imatrix(jobs: u32) -> Result<PathBuf> {
+    ensure_no_amx_tool("llama-imatrix", jobs)
+}
+
 fn ensure_no_amx_tool(tool: &str, jobs: u32) -> Result<PathBuf> {
     ensure_extra_tool(
         &no_amx_build_dir(),

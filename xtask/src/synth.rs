@@ -1647,6 +1647,12 @@ fn needs_imatrix(ftype: &str) -> bool {
 pub const TEXT_PATH: &str = "/usr/share/common-licenses/GPL-3";
 const IMATRIX_TEXT: &str = TEXT_PATH;
 
+/// True when a child process was killed by SIGILL.
+fn died_of_illegal_instruction(status: &std::process::ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal() == Some(4)
+}
+
 /// Runs the pinned `llama-imatrix` on `source` over the first chunks of
 /// [`IMATRIX_TEXT`]; returns the matrix file's path (next to `source`).
 fn importance_matrix(shape: &Shape, source: &Path) -> Result<PathBuf> {
@@ -1660,23 +1666,36 @@ fn importance_matrix(shape: &Shape, source: &Path) -> Result<PathBuf> {
         "synth: {}: llama-imatrix on 4 chunks of 256 tokens of {IMATRIX_TEXT}",
         shape.name
     );
-    let output = std::process::Command::new(&imatrix_bin)
-        .arg("-m")
-        .arg(source)
-        .args([
-            "-f",
-            IMATRIX_TEXT,
-            "-c",
-            "256",
-            "--chunks",
-            "4",
-            "-t",
-            "2",
-            "-o",
-        ])
-        .arg(&out)
-        .output()
-        .with_context(|| format!("could not run {}", imatrix_bin.display()))?;
+    let run = |bin: &Path| {
+        std::process::Command::new(bin)
+            .arg("-m")
+            .arg(source)
+            .args([
+                "-f",
+                IMATRIX_TEXT,
+                "-c",
+                "256",
+                "--chunks",
+                "4",
+                "-t",
+                "2",
+                "-o",
+            ])
+            .arg(&out)
+            .output()
+            .with_context(|| format!("could not run {}", bin.display()))
+    };
+    let mut output = run(&imatrix_bin)?;
+    if died_of_illegal_instruction(&output.status) {
+        // The pinned build's AMX kernels fault on some machines that report AMX (as
+        // `cargo xtask bench` finds): the build without AMX computes the same matrix.
+        eprintln!(
+            "synth: {}: the pinned llama-imatrix died of SIGILL; using the build without AMX",
+            shape.name
+        );
+        let no_amx = crate::reference::ensure_no_amx_imatrix(crate::reference::DEFAULT_JOBS)?;
+        output = run(&no_amx)?;
+    }
     if !output.status.success() || !out.is_file() {
         bail!(
             "llama-imatrix on {} failed ({}): {}",

@@ -67,6 +67,9 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::IQ2_XXS if crate::grids_avx512::available() => {
             crate::grids_avx512::dot_iq2_xxs_q8_k
         }
+        GgmlType::IQ3_XXS if crate::grids_avx512::available() => {
+            crate::grids_avx512::dot_iq3_xxs_q8_k
+        }
         _ => return None,
     };
     Some(k)
@@ -795,6 +798,9 @@ pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
         GgmlType::IQ4_NL => dot4_iq4_nl_q8_0,
         GgmlType::IQ2_XXS if crate::grids_avx512::available() => {
             crate::grids_avx512::dot4_iq2_xxs_q8_k
+        }
+        GgmlType::IQ3_XXS if crate::grids_avx512::available() => {
+            crate::grids_avx512::dot4_iq3_xxs_q8_k
         }
         _ => return None,
     };

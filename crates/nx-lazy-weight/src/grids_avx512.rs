@@ -1,28 +1,33 @@
-//! AVX-512 VBMI kernels of the grid formats: a block's table lookups done as byte
-//! permutes in registers instead of one scalar load and insert per eight weights.
+//! AVX-512 VBMI kernels of the 256-entry grid formats (IQ2_XXS, IQ3_XXS): a block's
+//! table lookups done as byte permutes in registers instead of one scalar load and
+//! insert per four or eight weights.
 //!
-//! ggml's AVX2 IQ2_XXS kernel (what nx's AVX2 tier copies) builds each group of 32
-//! weights from four 8-byte grid rows and four 8-byte sign rows fetched one by one: about
-//! forty operations a group, so decode runs far below the memory's rate. Here a whole
-//! super-block is decoded at once. The 256 grid rows are kept as their 16-bit level codes
-//! (two bits a weight, 512 bytes: four 128-byte `vpermi2b` tables), so one permute per
-//! table looks up the codes of all 32 octets and two blends pick by the index's top bits;
-//! `vpmultishiftqb` spreads a code's 2-bit fields to bytes and one `vpermb` maps them to
-//! levels. The sign bytes (7-bit index and parity) are one 128-entry `vpermi2b`, turned
-//! into mask registers by a `vptestmb`, and the activations are negated under the mask.
+//! ggml's AVX2 kernels (what nx's AVX2 tier copies) build each group of 32 weights from
+//! grid rows and 8-byte sign rows fetched one by one: about forty operations a group, so
+//! decode runs far below the memory's rate. Here a whole super-block is decoded at once.
+//! The 256 grid rows are kept as their 16-bit level codes (two or three bits a weight,
+//! 512 bytes: four 128-byte `vpermi2b` tables), so one permute per table looks up the
+//! codes of 32 indices and two blends pick by the index's top bits; `vpmultishiftqb`
+//! spreads a code's fields to bytes and one `vpermb` maps them to levels. The sign bytes
+//! (7-bit index and parity) are one 128-entry `vpermi2b`, turned into mask registers by
+//! a `vptestmb`, and the activations are negated under the mask. (Gathering the grid rows
+//! with `vpgatherqq` instead was about 15 % faster on a Sapphire Rapids Xeon, but gathers
+//! are slow on AMD and on Intel cores with the Downfall microcode fix: not kept.)
 //!
 //! The integers are ggml's: a `vpdpbusd` forms the quad sums `maddubs` pairs would (no
-//! pair can saturate: 2·43·128 < 2¹⁵), a `vpdpwssd` multiplies each quad by its group's
-//! `2·ls + 1` (a quad fits a word: 4·43·128 < 2¹⁵), and the two 256-bit halves (even and
+//! pair can saturate: 2·62·128 < 2¹⁵), a `vpdpwssd` multiplies each quad by its group's
+//! `2·ls + 1` (a quad fits a word: 4·62·128 < 2¹⁵), and the two 256-bit halves (even and
 //! odd groups) fold into ggml's eight lanes. The float part, per super-block one FMA of
-//! `d_w·d_x` into eight lanes and the final `hsum_float_8` times 1/8, is unchanged, so
-//! the bits are the scalar twin's (`formats::iq2_xxs::dot`).
+//! `d_w·d_x` into eight lanes and the final `hsum_float_8` times the format's constant,
+//! is unchanged, so the bits are the scalar twins' (`formats::iq2_xxs::dot`,
+//! `formats::iq3_xxs::dot`).
 
 use std::arch::x86_64::*;
+use std::sync::OnceLock;
 
 use crate::avx2::hsum_ps;
-use crate::formats::grid_tables::IQ2XXS_CODES;
-use crate::formats::iq2_xxs::{BYTES, POST_SCALE, QS};
+use crate::formats::grid_tables::{IQ2XXS_CODES, IQ3XXS_CODES};
+use crate::formats::{iq2_xxs, iq3_xxs};
 use crate::formats::{q8_k::QS as Q8_K_QS, read_f16, read_f32, Q8_K_BYTES};
 
 /// True when the CPU has what these kernels use: the AVX-512 VNNI tier's features and
@@ -36,6 +41,15 @@ pub(crate) fn available() -> bool {
 struct Bytes64([u8; 64]);
 
 impl Bytes64 {
+    fn of(f: impl Fn(usize) -> u8) -> Bytes64 {
+        Bytes64(std::array::from_fn(f))
+    }
+
+    /// Dword `j` is `f(j)`.
+    fn of_dwords(f: impl Fn(usize) -> u32) -> Bytes64 {
+        Bytes64::of(|b| (f(b / 4) >> (8 * (b % 4))) as u8)
+    }
+
     #[inline(always)]
     fn load(&self) -> __m512i {
         // SAFETY: 64 readable, aligned bytes (AVX-512 F, which every caller enables).
@@ -43,136 +57,126 @@ impl Bytes64 {
     }
 }
 
-/// The constant vectors of the IQ2_XXS kernel, built once.
-struct Consts {
-    /// Byte `2j + h` takes octet `j`'s grid-index byte (at `8·(j/4) + j%4` of the block's
-    /// group words).
-    dup_index: Bytes64,
+/// A 256-entry grid's 16-bit level codes as four 128-byte `vpermi2b` tables: byte
+/// `2e + h` of table `c` is byte `h` of entry `64c + e`'s code.
+struct CodeTables([Bytes64; 8]);
+
+impl CodeTables {
+    fn new(codes: &[u16; 256]) -> CodeTables {
+        CodeTables(std::array::from_fn(|t| {
+            Bytes64::of(|b| {
+                let at = 64 * (t % 2) + b;
+                (codes[64 * (t / 2) + at / 2] >> (8 * (at % 2))) as u8
+            })
+        }))
+    }
+
+    /// The codes of 32 indices: `index` holds index `j` in bytes `2j` and `2j + 1`; word
+    /// `j` of the result is its code.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VBMI.
+    #[inline(always)]
+    unsafe fn lookup(&self, index: __m512i, code_byte: __m512i) -> __m512i {
+        // SAFETY (features): the caller's contract.
+        unsafe {
+            // Byte 2j + h: 2·(index & 63) + h, the code byte's place in a 128-byte table.
+            let at = _mm512_ternarylogic_epi32::<0xEA>(
+                _mm512_add_epi8(index, index),
+                _mm512_set1_epi8(0x7e),
+                code_byte,
+            );
+            let t = &self.0;
+            let rows_0 = _mm512_permutex2var_epi8(t[0].load(), at, t[1].load());
+            let rows_1 = _mm512_permutex2var_epi8(t[2].load(), at, t[3].load());
+            let rows_2 = _mm512_permutex2var_epi8(t[4].load(), at, t[5].load());
+            let rows_3 = _mm512_permutex2var_epi8(t[6].load(), at, t[7].load());
+            let bit6 = _mm512_test_epi8_mask(index, _mm512_set1_epi8(0x40));
+            let bit7 = _mm512_test_epi8_mask(index, _mm512_set1_epi8(-0x80));
+            _mm512_mask_blend_epi8(
+                bit7,
+                _mm512_mask_blend_epi8(bit6, rows_0, rows_1),
+                _mm512_mask_blend_epi8(bit6, rows_2, rows_3),
+            )
+        }
+    }
+}
+
+/// The constant vectors both kernels use.
+struct Common {
     /// Bytes alternately 0 and 1: which byte of a 16-bit code.
     code_byte: Bytes64,
-    /// The code tables: 128 bytes per 64 grid rows, byte `2e + h` byte `h` of row
-    /// `64c + e`'s code.
-    codes: [Bytes64; 8],
-    /// Per output register `k` (weights `64k..64k+64`): qword `o` gets octet `8k + o`'s
-    /// code in its low two bytes.
-    spread: [Bytes64; 4],
-    /// `vpmultishiftqb` control: byte `e` of each qword starts at bit `2e`.
-    fields2: Bytes64,
-    /// Level of a 2-bit code (indexed by a byte's low six bits).
-    levels: Bytes64,
-    /// `vpmultishiftqb` control: bytes 0..4 of each qword the 7-bit sign indices in its
-    /// high dword (bits 32, 39, 46, 53).
-    sign_fields: Bytes64,
     /// The 128 sign bytes (index plus parity), as two `vpermi2b` halves.
     sign_table: [Bytes64; 2],
-    /// Per output register `k`: byte `b` takes the sign byte of octet `8k + b/8`.
+    /// Per output register `k`: byte `b` takes the sign byte of octet `8k + b/8`, which
+    /// lies at byte `(b/8) % 4` of group `2k + b/32`'s qword.
     sign_spread: [Bytes64; 4],
     /// Byte `b` is `1 << (b % 8)`.
     bit_of_byte: Bytes64,
-    /// Per output register `k`: dword `j` takes the multiplier of group `2k + j/8`.
+    /// Per output register `k`: dword `j` takes the low dword of group `2k + j/8`'s qword.
     multiplier_index: [Bytes64; 4],
 }
 
-fn consts() -> &'static Consts {
-    static C: std::sync::OnceLock<Consts> = std::sync::OnceLock::new();
-    C.get_or_init(|| {
-        let make = |f: &dyn Fn(usize) -> u8| Bytes64(std::array::from_fn(f));
-        let dwords = |f: &dyn Fn(usize) -> u32| {
-            Bytes64(std::array::from_fn(|b| (f(b / 4) >> (8 * (b % 4))) as u8))
-        };
-        Consts {
-            dup_index: make(&|b| (8 * (b / 8) + (b / 2) % 4) as u8),
-            code_byte: make(&|b| (b % 2) as u8),
-            codes: std::array::from_fn(|t| {
-                // Table t is bytes 64·(t % 2).. of chunk t / 2.
-                make(&|b| {
-                    let at = 64 * (t % 2) + b;
-                    let row = 64 * (t / 2) + at / 2;
-                    (IQ2XXS_CODES[row] >> (8 * (at % 2))) as u8
-                })
-            }),
-            spread: std::array::from_fn(|k| make(&|b| (2 * (8 * k + b / 8) + b % 2) as u8)),
-            fields2: make(&|b| (2 * (b % 8)) as u8),
-            levels: make(&|b| [0x08, 0x19, 0x2b, 0][b % 4]),
-            sign_fields: make(&|b| [32, 39, 46, 53, 0, 0, 0, 0][b % 8]),
+impl Common {
+    fn new() -> Common {
+        Common {
+            code_byte: Bytes64::of(|b| (b % 2) as u8),
             sign_table: std::array::from_fn(|h| {
-                make(&|b| crate::formats::grids::parity_signs((64 * h + b) as u32))
+                Bytes64::of(|b| crate::formats::grids::parity_signs((64 * h + b) as u32))
             }),
             sign_spread: std::array::from_fn(|k| {
-                make(&|b| (8 * (2 * k + b / 32) + (b / 8) % 4) as u8)
+                Bytes64::of(|b| (8 * (2 * k + b / 32) + (b / 8) % 4) as u8)
             }),
-            bit_of_byte: make(&|b| 1 << (b % 8)),
-            multiplier_index: std::array::from_fn(|k| dwords(&|j| (2 * (2 * k + j / 8)) as u32)),
+            bit_of_byte: Bytes64::of(|b| 1 << (b % 8)),
+            multiplier_index: std::array::from_fn(|k| {
+                Bytes64::of_dwords(|j| (2 * (2 * k + j / 8)) as u32)
+            }),
         }
-    })
+    }
 }
 
-/// The decoded weights of one IQ2_XXS super-block: magnitudes (64 weights a register),
+/// The decoded weights of one super-block: magnitudes (64 weights a register),
 /// negative-weight masks, and each quad's multiplier (`2·ls + 1` in a dword's low word).
-struct Iq2xxsBlock {
+struct Decoded {
     magnitudes: [__m512i; 4],
     negative: [__mmask64; 4],
     multipliers: [__m512i; 4],
 }
 
-/// Decodes the block whose 64 group-word bytes are `q`.
+/// The signs and multipliers of a block whose group `g` has its 32-bit sign-and-scale
+/// word (four 7-bit sign indices, `ls` in the top four bits) in qword `g` of `words`, at
+/// bit `at` (`fields` the `vpmultishiftqb` control taking bits `at + 7l` to byte `l`).
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VBMI ([`available`]).
+/// The CPU has AVX-512 F/BW/VBMI.
 #[inline(always)]
-unsafe fn decode_iq2_xxs(q: __m512i, c: &Consts) -> Iq2xxsBlock {
+unsafe fn signs_and_multipliers<const AT: u32>(
+    words: __m512i,
+    fields: __m512i,
+    c: &Common,
+) -> ([__mmask64; 4], [__m512i; 4]) {
     // SAFETY (features): the caller's contract.
     unsafe {
-        // [32 octets × (index, index)]
-        let index = _mm512_permutexvar_epi8(c.dup_index.load(), q);
-        // Byte 2j + h: 2·(index & 63) + h, the code byte's place in a 128-byte table.
-        let at = _mm512_ternarylogic_epi32::<0xEA>(
-            _mm512_add_epi8(index, index),
-            _mm512_set1_epi8(0x7e),
-            c.code_byte.load(),
-        );
-        let t = &c.codes;
-        let rows_0 = _mm512_permutex2var_epi8(t[0].load(), at, t[1].load());
-        let rows_1 = _mm512_permutex2var_epi8(t[2].load(), at, t[3].load());
-        let rows_2 = _mm512_permutex2var_epi8(t[4].load(), at, t[5].load());
-        let rows_3 = _mm512_permutex2var_epi8(t[6].load(), at, t[7].load());
-        let bit6 = _mm512_test_epi8_mask(index, _mm512_set1_epi8(0x40));
-        let bit7 = _mm512_test_epi8_mask(index, _mm512_set1_epi8(-0x80));
-        // [32 octets × u16 code]
-        let codes = _mm512_mask_blend_epi8(
-            bit7,
-            _mm512_mask_blend_epi8(bit6, rows_0, rows_1),
-            _mm512_mask_blend_epi8(bit6, rows_2, rows_3),
-        );
-        // Plain loops, not `array::from_fn`: a closure's body is not compiled with this
-        // function's target features, so its intrinsics stayed calls.
-        let mut magnitudes = [_mm512_setzero_si512(); 4];
-        for (k, m) in magnitudes.iter_mut().enumerate() {
-            let spread = _mm512_permutexvar_epi8(c.spread[k].load(), codes);
-            let fields = _mm512_multishift_epi64_epi8(c.fields2.load(), spread);
-            *m = _mm512_permutexvar_epi8(fields, c.levels.load());
-        }
-        // [8 groups × (4 sign bytes, 4 unused)]
-        let sign_index = _mm512_multishift_epi64_epi8(c.sign_fields.load(), q);
+        // [8 groups × (4 sign indices, 4 unused)]; the table ignores each byte's bit 7.
+        let sign_index = _mm512_multishift_epi64_epi8(fields, words);
         let signs =
             _mm512_permutex2var_epi8(c.sign_table[0].load(), sign_index, c.sign_table[1].load());
-        let mut negative = [0; 4];
-        for (k, n) in negative.iter_mut().enumerate() {
-            let spread = _mm512_permutexvar_epi8(c.sign_spread[k].load(), signs);
-            *n = _mm512_test_epi8_mask(spread, c.bit_of_byte.load());
-        }
-        // Qword g: 2·ls + 1 of group g (ls the top four bits).
-        let ls = _mm512_srli_epi64::<60>(q);
+        // Qword g: 2·ls + 1 of group g (bits above the word are zero or shifted out).
+        let ls = _mm512_and_si512(
+            _mm512_srli_epi64::<28>(_mm512_srli_epi64::<AT>(words)),
+            _mm512_set1_epi64(15),
+        );
         let odd = _mm512_or_si512(_mm512_add_epi64(ls, ls), _mm512_set1_epi64(1));
+        // Plain loops, not `array::from_fn`: a closure's body is not compiled with the
+        // caller's target features, so its intrinsics stayed calls.
+        let mut negative = [0; 4];
         let mut multipliers = [_mm512_setzero_si512(); 4];
-        for (k, m) in multipliers.iter_mut().enumerate() {
-            *m = _mm512_permutexvar_epi32(c.multiplier_index[k].load(), odd);
+        for k in 0..4 {
+            let spread = _mm512_permutexvar_epi8(c.sign_spread[k].load(), signs);
+            negative[k] = _mm512_test_epi8_mask(spread, c.bit_of_byte.load());
+            multipliers[k] = _mm512_permutexvar_epi32(c.multiplier_index[k].load(), odd);
         }
-        Iq2xxsBlock {
-            magnitudes,
-            negative,
-            multipliers,
-        }
+        (negative, multipliers)
     }
 }
 
@@ -181,7 +185,7 @@ unsafe fn decode_iq2_xxs(q: __m512i, c: &Consts) -> Iq2xxsBlock {
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL/VNNI; `xq` is readable for 256 bytes.
 #[inline(always)]
-unsafe fn lanes(block: &Iq2xxsBlock, xq: *const u8) -> __m256i {
+unsafe fn lanes(block: &Decoded, xq: *const u8) -> __m256i {
     // SAFETY: the caller's contract.
     unsafe {
         let zero = _mm512_setzero_si512();
@@ -201,20 +205,162 @@ unsafe fn lanes(block: &Iq2xxsBlock, xq: *const u8) -> __m256i {
     }
 }
 
-/// IQ2_XXS × Q8_K for `N` activation rows, each weight block decoded once.
+/// A grid format these kernels decode.
+trait Grid {
+    const BYTES: usize;
+    const POST_SCALE: f32;
+    /// Decodes super-block `b` (`BYTES` bytes).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL/VNNI/VBMI.
+    unsafe fn decode(b: &[u8]) -> Decoded;
+}
+
+/// IQ2_XXS: per group of 32, four index bytes (one per eight weights, a 2-bit level
+/// code each) and the sign-and-scale word.
+struct Iq2xxs;
+
+struct Iq2xxsConsts {
+    codes: CodeTables,
+    /// Byte `2j + h` takes octet `j`'s index byte (at `8·(j/4) + j%4` of the groups).
+    dup_index: Bytes64,
+    /// Per output register `k`: qword `o` gets octet `8k + o`'s code in its low bytes.
+    spread: [Bytes64; 4],
+    /// Byte `e` of each qword starts at bit `2e`.
+    fields: Bytes64,
+    /// The level of a 2-bit code (indexed by a byte's low six bits).
+    levels: Bytes64,
+    /// Bytes 0..4 of each qword: bits 32 + 7l (the sign indices in the high dword).
+    sign_fields: Bytes64,
+    common: Common,
+}
+
+impl Grid for Iq2xxs {
+    const BYTES: usize = iq2_xxs::BYTES;
+    const POST_SCALE: f32 = iq2_xxs::POST_SCALE;
+
+    #[inline(always)]
+    unsafe fn decode(b: &[u8]) -> Decoded {
+        static C: OnceLock<Iq2xxsConsts> = OnceLock::new();
+        let c = C.get_or_init(|| Iq2xxsConsts {
+            codes: CodeTables::new(&IQ2XXS_CODES),
+            dup_index: Bytes64::of(|b| (8 * (b / 8) + (b / 2) % 4) as u8),
+            spread: std::array::from_fn(|k| Bytes64::of(|b| (2 * (8 * k + b / 8) + b % 2) as u8)),
+            fields: Bytes64::of(|b| (2 * (b % 8)) as u8),
+            levels: Bytes64::of(|b| [0x08, 0x19, 0x2b, 0][b % 4]),
+            sign_fields: Bytes64::of(|b| [32, 39, 46, 53, 0, 0, 0, 0][b % 8]),
+            common: Common::new(),
+        });
+        // SAFETY (features): the caller's contract; 64 bytes at QS inside the block.
+        unsafe {
+            let q = _mm512_loadu_si512(b[iq2_xxs::QS..iq2_xxs::QS + 64].as_ptr() as *const _);
+            // [32 octets × (index, index)] → [32 octets × u16 code]
+            let index = _mm512_permutexvar_epi8(c.dup_index.load(), q);
+            let codes = c.codes.lookup(index, c.common.code_byte.load());
+            let mut magnitudes = [_mm512_setzero_si512(); 4];
+            for (k, m) in magnitudes.iter_mut().enumerate() {
+                let spread = _mm512_permutexvar_epi8(c.spread[k].load(), codes);
+                let fields = _mm512_multishift_epi64_epi8(c.fields.load(), spread);
+                *m = _mm512_permutexvar_epi8(fields, c.levels.load());
+            }
+            let (negative, multipliers) =
+                signs_and_multipliers::<32>(q, c.sign_fields.load(), &c.common);
+            Decoded {
+                magnitudes,
+                negative,
+                multipliers,
+            }
+        }
+    }
+}
+
+/// IQ3_XXS: 64 index bytes (one per four weights, a 3-bit level code each), then a
+/// sign-and-scale word per group of 32.
+struct Iq3xxs;
+
+struct Iq3xxsConsts {
+    codes: CodeTables,
+    /// Per half `h`: byte `2j + e` takes index `32h + j`.
+    dup_index: [Bytes64; 2],
+    /// Per output register `k`: qword `o` gets the codes of indices `16k + 2o` and
+    /// `16k + 2o + 1` in its bytes 0..2 and 4..6 (from the half `k / 2`'s codes).
+    spread: [Bytes64; 2],
+    /// Bytes 0..4 of each qword start at bits `3e`, bytes 4..8 at bits `32 + 3e`.
+    fields: Bytes64,
+    /// The level of a 3-bit code (indexed by a byte's low six bits).
+    levels: Bytes64,
+    /// Bytes 0..4 of each qword: bits 7l (the sign indices in the low dword).
+    sign_fields: Bytes64,
+    common: Common,
+}
+
+impl Grid for Iq3xxs {
+    const BYTES: usize = iq3_xxs::BYTES;
+    const POST_SCALE: f32 = iq3_xxs::POST_SCALE;
+
+    #[inline(always)]
+    unsafe fn decode(b: &[u8]) -> Decoded {
+        static C: OnceLock<Iq3xxsConsts> = OnceLock::new();
+        let c = C.get_or_init(|| Iq3xxsConsts {
+            codes: CodeTables::new(&IQ3XXS_CODES),
+            dup_index: std::array::from_fn(|h| Bytes64::of(|b| (32 * h + b / 2) as u8)),
+            spread: std::array::from_fn(|half| {
+                Bytes64::of(|b| {
+                    let (o, r) = (b / 8, b % 8);
+                    let index = 16 * half + 2 * o + r / 4;
+                    (2 * index + r % 2) as u8
+                })
+            }),
+            fields: Bytes64::of(|b| [0, 3, 6, 9, 32, 35, 38, 41][b % 8]),
+            levels: Bytes64::of(|b| [0x04, 0x0c, 0x14, 0x1c, 0x24, 0x2c, 0x34, 0x3e][b % 8]),
+            sign_fields: Bytes64::of(|b| [0, 7, 14, 21, 0, 0, 0, 0][b % 8]),
+            common: Common::new(),
+        });
+        // SAFETY (features): the caller's contract; the loads lie inside the block.
+        unsafe {
+            let q = _mm512_loadu_si512(b[iq3_xxs::QS..iq3_xxs::QS + 64].as_ptr() as *const _);
+            let words = _mm256_loadu_si256(
+                b[iq3_xxs::SCALES_SIGNS..iq3_xxs::SCALES_SIGNS + 32].as_ptr() as *const _,
+            );
+            let code_byte = c.common.code_byte.load();
+            let codes = [
+                c.codes
+                    .lookup(_mm512_permutexvar_epi8(c.dup_index[0].load(), q), code_byte),
+                c.codes
+                    .lookup(_mm512_permutexvar_epi8(c.dup_index[1].load(), q), code_byte),
+            ];
+            let mut magnitudes = [_mm512_setzero_si512(); 4];
+            for (k, m) in magnitudes.iter_mut().enumerate() {
+                let spread = _mm512_permutexvar_epi8(c.spread[k % 2].load(), codes[k / 2]);
+                let fields = _mm512_multishift_epi64_epi8(c.fields.load(), spread);
+                *m = _mm512_permutexvar_epi8(fields, c.levels.load());
+            }
+            // Qword g: group g's word.
+            let words = _mm512_cvtepu32_epi64(words);
+            let (negative, multipliers) =
+                signs_and_multipliers::<0>(words, c.sign_fields.load(), &c.common);
+            Decoded {
+                magnitudes,
+                negative,
+                multipliers,
+            }
+        }
+    }
+}
+
+/// A grid format × Q8_K for `N` activation rows, each weight block decoded once.
 ///
 /// # Safety
 /// [`available`] is true.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-unsafe fn iq2_xxs_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let c = consts();
-    let n_blocks = crate::avx2::common_blocks(w, &xs, BYTES, Q8_K_BYTES);
+unsafe fn grid_impl<G: Grid, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let n_blocks = crate::avx2::common_blocks(w, &xs, G::BYTES, Q8_K_BYTES);
     let mut acc = [_mm256_setzero_ps(); N];
     for i in 0..n_blocks {
-        let b = &w[i * BYTES..(i + 1) * BYTES];
+        let b = &w[i * G::BYTES..(i + 1) * G::BYTES];
         let xb = crate::avx2::block_of_each(&xs, i, Q8_K_BYTES);
-        // SAFETY: 64 bytes at QS, inside the 66-byte block; the features enabled here.
-        let block = unsafe { decode_iq2_xxs(_mm512_loadu_si512(b[QS..].as_ptr() as *const _), c) };
+        // SAFETY: the features are enabled here.
+        let block = unsafe { G::decode(b) };
         let d_w = read_f16(b, 0);
         for t in 0..N {
             // SAFETY: 256 quants at Q8_K_QS inside the block.
@@ -225,7 +371,7 @@ unsafe fn iq2_xxs_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     }
     let mut out = [0f32; N];
     for (o, a) in out.iter_mut().zip(acc) {
-        *o = POST_SCALE * hsum_ps(a);
+        *o = G::POST_SCALE * hsum_ps(a);
     }
     out
 }
@@ -233,12 +379,25 @@ unsafe fn iq2_xxs_impl<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
 /// IQ2_XXS × Q8_K (a [`crate::dot_scalar::DotKernel`]).
 pub(crate) fn dot_iq2_xxs_q8_k(w: &[u8], x: &[u8]) -> f32 {
     // SAFETY: handed out only by `crate::avx512::kernel` after [`available`].
-    let [y] = unsafe { iq2_xxs_impl(w, [x]) };
+    let [y] = unsafe { grid_impl::<Iq2xxs, 1>(w, [x]) };
     y
 }
 
 /// IQ2_XXS × four Q8_K rows (a [`crate::formats::DotKernel4`]).
 pub(crate) fn dot4_iq2_xxs_q8_k(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
     // SAFETY: as [`dot_iq2_xxs_q8_k`].
-    unsafe { iq2_xxs_impl(w, x) }
+    unsafe { grid_impl::<Iq2xxs, 4>(w, x) }
+}
+
+/// IQ3_XXS × Q8_K.
+pub(crate) fn dot_iq3_xxs_q8_k(w: &[u8], x: &[u8]) -> f32 {
+    // SAFETY: as [`dot_iq2_xxs_q8_k`].
+    let [y] = unsafe { grid_impl::<Iq3xxs, 1>(w, [x]) };
+    y
+}
+
+/// IQ3_XXS × four Q8_K rows.
+pub(crate) fn dot4_iq3_xxs_q8_k(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    // SAFETY: as [`dot_iq2_xxs_q8_k`].
+    unsafe { grid_impl::<Iq3xxs, 4>(w, x) }
 }
