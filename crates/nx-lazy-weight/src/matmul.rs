@@ -41,12 +41,13 @@ pub struct QuantizedActs {
     /// them and there is at least one group).
     #[cfg(target_arch = "x86_64")]
     tiles: crate::act_tiles::ActTiles,
-    /// The same groups in the VNNI tiles' layout (`x + 128`) when `tiles` holds the AMX
-    /// kernels' raw Q8_K quants and some other format multiplied with these activations
-    /// takes the VNNI tiles (Q5_K, Q3_K, Q2_K, IQ4_XS and the grids beside AMX's Q4_K
-    /// and Q6_K); else empty.
+    /// The same groups in the other Q8_K layout than `tiles` (the VNNI tiles' `x + 128`
+    /// beside AMX's raw quants, or the reverse), for a format multiplied with these
+    /// activations whose kernel reads it (Q5_K, Q3_K, Q2_K, IQ4_XS and the grids beside
+    /// AMX's Q4_K and Q6_K): built with `tiles` when the plan names both kernels, else on
+    /// first need (`QuantizedActs::wide_tiles`).
     #[cfg(target_arch = "x86_64")]
-    tiles_vnni: crate::act_tiles::ActTiles,
+    tiles_other: std::sync::OnceLock<crate::act_tiles::ActTiles>,
     /// The 2 to 16 tokens after the whole groups again (sixteen Q8_0 tokens take them
     /// instead of one wide group), for the narrow tiles (built only when the process
     /// tier has them and the activations are Q8_0).
@@ -84,7 +85,7 @@ impl QuantizedActs {
             #[cfg(target_arch = "x86_64")]
             tiles: crate::act_tiles::ActTiles::default(),
             #[cfg(target_arch = "x86_64")]
-            tiles_vnni: crate::act_tiles::ActTiles::default(),
+            tiles_other: std::sync::OnceLock::new(),
             #[cfg(target_arch = "x86_64")]
             narrow: crate::narrow::NarrowTiles::default(),
             #[cfg(target_arch = "x86_64")]
@@ -158,13 +159,14 @@ impl QuantizedActs {
         let vnni = plan.wants(act_type, PrefillKernel::Tiles);
         let tiles = amx || vnni;
         let n_groups = crate::act_tiles::ActTiles::groups_for(act_type, n);
-        self.tiles_vnni.clear();
+        self.tiles_other = std::sync::OnceLock::new();
         if n_groups > 0 && tiles && crate::tiled::available() {
             let raw_k = amx && crate::amx::available();
             self.tiles.build(act_type, &self.data, n, rb, raw_k, pool);
             if self.tiles.raw_k() && vnni {
-                self.tiles_vnni
-                    .build(act_type, &self.data, n, rb, false, pool);
+                let mut other = crate::act_tiles::ActTiles::default();
+                other.build(act_type, &self.data, n, rb, false, pool);
+                let _ = self.tiles_other.set(other);
             }
         } else {
             self.tiles.clear();
@@ -208,16 +210,25 @@ impl QuantizedActs {
     }
 
     /// The wide tiles in the layout a tile kernel reads (`raw_k`: AMX's raw Q8_K quants,
-    /// else the VNNI one): `None` when there are groups but none in that layout; the
-    /// empty tiles when there are no groups (fewer than sixteen tokens).
+    /// else the VNNI one); the empty tiles when there are no groups (fewer than sixteen
+    /// tokens). The other layout than `tiles` is built here on first need (on this
+    /// thread; other threads asking meanwhile wait for it); `None` when it cannot exist
+    /// (raw quants asked of other activations, or without AMX).
     #[cfg(target_arch = "x86_64")]
     fn wide_tiles(&self, raw_k: bool) -> Option<&crate::act_tiles::ActTiles> {
-        if self.tiles.n_groups() == 0 {
+        if self.tiles.n_groups() == 0 || self.tiles.raw_k() == raw_k {
             return Some(&self.tiles);
         }
-        [&self.tiles, &self.tiles_vnni]
-            .into_iter()
-            .find(|t| t.n_groups() > 0 && t.raw_k() == raw_k)
+        if raw_k && !crate::amx::available() {
+            return None;
+        }
+        let other = self.tiles_other.get_or_init(|| {
+            let mut other = crate::act_tiles::ActTiles::default();
+            let (act, n, rb) = (self.act_type, self.n_rows, self.row_bytes);
+            other.build(act, &self.data, n, rb, raw_k, None);
+            other
+        });
+        (other.n_groups() > 0 && other.raw_k() == raw_k).then_some(other)
     }
 
     /// Quantize `n` rows `x` (`[n, K]`) for multiplication with `w`.
@@ -1091,7 +1102,7 @@ mod layout_tests {
             let wide = xq.wide_tiles(raw_k).expect("a layout");
             assert_eq!((wide.raw_k(), wide.n_tokens()), (raw_k, n));
         }
-        // Only AMX wanted: no second copy, and the VNNI tiles find none.
+        // Only AMX named: no second copy up front; a VNNI kernel gets one on first need.
         plan.set(
             GgmlType::IQ2_XXS,
             FormatPlan {
@@ -1109,8 +1120,10 @@ mod layout_tests {
         }
         xq.quantize_with_plan(&plan, GgmlType::Q8_K, &x, n, k, None)
             .unwrap();
-        assert!(xq.wide_tiles(true).is_some());
-        assert!(xq.wide_tiles(false).is_none());
+        assert!(xq.tiles_other.get().is_none());
+        let vnni = xq.wide_tiles(false).expect("built on need");
+        assert_eq!((vnni.raw_k(), vnni.n_tokens()), (false, n));
+        assert!(xq.wide_tiles(true).is_some_and(|t| t.raw_k()));
     }
 
     /// The Q8_K formats `plan` gives the VNNI tiles.

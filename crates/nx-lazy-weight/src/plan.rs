@@ -333,10 +333,17 @@ impl KernelPlan {
 
     /// True when activations of `act_type` should be laid out for `prefill` (some format
     /// multiplied with them takes it).
+    ///
+    /// Once formats are chosen (the models opened), only theirs count: the default of a
+    /// format no model has must not cost every matmul a second layout (where AMX takes
+    /// Q4_K and Q6_K, the other Q8_K formats default to the VNNI tiles).
     pub(crate) fn wants(&self, act_type: GgmlType, prefill: PrefillKernel) -> bool {
-        planned_formats()
-            .filter(|&t| vec_dot_type(t) == Some(act_type))
-            .any(|t| self.get(t).prefill == prefill)
+        let takes =
+            |t: GgmlType, p: FormatPlan| vec_dot_type(t) == Some(act_type) && p.prefill == prefill;
+        match self.chosen.is_empty() {
+            true => planned_formats().any(|t| takes(t, self.get(t))),
+            false => self.chosen.iter().any(|&(t, p)| takes(t, p)),
+        }
     }
 
     /// Applies an `NX_PLAN` spec (see the module docs) on top of this plan. A leading
