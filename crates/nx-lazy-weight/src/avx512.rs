@@ -70,6 +70,7 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
         GgmlType::IQ3_XXS if crate::grids_avx512::available() => {
             crate::grids_avx512::dot_iq3_xxs_q8_k
         }
+        GgmlType::IQ3_S if crate::grids_avx512::available() => crate::grids_avx512::dot_iq3_s_q8_k,
         _ => return None,
     };
     Some(k)
@@ -802,6 +803,7 @@ pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
         GgmlType::IQ3_XXS if crate::grids_avx512::available() => {
             crate::grids_avx512::dot4_iq3_xxs_q8_k
         }
+        GgmlType::IQ3_S if crate::grids_avx512::available() => crate::grids_avx512::dot4_iq3_s_q8_k,
         _ => return None,
     };
     Some(k)

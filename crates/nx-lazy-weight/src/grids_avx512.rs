@@ -26,8 +26,8 @@ use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
 use crate::avx2::hsum_ps;
-use crate::formats::grid_tables::{IQ2XXS_CODES, IQ3XXS_CODES};
-use crate::formats::{iq2_xxs, iq3_xxs};
+use crate::formats::grid_tables::{IQ2XXS_CODES, IQ3S_CODES, IQ3XXS_CODES};
+use crate::formats::{iq2_xxs, iq3_s, iq3_xxs};
 use crate::formats::{q8_k::QS as Q8_K_QS, read_f16, read_f32, Q8_K_BYTES};
 
 /// True when the CPU has what these kernels use: the AVX-512 VNNI tier's features and
@@ -57,12 +57,14 @@ impl Bytes64 {
     }
 }
 
-/// A 256-entry grid's 16-bit level codes as four 128-byte `vpermi2b` tables: byte
-/// `2e + h` of table `c` is byte `h` of entry `64c + e`'s code.
-struct CodeTables([Bytes64; 8]);
+/// A grid's 16-bit level codes as `T / 2` 128-byte `vpermi2b` tables (64 entries each;
+/// `T` is 8 for 256 entries, 16 for 512): byte `2e + h` of table `c` is byte `h` of entry
+/// `64c + e`'s code.
+struct CodeTables<const T: usize>([Bytes64; T]);
 
-impl CodeTables {
-    fn new(codes: &[u16; 256]) -> CodeTables {
+impl<const T: usize> CodeTables<T> {
+    fn new(codes: &[u16]) -> CodeTables<T> {
+        assert_eq!(codes.len(), 32 * T);
         CodeTables(std::array::from_fn(|t| {
             Bytes64::of(|b| {
                 let at = 64 * (t % 2) + b;
@@ -71,13 +73,14 @@ impl CodeTables {
         }))
     }
 
-    /// The codes of 32 indices: `index` holds index `j` in bytes `2j` and `2j + 1`; word
-    /// `j` of the result is its code.
+    /// The codes of 32 indices: `index` holds index `j`'s low byte in bytes `2j` and
+    /// `2j + 1`, `bit8` its ninth bit in mask bits `2j` and `2j + 1` (512 entries only);
+    /// word `j` of the result is its code.
     ///
     /// # Safety
     /// The CPU has AVX-512 F/BW/VBMI.
     #[inline(always)]
-    unsafe fn lookup(&self, index: __m512i, code_byte: __m512i) -> __m512i {
+    unsafe fn lookup(&self, index: __m512i, bit8: __mmask64, code_byte: __m512i) -> __m512i {
         // SAFETY (features): the caller's contract.
         unsafe {
             // Byte 2j + h: 2·(index & 63) + h, the code byte's place in a 128-byte table.
@@ -86,13 +89,36 @@ impl CodeTables {
                 _mm512_set1_epi8(0x7e),
                 code_byte,
             );
-            let t = &self.0;
+            let bit6 = _mm512_test_epi8_mask(index, _mm512_set1_epi8(0x40));
+            let bit7 = _mm512_test_epi8_mask(index, _mm512_set1_epi8(-0x80));
+            let low = self.lookup_256(0, at, bit6, bit7);
+            if T == 8 {
+                low
+            } else {
+                _mm512_mask_blend_epi8(bit8, low, self.lookup_256(1, at, bit6, bit7))
+            }
+        }
+    }
+
+    /// Entries `256q..256q + 256` at the table places `at`, picked by index bits 6, 7.
+    ///
+    /// # Safety
+    /// As [`CodeTables::lookup`].
+    #[inline(always)]
+    unsafe fn lookup_256(
+        &self,
+        q: usize,
+        at: __m512i,
+        bit6: __mmask64,
+        bit7: __mmask64,
+    ) -> __m512i {
+        let t = &self.0[8 * q..8 * q + 8];
+        // SAFETY (features): the caller's contract.
+        unsafe {
             let rows_0 = _mm512_permutex2var_epi8(t[0].load(), at, t[1].load());
             let rows_1 = _mm512_permutex2var_epi8(t[2].load(), at, t[3].load());
             let rows_2 = _mm512_permutex2var_epi8(t[4].load(), at, t[5].load());
             let rows_3 = _mm512_permutex2var_epi8(t[6].load(), at, t[7].load());
-            let bit6 = _mm512_test_epi8_mask(index, _mm512_set1_epi8(0x40));
-            let bit7 = _mm512_test_epi8_mask(index, _mm512_set1_epi8(-0x80));
             _mm512_mask_blend_epi8(
                 bit7,
                 _mm512_mask_blend_epi8(bit6, rows_0, rows_1),
@@ -221,7 +247,7 @@ trait Grid {
 struct Iq2xxs;
 
 struct Iq2xxsConsts {
-    codes: CodeTables,
+    codes: CodeTables<8>,
     /// Byte `2j + h` takes octet `j`'s index byte (at `8·(j/4) + j%4` of the groups).
     dup_index: Bytes64,
     /// Per output register `k`: qword `o` gets octet `8k + o`'s code in its low bytes.
@@ -256,7 +282,7 @@ impl Grid for Iq2xxs {
             let q = _mm512_loadu_si512(b[iq2_xxs::QS..iq2_xxs::QS + 64].as_ptr() as *const _);
             // [32 octets × (index, index)] → [32 octets × u16 code]
             let index = _mm512_permutexvar_epi8(c.dup_index.load(), q);
-            let codes = c.codes.lookup(index, c.common.code_byte.load());
+            let codes = c.codes.lookup(index, 0, c.common.code_byte.load());
             let mut magnitudes = [_mm512_setzero_si512(); 4];
             for (k, m) in magnitudes.iter_mut().enumerate() {
                 let spread = _mm512_permutexvar_epi8(c.spread[k].load(), codes);
@@ -279,7 +305,7 @@ impl Grid for Iq2xxs {
 struct Iq3xxs;
 
 struct Iq3xxsConsts {
-    codes: CodeTables,
+    codes: CodeTables<8>,
     /// Per half `h`: byte `2j + e` takes index `32h + j`.
     dup_index: [Bytes64; 2],
     /// Per output register `k`: qword `o` gets the codes of indices `16k + 2o` and
@@ -324,10 +350,16 @@ impl Grid for Iq3xxs {
             );
             let code_byte = c.common.code_byte.load();
             let codes = [
-                c.codes
-                    .lookup(_mm512_permutexvar_epi8(c.dup_index[0].load(), q), code_byte),
-                c.codes
-                    .lookup(_mm512_permutexvar_epi8(c.dup_index[1].load(), q), code_byte),
+                c.codes.lookup(
+                    _mm512_permutexvar_epi8(c.dup_index[0].load(), q),
+                    0,
+                    code_byte,
+                ),
+                c.codes.lookup(
+                    _mm512_permutexvar_epi8(c.dup_index[1].load(), q),
+                    0,
+                    code_byte,
+                ),
             ];
             let mut magnitudes = [_mm512_setzero_si512(); 4];
             for (k, m) in magnitudes.iter_mut().enumerate() {
@@ -339,6 +371,94 @@ impl Grid for Iq3xxs {
             let words = _mm512_cvtepu32_epi64(words);
             let (negative, multipliers) =
                 signs_and_multipliers::<0>(words, c.sign_fields.load(), &c.common);
+            Decoded {
+                magnitudes,
+                negative,
+                multipliers,
+            }
+        }
+    }
+}
+
+/// IQ3_S: 64 index bytes and 64 ninth bits (one index per four weights into 512
+/// entries, a 3-bit level code each), a stored sign bit per weight and a 4-bit scale per
+/// group of 32.
+struct Iq3s;
+
+struct Iq3sConsts {
+    codes: CodeTables<16>,
+    /// As [`Iq3xxsConsts`]'s.
+    dup_index: [Bytes64; 2],
+    spread: [Bytes64; 2],
+    fields: Bytes64,
+    /// The level of a 3-bit code (indexed by a byte's low six bits).
+    levels: Bytes64,
+    code_byte: Bytes64,
+}
+
+/// Bits `0..32` of `bits` each doubled: bit `j` to bits `2j` and `2j + 1`.
+#[inline(always)]
+fn doubled_bits(bits: u32) -> u64 {
+    let mut x = bits as u64;
+    x = (x | x << 16) & 0x0000_ffff_0000_ffff;
+    x = (x | x << 8) & 0x00ff_00ff_00ff_00ff;
+    x = (x | x << 4) & 0x0f0f_0f0f_0f0f_0f0f;
+    x = (x | x << 2) & 0x3333_3333_3333_3333;
+    x = (x | x << 1) & 0x5555_5555_5555_5555;
+    x | x << 1
+}
+
+impl Grid for Iq3s {
+    const BYTES: usize = iq3_s::BYTES;
+    const POST_SCALE: f32 = 1.0;
+
+    #[inline(always)]
+    unsafe fn decode(b: &[u8]) -> Decoded {
+        static C: OnceLock<Iq3sConsts> = OnceLock::new();
+        let c = C.get_or_init(|| Iq3sConsts {
+            codes: CodeTables::new(&IQ3S_CODES),
+            dup_index: std::array::from_fn(|h| Bytes64::of(|b| (32 * h + b / 2) as u8)),
+            spread: std::array::from_fn(|half| {
+                Bytes64::of(|b| {
+                    let (o, r) = (b / 8, b % 8);
+                    let index = 16 * half + 2 * o + r / 4;
+                    (2 * index + r % 2) as u8
+                })
+            }),
+            fields: Bytes64::of(|b| [0, 3, 6, 9, 32, 35, 38, 41][b % 8]),
+            levels: Bytes64::of(|b| [1, 3, 5, 7, 9, 11, 13, 15][b % 8]),
+            code_byte: Bytes64::of(|b| (b % 2) as u8),
+        });
+        let b = &b[..iq3_s::BYTES];
+        // Bit i: the ninth bit of index i (byte g of `qh` holds group g's eight).
+        let high = u64::from_le_bytes(b[iq3_s::QH..iq3_s::QH + 8].try_into().expect("8"));
+        // SAFETY (features): the caller's contract; the loads lie inside the block.
+        unsafe {
+            let q = _mm512_loadu_si512(b[iq3_s::QS..iq3_s::QS + 64].as_ptr() as *const _);
+            let code_byte = c.code_byte.load();
+            let mut codes = [_mm512_setzero_si512(); 2];
+            for (h, codes) in codes.iter_mut().enumerate() {
+                let index = _mm512_permutexvar_epi8(c.dup_index[h].load(), q);
+                let bit8 = doubled_bits((high >> (32 * h)) as u32);
+                *codes = c.codes.lookup(index, bit8, code_byte);
+            }
+            let mut magnitudes = [_mm512_setzero_si512(); 4];
+            let mut negative = [0; 4];
+            let mut multipliers = [_mm512_setzero_si512(); 4];
+            for k in 0..4 {
+                let spread = _mm512_permutexvar_epi8(c.spread[k % 2].load(), codes[k / 2]);
+                let fields = _mm512_multishift_epi64_epi8(c.fields.load(), spread);
+                magnitudes[k] = _mm512_permutexvar_epi8(fields, c.levels.load());
+                // Bit 8o + e of the eight sign bytes of groups 2k, 2k + 1: weight 64k + 8o + e.
+                let signs = &b[iq3_s::SIGNS + 8 * k..iq3_s::SIGNS + 8 * k + 8];
+                negative[k] = u64::from_le_bytes(signs.try_into().expect("8"));
+                let scales = b[iq3_s::SCALES + k] as i32;
+                multipliers[k] = _mm512_mask_blend_epi32(
+                    0xff00,
+                    _mm512_set1_epi32(2 * (scales & 15) + 1),
+                    _mm512_set1_epi32(2 * (scales >> 4) + 1),
+                );
+            }
             Decoded {
                 magnitudes,
                 negative,
@@ -400,4 +520,17 @@ pub(crate) fn dot_iq3_xxs_q8_k(w: &[u8], x: &[u8]) -> f32 {
 pub(crate) fn dot4_iq3_xxs_q8_k(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
     // SAFETY: as [`dot_iq2_xxs_q8_k`].
     unsafe { grid_impl::<Iq3xxs, 4>(w, x) }
+}
+
+/// IQ3_S × Q8_K.
+pub(crate) fn dot_iq3_s_q8_k(w: &[u8], x: &[u8]) -> f32 {
+    // SAFETY: as [`dot_iq2_xxs_q8_k`].
+    let [y] = unsafe { grid_impl::<Iq3s, 1>(w, [x]) };
+    y
+}
+
+/// IQ3_S × four Q8_K rows.
+pub(crate) fn dot4_iq3_s_q8_k(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    // SAFETY: as [`dot_iq2_xxs_q8_k`].
+    unsafe { grid_impl::<Iq3s, 4>(w, x) }
 }
