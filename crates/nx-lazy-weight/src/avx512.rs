@@ -71,6 +71,9 @@ pub(crate) fn kernel(weight_type: GgmlType) -> Option<DotKernel> {
             crate::grids_avx512::dot_iq3_xxs_q8_k
         }
         GgmlType::IQ3_S if crate::grids_avx512::available() => crate::grids_avx512::dot_iq3_s_q8_k,
+        GgmlType::IQ2_XS if crate::grids_avx512::available() => {
+            crate::grids_avx512::dot_iq2_xs_q8_k
+        }
         _ => return None,
     };
     Some(k)
@@ -804,6 +807,9 @@ pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
             crate::grids_avx512::dot4_iq3_xxs_q8_k
         }
         GgmlType::IQ3_S if crate::grids_avx512::available() => crate::grids_avx512::dot4_iq3_s_q8_k,
+        GgmlType::IQ2_XS if crate::grids_avx512::available() => {
+            crate::grids_avx512::dot4_iq2_xs_q8_k
+        }
         _ => return None,
     };
     Some(k)

@@ -1,33 +1,34 @@
-//! AVX-512 VBMI kernels of the 256-entry grid formats (IQ2_XXS, IQ3_XXS): a block's
-//! table lookups done as byte permutes in registers instead of one scalar load and
-//! insert per four or eight weights.
+//! AVX-512 VBMI kernels of the grid formats with up to 512 entries (IQ2_XXS, IQ2_XS,
+//! IQ3_XXS, IQ3_S): a block's table lookups done as byte permutes in registers instead
+//! of one scalar load and insert per four or eight weights.
 //!
 //! ggml's AVX2 kernels (what nx's AVX2 tier copies) build each group of 32 weights from
 //! grid rows and 8-byte sign rows fetched one by one: about forty operations a group, so
 //! decode runs far below the memory's rate. Here a whole super-block is decoded at once.
-//! The 256 grid rows are kept as their 16-bit level codes (two or three bits a weight,
-//! 512 bytes: four 128-byte `vpermi2b` tables), so one permute per table looks up the
-//! codes of 32 indices and two blends pick by the index's top bits; `vpmultishiftqb`
-//! spreads a code's fields to bytes and one `vpermb` maps them to levels. The sign bytes
-//! (7-bit index and parity) are one 128-entry `vpermi2b`, turned into mask registers by
-//! a `vptestmb`, and the activations are negated under the mask. (Gathering the grid rows
-//! with `vpgatherqq` instead was about 15 % faster on a Sapphire Rapids Xeon, but gathers
-//! are slow on AMD and on Intel cores with the Downfall microcode fix: not kept.)
+//! The grid rows are kept as their 16-bit level codes (two or three bits a weight) in
+//! 128-byte `vpermi2b` tables of 64 entries, so one permute per table looks up the codes
+//! of 32 indices and blends pick by the index's bits 6, 7 (and 8, for 512 entries);
+//! `vpmultishiftqb` spreads a code's fields to bytes and one `vpermb` maps them to
+//! levels. The sign bytes (7-bit index and parity) are one 128-entry `vpermi2b` (IQ3_S
+//! stores its sign bits as they are), turned into mask registers by a `vptestmb`, and the
+//! activations are negated under the mask. (Gathering the grid rows with `vpgatherqq`
+//! instead was about 15 % faster on a Sapphire Rapids Xeon, but gathers are slow on AMD
+//! and on Intel cores with the Downfall microcode fix: not kept.)
 //!
 //! The integers are ggml's: a `vpdpbusd` forms the quad sums `maddubs` pairs would (no
-//! pair can saturate: 2·62·128 < 2¹⁵), a `vpdpwssd` multiplies each quad by its group's
-//! `2·ls + 1` (a quad fits a word: 4·62·128 < 2¹⁵), and the two 256-bit halves (even and
-//! odd groups) fold into ggml's eight lanes. The float part, per super-block one FMA of
-//! `d_w·d_x` into eight lanes and the final `hsum_float_8` times the format's constant,
-//! is unchanged, so the bits are the scalar twins' (`formats::iq2_xxs::dot`,
-//! `formats::iq3_xxs::dot`).
+//! pair can saturate: 2·62·128 < 2¹⁵), a `vpdpwssd` multiplies each quad by its 16 or 32
+//! weights' `2·ls + 1` (a quad fits a word: 4·62·128 < 2¹⁵), and the two 256-bit halves
+//! (even and odd groups) fold into ggml's eight lanes. The float part, per super-block
+//! one FMA of `d_w·d_x` into eight lanes and the final `hsum_float_8` times the format's
+//! constant, is unchanged, so the bits are the scalar twins' (`formats::iq2_xxs::dot` and
+//! the others'; `tests/simd_twins_formats.rs`).
 
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
 use crate::avx2::hsum_ps;
-use crate::formats::grid_tables::{IQ2XXS_CODES, IQ3S_CODES, IQ3XXS_CODES};
-use crate::formats::{iq2_xxs, iq3_s, iq3_xxs};
+use crate::formats::grid_tables::{IQ2XS_CODES, IQ2XXS_CODES, IQ3S_CODES, IQ3XXS_CODES};
+use crate::formats::{iq2_xs, iq2_xxs, iq3_s, iq3_xxs};
 use crate::formats::{q8_k::QS as Q8_K_QS, read_f16, read_f32, Q8_K_BYTES};
 
 /// True when the CPU has what these kernels use: the AVX-512 VNNI tier's features and
@@ -300,6 +301,107 @@ impl Grid for Iq2xxs {
     }
 }
 
+/// IQ2_XS: per eight weights a word of a 9-bit index into 512 entries (a 2-bit level
+/// code each) and a 7-bit sign index; a 4-bit scale per 16 weights.
+struct Iq2xs;
+
+struct Iq2xsConsts {
+    codes: CodeTables<16>,
+    /// Byte `2j + h` takes word `j`'s low byte (the index's low eight bits).
+    dup_index: Bytes64,
+    /// As [`Iq2xxsConsts`]'s.
+    spread: [Bytes64; 4],
+    fields: Bytes64,
+    levels: Bytes64,
+    /// Per output register `k`: byte `b` takes the sign byte of octet `8k + b/8` (byte
+    /// `2·(8k + b/8)` of the sign bytes).
+    sign_spread: [Bytes64; 4],
+    /// Byte `i` (of the first sixteen, repeated) starts at bit `4i`: scale nibble `i`.
+    nibbles: Bytes64,
+    /// Per output register `k`: dword `j`'s low byte takes the multiplier of the 16
+    /// weights of group `2k + j/8`, half `(j % 8) / 4`.
+    multiplier_spread: [Bytes64; 4],
+    sign_table: [Bytes64; 2],
+    bit_of_byte: Bytes64,
+    code_byte: Bytes64,
+}
+
+impl Grid for Iq2xs {
+    const BYTES: usize = iq2_xs::BYTES;
+    const POST_SCALE: f32 = 0.125;
+
+    #[inline(always)]
+    unsafe fn decode(b: &[u8]) -> Decoded {
+        static C: OnceLock<Iq2xsConsts> = OnceLock::new();
+        let c = C.get_or_init(|| Iq2xsConsts {
+            codes: CodeTables::new(&IQ2XS_CODES),
+            dup_index: Bytes64::of(|b| (2 * (b / 2)) as u8),
+            spread: std::array::from_fn(|k| Bytes64::of(|b| (2 * (8 * k + b / 8) + b % 2) as u8)),
+            fields: Bytes64::of(|b| (2 * (b % 8)) as u8),
+            levels: Bytes64::of(|b| [0x08, 0x19, 0x2b, 0][b % 4]),
+            sign_spread: std::array::from_fn(|k| Bytes64::of(|b| (2 * (8 * k + b / 8)) as u8)),
+            nibbles: Bytes64::of(|b| (4 * (b % 16)) as u8),
+            multiplier_spread: std::array::from_fn(|k| {
+                Bytes64::of(|b| {
+                    let j = b / 4;
+                    (2 * (2 * k + j / 8) + (j % 8) / 4) as u8
+                })
+            }),
+            sign_table: std::array::from_fn(|h| {
+                Bytes64::of(|b| crate::formats::grids::parity_signs((64 * h + b) as u32))
+            }),
+            bit_of_byte: Bytes64::of(|b| 1 << (b % 8)),
+            code_byte: Bytes64::of(|b| (b % 2) as u8),
+        });
+        let b = &b[..iq2_xs::BYTES];
+        let scales =
+            u64::from_le_bytes(b[iq2_xs::SCALES..iq2_xs::SCALES + 8].try_into().expect("8"));
+        // SAFETY (features): the caller's contract; the loads lie inside the block.
+        unsafe {
+            // [32 octets × u16 word]
+            let q = _mm512_loadu_si512(b[iq2_xs::QS..iq2_xs::QS + 64].as_ptr() as *const _);
+            let index = _mm512_permutexvar_epi8(c.dup_index.load(), q);
+            // Bit 0 of each word's high byte, the index's ninth bit, to both bytes.
+            let high = _mm512_test_epi8_mask(q, _mm512_set1_epi16(0x0100));
+            let bit8 = high | high >> 1;
+            let codes = c.codes.lookup(index, bit8, c.code_byte.load());
+            // Byte 2j: octet j's 7-bit sign index (the word's top seven bits).
+            let sign_index = _mm512_srli_epi16::<9>(q);
+            let signs = _mm512_permutex2var_epi8(
+                c.sign_table[0].load(),
+                sign_index,
+                c.sign_table[1].load(),
+            );
+            // Byte i < 16: 2·nibble + 1 of scale nibble i.
+            let nibbles = _mm512_and_si512(
+                _mm512_multishift_epi64_epi8(c.nibbles.load(), _mm512_set1_epi64(scales as i64)),
+                _mm512_set1_epi8(15),
+            );
+            let odd = _mm512_or_si512(_mm512_add_epi8(nibbles, nibbles), _mm512_set1_epi8(1));
+            let mut magnitudes = [_mm512_setzero_si512(); 4];
+            let mut negative = [0; 4];
+            let mut multipliers = [_mm512_setzero_si512(); 4];
+            for k in 0..4 {
+                let spread = _mm512_permutexvar_epi8(c.spread[k].load(), codes);
+                let fields = _mm512_multishift_epi64_epi8(c.fields.load(), spread);
+                magnitudes[k] = _mm512_permutexvar_epi8(fields, c.levels.load());
+                let spread = _mm512_permutexvar_epi8(c.sign_spread[k].load(), signs);
+                negative[k] = _mm512_test_epi8_mask(spread, c.bit_of_byte.load());
+                multipliers[k] = _mm512_maskz_permutexvar_epi8(
+                    0x1111_1111_1111_1111,
+                    c.multiplier_spread[k].load(),
+                    odd,
+                );
+            }
+            Decoded {
+                magnitudes,
+                negative,
+                multipliers,
+            }
+        }
+    }
+}
+
 /// IQ3_XXS: 64 index bytes (one per four weights, a 3-bit level code each), then a
 /// sign-and-scale word per group of 32.
 struct Iq3xxs;
@@ -533,4 +635,17 @@ pub(crate) fn dot_iq3_s_q8_k(w: &[u8], x: &[u8]) -> f32 {
 pub(crate) fn dot4_iq3_s_q8_k(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
     // SAFETY: as [`dot_iq2_xxs_q8_k`].
     unsafe { grid_impl::<Iq3s, 4>(w, x) }
+}
+
+/// IQ2_XS × Q8_K.
+pub(crate) fn dot_iq2_xs_q8_k(w: &[u8], x: &[u8]) -> f32 {
+    // SAFETY: as [`dot_iq2_xxs_q8_k`].
+    let [y] = unsafe { grid_impl::<Iq2xs, 1>(w, [x]) };
+    y
+}
+
+/// IQ2_XS × four Q8_K rows.
+pub(crate) fn dot4_iq2_xs_q8_k(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    // SAFETY: as [`dot_iq2_xxs_q8_k`].
+    unsafe { grid_impl::<Iq2xs, 4>(w, x) }
 }
