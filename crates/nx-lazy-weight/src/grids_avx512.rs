@@ -162,6 +162,107 @@ impl Common {
     }
 }
 
+/// Codes to magnitudes for the IQ2 grids (one index per eight weights, 2-bit fields).
+struct OctetLevels {
+    /// Per output register `k` (weights `64k..64k+64`): qword `o` gets octet `8k + o`'s
+    /// code in its low bytes.
+    spread: [Bytes64; 4],
+    /// Byte `e` of each qword starts at bit `2e`.
+    fields: Bytes64,
+    /// The level of a 2-bit code (indexed by a byte's low six bits).
+    levels: Bytes64,
+}
+
+impl OctetLevels {
+    fn new() -> OctetLevels {
+        OctetLevels {
+            spread: std::array::from_fn(|k| Bytes64::of(|b| (2 * (8 * k + b / 8) + b % 2) as u8)),
+            fields: Bytes64::of(|b| (2 * (b % 8)) as u8),
+            levels: Bytes64::of(|b| [0x08, 0x19, 0x2b, 0][b % 4]),
+        }
+    }
+
+    /// The 256 magnitudes from the codes of 32 octets (word `j`: octet `j`'s).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VBMI.
+    #[inline(always)]
+    unsafe fn magnitudes(&self, codes: __m512i) -> [__m512i; 4] {
+        let mut magnitudes = [codes; 4];
+        // SAFETY (features): the caller's contract. Plain loops, not `array::from_fn`:
+        // a closure's body is not compiled with the caller's target features, so its
+        // intrinsics stayed calls.
+        unsafe {
+            for (k, m) in magnitudes.iter_mut().enumerate() {
+                let spread = _mm512_permutexvar_epi8(self.spread[k].load(), codes);
+                let fields = _mm512_multishift_epi64_epi8(self.fields.load(), spread);
+                *m = _mm512_permutexvar_epi8(fields, self.levels.load());
+            }
+        }
+        magnitudes
+    }
+}
+
+/// Indices and codes to magnitudes for the IQ3 grids (64 index bytes, one per four
+/// weights, 3-bit fields).
+struct QuadLevels {
+    /// Per half `h`: byte `2j + e` takes index `32h + j`.
+    dup_index: [Bytes64; 2],
+    /// Per output register `k`: qword `o` gets the codes of indices `16k + 2o` and
+    /// `16k + 2o + 1` in its bytes 0..2 and 4..6 (from half `k / 2`'s codes).
+    spread: [Bytes64; 2],
+    /// Bytes 0..4 of each qword start at bits `3e`, bytes 4..8 at bits `32 + 3e`.
+    fields: Bytes64,
+    /// The level of a 3-bit code (indexed by a byte's low six bits).
+    levels: Bytes64,
+}
+
+impl QuadLevels {
+    fn new(levels: [u8; 8]) -> QuadLevels {
+        QuadLevels {
+            dup_index: std::array::from_fn(|h| Bytes64::of(|b| (32 * h + b / 2) as u8)),
+            spread: std::array::from_fn(|half| {
+                Bytes64::of(|b| {
+                    let (o, r) = (b / 8, b % 8);
+                    let index = 16 * half + 2 * o + r / 4;
+                    (2 * index + r % 2) as u8
+                })
+            }),
+            fields: Bytes64::of(|b| [0, 3, 6, 9, 32, 35, 38, 41][b % 8]),
+            levels: Bytes64::of(|b| levels[b % 8]),
+        }
+    }
+
+    /// Half `h` of the 64 index bytes `q`, each in two bytes (as [`CodeTables::lookup`]
+    /// takes them).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VBMI.
+    #[inline(always)]
+    unsafe fn index_half(&self, q: __m512i, h: usize) -> __m512i {
+        // SAFETY (features): the caller's contract.
+        unsafe { _mm512_permutexvar_epi8(self.dup_index[h].load(), q) }
+    }
+
+    /// The 256 magnitudes from the codes of the two halves' indices.
+    ///
+    /// # Safety
+    /// As [`QuadLevels::index_half`].
+    #[inline(always)]
+    unsafe fn magnitudes(&self, codes: [__m512i; 2]) -> [__m512i; 4] {
+        let mut magnitudes = [codes[0]; 4];
+        // SAFETY (features): the caller's contract.
+        unsafe {
+            for (k, m) in magnitudes.iter_mut().enumerate() {
+                let spread = _mm512_permutexvar_epi8(self.spread[k % 2].load(), codes[k / 2]);
+                let fields = _mm512_multishift_epi64_epi8(self.fields.load(), spread);
+                *m = _mm512_permutexvar_epi8(fields, self.levels.load());
+            }
+        }
+        magnitudes
+    }
+}
+
 /// The decoded weights of one super-block: magnitudes (64 weights a register),
 /// negative-weight masks, and each quad's multiplier (`2·ls + 1` in a dword's low word).
 struct Decoded {
@@ -251,12 +352,7 @@ struct Iq2xxsConsts {
     codes: CodeTables<8>,
     /// Byte `2j + h` takes octet `j`'s index byte (at `8·(j/4) + j%4` of the groups).
     dup_index: Bytes64,
-    /// Per output register `k`: qword `o` gets octet `8k + o`'s code in its low bytes.
-    spread: [Bytes64; 4],
-    /// Byte `e` of each qword starts at bit `2e`.
-    fields: Bytes64,
-    /// The level of a 2-bit code (indexed by a byte's low six bits).
-    levels: Bytes64,
+    octets: OctetLevels,
     /// Bytes 0..4 of each qword: bits 32 + 7l (the sign indices in the high dword).
     sign_fields: Bytes64,
     common: Common,
@@ -272,9 +368,7 @@ impl Grid for Iq2xxs {
         let c = C.get_or_init(|| Iq2xxsConsts {
             codes: CodeTables::new(&IQ2XXS_CODES),
             dup_index: Bytes64::of(|b| (8 * (b / 8) + (b / 2) % 4) as u8),
-            spread: std::array::from_fn(|k| Bytes64::of(|b| (2 * (8 * k + b / 8) + b % 2) as u8)),
-            fields: Bytes64::of(|b| (2 * (b % 8)) as u8),
-            levels: Bytes64::of(|b| [0x08, 0x19, 0x2b, 0][b % 4]),
+            octets: OctetLevels::new(),
             sign_fields: Bytes64::of(|b| [32, 39, 46, 53, 0, 0, 0, 0][b % 8]),
             common: Common::new(),
         });
@@ -284,12 +378,7 @@ impl Grid for Iq2xxs {
             // [32 octets × (index, index)] → [32 octets × u16 code]
             let index = _mm512_permutexvar_epi8(c.dup_index.load(), q);
             let codes = c.codes.lookup(index, 0, c.common.code_byte.load());
-            let mut magnitudes = [_mm512_setzero_si512(); 4];
-            for (k, m) in magnitudes.iter_mut().enumerate() {
-                let spread = _mm512_permutexvar_epi8(c.spread[k].load(), codes);
-                let fields = _mm512_multishift_epi64_epi8(c.fields.load(), spread);
-                *m = _mm512_permutexvar_epi8(fields, c.levels.load());
-            }
+            let magnitudes = c.octets.magnitudes(codes);
             let (negative, multipliers) =
                 signs_and_multipliers::<32>(q, c.sign_fields.load(), &c.common);
             Decoded {
@@ -309,10 +398,7 @@ struct Iq2xsConsts {
     codes: CodeTables<16>,
     /// Byte `2j + h` takes word `j`'s low byte (the index's low eight bits).
     dup_index: Bytes64,
-    /// As [`Iq2xxsConsts`]'s.
-    spread: [Bytes64; 4],
-    fields: Bytes64,
-    levels: Bytes64,
+    octets: OctetLevels,
     /// Per output register `k`: byte `b` takes the sign byte of octet `8k + b/8` (byte
     /// `2·(8k + b/8)` of the sign bytes).
     sign_spread: [Bytes64; 4],
@@ -336,9 +422,7 @@ impl Grid for Iq2xs {
         let c = C.get_or_init(|| Iq2xsConsts {
             codes: CodeTables::new(&IQ2XS_CODES),
             dup_index: Bytes64::of(|b| (2 * (b / 2)) as u8),
-            spread: std::array::from_fn(|k| Bytes64::of(|b| (2 * (8 * k + b / 8) + b % 2) as u8)),
-            fields: Bytes64::of(|b| (2 * (b % 8)) as u8),
-            levels: Bytes64::of(|b| [0x08, 0x19, 0x2b, 0][b % 4]),
+            octets: OctetLevels::new(),
             sign_spread: std::array::from_fn(|k| Bytes64::of(|b| (2 * (8 * k + b / 8)) as u8)),
             nibbles: Bytes64::of(|b| (4 * (b % 16)) as u8),
             multiplier_spread: std::array::from_fn(|k| {
@@ -378,13 +462,10 @@ impl Grid for Iq2xs {
                 _mm512_set1_epi8(15),
             );
             let odd = _mm512_or_si512(_mm512_add_epi8(nibbles, nibbles), _mm512_set1_epi8(1));
-            let mut magnitudes = [_mm512_setzero_si512(); 4];
+            let magnitudes = c.octets.magnitudes(codes);
             let mut negative = [0; 4];
             let mut multipliers = [_mm512_setzero_si512(); 4];
             for k in 0..4 {
-                let spread = _mm512_permutexvar_epi8(c.spread[k].load(), codes);
-                let fields = _mm512_multishift_epi64_epi8(c.fields.load(), spread);
-                magnitudes[k] = _mm512_permutexvar_epi8(fields, c.levels.load());
                 let spread = _mm512_permutexvar_epi8(c.sign_spread[k].load(), signs);
                 negative[k] = _mm512_test_epi8_mask(spread, c.bit_of_byte.load());
                 multipliers[k] = _mm512_maskz_permutexvar_epi8(
@@ -408,15 +489,7 @@ struct Iq3xxs;
 
 struct Iq3xxsConsts {
     codes: CodeTables<8>,
-    /// Per half `h`: byte `2j + e` takes index `32h + j`.
-    dup_index: [Bytes64; 2],
-    /// Per output register `k`: qword `o` gets the codes of indices `16k + 2o` and
-    /// `16k + 2o + 1` in its bytes 0..2 and 4..6 (from the half `k / 2`'s codes).
-    spread: [Bytes64; 2],
-    /// Bytes 0..4 of each qword start at bits `3e`, bytes 4..8 at bits `32 + 3e`.
-    fields: Bytes64,
-    /// The level of a 3-bit code (indexed by a byte's low six bits).
-    levels: Bytes64,
+    quads: QuadLevels,
     /// Bytes 0..4 of each qword: bits 7l (the sign indices in the low dword).
     sign_fields: Bytes64,
     common: Common,
@@ -431,16 +504,7 @@ impl Grid for Iq3xxs {
         static C: OnceLock<Iq3xxsConsts> = OnceLock::new();
         let c = C.get_or_init(|| Iq3xxsConsts {
             codes: CodeTables::new(&IQ3XXS_CODES),
-            dup_index: std::array::from_fn(|h| Bytes64::of(|b| (32 * h + b / 2) as u8)),
-            spread: std::array::from_fn(|half| {
-                Bytes64::of(|b| {
-                    let (o, r) = (b / 8, b % 8);
-                    let index = 16 * half + 2 * o + r / 4;
-                    (2 * index + r % 2) as u8
-                })
-            }),
-            fields: Bytes64::of(|b| [0, 3, 6, 9, 32, 35, 38, 41][b % 8]),
-            levels: Bytes64::of(|b| [0x04, 0x0c, 0x14, 0x1c, 0x24, 0x2c, 0x34, 0x3e][b % 8]),
+            quads: QuadLevels::new([0x04, 0x0c, 0x14, 0x1c, 0x24, 0x2c, 0x34, 0x3e]),
             sign_fields: Bytes64::of(|b| [0, 7, 14, 21, 0, 0, 0, 0][b % 8]),
             common: Common::new(),
         });
@@ -452,23 +516,10 @@ impl Grid for Iq3xxs {
             );
             let code_byte = c.common.code_byte.load();
             let codes = [
-                c.codes.lookup(
-                    _mm512_permutexvar_epi8(c.dup_index[0].load(), q),
-                    0,
-                    code_byte,
-                ),
-                c.codes.lookup(
-                    _mm512_permutexvar_epi8(c.dup_index[1].load(), q),
-                    0,
-                    code_byte,
-                ),
+                c.codes.lookup(c.quads.index_half(q, 0), 0, code_byte),
+                c.codes.lookup(c.quads.index_half(q, 1), 0, code_byte),
             ];
-            let mut magnitudes = [_mm512_setzero_si512(); 4];
-            for (k, m) in magnitudes.iter_mut().enumerate() {
-                let spread = _mm512_permutexvar_epi8(c.spread[k % 2].load(), codes[k / 2]);
-                let fields = _mm512_multishift_epi64_epi8(c.fields.load(), spread);
-                *m = _mm512_permutexvar_epi8(fields, c.levels.load());
-            }
+            let magnitudes = c.quads.magnitudes(codes);
             // Qword g: group g's word.
             let words = _mm512_cvtepu32_epi64(words);
             let (negative, multipliers) =
@@ -489,12 +540,7 @@ struct Iq3s;
 
 struct Iq3sConsts {
     codes: CodeTables<16>,
-    /// As [`Iq3xxsConsts`]'s.
-    dup_index: [Bytes64; 2],
-    spread: [Bytes64; 2],
-    fields: Bytes64,
-    /// The level of a 3-bit code (indexed by a byte's low six bits).
-    levels: Bytes64,
+    quads: QuadLevels,
     code_byte: Bytes64,
 }
 
@@ -519,16 +565,7 @@ impl Grid for Iq3s {
         static C: OnceLock<Iq3sConsts> = OnceLock::new();
         let c = C.get_or_init(|| Iq3sConsts {
             codes: CodeTables::new(&IQ3S_CODES),
-            dup_index: std::array::from_fn(|h| Bytes64::of(|b| (32 * h + b / 2) as u8)),
-            spread: std::array::from_fn(|half| {
-                Bytes64::of(|b| {
-                    let (o, r) = (b / 8, b % 8);
-                    let index = 16 * half + 2 * o + r / 4;
-                    (2 * index + r % 2) as u8
-                })
-            }),
-            fields: Bytes64::of(|b| [0, 3, 6, 9, 32, 35, 38, 41][b % 8]),
-            levels: Bytes64::of(|b| [1, 3, 5, 7, 9, 11, 13, 15][b % 8]),
+            quads: QuadLevels::new([1, 3, 5, 7, 9, 11, 13, 15]),
             code_byte: Bytes64::of(|b| (b % 2) as u8),
         });
         let b = &b[..iq3_s::BYTES];
@@ -540,17 +577,13 @@ impl Grid for Iq3s {
             let code_byte = c.code_byte.load();
             let mut codes = [_mm512_setzero_si512(); 2];
             for (h, codes) in codes.iter_mut().enumerate() {
-                let index = _mm512_permutexvar_epi8(c.dup_index[h].load(), q);
                 let bit8 = doubled_bits((high >> (32 * h)) as u32);
-                *codes = c.codes.lookup(index, bit8, code_byte);
+                *codes = c.codes.lookup(c.quads.index_half(q, h), bit8, code_byte);
             }
-            let mut magnitudes = [_mm512_setzero_si512(); 4];
+            let magnitudes = c.quads.magnitudes(codes);
             let mut negative = [0; 4];
             let mut multipliers = [_mm512_setzero_si512(); 4];
             for k in 0..4 {
-                let spread = _mm512_permutexvar_epi8(c.spread[k % 2].load(), codes[k / 2]);
-                let fields = _mm512_multishift_epi64_epi8(c.fields.load(), spread);
-                magnitudes[k] = _mm512_permutexvar_epi8(fields, c.levels.load());
                 // Bit 8o + e of the eight sign bytes of groups 2k, 2k + 1: weight 64k + 8o + e.
                 let signs = &b[iq3_s::SIGNS + 8 * k..iq3_s::SIGNS + 8 * k + 8];
                 negative[k] = u64::from_le_bytes(signs.try_into().expect("8"));
