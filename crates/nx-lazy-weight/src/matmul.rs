@@ -796,10 +796,12 @@ unsafe fn layouts_into(
     let narrow_whole = kernels.tiled
         && ((xq.narrow.held.all_of(n) && crate::narrow::takes_group(ty))
             || (xq.narrow_k.held.all_of(n) && crate::narrow_k::has_kernel(ty, n)));
-    let wide = xq
-        .wide_tiles(kernels.tiled_raw)
-        .filter(|t| t.n_groups() > 0);
-    if let Some(wide) = wide.filter(|_| kernels.tiled && !narrow_whole) {
+    // Only a tile kernel asks for its layout (asking may build it).
+    let wide = match kernels.tiled && !narrow_whole {
+        true => xq.wide_tiles(kernels.tiled_raw),
+        false => None,
+    };
+    if let Some(wide) = wide.filter(|t| t.n_groups() > 0) {
         // SAFETY: `kernels.tiled` means the CPU has the tiled kernels' features and the
         // type has one; the tiles (in the kernel's layout) were built from `xq`, which
         // fits `w` (checked by the caller). Writes go to `t·stride + r − col0` for

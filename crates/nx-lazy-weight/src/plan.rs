@@ -578,9 +578,9 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 ///    it; AMX K tiles prefetched, their unpacking in fewer operations.
 /// 17: BF16 in the reference's `vdpbf16ps` order, with AVX-512 BF16 and AVX2 kernels (a
 ///    cached plan could hold the scalar one, now the slowest).
-/// 18: AVX-512 VBMI grid kernels (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S) decoding a block in registers; the VNNI tiles
-///    of Q5_K, Q3_K, Q2_K, IQ4_XS, IQ1_M and the grids where AMX takes Q4_K / Q6_K (their
-///    activations tiled a second time in the VNNI layout).
+/// 18: AVX-512 VBMI grid kernels (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S) decoding a block in
+///    registers; the VNNI tiles of Q5_K, Q3_K, Q2_K, IQ4_XS, IQ1_M and the grids where
+///    AMX takes Q4_K / Q6_K (their activations tiled a second time in the VNNI layout).
 pub const KERNELS_REVISION: u32 = 18;
 
 #[cfg(test)]
