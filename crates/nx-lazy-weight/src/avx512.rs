@@ -37,11 +37,7 @@ use crate::formats::{DotKernel4, DotKernelRows4};
 
 /// True when this CPU can run the kernels of this module.
 pub(crate) fn available() -> bool {
-    crate::avx2::available()
-        && std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-        && std::arch::is_x86_feature_detected!("avx512vnni")
+    crate::tier::has_avx512_vnni_features()
 }
 
 /// The AVX-512 VNNI kernel of a weight type (for BF16 the AVX512_BF16 one, where the CPU

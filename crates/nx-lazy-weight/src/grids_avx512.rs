@@ -34,14 +34,7 @@ use crate::formats::{q8_k::QS as Q8_K_QS, read_f16, read_f32, Q8_K_BYTES};
 /// True when the CPU has what these kernels use: the AVX-512 VNNI tier's features and
 /// AVX512_VBMI (Ice Lake and later Intel cores, AMD Zen 4 and later).
 pub(crate) fn available() -> bool {
-    // The AVX-512 tier's list (`avx512::available`, which hands these kernels out: asked
-    // here directly, not through it, so that the two modules do not import each other).
-    crate::avx2::available()
-        && std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-        && std::arch::is_x86_feature_detected!("avx512vnni")
-        && std::arch::is_x86_feature_detected!("avx512vbmi")
+    crate::tier::has_avx512_vnni_features() && std::arch::is_x86_feature_detected!("avx512vbmi")
 }
 
 /// 64 bytes, aligned for a vector load.

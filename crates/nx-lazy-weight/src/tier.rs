@@ -47,3 +47,15 @@ pub fn supported_tiers() -> Vec<CpuTier> {
     .filter(|&t| tier_supported(t))
     .collect()
 }
+
+/// True when the CPU has the AVX-512 tier's features: AVX2, FMA and F16C, and AVX-512
+/// F/BW/VL/VNNI. The one list the AVX-512 kernel modules check (`avx512`, and
+/// `grids_avx512` on top of VBMI), kept here so that neither imports the other.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx512_vnni_features() -> bool {
+    crate::avx2::available()
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+}
