@@ -15,7 +15,8 @@ use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
 use super::{
-    margin_factor, BoundedKernel, BoundedScratch, MAX_EXTRA_CANDIDATES, MAX_TOKENS, Q8_0_BLOCK,
+    half_term, margin_factor, BlockSum, BoundedKernel, BoundedScratch, MAX_EXTRA_CANDIDATES,
+    MAX_TOKENS, Q8_0_BLOCK,
 };
 use crate::formats::read_f16;
 use crate::LazyWeight;
@@ -74,7 +75,7 @@ impl PassState {
 pub(super) fn candidates(
     w: &LazyWeight<'_>,
     ((corrections, row_max, n_blocks), kernel, avx2): (
-        (&[i32], &[f32], usize),
+        (&[BlockSum], &[f32], usize),
         BoundedKernel,
         bool,
     ),
@@ -274,7 +275,7 @@ trait Width {
     /// [`row_sums`] for this width.
     #[inline(always)]
     unsafe fn row_sums<const R: usize>(
-        rows: (&[u8], usize, &[i32]),
+        rows: (&[u8], usize, &[BlockSum]),
         layout: (&[u8], usize),
         sums: &mut [Self::F; ROWS],
     ) where
@@ -362,7 +363,7 @@ impl<D: Dpbusd256> Width for Y<D> {
     type F = __m256;
     #[inline(always)]
     unsafe fn row_sums<const R: usize>(
-        rows: (&[u8], usize, &[i32]),
+        rows: (&[u8], usize, &[BlockSum]),
         layout: (&[u8], usize),
         sums: &mut [__m256; ROWS],
     ) {
@@ -721,7 +722,7 @@ impl<W: Width> Judge<W> {
 /// layout `W::LANES` lanes.
 #[inline(always)]
 unsafe fn pass<W: Width>(
-    (w, row_bytes, corr, row_max): (&[u8], usize, &[i32], &[f32]),
+    (w, row_bytes, corr, row_max): (&[u8], usize, &[BlockSum], &[f32]),
     (layout, n_blocks, c, totals): (&[u8], usize, f32, &[f32; MAX_TOKENS]),
     (first, top): (usize, &[usize]),
     state: &mut PassState,
@@ -765,7 +766,7 @@ unsafe fn pass<W: Width>(
 /// The CPU has those features and F16C; otherwise as [`pass`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn pass_avx512<W: Width>(
-    rows: (&[u8], usize, &[i32], &[f32]),
+    rows: (&[u8], usize, &[BlockSum], &[f32]),
     layout: (&[u8], usize, f32, &[f32; MAX_TOKENS]),
     at: (usize, &[usize]),
     state: &mut PassState,
@@ -780,7 +781,7 @@ unsafe fn pass_avx512<W: Width>(
 /// The CPU has AVX2, FMA, F16C and AVX-VNNI; otherwise as [`pass`].
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn pass_avx2<W: Width>(
-    rows: (&[u8], usize, &[i32], &[f32]),
+    rows: (&[u8], usize, &[BlockSum], &[f32]),
     layout: (&[u8], usize, f32, &[f32; MAX_TOKENS]),
     at: (usize, &[usize]),
     state: &mut PassState,
@@ -802,7 +803,7 @@ pub(super) fn has_avx_vnni() -> bool {
 /// As [`pass`], with `R` whole rows in `w` and their terms in `corr`.
 #[inline(always)]
 unsafe fn row_sums<W: Width, const R: usize>(
-    (w, row_bytes, corr): (&[u8], usize, &[i32]),
+    (w, row_bytes, corr): (&[u8], usize, &[BlockSum]),
     (layout, n_blocks): (&[u8], usize),
     sums: &mut [W::F; ROWS],
 ) {
@@ -821,7 +822,7 @@ unsafe fn row_sums<W: Width, const R: usize>(
             // free. Σ(w)·(x+128) − 128·Σw = Σ w·x: each starts at half the block's term.
             let mut acc = [[W::zero_i(); 2]; R];
             for (k, acc) in acc.iter_mut().enumerate() {
-                let half = W::splat_i(*corr.get_unchecked(k * n_blocks + b));
+                let half = W::splat_i(half_term(*corr.get_unchecked(k * n_blocks + b)));
                 *acc = [half, half];
                 // Every row is read once per step: stream ahead, as decoding does.
                 let row = &w[k * row_bytes..(k + 1) * row_bytes];
@@ -863,7 +864,7 @@ unsafe fn row_sums<W: Width, const R: usize>(
 /// at most [`PairedWidth::TOKENS`] tokens in it.
 #[inline(always)]
 unsafe fn paired_row_sums<P: PairedWidth, const R: usize>(
-    (w, row_bytes, corr): (&[u8], usize, &[i32]),
+    (w, row_bytes, corr): (&[u8], usize, &[BlockSum]),
     (layout, n_blocks): (&[u8], usize),
     sums: &mut [__m256; ROWS],
 ) {
@@ -882,7 +883,7 @@ unsafe fn paired_row_sums<P: PairedWidth, const R: usize>(
             let xb = layout.as_ptr().add(b * FIELDS * REG);
             let mut acc = [P::splat_i(0); R];
             for (k, acc) in acc.iter_mut().enumerate() {
-                *acc = P::splat_i(*corr.get_unchecked(k * n_blocks + b));
+                *acc = P::splat_i(half_term(*corr.get_unchecked(k * n_blocks + b)));
                 let row = &w[k * row_bytes..(k + 1) * row_bytes];
                 crate::avx2::prefetch_block(row, b * Q8_0_BLOCK, Q8_0_BLOCK, R);
             }
@@ -1090,6 +1091,7 @@ impl PairedWidth for PairsY {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bounded::block_sum;
     use crate::QuantizedActs;
 
     /// Sums by two passes of eight lanes, as `[row][lane]` bits: `R` rows by pass `A` on
@@ -1099,7 +1101,7 @@ mod tests {
     /// Inlined where both passes' features are enabled; as [`row_sums`] otherwise.
     #[inline(always)]
     unsafe fn twin<A, B, const R: usize>(
-        rows: (&[u8], usize, &[i32]),
+        rows: (&[u8], usize, &[BlockSum]),
         (plain, paired, n_blocks): (&[u8], &[u8], usize),
     ) -> [[[u32; 8]; ROWS]; 2]
     where
@@ -1120,7 +1122,7 @@ mod tests {
     /// [`twin`] of the 256-bit one-quad pass and the 512-bit paired one.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn both<const R: usize>(
-        rows: (&[u8], usize, &[i32]),
+        rows: (&[u8], usize, &[BlockSum]),
         layouts: (&[u8], &[u8], usize),
     ) -> [[[u32; 8]; ROWS]; 2] {
         // SAFETY: the features are enabled here (the caller checked the CPU).
@@ -1130,7 +1132,7 @@ mod tests {
     /// [`twin`] of AVX-VNNI's one-quad pass and its 256-bit paired one.
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
     unsafe fn both_vex<const R: usize>(
-        rows: (&[u8], usize, &[i32]),
+        rows: (&[u8], usize, &[BlockSum]),
         layouts: (&[u8], &[u8], usize),
     ) -> [[[u32; 8]; ROWS]; 2] {
         // SAFETY: as `both`.
@@ -1155,10 +1157,7 @@ mod tests {
                 block[..2].copy_from_slice(&d.to_bits().to_le_bytes());
                 block[2..].iter_mut().for_each(|q| *q = next() as u8);
             }
-            let terms: Vec<i32> = w
-                .chunks_exact(Q8_0_BLOCK)
-                .map(|b| -64 * b[2..].iter().map(|&q| q as i8 as i32).sum::<i32>())
-                .collect();
+            let terms: Vec<BlockSum> = w.chunks_exact(Q8_0_BLOCK).map(block_sum).collect();
             let weight = LazyWeight::from_parts(
                 nx_gguf::GgmlType::Q8_0,
                 &[(n_blocks * 32) as u64, n_rows as u64],
