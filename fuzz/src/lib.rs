@@ -242,7 +242,8 @@ pub fn chat_template(data: &[u8]) {
 
 /// Bytes 0..36 are the settings (temperature, top-p, min-p and the penalties as `f32`,
 /// top-k and the penalty window as `u16`, the seed), the rest the logits as `f32`
-/// (any bits: NaN, ±inf, all equal, none). A sampled id lies inside the logits.
+/// (any bits: NaN, ±inf, all equal, none), whose first 16 bytes also give two
+/// logit-bias entries. A sampled id lies inside the logits.
 pub fn sampler(data: &[u8]) {
     const HEAD: usize = 36;
     if data.len() < HEAD {
@@ -262,6 +263,7 @@ pub fn sampler(data: &[u8]) {
         top_k: u16_at(24),
         penalty_last_n: u16_at(26),
         seed: u64::from_le_bytes(seed),
+        logit_bias: Vec::new(),
     };
     let logits: Vec<f32> = data[HEAD..]
         .chunks_exact(4)
@@ -269,6 +271,19 @@ pub fn sampler(data: &[u8]) {
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
     let n = logits.len();
+    // A logit bias from the first logits' bits: ids some past the vocabulary, any bias.
+    let logit_bias = data[HEAD..]
+        .chunks_exact(8)
+        .take(2)
+        .map(|c| {
+            let id = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) % (n as u32 + 2);
+            (id, f32::from_le_bytes([c[4], c[5], c[6], c[7]]))
+        })
+        .collect();
+    let config = SamplerConfig {
+        logit_bias,
+        ..config
+    };
     let _ = log_softmax_top(&logits, config.top_k.min(64));
     let _ = log_prob(&logits, config.penalty_last_n as u32);
     let Ok(mut sampler) = Sampler::new(config) else {

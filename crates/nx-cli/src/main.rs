@@ -51,11 +51,24 @@ enum Command {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
-            // --help and --version are not errors.
-            let code = if e.use_stderr() { 2 } else { 0 };
+        // --help and --version are not errors; `nx` alone shows the help (and fails).
+        Err(e)
+            if !e.use_stderr()
+                || e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
             let _ = e.print();
-            return ExitCode::from(code);
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+        Err(e) => {
+            // One line, as every other error: clap's first line names the problem (its
+            // usage and hint lines follow it).
+            let text = e.render().to_string();
+            let first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("error");
+            eprintln!("{first} (see --help)");
+            return ExitCode::from(2);
         }
     };
     let result = match &cli.command {

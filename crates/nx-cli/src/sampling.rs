@@ -31,6 +31,33 @@ pub struct SamplingArgs {
     /// Seed of the sampler's random generator.
     #[arg(long, value_name = "N", default_value_t = SamplerConfig::default().seed)]
     pub seed: u64,
+    /// Add BIAS to token ID's logit before sampling, as llama.cpp's flag does (repeat
+    /// for more tokens): `15043+1` favours token 15043, `15043-100` all but bans it.
+    #[arg(long, short = 'l', value_name = "ID(+|-)BIAS", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// `ID+BIAS` or `ID-BIAS` (llama.cpp's form) as `(id, ±bias)`.
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let split = s
+        .find(['+', '-'])
+        .filter(|&at| at > 0)
+        .ok_or_else(|| format!("`{s}` is not ID+BIAS or ID-BIAS (for example 15043-100)"))?;
+    let (id, bias) = s.split_at(split);
+    let id: u32 = id
+        .parse()
+        .map_err(|_| format!("`{id}` in `{s}` is not a token id"))?;
+    let bias: f32 = bias
+        .strip_prefix('+')
+        .unwrap_or(bias)
+        .parse()
+        .map_err(|_| format!("`{bias}` in `{s}` is not a number"))?;
+    if !bias.is_finite() {
+        return Err(format!(
+            "the bias in `{s}` is not finite (use -100 to ban a token)"
+        ));
+    }
+    Ok((id, bias))
 }
 
 impl SamplingArgs {
@@ -44,7 +71,25 @@ impl SamplingArgs {
             repeat_penalty: self.repeat_penalty,
             penalty_last_n: self.repeat_last_n,
             seed: self.seed,
+            logit_bias: self.logit_bias.clone(),
             ..SamplerConfig::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_logit_bias;
+
+    #[test]
+    fn logit_bias_flags_parse_as_llama_cpp_writes_them() {
+        assert_eq!(parse_logit_bias("15043+1"), Ok((15043, 1.0)));
+        assert_eq!(parse_logit_bias("15043-100"), Ok((15043, -100.0)));
+        assert_eq!(parse_logit_bias("7+0.5"), Ok((7, 0.5)));
+        for bad in [
+            "15043", "-5+1", "+1", "x+1", "15043+", "15043+x", "1-inf", "1+NaN",
+        ] {
+            assert!(parse_logit_bias(bad).is_err(), "{bad}");
         }
     }
 }

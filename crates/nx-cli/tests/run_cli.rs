@@ -238,6 +238,45 @@ fn bad_sampling_flags_exit_2_with_one_line() {
     assert_one_line_error(base(&["--min-p", "2"]), "min_p");
     assert_one_line_error(base(&["--prefill-chunk", "0"]), "prefill-chunk");
     assert_one_line_error(base(&["--stop", ""]), "stop string");
+    // Flags clap refuses get one line too.
+    assert_one_line_error(base(&["--logit-bias", "5"]), "--logit-bias");
+    assert_one_line_error(base(&["--logit-bias", "5+x"]), "--logit-bias");
+    assert_one_line_error(base(&["-n", "abc"]), "--n-predict");
+    assert_one_line_error(base(&["--no-such-flag"]), "--no-such-flag");
+    let past = format!("{}-1", tiny_model::n_vocab());
+    assert_one_line_error(base(&["--logit-bias", &past]), "logit bias token id");
+}
+
+/// `--logit-bias ID-100` bans the token greedy decoding chose first (and the answer
+/// changes); a positive bias makes a token the greedy choice; the flag repeats.
+#[test]
+fn logit_bias_flags_ban_and_favour_tokens() {
+    let ids = |extra: &[&str]| -> Vec<u64> {
+        let args = [
+            &[
+                "--prompt-ids",
+                "10,11,12,13",
+                "-n",
+                "6",
+                "--temp",
+                "0",
+                "--json",
+            ],
+            extra,
+        ]
+        .concat();
+        let lines = json_lines(&run_ok(&args).0);
+        lines[..lines.len() - 1]
+            .iter()
+            .map(|l| l["id"].as_u64().unwrap())
+            .collect()
+    };
+    let plain = ids(&[]);
+    let ban = format!("{}-100", plain[0]);
+    let banned = ids(&["--logit-bias", &ban]);
+    assert!(!banned.contains(&plain[0]), "{plain:?} -> {banned:?}");
+    let favoured = ids(&["-l", &ban, "-l", "3+100"]);
+    assert!(favoured.iter().all(|&id| id == 3), "{favoured:?}");
 }
 
 #[test]

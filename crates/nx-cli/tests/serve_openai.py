@@ -371,6 +371,24 @@ class Checks:
         eq(usage.completion_tokens, 16, "streamed completion_tokens")
         return f"choices {by_index}"
 
+    def logit_bias(self):
+        kw = dict(max_tokens=6, temperature=0, logprobs=1, extra_body={"ignore_eos": True})
+        plain = self.complete(self.p["cmpl"], **kw).choices[0]
+        first = plain.logprobs.model_extra["token_ids"][0]
+        bias = {str(first): -100}
+        banned = self.complete(self.p["cmpl"], logit_bias=bias, **kw).choices[0]
+        ids = banned.logprobs.model_extra["token_ids"]
+        expect(first not in ids, f"token {first} was banned, yet generated: {ids}")
+        again = self.complete(self.p["cmpl"], logit_bias=bias, **kw).choices[0]
+        eq(again.text, banned.text, "the same biased request twice")
+        stream = self.complete(self.p["cmpl"], logit_bias=bias, stream=True, **kw)
+        texts, _, _, _ = self.collect_stream(stream)
+        eq(texts[0], banned.text, "streamed vs not, with a logit bias")
+        bad = openai.BadRequestError
+        self.error(bad, 400, lambda: self.complete("x", logit_bias={"x": 1}), param="logit_bias")
+        self.error(bad, 400, lambda: self.chat("x", logit_bias={"1": 101}), param="logit_bias")
+        return f"token {first} banned: {plain.text!r} -> {banned.text!r}"
+
     def error(self, exc_type, status, call, **want):
         try:
             call()
@@ -445,6 +463,7 @@ ALL = [
     "completion_logprobs",
     "seed_reproducible",
     "n_choices",
+    "logit_bias",
     "errors_bad_fields",
     "errors_unknown_model",
     "errors_context",

@@ -517,6 +517,16 @@ impl Engine {
         if let Some(&id) = r.prompt.iter().find(|&&id| id as usize >= n_vocab) {
             return Err(RunError::TokenOutOfRange { id, n_vocab });
         }
+        if let Some(&(id, _)) = r
+            .sampler
+            .logit_bias
+            .iter()
+            .find(|b| b.0 as usize >= n_vocab)
+        {
+            return Err(RunError::InvalidConfig(format!(
+                "logit bias token id {id} is outside the vocabulary of {n_vocab} tokens"
+            )));
+        }
         if r.stop_strings.iter().any(|s| s.is_empty()) {
             return Err(RunError::InvalidConfig("a stop string is empty".into()));
         }

@@ -25,6 +25,36 @@ fn engine_answers_equal_plain_decoding_in_every_scenario() {
     assert_eq!(compared, 5 * reqs.len());
 }
 
+/// Requests with a logit bias (which need every logit of a row) batched with greedy ones
+/// without (whose rows the LM head may bound): every scenario still gives plain
+/// decoding's bits, and the bias changes the answer it should.
+#[test]
+fn logit_bias_requests_equal_plain_decoding_beside_unbiased_ones() {
+    let (model, tok) = load(TinyOptions::default());
+    let tok = Some(tok);
+    let n_vocab = model.config().n_vocab;
+    let prompts = equiv3::prompts(6, n_vocab, 6, 11);
+    let plain = equiv3::reference(&model, &tok, &request(prompts[0].clone(), 6, false, 0));
+    let banned = plain.ids[0];
+    let reqs: Vec<Request> = prompts
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut r = request(p, 6, i % 3 == 2, 200 + i as u64);
+            // Without log-probabilities a row may be bounded rather than computed.
+            r.logprobs = if i < 4 { 0 } else { 2 };
+            if i % 2 == 0 {
+                r.sampler.logit_bias = vec![(banned, -100.0), (i as u32 % 7, 3.5)];
+            }
+            r
+        })
+        .collect();
+    let biased = equiv3::reference(&model, &tok, &reqs[0]);
+    assert_ne!(biased.ids[0], banned, "the bias did not ban the token");
+    let compared = check_all_scenarios(&model, &tok, &reqs);
+    assert_eq!(compared, 5 * reqs.len());
+}
+
 #[test]
 fn two_threads_give_the_same_answers() {
     let (model, tok) = load(TinyOptions::default());
@@ -130,6 +160,12 @@ fn submit_refuses_bad_requests_and_keeps_nothing() {
     let mut stop = request(prompt_ids(4, 0), 4, false, 0);
     stop.stop_strings = vec![String::new()];
     assert!(e.submit(stop).is_err());
+    let mut bias = request(prompt_ids(4, 0), 4, false, 0);
+    bias.sampler.logit_bias = vec![(n_vocab, -100.0)];
+    match e.submit(bias) {
+        Err(RunError::InvalidConfig(m)) => assert!(m.contains("logit bias"), "{m}"),
+        other => panic!("expected a bad logit bias, got {other:?}"),
+    }
     assert!(!e.has_work(), "a refused request was queued");
     e.submit(request(prompt_ids(4, 0), 4, false, 0)).unwrap();
     assert!(matches!(

@@ -52,6 +52,11 @@ pub struct SamplerConfig {
     /// Seed of the ChaCha20 generator. The same seed, settings, accepted tokens and
     /// logits give the same tokens.
     pub seed: u64,
+    /// `(token id, bias)` pairs added to the logits before anything else (llama.cpp's
+    /// `--logit-bias`, OpenAI's `logit_bias`): a large negative bias bans a token, a
+    /// positive one favours it. A token listed twice gets both; ids beyond the row are
+    /// ignored (callers check them against the vocabulary). Empty turns it off.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplerConfig {
@@ -69,6 +74,7 @@ impl Default for SamplerConfig {
             presence_penalty: 0.0,
             penalty_last_n: 64,
             seed: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -86,6 +92,7 @@ impl SamplerConfig {
             presence_penalty: 0.0,
             penalty_last_n: 64,
             seed: 0,
+            logit_bias: Vec::new(),
         }
     }
 
@@ -102,16 +109,24 @@ impl SamplerConfig {
                 || self.presence_penalty != 0.0)
     }
 
+    /// `true` when something besides the model moves a logit before the choice (a
+    /// penalty or a logit bias): the choice then needs the whole row.
+    pub fn adjusts_logits(&self) -> bool {
+        self.penalties_enabled() || !self.logit_bias.is_empty()
+    }
+
     /// Checks every field; the first problem found is returned.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        for (field, value) in [
+        let scalars = [
             ("temperature", self.temperature),
             ("top_p", self.top_p),
             ("min_p", self.min_p),
             ("repeat_penalty", self.repeat_penalty),
             ("frequency_penalty", self.frequency_penalty),
             ("presence_penalty", self.presence_penalty),
-        ] {
+        ];
+        let biases = self.logit_bias.iter().map(|&(_, b)| ("logit_bias", b));
+        for (field, value) in scalars.into_iter().chain(biases) {
             if !value.is_finite() {
                 return Err(ConfigError::NotFinite { field, value });
             }

@@ -1,4 +1,5 @@
-//! Token sampling: greedy, temperature, top-k/p, min-p, penalties, seeded ChaCha RNG.
+//! Token sampling: greedy, temperature, top-k/p, min-p, penalties, logit bias, seeded
+//! ChaCha RNG.
 //!
 //! [`Sampler`] turns one row of logits into a token id. It knows nothing about the
 //! model: the caller feeds it logits and tells it which tokens were accepted (prompt
@@ -28,15 +29,17 @@ pub enum SamplerError {
     /// The logits row is empty.
     #[error("empty logits row")]
     EmptyLogits,
-    /// Every logit is NaN or infinite (after penalties).
+    /// Every logit is NaN or infinite (after the logit bias and penalties).
     #[error("no finite logit among {n_vocab} (all NaN or infinite)")]
     NoFiniteLogits {
         /// Length of the logits row.
         n_vocab: usize,
     },
     /// A choice from candidates was asked of a sampler that needs the whole row
-    /// (penalties on, or no top-k).
-    #[error("this sampler needs every logit of the row (penalties on, or top-k off)")]
+    /// (penalties or a logit bias on, or no top-k).
+    #[error(
+        "this sampler needs every logit of the row (penalties or a logit bias on, or top-k off)"
+    )]
     NeedsFullRow,
 }
 
@@ -159,7 +162,7 @@ impl Sampler {
     /// temperature 0 this is the single argmax token.
     pub fn filtered_candidates(&self, logits: &[f32]) -> Result<Vec<u32>, SamplerError> {
         let mut penalised = logits.to_vec();
-        self.apply_penalties(&mut penalised);
+        adjust(&self.config, &self.counts, &mut penalised);
         if self.config.is_greedy() {
             return Ok(vec![argmax(&penalised)?]);
         }
@@ -173,8 +176,8 @@ impl Sampler {
 
     /// Picks the next token from `logits` (one row, `n_vocab` values).
     ///
-    /// The penalties are applied to `logits` in place first (the caller's row is
-    /// modified). Then, with temperature 0, the highest logit wins (lowest id on ties)
+    /// The logit bias and then the penalties are applied to `logits` in place first (the
+    /// caller's row is modified). Then, with temperature 0, the highest logit wins (lowest id on ties)
     /// and no random number is used. Otherwise, over the finite logits: top-k, top-p,
     /// min-p, division by the temperature, softmax, and a draw from the ChaCha20
     /// generator (exactly one random number per call). NaN and infinite logits are
@@ -214,7 +217,7 @@ impl Sampler {
         if logits.is_empty() {
             return Err(SamplerError::EmptyLogits);
         }
-        penalise(config, counts, logits);
+        adjust(config, counts, logits);
         if config.is_greedy() {
             return argmax(logits);
         }
@@ -230,18 +233,19 @@ impl Sampler {
     }
 
     /// Whether the choice depends on nothing but the row's largest logit (greedy
-    /// without penalties): then [`greedy_among`] makes it from the row's candidates.
+    /// without penalties or logit bias): then [`greedy_among`] makes it from the row's
+    /// candidates.
     pub fn is_stateless_greedy(&self) -> bool {
-        self.config.is_greedy() && !self.config.penalties_enabled()
+        self.config.is_greedy() && !self.config.adjusts_logits()
     }
 
     /// How many of a row's largest logits decide the token, when nothing else does:
-    /// 1 greedy, `top_k` when sampling with top-k; `None` with penalties (they move
-    /// any logit) or sampling without top-k. [`Sampler::sample_among_at`] then chooses
-    /// from candidates that hold those.
+    /// 1 greedy, `top_k` when sampling with top-k; `None` with penalties or a logit
+    /// bias (they move any logit) or sampling without top-k.
+    /// [`Sampler::sample_among_at`] then chooses from candidates that hold those.
     pub fn top_needed(&self) -> Option<usize> {
         let c = &self.config;
-        if c.penalties_enabled() {
+        if c.adjusts_logits() {
             None
         } else if c.is_greedy() {
             Some(1)
@@ -274,7 +278,7 @@ impl Sampler {
         position: u64,
     ) -> Result<u32, SamplerError> {
         let config = &self.config;
-        if config.penalties_enabled() {
+        if config.adjusts_logits() {
             return Err(SamplerError::NeedsFullRow);
         }
         if config.is_greedy() {
@@ -311,6 +315,17 @@ impl Sampler {
         self.accept(token);
         Ok(token)
     }
+}
+
+/// What the chain does to a row before any filter, in llama.cpp's order: the logit bias,
+/// then the penalties.
+fn adjust(config: &SamplerConfig, counts: &HashMap<u32, u32>, logits: &mut [f32]) {
+    for &(token, bias) in &config.logit_bias {
+        if let Some(logit) = logits.get_mut(token as usize) {
+            *logit += bias;
+        }
+    }
+    penalise(config, counts, logits);
 }
 
 /// [`Sampler::apply_penalties`] for a config and a window's token counts.

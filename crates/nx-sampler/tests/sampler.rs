@@ -691,6 +691,7 @@ fn candidates_of_the_top_k_draw_what_the_whole_row_does() {
             presence_penalty: 0.0,
             penalty_last_n: 64,
             seed: case,
+            logit_bias: Vec::new(),
         };
         let mut full = Sampler::new(config.clone()).unwrap();
         let mut among = Sampler::new(config.clone()).unwrap();
@@ -731,4 +732,69 @@ fn candidates_of_the_top_k_draw_what_the_whole_row_does() {
     .unwrap();
     assert_eq!(no_top_k.top_needed(), None);
     assert!(no_top_k.sample_among_at(&[(0, 1.0)], 0).is_err());
+    let mut biased = Sampler::new(SamplerConfig {
+        logit_bias: vec![(3, -100.0)],
+        ..SamplerConfig::greedy()
+    })
+    .unwrap();
+    assert_eq!(biased.top_needed(), None);
+    assert!(!biased.is_stateless_greedy());
+    assert!(biased.stateless_choice(&[1.0, 2.0]).is_none());
+    assert!(biased.sample_among_at(&[(0, 1.0)], 0).is_err());
+}
+
+/// The logit bias is added before anything else (before the penalties, as llama.cpp's
+/// chain does): it bans and favours tokens, greedy and sampled, adds up when a token is
+/// listed twice, ignores ids past the row, and must be finite.
+#[test]
+fn logit_bias_moves_logits_before_the_penalties() {
+    let logits = [1.0f32, 3.0, 2.0, 0.5];
+    let greedy = |logit_bias: Vec<(u32, f32)>| {
+        let mut s = Sampler::new(SamplerConfig {
+            logit_bias,
+            ..SamplerConfig::greedy()
+        })
+        .unwrap();
+        s.sample(&mut logits.to_vec()).unwrap()
+    };
+    assert_eq!(greedy(vec![]), 1);
+    assert_eq!(greedy(vec![(1, -100.0)]), 2);
+    assert_eq!(greedy(vec![(3, 2.6)]), 3);
+    assert_eq!(greedy(vec![(3, 1.3), (3, 1.3)]), 3);
+    assert_eq!(greedy(vec![(1, -100.0), (2, -100.0), (9, 50.0)]), 0);
+    // The row the chain sees: bias, then the penalty (2.0 + 1.0 = 3.0, divided by 2).
+    let mut s = Sampler::new(SamplerConfig {
+        logit_bias: vec![(2, 1.0)],
+        repeat_penalty: 2.0,
+        ..SamplerConfig::greedy()
+    })
+    .unwrap();
+    s.accept(2);
+    let mut row = logits.to_vec();
+    assert_eq!(s.sample(&mut row).unwrap(), 1);
+    assert_eq!(row, [1.0, 3.0, 1.5, 0.5]);
+    // Sampling never draws a banned token.
+    let mut s = Sampler::new(SamplerConfig {
+        logit_bias: vec![(1, -100.0), (2, -100.0)],
+        top_k: 0,
+        min_p: 0.0,
+        ..SamplerConfig::default()
+    })
+    .unwrap();
+    for position in 0..200 {
+        let id = s.sample_at(&mut logits.to_vec(), position).unwrap();
+        assert!(id == 0 || id == 3, "drew banned token {id}");
+    }
+    let bad = SamplerConfig {
+        logit_bias: vec![(0, f32::NAN)],
+        ..SamplerConfig::default()
+    };
+    assert!(matches!(
+        bad.validate(),
+        Err(ConfigError::NotFinite {
+            field: "logit_bias",
+            ..
+        })
+    ));
+    assert!(Sampler::new(bad).is_err());
 }

@@ -7,7 +7,9 @@
 //!
 //! Sampling defaults are nx's ([`SamplerConfig::default`]: temperature 0.8, top-k 40,
 //! top-p 0.95, min-p 0.05, seed 0, penalties off), so a request that sets nothing
-//! samples like `nx run` without flags; `temperature: 0` is greedy.
+//! samples like `nx run` without flags; `temperature: 0` is greedy. `logit_bias` and the
+//! penalties move the logits the token is chosen from; reported log-probabilities are the
+//! model's own, before them (as llama-server reports them by default).
 //!
 //! nx extras: `top_k`, `min_p`, `repeat_penalty`, `ignore_eos`, `parse_special`
 //! (completions), and `speculative` (`"ngram"`, `"draft"`, `"none"` or `false`) with
@@ -135,13 +137,12 @@ pub fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
 
 /// OpenAI fields that would change the answer and that nx does not implement: a 400
 /// naming the field, rather than an answer that silently ignores it. Their neutral
-/// values (`echo: false`, an empty `logit_bias`, `best_of: 1`, no tools, text
-/// format) are accepted.
+/// values (`echo: false`, `best_of: 1`, no tools, text format) are accepted.
 fn reject_unsupported(obj: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
     let neutral = |key: &str, v: &Value| match key {
         "echo" => v == &Value::Bool(false),
         "best_of" => v.as_u64() == Some(1),
-        "logit_bias" | "tools" | "functions" => {
+        "tools" | "functions" => {
             v.is_null()
                 || v.as_object().is_some_and(|o| o.is_empty())
                 || v.as_array().is_some_and(|a| a.is_empty())
@@ -155,7 +156,6 @@ fn reject_unsupported(obj: &serde_json::Map<String, Value>) -> Result<(), ApiErr
     for key in [
         "echo",
         "best_of",
-        "logit_bias",
         "suffix",
         "tools",
         "functions",
@@ -243,7 +243,7 @@ fn parse_include_usage(f: &Fields<'_>) -> Result<bool, ApiError> {
 }
 
 /// The sampling fields: OpenAI's `temperature`, `top_p`, `presence_penalty`,
-/// `frequency_penalty`, `seed`, and nx's `top_k`, `min_p`, `repeat_penalty`,
+/// `frequency_penalty`, `seed`, `logit_bias`, and nx's `top_k`, `min_p`, `repeat_penalty`,
 /// `repeat_last_n`; the defaults of [`SamplerConfig`] for those absent.
 fn parse_sampler(f: &Fields<'_>) -> Result<SamplerConfig, ApiError> {
     let mut sampler = SamplerConfig::default();
@@ -294,7 +294,63 @@ fn parse_sampler(f: &Fields<'_>) -> Result<SamplerConfig, ApiError> {
         };
         sampler.seed = seed;
     }
+    sampler.logit_bias = parse_logit_bias(f)?;
     Ok(sampler)
+}
+
+/// Most entries one `logit_bias` may have (OpenAI's limit).
+pub const MAX_LOGIT_BIAS: usize = 300;
+
+/// `logit_bias`: an object from token ids (decimal strings) to biases in [-100, 100],
+/// as OpenAI takes it; the ids are checked against the vocabulary with the prompt
+/// ([`build_requests`]). Entries in id order, so the same map gives the same sampler.
+fn parse_logit_bias(f: &Fields<'_>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let map = match f.get("logit_bias") {
+        None => return Ok(Vec::new()),
+        Some(Value::Object(map)) => map,
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!(
+                    "logit_bias must be an object from token ids to numbers, got {}",
+                    type_name(v)
+                ),
+            ))
+        }
+    };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!(
+                "logit_bias has {} entries, more than the {MAX_LOGIT_BIAS} allowed",
+                map.len()
+            ),
+        ));
+    }
+    let mut out = Vec::with_capacity(map.len());
+    for (key, v) in map {
+        let id: u32 = key.parse().map_err(|_| {
+            ApiError::invalid(
+                "logit_bias",
+                format!("logit_bias key {key:?} is not a token id"),
+            )
+        })?;
+        let bias = v
+            .as_f64()
+            .filter(|b| (-100.0..=100.0).contains(b))
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "logit_bias",
+                    format!(
+                        "logit_bias[{key:?}] must be a number between -100 and 100, got {}",
+                        show(v)
+                    ),
+                )
+            })?;
+        out.push((id, bias as f32));
+    }
+    out.sort_by_key(|&(id, _)| id);
+    Ok(out)
 }
 
 /// `logprobs` / `top_logprobs` (chat: a flag and a count; completions: a count):
@@ -390,6 +446,17 @@ pub fn build_requests(
         return Err(ApiError::invalid(
             "prompt",
             format!("prompt[{i}]: token id {id} is outside the vocabulary of {n_vocab} tokens"),
+        ));
+    }
+    if let Some(&(id, _)) = params
+        .sampler
+        .logit_bias
+        .iter()
+        .find(|b| b.0 as usize >= n_vocab)
+    {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!("logit_bias: token id {id} is outside the vocabulary of {n_vocab} tokens"),
         ));
     }
     let field = match params.endpoint {

@@ -452,7 +452,6 @@ fn submit_errors_map_to_statuses() {
 #[test]
 fn fields_nx_does_not_implement_are_refused_by_name() {
     for (field, value) in [
-        ("logit_bias", serde_json::json!({"56": -100})),
         ("echo", serde_json::json!(true)),
         ("suffix", serde_json::json!("end")),
         ("best_of", serde_json::json!(3)),
@@ -477,6 +476,44 @@ fn fields_nx_does_not_implement_are_refused_by_name() {
     let body = serde_json::json!({"prompt": "hi", "echo": false, "logit_bias": {}, "best_of": 1,
         "response_format": {"type": "text"}, "suffix": null});
     assert!(nx_serve::params::parse_value(nx_serve::params::Endpoint::Completion, &body).is_ok());
+}
+
+/// `logit_bias` as OpenAI takes it: token ids (decimal strings) to biases in
+/// [-100, 100], into the sampler in id order; anything else a 400 naming the field, ids
+/// past the vocabulary included.
+#[test]
+fn logit_bias_is_parsed_checked_and_reaches_the_sampler() {
+    let p =
+        completion(json!({"prompt": [1], "logit_bias": {"56": -100, "7": 2.5, "9": 0}})).unwrap();
+    assert_eq!(p.sampler.logit_bias, [(7, 2.5), (9, 0.0), (56, -100.0)]);
+    let reqs = build_requests(&p, &[1], 64, 100).unwrap();
+    assert_eq!(reqs[0].sampler.logit_bias, p.sampler.logit_bias);
+    let e = build_requests(&p, &[1], 64, 50).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("logit_bias"), "{e:?}");
+    assert!(e.message.contains("56"), "{}", e.message);
+    assert!(completion(json!({"prompt": "x", "logit_bias": null}))
+        .unwrap()
+        .sampler
+        .logit_bias
+        .is_empty());
+    let too_many: serde_json::Map<String, Value> =
+        (0..301).map(|i| (i.to_string(), json!(1))).collect();
+    for bad in [
+        json!([[56, -100]]),
+        json!("56:-100"),
+        json!({"x": 1}),
+        json!({"-3": 1}),
+        json!({"56": 101}),
+        json!({"56": -100.5}),
+        json!({"56": "ban"}),
+        json!({"56": null}),
+        Value::Object(too_many),
+    ] {
+        assert_field_error(
+            completion(json!({"prompt": "x", "logit_bias": bad})),
+            "logit_bias",
+        );
+    }
 }
 
 #[test]
