@@ -199,6 +199,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         n_ctx,
         token_logprobs: false,
         sampler,
+        json_object: args.sampling.json_object,
         ..RunConfig::default()
     };
     let runner = Runner::new(model, Some(tokenizer), config)?;

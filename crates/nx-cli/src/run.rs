@@ -161,6 +161,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         // Only the JSON lines report them.
         token_logprobs: args.json,
         sampler,
+        json_object: args.sampling.json_object,
         speculation,
         ..RunConfig::default()
     };

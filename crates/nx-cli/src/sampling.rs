@@ -35,6 +35,11 @@ pub struct SamplingArgs {
     /// for more tokens): `15043+1` favours token 15043, `15043-100` all but bans it.
     #[arg(long, short = 'l', value_name = "ID(+|-)BIAS", value_parser = parse_logit_bias)]
     pub logit_bias: Vec<(u32, f32)>,
+    /// JSON mode: only tokens that keep the answer a prefix of one JSON object may be
+    /// chosen (an end-of-generation token only once the object is closed), as the
+    /// server's `response_format: {"type": "json_object"}`.
+    #[arg(long)]
+    pub json_object: bool,
 }
 
 /// `ID+BIAS` or `ID-BIAS` (llama.cpp's form) as `(id, ±bias)`.

@@ -38,6 +38,7 @@ PROMPTS = {
         "stop_chat": "Name three colors.",
         "seed": "Once upon a time",
         "n": "My favourite food is",
+        "json": "Describe a cat as JSON with the keys name and age.",
     },
 }
 
@@ -389,6 +390,31 @@ class Checks:
         self.error(bad, 400, lambda: self.chat("x", logit_bias={"1": 101}), param="logit_bias")
         return f"token {first} banned: {plain.text!r} -> {banned.text!r}"
 
+    def json_object(self):
+        fmt = {"type": "json_object"}
+        prompt = self.p.get("json")
+        if prompt is None:
+            # The tiny vocabulary has no "{": the request fails and says why.
+            try:
+                self.chat("x", max_tokens=4, response_format=fmt)
+            except openai.APIError as e:
+                expect("JSON mode" in str(e), f"error {e} does not mention JSON mode")
+                return f"no '{{' in the vocabulary: {type(e).__name__}, {e.message!r}"
+            raise CheckFailed("a vocabulary without '{' gave a JSON-mode answer")
+        r = self.chat(prompt, max_tokens=120, temperature=0, response_format=fmt)
+        c = r.choices[0]
+        text = c.message.content
+        expect(text.startswith("{"), f"JSON-mode answer {text!r}")
+        if c.finish_reason == "stop":
+            expect(isinstance(json.loads(text), dict), f"not an object: {text!r}")
+        stream = self.chat(prompt, max_tokens=120, temperature=0, response_format=fmt, stream=True)
+        texts, _, _, _ = self.collect_stream(stream)
+        eq(texts[0], text, "streamed vs not, JSON mode")
+        schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}
+        bad = openai.BadRequestError
+        self.error(bad, 400, lambda: self.chat("x", response_format=schema), param="response_format")
+        return f"{c.finish_reason}: {text[:60]!r}"
+
     def error(self, exc_type, status, call, **want):
         try:
             call()
@@ -464,6 +490,7 @@ ALL = [
     "seed_reproducible",
     "n_choices",
     "logit_bias",
+    "json_object",
     "errors_bad_fields",
     "errors_unknown_model",
     "errors_context",

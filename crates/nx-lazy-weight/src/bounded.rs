@@ -152,8 +152,8 @@ const AMX_ABOVE: usize = 8;
 /// One weight made ready for [`BoundedHead::candidates`], computed once: every block's
 /// `Σw`, from which the VNNI pass gets the term `−128·Σw` that turns its unsigned
 /// activations (`x + 128`) back into `Σ w·x` (one small load per block instead of
-/// flipping every weight quad; a token's two accumulators each start at half, see
-/// [`half_term`]; the AMX pass multiplies signed bytes), and each row's largest `|d_w|`
+/// flipping every weight quad; a token's two accumulators each start at half of it; the
+/// AMX pass multiplies signed bytes), and each row's largest `|d_w|`
 /// (its `T` is bounded per row, see the module docs).
 #[derive(Debug)]
 pub struct BoundedHead {

@@ -52,12 +52,14 @@ pub struct RunConfig {
     /// Speculative decoding (`None`: one token per forward pass). The answer is the same
     /// with and without it.
     pub speculation: Option<crate::Speculation>,
+    /// JSON mode: each answer is (a prefix of) one JSON object ([`crate::json_mode`]).
+    pub json_object: bool,
 }
 
 impl Default for RunConfig {
     /// Chunks of 256, 4096 positions of f16 cache, 128 tokens, no byte cap or stop
     /// strings, no alternatives, each token's log-probability, the sampler's defaults, BOS added, special-token texts
-    /// in prompts left as plain text, prefix cache on, no speculation.
+    /// in prompts left as plain text, prefix cache on, no speculation, no JSON mode.
     fn default() -> Self {
         RunConfig {
             prefill_chunk: 256,
@@ -73,6 +75,7 @@ impl Default for RunConfig {
             parse_special: false,
             prefix_cache: true,
             speculation: None,
+            json_object: false,
         }
     }
 }

@@ -67,6 +67,8 @@ use nx_kv_cache::{BlockTable, KvDtype, KvError, PagedBatch, PagedKv};
 use nx_llama_stack::{BatchItem, ForwardState, HeadChoice, Model};
 use nx_sampler::{log_prob_given, log_softmax_top, log_sum_exp, Sampler, SamplerConfig};
 
+use crate::json_mode::JsonObject;
+
 use crate::spec::{check_same_vocab, DraftSource, Ewma, SpecState, Speculation, VERIFY_ROW_COST};
 use crate::stop::{Released, StopMatcher};
 use crate::{RunError, StopReason};
@@ -151,6 +153,9 @@ pub struct Request {
     /// position `score_from` or later given the tokens before it
     /// ([`EngineEvent::PromptScores`]; `nx perplexity`). `None`: no scoring.
     pub score_from: Option<usize>,
+    /// JSON mode: only tokens that keep the generated text a prefix of one JSON object
+    /// may be chosen ([`crate::json_mode`]). Needs the engine's tokenizer.
+    pub json_object: bool,
 }
 
 /// Counts and timings of one finished request.
@@ -255,6 +260,7 @@ impl Default for Request {
             max_bytes: None,
             speculation: None,
             score_from: None,
+            json_object: false,
         }
     }
 }
@@ -286,6 +292,8 @@ struct Sequence {
     /// Prompt targets below this were reported (a recomputed sequence does not repeat
     /// them).
     scored_upto: usize,
+    /// JSON mode's state after the tokens chosen so far (`None`: off).
+    json: Option<JsonObject>,
 }
 
 impl Sequence {
@@ -308,7 +316,7 @@ impl Sequence {
     /// (greedy or top-k, no penalties, no log-probabilities): the LM head may then bound
     /// the row instead of computing every logit ([`HeadChoice`]).
     fn bounded_top(&self) -> Option<usize> {
-        if self.logprobs > 0 || self.token_logprobs {
+        if self.logprobs > 0 || self.token_logprobs || self.json.is_some() {
             return None;
         }
         self.sampler.top_needed().filter(|&k| k <= MAX_BOUNDED_TOP)
@@ -503,6 +511,7 @@ impl Engine {
             spec: request.speculation.map(SpecState::new),
             score_from: request.score_from,
             scored_upto: 0,
+            json: request.json_object.then(JsonObject::new),
         });
         Ok(id)
     }
@@ -529,6 +538,11 @@ impl Engine {
         }
         if r.stop_strings.iter().any(|s| s.is_empty()) {
             return Err(RunError::InvalidConfig("a stop string is empty".into()));
+        }
+        if r.json_object && self.tokenizer.is_none() {
+            return Err(RunError::InvalidConfig(
+                "JSON mode needs a tokenizer, and this engine has none".into(),
+            ));
         }
         if r.max_bytes == Some(0) {
             return Err(RunError::InvalidConfig(
@@ -1424,7 +1438,12 @@ impl RowFacts {
             } else {
                 None
             },
-            choice: sampler.stateless_choice(logits),
+            // JSON mode's mask decides too: the row alone does not.
+            choice: seq
+                .json
+                .is_none()
+                .then(|| sampler.stateless_choice(logits))
+                .flatten(),
         }
     }
 }
@@ -1521,10 +1540,21 @@ fn sample_one(
         None => {
             sample_buf.clear();
             sample_buf.extend_from_slice(logits);
+            if let (Some(json), Some(tok)) = (&seq.json, tokenizer) {
+                json.mask(tok, sample_buf);
+            }
             // The draw is keyed by the position the token will take.
-            seq.sampler.sample_at(sample_buf, seq.tokens.len() as u64)?
+            match seq.sampler.sample_at(sample_buf, seq.tokens.len() as u64) {
+                Err(nx_sampler::SamplerError::NoFiniteLogits { .. }) if seq.json.is_some() => {
+                    return Err(RunError::NoJsonToken)
+                }
+                chosen => chosen?,
+            }
         }
     };
+    if let (Some(json), Some(tok)) = (&mut seq.json, tokenizer) {
+        json.accept(tok, id);
+    }
     seq.sampler.accept(id);
     let logprob = if seq.token_logprobs {
         log_prob_given(logits, id, facts.lse).unwrap_or(f32::NEG_INFINITY)

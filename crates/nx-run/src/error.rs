@@ -39,6 +39,10 @@ pub enum RunError {
     /// A text prompt was given but the runner has no tokenizer.
     #[error("a text prompt needs a tokenizer, and this runner has none")]
     NoTokenizer,
+    /// JSON mode found no token that continues the JSON object (a vocabulary without
+    /// `{`, say).
+    #[error("JSON mode: no token of the vocabulary continues the JSON object")]
+    NoJsonToken,
     /// The model produced a NaN or infinite logit.
     #[error(
         "the model produced a non-finite logit ({value}) for token {token} at position {position}"

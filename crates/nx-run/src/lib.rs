@@ -56,6 +56,7 @@ pub mod chat;
 mod config;
 pub mod engine;
 mod error;
+pub mod json_mode;
 pub mod perplexity;
 mod runner;
 pub mod spec;
@@ -67,6 +68,7 @@ pub use chat::{
 pub use config::{Prompt, RunConfig};
 pub use engine::{Engine, EngineConfig, EngineEvent, EngineMetrics, Request, SeqId, Usage};
 pub use error::RunError;
+pub use json_mode::JsonObject;
 pub use perplexity::{
     perplexity, ChunkProgress, PerplexityConfig, PerplexityError, PerplexityReport,
 };

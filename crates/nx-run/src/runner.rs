@@ -336,6 +336,7 @@ impl Runner {
             max_bytes: c.max_bytes,
             speculation: c.speculation,
             score_from: None,
+            json_object: c.json_object,
         };
         let seq = self.engine.submit(request)?;
         let mut stats = Stats {

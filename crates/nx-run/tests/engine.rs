@@ -55,6 +55,31 @@ fn logit_bias_requests_equal_plain_decoding_beside_unbiased_ones() {
     assert_eq!(compared, 5 * reqs.len());
 }
 
+/// JSON mode on a vocabulary that cannot write JSON (the tiny model has no `{`): the
+/// request fails with an error that says so, and the engine goes on serving the others.
+#[test]
+fn json_mode_without_a_json_token_fails_cleanly() {
+    let mut e = tiny_engine(EngineConfig::default());
+    let mut json = request(prompt_ids(6, 1), 40, false, 0);
+    json.json_object = true;
+    let a = e.submit(json).unwrap();
+    let b = e.submit(request(prompt_ids(6, 2), 4, false, 0)).unwrap();
+    let (mut failed, mut done) = (None, Vec::new());
+    while e.has_work() {
+        for ev in e.step().unwrap() {
+            match ev {
+                EngineEvent::Failed { seq, error } => failed = Some((seq, error.to_string())),
+                EngineEvent::Done { seq, .. } => done.push(seq),
+                _ => {}
+            }
+        }
+    }
+    let (seq, error) = failed.expect("the JSON request failed");
+    assert_eq!(seq, a);
+    assert!(error.contains("JSON mode"), "{error}");
+    assert_eq!(done, [b]);
+}
+
 #[test]
 fn two_threads_give_the_same_answers() {
     let (model, tok) = load(TinyOptions::default());

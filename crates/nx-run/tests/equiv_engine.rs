@@ -86,6 +86,52 @@ fn equiv3_synthetic_fixtures() {
     }
 }
 
+/// JSON mode (greedy and sampled, beside requests without it) on a byte-level BPE fixture
+/// and the default model: the engine's answers are plain decoding's with the same mask in
+/// every scenario, and every answer is a prefix of one JSON object (a whole one where
+/// it ended by end-of-generation).
+#[test]
+#[ignore = "gate: run by cargo xtask gate"]
+fn equiv3_json_mode() {
+    let (threads_list, n, max_tokens) = sizes(&tier(), (6, 12));
+    let fixtures = [
+        cache_dir().join("synth/qwen2-tiny.gguf"),
+        cache_dir().join("models/gemma-3-270m-q4_k_m.gguf"),
+    ];
+    for path in fixtures {
+        let (model, tok) = open(path.clone(), *threads_list.last().unwrap());
+        let n_vocab = model.config().n_vocab;
+        let reqs: Vec<Request> = requests(n, n_vocab, max_tokens, 77)
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut r)| {
+                r.json_object = i % 3 != 2;
+                r.logprobs = if i < n / 2 { 0 } else { 2 };
+                r.token_logprobs = r.logprobs > 0;
+                r
+            })
+            .collect();
+        let compared = check_all_scenarios(&model, &tok, &reqs);
+        let t = tok.as_ref().expect("a tokenizer");
+        for r in reqs.iter().filter(|r| r.json_object) {
+            let answer = equiv3::reference(&model, &tok, r);
+            let text = t.decode(&answer.ids).unwrap();
+            let shown = String::from_utf8_lossy(&text);
+            let mut json = nx_run::JsonObject::new();
+            assert!(json.feed(&text), "{}: {shown:?}", path.display());
+            let first = text.trim_ascii_start().first();
+            assert!(first.is_none_or(|&b| b == b'{'), "{shown:?}");
+            if answer.ids.len() < r.max_tokens {
+                assert!(json.is_complete(), "{shown:?}");
+            }
+        }
+        eprintln!(
+            "EQUIV-3 JSON mode, {}: {compared} answers identical",
+            path.display()
+        );
+    }
+}
+
 #[test]
 #[ignore = "gate: run by cargo xtask gate"]
 fn equiv3_default_model() {

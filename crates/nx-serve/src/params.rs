@@ -91,6 +91,8 @@ pub struct GenParams {
     pub parse_special: bool,
     /// `speculative` and `draft_max` (nx extras): this request's speculative decoding.
     pub speculation: SpeculationChoice,
+    /// `response_format: {"type": "json_object"}`: JSON mode ([`nx_run::json_mode`]).
+    pub json_object: bool,
 }
 
 /// Default draft length of a request that turns speculation on without `draft_max`
@@ -137,7 +139,8 @@ pub fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
 
 /// OpenAI fields that would change the answer and that nx does not implement: a 400
 /// naming the field, rather than an answer that silently ignores it. Their neutral
-/// values (`echo: false`, `best_of: 1`, no tools, text format) are accepted.
+/// values (`echo: false`, `best_of: 1`, no tools) are accepted, and `response_format`
+/// but for `json_schema` is [`parse_response_format`]'s.
 fn reject_unsupported(obj: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
     let neutral = |key: &str, v: &Value| match key {
         "echo" => v == &Value::Bool(false),
@@ -150,7 +153,7 @@ fn reject_unsupported(obj: &serde_json::Map<String, Value>) -> Result<(), ApiErr
         "response_format" => v
             .get("type")
             .and_then(Value::as_str)
-            .is_some_and(|t| t == "text"),
+            .is_none_or(|t| t != "json_schema"),
         _ => v.is_null(),
     };
     for key in [
@@ -163,9 +166,13 @@ fn reject_unsupported(obj: &serde_json::Map<String, Value>) -> Result<(), ApiErr
     ] {
         if let Some(v) = obj.get(key) {
             if !neutral(key, v) {
+                let what = match key {
+                    "response_format" => "response_format json_schema (json_object is)",
+                    _ => key,
+                };
                 return Err(ApiError::invalid(
                     key,
-                    format!("{key} is not supported by nx serve"),
+                    format!("{what} is not supported by nx serve"),
                 ));
             }
         }
@@ -209,6 +216,7 @@ pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<GenParams, ApiEr
         Endpoint::Chat => false,
     };
     let speculation = parse_speculation(&f)?;
+    let json_object = parse_response_format(&f)?;
     Ok(GenParams {
         endpoint,
         model,
@@ -223,7 +231,27 @@ pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<GenParams, ApiEr
         ignore_eos,
         parse_special,
         speculation,
+        json_object,
     })
+}
+
+/// `response_format`: `{"type": "text"}` (the default) or `{"type": "json_object"}`;
+/// `json_schema` is refused by name ([`reject_unsupported`]).
+fn parse_response_format(f: &Fields<'_>) -> Result<bool, ApiError> {
+    let Some(v) = f.get("response_format") else {
+        return Ok(false);
+    };
+    match v.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(false),
+        Some("json_object") => Ok(true),
+        _ => Err(ApiError::invalid(
+            "response_format",
+            format!(
+                "response_format must be {{\"type\": \"text\"}} or {{\"type\": \"json_object\"}}, got {}",
+                show(v)
+            ),
+        )),
+    }
 }
 
 /// `stream_options.include_usage` (false when absent).
@@ -503,6 +531,7 @@ pub fn build_requests(
             token_logprobs: params.logprobs.is_some(),
             ignore_eos: params.ignore_eos,
             max_bytes: None,
+            json_object: params.json_object,
             ..Request::default()
         })
         .collect())

@@ -458,7 +458,7 @@ fn fields_nx_does_not_implement_are_refused_by_name() {
         ("tools", serde_json::json!([{"type": "function"}])),
         (
             "response_format",
-            serde_json::json!({"type": "json_object"}),
+            serde_json::json!({"type": "json_schema", "json_schema": {"name": "x"}}),
         ),
     ] {
         let mut body = serde_json::json!({"prompt": "hi"});
@@ -476,6 +476,33 @@ fn fields_nx_does_not_implement_are_refused_by_name() {
     let body = serde_json::json!({"prompt": "hi", "echo": false, "logit_bias": {}, "best_of": 1,
         "response_format": {"type": "text"}, "suffix": null});
     assert!(nx_serve::params::parse_value(nx_serve::params::Endpoint::Completion, &body).is_ok());
+}
+
+/// `response_format`: text (the default) or JSON mode, which reaches every choice's
+/// request; any other type is a 400 naming the field.
+#[test]
+fn response_format_json_object_turns_on_json_mode() {
+    let p = chat(json!({"messages": msgs(), "response_format": {"type": "json_object"}, "n": 2}))
+        .unwrap();
+    assert!(p.json_object);
+    let reqs = build_requests(&p, &[1], 64, 100).unwrap();
+    assert!(reqs.iter().all(|r| r.json_object));
+    for off in [json!({"type": "text"}), Value::Null] {
+        let p = chat(json!({"messages": msgs(), "response_format": off})).unwrap();
+        assert!(!p.json_object);
+        assert!(!build_requests(&p, &[1], 64, 100).unwrap()[0].json_object);
+    }
+    for bad in [
+        json!({"type": "yaml"}),
+        json!({}),
+        json!("json_object"),
+        json!(1),
+    ] {
+        assert_field_error(
+            chat(json!({"messages": msgs(), "response_format": bad})),
+            "response_format",
+        );
+    }
 }
 
 /// `logit_bias` as OpenAI takes it: token ids (decimal strings) to biases in

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use nx_gguf::Gguf;
 use nx_llama_stack::ForwardState;
 use nx_run::{
-    Engine, EngineConfig, EngineEvent, KvDtype, Model, Request, Sampler, SamplerConfig, SeqId,
-    Tokenizer,
+    Engine, EngineConfig, EngineEvent, JsonObject, KvDtype, Model, Request, Sampler, SamplerConfig,
+    SeqId, Tokenizer,
 };
 use nx_sampler::{log_prob, log_softmax_top};
 
@@ -88,10 +88,17 @@ pub fn reference(model: &Arc<Model>, tok: &Option<Arc<Tokenizer>>, req: &Request
         .forward(&req.prompt, 0, &mut cache, &last, &mut state, &mut logits)
         .unwrap();
     let mut position = req.prompt.len();
+    let mut json = req.json_object.then(JsonObject::new);
     while answer.ids.len() < req.max_tokens {
         let top = log_softmax_top(&logits, req.logprobs);
         let mut buf = logits.clone();
+        if let (Some(json), Some(tok)) = (&json, tok) {
+            json.mask(tok, &mut buf);
+        }
         let id = sampler.sample_at(&mut buf, position as u64).unwrap();
+        if let (Some(json), Some(tok)) = (&mut json, tok) {
+            json.accept(tok, id);
+        }
         sampler.accept(id);
         if tok.as_ref().is_some_and(|t| t.is_eog(id)) {
             break;
