@@ -67,7 +67,7 @@ use nx_kv_cache::{BlockTable, KvDtype, KvError, PagedBatch, PagedKv};
 use nx_llama_stack::{BatchItem, ForwardState, HeadChoice, Model};
 use nx_sampler::{log_prob_given, log_softmax_top, log_sum_exp, Sampler, SamplerConfig};
 
-use crate::json_mode::JsonObject;
+use crate::json_mode::{JsonObject, JsonVocab};
 
 use crate::spec::{check_same_vocab, DraftSource, Ewma, SpecState, Speculation, VERIFY_ROW_COST};
 use crate::stop::{Released, StopMatcher};
@@ -293,7 +293,13 @@ struct Sequence {
     /// them).
     scored_upto: usize,
     /// JSON mode's state after the tokens chosen so far (`None`: off).
-    json: Option<JsonObject>,
+    json: Option<JsonMode>,
+}
+
+/// A sequence's JSON mode: its state and the engine's sorted vocabulary.
+struct JsonMode {
+    state: JsonObject,
+    vocab: Arc<JsonVocab>,
 }
 
 impl Sequence {
@@ -353,6 +359,8 @@ enum Sampled {
 pub struct Engine {
     model: Arc<Model>,
     tokenizer: Option<Arc<Tokenizer>>,
+    /// The tokenizer's vocabulary sorted for JSON mode (built by the first such request).
+    json_vocab: Option<Arc<JsonVocab>>,
     config: EngineConfig,
     kv: PagedKv,
     state: ForwardState,
@@ -428,6 +436,7 @@ impl Engine {
         Ok(Engine {
             model,
             tokenizer,
+            json_vocab: None,
             config,
             kv,
             state: ForwardState::default(),
@@ -482,6 +491,16 @@ impl Engine {
     /// sampler settings) leave nothing queued.
     pub fn submit(&mut self, request: Request) -> Result<SeqId, RunError> {
         self.check_request(&request)?;
+        let json = match (request.json_object, &self.tokenizer) {
+            (true, Some(tok)) => Some(JsonMode {
+                state: JsonObject::new(),
+                vocab: self
+                    .json_vocab
+                    .get_or_insert_with(|| Arc::new(JsonVocab::new(tok)))
+                    .clone(),
+            }),
+            _ => None,
+        };
         let mut sampler = Sampler::new(request.sampler.clone())?;
         // The prompt enters the penalty window before the first token, as in the runner.
         sampler.accept_all(&request.prompt);
@@ -511,7 +530,7 @@ impl Engine {
             spec: request.speculation.map(SpecState::new),
             score_from: request.score_from,
             scored_upto: 0,
-            json: request.json_object.then(JsonObject::new),
+            json,
         });
         Ok(id)
     }
@@ -1514,6 +1533,34 @@ fn verify(
     v
 }
 
+/// The token JSON mode lets `sampler` choose from `logits` at `position`: the draw over
+/// the row with every token `json` refuses at `−∞`. A greedy sampler's best token of the
+/// whole row is that draw whenever `json` allows it (it is then the highest allowed
+/// logit, lowest id on ties), which spares most tokens the pass over the vocabulary.
+fn json_choice(
+    sampler: &mut Sampler,
+    json: &JsonMode,
+    tokenizer: &Tokenizer,
+    (logits, buf): (&[f32], &mut Vec<f32>),
+    position: u64,
+) -> Result<u32, RunError> {
+    if sampler.config().is_greedy() {
+        buf.clear();
+        buf.extend_from_slice(logits);
+        let best = sampler.sample_at(buf, position)?;
+        if json.state.allows(tokenizer, best) {
+            return Ok(best);
+        }
+    }
+    buf.clear();
+    buf.extend_from_slice(logits);
+    json.state.mask(&json.vocab, tokenizer, buf);
+    match sampler.sample_at(buf, position) {
+        Err(nx_sampler::SamplerError::NoFiniteLogits { .. }) => Err(RunError::NoJsonToken),
+        chosen => Ok(chosen?),
+    }
+}
+
 /// Samples one token from `logits` for `seq` and applies the stop rules, exactly as the
 /// runner's decode loop does (same sampler calls in the same order, same text rules).
 fn sample_one(
@@ -1535,25 +1582,21 @@ fn sample_one(
     } else {
         Vec::new()
     };
-    let id = match facts.choice {
-        Some(choice) => choice?,
-        None => {
+    // The draw is keyed by the position the token will take.
+    let position = seq.tokens.len() as u64;
+    let id = match (facts.choice, &seq.json, tokenizer) {
+        (Some(choice), _, _) => choice?,
+        (None, Some(json), Some(tok)) => {
+            json_choice(&mut seq.sampler, json, tok, (logits, sample_buf), position)?
+        }
+        (None, _, _) => {
             sample_buf.clear();
             sample_buf.extend_from_slice(logits);
-            if let (Some(json), Some(tok)) = (&seq.json, tokenizer) {
-                json.mask(tok, sample_buf);
-            }
-            // The draw is keyed by the position the token will take.
-            match seq.sampler.sample_at(sample_buf, seq.tokens.len() as u64) {
-                Err(nx_sampler::SamplerError::NoFiniteLogits { .. }) if seq.json.is_some() => {
-                    return Err(RunError::NoJsonToken)
-                }
-                chosen => chosen?,
-            }
+            seq.sampler.sample_at(sample_buf, position)?
         }
     };
     if let (Some(json), Some(tok)) = (&mut seq.json, tokenizer) {
-        json.accept(tok, id);
+        json.state.accept(tok, id);
     }
     seq.sampler.accept(id);
     let logprob = if seq.token_logprobs {

@@ -68,7 +68,7 @@ pub use chat::{
 pub use config::{Prompt, RunConfig};
 pub use engine::{Engine, EngineConfig, EngineEvent, EngineMetrics, Request, SeqId, Usage};
 pub use error::RunError;
-pub use json_mode::JsonObject;
+pub use json_mode::{JsonObject, JsonVocab};
 pub use perplexity::{
     perplexity, ChunkProgress, PerplexityConfig, PerplexityError, PerplexityReport,
 };

@@ -113,8 +113,12 @@ fn equiv3_json_mode() {
             .collect();
         let compared = check_all_scenarios(&model, &tok, &reqs);
         let t = tok.as_ref().expect("a tokenizer");
-        for r in reqs.iter().filter(|r| r.json_object) {
+        let vocab = nx_run::JsonVocab::new(t);
+        for (k, r) in reqs.iter().filter(|r| r.json_object).enumerate() {
             let answer = equiv3::reference(&model, &tok, r);
+            if k == 0 {
+                mask_equals_allows(&vocab, t, &answer.ids, model.config().n_vocab);
+            }
             let text = t.decode(&answer.ids).unwrap();
             let shown = String::from_utf8_lossy(&text);
             let mut json = nx_run::JsonObject::new();
@@ -129,6 +133,21 @@ fn equiv3_json_mode() {
             "EQUIV-3 JSON mode, {}: {compared} answers identical",
             path.display()
         );
+    }
+}
+
+/// At every state along `ids`, the mask (which feeds only the tokens that can fit)
+/// refuses exactly the tokens `JsonObject::allows` refuses, one by one.
+fn mask_equals_allows(vocab: &nx_run::JsonVocab, t: &nx_run::Tokenizer, ids: &[u32], n: usize) {
+    let mut state = nx_run::JsonObject::new();
+    for &id in ids {
+        let mut row = vec![0.0f32; n];
+        state.mask(vocab, t, &mut row);
+        for (other, &logit) in row.iter().enumerate() {
+            let allowed = state.allows(t, other as u32);
+            assert_eq!(logit == 0.0, allowed, "token {other} at state {state:?}");
+        }
+        state.accept(t, id);
     }
 }
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use nx_gguf::Gguf;
 use nx_llama_stack::ForwardState;
 use nx_run::{
-    Engine, EngineConfig, EngineEvent, JsonObject, KvDtype, Model, Request, Sampler, SamplerConfig,
-    SeqId, Tokenizer,
+    Engine, EngineConfig, EngineEvent, JsonObject, JsonVocab, KvDtype, Model, Request, Sampler,
+    SamplerConfig, SeqId, Tokenizer,
 };
 use nx_sampler::{log_prob, log_softmax_top};
 
@@ -89,11 +89,15 @@ pub fn reference(model: &Arc<Model>, tok: &Option<Arc<Tokenizer>>, req: &Request
         .unwrap();
     let mut position = req.prompt.len();
     let mut json = req.json_object.then(JsonObject::new);
+    let vocab = tok
+        .as_ref()
+        .filter(|_| req.json_object)
+        .map(|t| JsonVocab::new(t));
     while answer.ids.len() < req.max_tokens {
         let top = log_softmax_top(&logits, req.logprobs);
         let mut buf = logits.clone();
-        if let (Some(json), Some(tok)) = (&json, tok) {
-            json.mask(tok, &mut buf);
+        if let (Some(json), Some(tok), Some(vocab)) = (&json, tok, &vocab) {
+            json.mask(vocab, tok, &mut buf);
         }
         let id = sampler.sample_at(&mut buf, position as u64).unwrap();
         if let (Some(json), Some(tok)) = (&mut json, tok) {
