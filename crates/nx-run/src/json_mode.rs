@@ -487,6 +487,43 @@ mod tests {
         }
     }
 
+    /// Random texts over JSON's bytes (and a few others): feeding never panics, a text
+    /// that fits keeps fitting byte by byte, and any text that completes parses.
+    #[test]
+    fn random_texts_never_panic_and_completed_ones_parse() {
+        // ASCII only: bytes inside strings are not checked as UTF-8 (see the module docs).
+        const BYTES: &[u8] = b"{}[]:,\" \n\t\\-+.eE0123456789tfnrulasxu\x01";
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut completed = 0;
+        for _ in 0..20_000 {
+            let len = (next() % 24) as usize;
+            let mut text = vec![b'{'];
+            text.extend((0..len).map(|_| BYTES[(next() % BYTES.len() as u64) as usize]));
+            if next() % 2 == 0 {
+                text.push(b'}');
+            }
+            let mut s = JsonObject::new();
+            let fits = s.feed(&text);
+            let mut byte_by_byte = JsonObject::new();
+            let each = text
+                .iter()
+                .all(|b| byte_by_byte.feed(std::slice::from_ref(b)));
+            assert_eq!(fits, each, "{:?}", String::from_utf8_lossy(&text));
+            if fits && s.is_complete() {
+                completed += 1;
+                let parsed = serde_json::from_slice::<serde_json::Value>(&text);
+                assert!(parsed.is_ok_and(|v| v.is_object()), "{text:?}");
+            }
+        }
+        assert!(completed > 100, "only {completed} random texts completed");
+    }
+
     #[test]
     fn whitespace_runs_and_nesting_are_capped() {
         let ws = format!("\n{}", " \t".repeat(MAX_WS_RUN as usize / 2));
