@@ -145,11 +145,10 @@ impl JsonVocab {
             if tokenizer.is_control(id).unwrap_or(true) {
                 continue;
             }
-            let Some(&first) = tokenizer.token_to_piece(id).ok().and_then(|p| p.first()) else {
+            let Ok(piece @ [first, ..]) = tokenizer.token_to_piece(id) else {
                 continue;
             };
-            vocab.by_first_byte[first as usize].push(id);
-            let piece = tokenizer.token_to_piece(id).unwrap_or_default();
+            vocab.by_first_byte[*first as usize].push(id);
             if is_plain_text(piece) {
                 vocab.plain[id as usize] = true;
             } else {
