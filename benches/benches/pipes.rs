@@ -16,6 +16,13 @@
 //! `vpermd` (9: the floor of 4 `vpdpbusd` + 4 FMA + 1 multiply on the shared pipe), and
 //! without its conversions (10: they run beside, and the FMA then waits on integer
 //! inputs).
+//! `dpwssd8`, `maddubs8` and `madd8` also retire one per cycle there, and beside four
+//! `vpdpbusd` chains (`dpbusd4_*`, 1.12 µs where nothing else shares their pipe) four
+//! `vpdpwssd` or `vpmaddubsw` take as long as `dpbusd8` (2.24 µs: the same pipe), four
+//! word blends nothing (1.13), four `vpslld` a third more (1.50), four `vpslldq` half
+//! more (1.68) and four `vpshldd` as long as `dpbusd8` (2.24): so the K tiles
+//! (`nx_lazy_weight::tiled`) join two sub-blocks' quads in one dword by `vpslld` (and a
+//! word blend where the low quad can be negative) to save a `vpdpwssd`.
 //! `avx2_group_block` is one weight block of the AVX2 token groups against eight tokens
 //! (`nx_lazy_weight::groups_avx2`: per token its activations loaded, two 256-bit `madd`s,
 //! an add, a conversion and an FMA): about 21 cycles for the block on Zen 4 (5.7-6.3 µs
@@ -139,6 +146,62 @@ mod x86 {
         _mm512_add_epi32(a, x),
         y
     ));
+    eight_int!(dpwssd8, |a, x, y| _mm512_dpwssd_epi32(a, x, y));
+    eight_int!(maddubs8, |a, _x, y| _mm512_maddubs_epi16(a, y));
+    eight_int!(madd8, |a, _x, y| _mm512_madd_epi16(a, y));
+
+    /// What [`dpbusd4_with4`] runs beside its four `vpdpbusd` chains.
+    pub const SHIFT: u8 = 0;
+    /// A word blend under a mask.
+    pub const BLEND: u8 = 1;
+    /// `vpmaddubsw`.
+    pub const MADDUBS: u8 = 2;
+    /// `vpdpwssd`.
+    pub const DPWSSD: u8 = 3;
+    /// A byte shift within 128-bit lanes (`vpslldq`).
+    pub const BYTE_SHIFT: u8 = 4;
+    /// A concatenating shift (`vpshldd`, AVX-512 VBMI2).
+    pub const SHLD: u8 = 5;
+
+    /// Four `vpdpbusd` chains beside four chains of `OP` ([`SHIFT`], [`BLEND`],
+    /// [`MADDUBS`] or [`DPWSSD`]), `iters` times: whether `OP` takes the pipe `vpdpbusd`
+    /// uses.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi2")]
+    pub unsafe fn dpbusd4_with4<const OP: u8>(iters: u64) -> f32 {
+        let mut a = [
+            _mm512_set1_epi32(1),
+            _mm512_set1_epi32(2),
+            _mm512_set1_epi32(3),
+            _mm512_set1_epi32(4),
+        ];
+        let mut b = a;
+        let (mut x, mut y) = (_mm512_set1_epi32(0x0102_0304), _mm512_set1_epi32(2));
+        opaque!(x, y);
+        for _ in 0..iters {
+            for (a, b) in a.iter_mut().zip(b.iter_mut()) {
+                *a = _mm512_dpbusd_epi32(*a, x, y);
+                *b = match OP {
+                    SHIFT => _mm512_slli_epi32::<3>(*b),
+                    BLEND => _mm512_mask_blend_epi16(0xAAAA_AAAA, *b, y),
+                    MADDUBS => _mm512_maddubs_epi16(*b, y),
+                    BYTE_SHIFT => _mm512_bslli_epi128::<2>(*b),
+                    SHLD => _mm512_shldi_epi32::<16>(*b, y),
+                    _ => _mm512_dpwssd_epi32(*b, x, y),
+                };
+            }
+            let [mut a0, mut a1, mut a2, mut a3] = a;
+            let [mut b0, mut b1, mut b2, mut b3] = b;
+            opaque!(a0, a1, a2, a3, b0, b1, b2, b3);
+            a = [a0, a1, a2, a3];
+            b = [b0, b1, b2, b3];
+        }
+        let s = _mm512_add_epi32(_mm512_add_epi32(a[0], a[1]), _mm512_add_epi32(a[2], a[3]));
+        let t = _mm512_add_epi32(_mm512_add_epi32(b[0], b[1]), _mm512_add_epi32(b[2], b[3]));
+        _mm512_reduce_add_epi32(_mm512_add_epi32(s, t)) as f32
+    }
 
     /// Eight independent FMA chains, `iters` times.
     ///
@@ -379,7 +442,7 @@ fn bench_pipes(c: &mut Criterion) {
         }
         type Case = (&'static str, u64, fn(u64) -> f32);
         // SAFETY (every case): the features were detected above.
-        let cases: [Case; 12] = [
+        let cases: [Case; 21] = [
             ("fma8", 8, |n| unsafe { x86::fma8(n) }),
             ("dpbusd8", 8, |n| unsafe { x86::dpbusd8(n) }),
             ("cvt8", 8, |n| unsafe { x86::unary8::<false>(n) }),
@@ -390,6 +453,27 @@ fn bench_pipes(c: &mut Criterion) {
             }),
             ("dpbusd4_cvt4", 8, |n| unsafe {
                 x86::dpbusd4_and4::<false>(n)
+            }),
+            ("dpwssd8", 8, |n| unsafe { x86::dpwssd8(n) }),
+            ("maddubs8", 8, |n| unsafe { x86::maddubs8(n) }),
+            ("madd8", 8, |n| unsafe { x86::madd8(n) }),
+            ("dpbusd4_shift4", 8, |n| unsafe {
+                x86::dpbusd4_with4::<{ x86::SHIFT }>(n)
+            }),
+            ("dpbusd4_blend4", 8, |n| unsafe {
+                x86::dpbusd4_with4::<{ x86::BLEND }>(n)
+            }),
+            ("dpbusd4_maddubs4", 8, |n| unsafe {
+                x86::dpbusd4_with4::<{ x86::MADDUBS }>(n)
+            }),
+            ("dpbusd4_byte_shift4", 8, |n| unsafe {
+                x86::dpbusd4_with4::<{ x86::BYTE_SHIFT }>(n)
+            }),
+            ("dpbusd4_shld4", 8, |n| unsafe {
+                x86::dpbusd4_with4::<{ x86::SHLD }>(n)
+            }),
+            ("dpbusd4_dpwssd4", 8, |n| unsafe {
+                x86::dpbusd4_with4::<{ x86::DPWSSD }>(n)
             }),
             ("narrow_block", 18, |n| unsafe {
                 x86::narrow_block::<true, true>(n)

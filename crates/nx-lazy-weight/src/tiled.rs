@@ -69,11 +69,12 @@ const WQ2K_SC: usize = 256;
 const WQ2K_CORR: usize = WQ2K_SC + 64;
 const WQ2K_MINS: usize = WQ2K_CORR + 32;
 const WQ2K_D: usize = WQ2K_MINS + 32;
-/// Unpacked Q6_K super-block: 256 levels `q` (0..64, u8), sixteen scales as `(sc, 0)`
-/// word pairs, eight bsum-scale pairs `(−32·sc, −32·sc)`, `d_w` (f32).
-const WQ6K_BLOCK: usize = 256 + 64 + 32 + 4;
+/// Unpacked Q6_K super-block: 256 levels `q` (0..64, u8), eight scale pairs
+/// `(sc[2g + h], sc[2g + 2 + h])` for the sub-block pairs (`g` = 0, 2, 4, 6, `h` = 0, 1;
+/// see [`q6_k_tile`]), eight bsum-scale pairs `(−32·sc, −32·sc)`, `d_w` (f32).
+const WQ6K_BLOCK: usize = 256 + 32 + 32 + 4;
 const WQ6K_SC: usize = 256;
-const WQ6K_BSUMS: usize = WQ6K_SC + 64;
+const WQ6K_BSUMS: usize = WQ6K_SC + 32;
 const WQ6K_D: usize = WQ6K_BSUMS + 32;
 /// Unpacked IQ4_XS or IQ2/IQ3 grid super-block: 256 signed levels (i8), sixteen
 /// multipliers (i32, one per 16 weights: IQ4_XS's `ls − 32` twice per 32), eight
@@ -211,10 +212,13 @@ fn unpack_q6_k(wb: &[u8], out: &mut [u8]) {
 /// and its twin: the sixteen scales as `(s, 0)` word pairs, the pairs `−32·s`, `d`.
 fn put_q6_k_scales(wb: &[u8], out: &mut [u8]) {
     let sc: [i16; 16] = std::array::from_fn(|j| wb[q6_k::SCALES + j] as i8 as i16);
-    for j in 0..16 {
-        // High word zero: `vpdpwssd` multiplies both words of each dword, and the
-        // lane integer's high word is its sign extension.
-        put_pair(out, WQ6K_SC + 4 * j, sc[j], 0);
+    // Scales per 16 weights: sub-block g (32 weights) has sc[2g] for lanes 0..4 and
+    // sc[2g + 1] for lanes 4..8; the tile pairs sub-blocks g and g + 1 in one dword.
+    for pair in 0..4 {
+        for h in 0..2 {
+            let (g_lo, g_hi) = (4 * pair + h, 4 * pair + 2 + h);
+            put_pair(out, WQ6K_SC + 4 * (2 * pair + h), sc[g_lo], sc[g_hi]);
+        }
     }
     for l in 0..8 {
         put_pair(
@@ -1764,6 +1768,9 @@ unsafe fn scaled_lanes_paired<const R: usize>(
     lanes
 }
 
+/// The high word of every dword (a word blend's mask).
+const HIGH_WORDS: __mmask32 = 0xAAAA_AAAA;
+
 /// Q6_K rows against one token group (see [`block32_tile`]).
 ///
 /// # Safety
@@ -1801,27 +1808,50 @@ unsafe fn q6_k_tile<const R: usize>(
                 };
             }
         }
-        for g in 0..8 {
-            // The tile holds `x + 128`; flipping the top bit gives `x` back as a signed
-            // byte, so the unsigned levels can be `vpdpbusd`'s unsigned operand and the
-            // quad `Σ x·q` (|·| ≤ 127·63·4 < 2¹⁵) needs no correction.
+        // The tile holds `x + 128`; flipping the top bit gives `x` back as a signed byte,
+        // so the unsigned levels can be `vpdpbusd`'s unsigned operand and the quad
+        // `Σ x·q` (|·| ≤ 128·63·4 < 2¹⁵) needs no correction. Two sub-blocks' quads of a
+        // lane share one dword as words (the second's low word moved up by a shift and a
+        // word blend: a sum would borrow from the high word when the first is negative),
+        // so one `vpdpwssd` multiplies both by their scales: three products on the pipe
+        // `vpdpbusd` and FMA share instead of four. The lane integers are the same.
+        let flip = _mm512_set1_epi8(i8::MIN);
+        for pair in 0..4 {
+            let g = 2 * pair;
             // SAFETY: as above.
-            let xl: [__m512i; 8] = std::array::from_fn(|l| unsafe {
-                _mm512_xor_si512(
-                    _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _),
-                    _mm512_set1_epi8(i8::MIN),
-                )
+            let sc: [[__m512i; 2]; R] = std::array::from_fn(|r| unsafe {
+                [
+                    splat_i32(wbs[r].add(WQ6K_SC + 4 * (2 * pair))),
+                    splat_i32(wbs[r].add(WQ6K_SC + 4 * (2 * pair + 1))),
+                ]
             });
-            for r in 0..R {
+            for l in 0..8 {
                 // SAFETY: as above.
-                unsafe {
-                    let sc_lo = splat_i32(wbs[r].add(WQ6K_SC + 4 * (2 * g)));
-                    let sc_hi = splat_i32(wbs[r].add(WQ6K_SC + 4 * (2 * g + 1)));
-                    for l in 0..8 {
-                        let quad =
-                            _mm512_dpbusd_epi32(zero, splat_i32(wbs[r].add(32 * g + 4 * l)), xl[l]);
-                        let sc = if l < 4 { sc_lo } else { sc_hi };
-                        lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], quad, sc);
+                let (x_lo, x_hi) = unsafe {
+                    (
+                        _mm512_xor_si512(
+                            _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _),
+                            flip,
+                        ),
+                        _mm512_xor_si512(
+                            _mm512_loadu_si512(xt.add(512 * (g + 1) + 64 * l) as *const _),
+                            flip,
+                        ),
+                    )
+                };
+                for r in 0..R {
+                    // SAFETY: as above.
+                    unsafe {
+                        let lo =
+                            _mm512_dpbusd_epi32(zero, splat_i32(wbs[r].add(32 * g + 4 * l)), x_lo);
+                        let hi = _mm512_dpbusd_epi32(
+                            zero,
+                            splat_i32(wbs[r].add(32 * (g + 1) + 4 * l)),
+                            x_hi,
+                        );
+                        let both =
+                            _mm512_mask_blend_epi16(HIGH_WORDS, lo, _mm512_slli_epi32::<16>(hi));
+                        lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], both, sc[r][l / 4]);
                     }
                 }
             }
