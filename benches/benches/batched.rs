@@ -1,7 +1,7 @@
 //! Criterion benchmarks of a batched decode step's matmul: 1, 2, 4, 8 and 16 tokens
 //! (one per sequence) through `matmul_pool` on two threads, as a serving step or a draft
-//! verification runs it (narrow tiles for the block-32 formats and, where the CPU has
-//! VBMI2, for Q4_K, Q5_K and five or more Q6_K tokens; four-token kernels otherwise),
+//! verification runs it (narrow tiles for the block-32 formats and for Q4_K, Q5_K and
+//! five or more Q6_K tokens; four-token kernels otherwise),
 //! reported as GB/s of weight bytes read per step — the step streams every weight once,
 //! so the ideal is the one-token rate at any width.
 //!

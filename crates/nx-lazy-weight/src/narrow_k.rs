@@ -23,7 +23,8 @@
 //! tokens.
 //!
 //! Sub-block scales multiply quads by `vpdpwssd`, so a quad must be a word: Q6_K's are
-//! (at most `4·63·128` in magnitude) and each takes one. Q4_K's are small enough
+//! (at most `4·63·128` in magnitude), and two sub-blocks' share a dword (a shift and a
+//! word blend) for one `vpdpwssd` with both scales. Q4_K's are small enough
 //! (`4·15·128`) that two, biased to non-negative, share a dword and one `vpdpwssd`
 //! multiplies both by the sub-block pair's scales.
 
@@ -157,10 +158,10 @@ const QUAD_BIAS: i32 = 7680;
 /// The same for Q5_K (`|quad| ≤ 4·31·128 = 15872`; biased, at most `15748 + 15872 < 2¹⁵`).
 const QUAD_BIAS_Q5: i32 = 15872;
 
-/// True when this CPU can run the narrow K kernels: the tiled kernels' AVX-512 VNNI and
-/// VBMI2's double shift, which joins two Q4_K quads into one dword.
+/// True when this CPU can run the narrow K kernels: the tiled kernels' AVX-512 VNNI
+/// features.
 pub(crate) fn available() -> bool {
-    crate::tiled::available() && std::arch::is_x86_feature_detected!("avx512vbmi2")
+    crate::tiled::available()
 }
 
 /// Whether the narrow K kernels take `n_tokens` tokens of Q8_K activations against
@@ -241,9 +242,9 @@ type RowsArgs<'a> = (
 /// [`RowsArgs`]).
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VL/VNNI/VBMI2; every row holds the tiles' super-blocks of
+/// The CPU has AVX-512 F/BW/VL/VNNI; every row holds the tiles' super-blocks of
 /// Q4_K (Q5_K); the writes are valid.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 unsafe fn q4_k_rows<const T: usize, const NT: usize, const Q5: bool>(
     (rows, x, n_blocks, out): RowsArgs<'_>,
 ) {
@@ -286,7 +287,7 @@ unsafe fn q4_k_rows<const T: usize, const NT: usize, const Q5: bool>(
 /// into one chain per token (`acc_min[k][0]`), as its single-token kernel keeps them.
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VL/VNNI/VBMI2 and F16C; `wb` is a whole super-block and `xs`
+/// The CPU has AVX-512 F/BW/VL/VNNI and F16C; `wb` is a whole super-block and `xs`
 /// holds `NT` tile super-blocks.
 #[inline(always)]
 unsafe fn q4_k_super_block<const T: usize, const NT: usize, const Q5: bool>(
@@ -316,7 +317,6 @@ unsafe fn q4_k_super_block<const T: usize, const NT: usize, const Q5: bool>(
     };
     let mut ints = [[_mm512_set1_epi32(-quad_bias * sc_sum); 4]; NT];
     let bias = _mm512_set1_epi32(quad_bias);
-    let bias_high = _mm512_set1_epi32(quad_bias << 16);
     for c in 0..4 {
         // Sub-blocks 2c and 2c + 1: the low and high nibbles of the chunk's 32 bytes,
         // scaled by the word pair (sc[2c], sc[2c+1]).
@@ -342,8 +342,10 @@ unsafe fn q4_k_super_block<const T: usize, const NT: usize, const Q5: bool>(
                 let reg = |g: usize| unsafe { quads::<T>(xs, k, g, i) };
                 // (quad_hi + bias)·2¹⁶ + (quad_lo + bias): two non-negative words.
                 let hi = _mm512_dpbusd_epi32(bias, w_hi, reg(2 * c + 1));
-                let both =
-                    _mm512_dpbusd_epi32(_mm512_shldi_epi32::<16>(hi, bias_high), w_lo, reg(2 * c));
+                // (A shift and an OR, not VBMI2's double shift `vpshldd`, which on Zen 4
+                // takes the slot of a product: `benches/pipes`.)
+                let hi_up = _mm512_or_si512(_mm512_slli_epi32::<16>(hi), bias);
+                let both = _mm512_dpbusd_epi32(hi_up, w_lo, reg(2 * c));
                 ints[k][i] = _mm512_dpwssd_epi32(ints[k][i], both, scale);
             }
         }
@@ -471,19 +473,24 @@ unsafe fn q6_k_super_block<const T: usize, const NT: usize>(
         // SAFETY: a whole super-block (asserted above).
         let levels = unsafe { q6_k_half_levels(wb, half) };
         for (v, levels) in levels.into_iter().enumerate() {
-            for (h, idx) in lane_index.iter().enumerate() {
-                let g = 4 * half + 2 * v + h;
-                for i in 0..T / 2 {
-                    // Register i's lanes of group g, repeated for every token.
-                    let w = _mm512_permutexvar_epi64(idx[i], levels);
-                    // SAFETY: scales are bytes 192..208 of the super-block.
-                    let scale = unsafe { q6_k_scale::<T>(wb, g, i) };
-                    for k in 0..NT {
-                        // SAFETY: inside tile `k`'s super-block.
-                        let x = unsafe { quads::<T>(xs, k, g, i) };
-                        let quad = _mm512_dpbusd_epi32(zero, w, x);
-                        ints[k][i] = _mm512_dpwssd_epi32(ints[k][i], quad, scale);
-                    }
+            // Groups g and g + 1 (the register's two halves of levels) in one pass: their
+            // quads share a dword as words, so one `vpdpwssd` multiplies both.
+            let g = 4 * half + 2 * v;
+            for i in 0..T / 2 {
+                // Register i's lanes of groups g and g + 1, repeated for every token.
+                let w_lo = _mm512_permutexvar_epi64(lane_index[0][i], levels);
+                let w_hi = _mm512_permutexvar_epi64(lane_index[1][i], levels);
+                // SAFETY: scales are bytes 192..208 of the super-block.
+                let scale = unsafe { q6_k_scale_pair::<T>(wb, g, i) };
+                for k in 0..NT {
+                    // SAFETY: inside tile `k`'s super-block.
+                    let (x_lo, x_hi) =
+                        unsafe { (quads::<T>(xs, k, g, i), quads::<T>(xs, k, g + 1, i)) };
+                    let both = join_quads(
+                        _mm512_dpbusd_epi32(zero, w_lo, x_lo),
+                        _mm512_dpbusd_epi32(zero, w_hi, x_hi),
+                    );
+                    ints[k][i] = _mm512_dpwssd_epi32(ints[k][i], both, scale);
                 }
             }
         }
@@ -610,20 +617,36 @@ unsafe fn q6_k_half_levels(wb: &[u8], half: usize) -> [__m512i; 2] {
     ]
 }
 
-/// The scale word pairs `(sc, 0)` for register `i` of group `g`: one scale, or at two
-/// tokens both of the group's (lanes 0..4 and 4..8).
+/// Two signed quads (each in `i16` range) as the words of one dword, `lo` low: the high
+/// one moved up by a shift and the two joined by a word blend, since a sum would borrow
+/// from the high word where `lo` is negative. A blend runs beside `vpdpbusd` and
+/// `vpdpwssd` on Zen 4 (`benches/pipes`), so this saves one of the four products.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW.
+#[inline(always)]
+unsafe fn join_quads(lo: __m512i, hi: __m512i) -> __m512i {
+    const HIGH_WORDS: __mmask32 = 0xAAAA_AAAA;
+    _mm512_mask_blend_epi16(HIGH_WORDS, lo, _mm512_slli_epi32::<16>(hi))
+}
+
+/// The scale word pairs `(sc(g), sc(g + 1))` for register `i` of groups `g` and `g + 1`:
+/// each group's one scale for the register's lanes, or at two tokens its two (lanes
+/// 0..4 and 4..8, in the register's two halves).
 ///
 /// # Safety
 /// The CPU has AVX-512 F; `wb` holds the super-block's scales.
 #[inline(always)]
-unsafe fn q6_k_scale<const T: usize>(wb: &[u8], g: usize, i: usize) -> __m512i {
+unsafe fn q6_k_scale_pair<const T: usize>(wb: &[u8], g: usize, i: usize) -> __m512i {
     let word = |j: usize| wb[q6_k::SCALES + j] as i8 as i16 as u16 as i32;
+    // Scale j of group g pairs with scale j + 2 (group g + 1).
+    let pair = |j: usize| word(j) | word(j + 2) << 16;
     match T {
-        8 => _mm512_set1_epi32(word(2 * g + i / 2)),
-        4 => _mm512_set1_epi32(word(2 * g + i)),
+        8 => _mm512_set1_epi32(pair(2 * g + i / 2)),
+        4 => _mm512_set1_epi32(pair(2 * g + i)),
         _ => _mm512_broadcast_i64x4(_mm256_set_m128i(
-            _mm_set1_epi32(word(2 * g + 1)),
-            _mm_set1_epi32(word(2 * g)),
+            _mm_set1_epi32(pair(2 * g + 1)),
+            _mm_set1_epi32(pair(2 * g)),
         )),
     }
 }
