@@ -1808,54 +1808,8 @@ unsafe fn q6_k_tile<const R: usize>(
                 };
             }
         }
-        // The tile holds `x + 128`; flipping the top bit gives `x` back as a signed byte,
-        // so the unsigned levels can be `vpdpbusd`'s unsigned operand and the quad
-        // `Σ x·q` (|·| ≤ 128·63·4 < 2¹⁵) needs no correction. Two sub-blocks' quads of a
-        // lane share one dword as words (the second's low word moved up by a shift and a
-        // word blend: a sum would borrow from the high word when the first is negative),
-        // so one `vpdpwssd` multiplies both by their scales: three products on the pipe
-        // `vpdpbusd` and FMA share instead of four. The lane integers are the same.
-        let flip = _mm512_set1_epi8(i8::MIN);
-        for pair in 0..4 {
-            let g = 2 * pair;
-            // SAFETY: as above.
-            let sc: [[__m512i; 2]; R] = std::array::from_fn(|r| unsafe {
-                [
-                    splat_i32(wbs[r].add(WQ6K_SC + 4 * (2 * pair))),
-                    splat_i32(wbs[r].add(WQ6K_SC + 4 * (2 * pair + 1))),
-                ]
-            });
-            for l in 0..8 {
-                // SAFETY: as above.
-                let (x_lo, x_hi) = unsafe {
-                    (
-                        _mm512_xor_si512(
-                            _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _),
-                            flip,
-                        ),
-                        _mm512_xor_si512(
-                            _mm512_loadu_si512(xt.add(512 * (g + 1) + 64 * l) as *const _),
-                            flip,
-                        ),
-                    )
-                };
-                for r in 0..R {
-                    // SAFETY: as above.
-                    unsafe {
-                        let lo =
-                            _mm512_dpbusd_epi32(zero, splat_i32(wbs[r].add(32 * g + 4 * l)), x_lo);
-                        let hi = _mm512_dpbusd_epi32(
-                            zero,
-                            splat_i32(wbs[r].add(32 * (g + 1) + 4 * l)),
-                            x_hi,
-                        );
-                        let both =
-                            _mm512_mask_blend_epi16(HIGH_WORDS, lo, _mm512_slli_epi32::<16>(hi));
-                        lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], both, sc[r][l / 4]);
-                    }
-                }
-            }
-        }
+        // SAFETY: inside the tile / unpacked super-blocks (asserted above).
+        unsafe { q6_k_add_quads::<R>(&wbs, xt, &mut lanes) };
         // SAFETY: inside the tile / unpacked super-blocks.
         unsafe {
             let dx = _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32);
@@ -1870,6 +1824,62 @@ unsafe fn q6_k_tile<const R: usize>(
     for r in 0..R {
         // SAFETY: `out[r]` is sixteen f32.
         unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), lanes_sum(&acc[r])) };
+    }
+}
+
+/// Adds `Σ_g sc·quad(g, l)` of `R` unpacked Q6_K super-blocks (`wbs`) against one tile
+/// super-block (`xt`) to each row's eight lanes. The tile holds `x + 128`; flipping the
+/// top bit gives `x` back as a signed byte, so the unsigned levels can be `vpdpbusd`'s
+/// unsigned operand and the quad `Σ x·q` (|·| ≤ 128·63·4 < 2¹⁵) needs no correction. Two
+/// sub-blocks' quads of a lane share one dword as words (the second's low word moved up
+/// by a shift and a word blend: a sum would borrow from the high word when the first is
+/// negative), so one `vpdpwssd` multiplies both by their scales: three products on the
+/// pipe `vpdpbusd` and FMA share instead of four. The lane integers are the same.
+///
+/// # Safety
+/// `wbs[r]` and `xt` point at whole unpacked and tile super-blocks; only inlined into
+/// functions enabling AVX-512 F/BW/VNNI.
+#[inline(always)]
+unsafe fn q6_k_add_quads<const R: usize>(
+    wbs: &[*const u8; R],
+    xt: *const u8,
+    lanes: &mut [[__m512i; 8]; R],
+) {
+    let zero = _mm512_setzero_si512();
+    let flip = _mm512_set1_epi8(i8::MIN);
+    for pair in 0..4 {
+        let g = 2 * pair;
+        // (Loops, not `from_fn` closures: see `q6_k_tile`.)
+        let mut sc = [[zero; 2]; R];
+        for (sc, wb) in sc.iter_mut().zip(wbs) {
+            for (h, sc) in sc.iter_mut().enumerate() {
+                // SAFETY (every load below): the caller's contract.
+                *sc = unsafe { splat_i32(wb.add(WQ6K_SC + 4 * (2 * pair + h))) };
+            }
+        }
+        for l in 0..8 {
+            // SAFETY: as above.
+            let (x_lo, x_hi) = unsafe {
+                (
+                    _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _),
+                    _mm512_loadu_si512(xt.add(512 * (g + 1) + 64 * l) as *const _),
+                )
+            };
+            let (x_lo, x_hi) = (_mm512_xor_si512(x_lo, flip), _mm512_xor_si512(x_hi, flip));
+            for r in 0..R {
+                // SAFETY: as above.
+                let (w_lo, w_hi) = unsafe {
+                    (
+                        splat_i32(wbs[r].add(32 * g + 4 * l)),
+                        splat_i32(wbs[r].add(32 * (g + 1) + 4 * l)),
+                    )
+                };
+                let lo = _mm512_dpbusd_epi32(zero, w_lo, x_lo);
+                let hi = _mm512_dpbusd_epi32(zero, w_hi, x_hi);
+                let both = _mm512_mask_blend_epi16(HIGH_WORDS, lo, _mm512_slli_epi32::<16>(hi));
+                lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], both, sc[r][l / 4]);
+            }
+        }
     }
 }
 
