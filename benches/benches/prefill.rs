@@ -1,7 +1,8 @@
 //! Criterion benchmarks of multi-token matmul (`y = x·Wᵀ` for a chunk of 64 tokens) per
 //! weight type, through the dispatcher a prefill uses: the process's tier, with the tiled
 //! (and, where the CPU has it, AMX) kernels where they apply. Reported as tokens/s.
-//! Shapes are Gemma 3 270M's FFN (640 → 2048) and down projection (2048 → 640).
+//! Shapes are Gemma 3 270M's FFN (640 → 2048) and down projection (2048 → 640; also for
+//! Q2_K and Q3_K, which Gemma's file does not use).
 //! Run: `cargo bench -p nx-benches --bench prefill` (`NX_TIER=avx2`, `NX_AMX=0` for the
 //! lower paths).
 
@@ -22,6 +23,8 @@ fn bench_prefill(c: &mut Criterion) {
         (GgmlType::Q4_K, 2048, 640),
         (GgmlType::Q5_K, 2048, 640),
         (GgmlType::Q6_K, 2048, 640),
+        (GgmlType::Q2_K, 2048, 640),
+        (GgmlType::Q3_K, 2048, 640),
     ];
     let tier = active_tier().unwrap();
     for (ty, row_len, n_rows) in cases {

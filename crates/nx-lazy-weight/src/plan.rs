@@ -581,8 +581,8 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 /// 18: AVX-512 VBMI grid kernels (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S) decoding a block in
 ///    registers; the VNNI tiles of Q5_K, Q3_K, Q2_K, IQ4_XS, IQ1_M and the grids where
 ///    AMX takes Q4_K / Q6_K (their activations tiled a second time in the VNNI layout).
-/// 19: the Q6_K VNNI tile joins two sub-blocks' quads in one dword (one `vpdpwssd`
-///    instead of two).
+/// 19: the Q6_K, Q2_K and Q3_K VNNI tiles join two sub-blocks' quads in one dword (one
+///    `vpdpwssd` instead of two).
 pub const KERNELS_REVISION: u32 = 19;
 
 #[cfg(test)]

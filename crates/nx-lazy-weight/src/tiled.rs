@@ -61,12 +61,14 @@ const WQ4K_SC: usize = 256;
 const WQ4K_MINS: usize = WQ4K_SC + 32;
 const WQ4K_CORR: usize = WQ4K_MINS + 16;
 const WQ4K_D: usize = WQ4K_CORR + 32;
-/// Unpacked Q2_K or Q3_K super-block: 256 levels (0..3, or −4..3), sixteen sub-block
-/// scales as `(sc, 0)` word pairs, eight lane corrections, eight min pairs `(m[2l],
-/// m[2l+1])` (Q2_K), then `d` and `−dmin` (f32, Q2_K).
+/// Unpacked Q2_K or Q3_K super-block: 256 levels (0..3, or −4..3), the sixteen sub-block
+/// scales as eight word pairs `(sc[4p + h], sc[4p + 2 + h])` (`p` = 0..4, `h` = 0, 1: the
+/// scales of 32-weight groups `2p` and `2p + 1` for lanes `4h..4h + 4`, see
+/// [`scaled_lanes`]), eight lane corrections, eight min pairs `(m[2l], m[2l+1])`
+/// (Q2_K), then `d` and `−dmin` (f32, Q2_K).
 const WQ2K_BLOCK: usize = WQ2K_D + 8;
 const WQ2K_SC: usize = 256;
-const WQ2K_CORR: usize = WQ2K_SC + 64;
+const WQ2K_CORR: usize = WQ2K_SC + 32;
 const WQ2K_MINS: usize = WQ2K_CORR + 32;
 const WQ2K_D: usize = WQ2K_MINS + 32;
 /// Unpacked Q6_K super-block: 256 levels `q` (0..64, u8), eight scale pairs
@@ -403,11 +405,8 @@ fn unpack_q3_k(wb: &[u8], out: &mut [u8]) {
             *o = v as u8;
         }
     }
-    for (j, &m) in scales.iter().enumerate() {
-        // −32..31 in the low word, 0 in the high one (see `unpack_q2_k`); a quad of
-        // `(x+128)·q` with q in −4..3 is a word too.
-        put_pair(out, WQ2K_SC + 4 * j, m as i16, 0);
-    }
+    // −32..31; a quad of `(x+128)·q` with q in −4..3 is a word too.
+    put_scale_pairs(out, |j| scales[j] as i16);
     for (l, c) in corr.into_iter().enumerate() {
         put_i32(out, WQ2K_CORR + 4 * l, -128 * c);
     }
@@ -416,6 +415,17 @@ fn unpack_q3_k(wb: &[u8], out: &mut [u8]) {
 
 /// One Q2_K super-block `wb` unpacked into `out` (the [`WQ2K_BLOCK`] layout). Plain
 /// code.
+/// The sixteen scales (`scale(j)`, one per 16 weights) of a Q2_K / Q3_K super-block as
+/// [`WQ2K_BLOCK`]'s word pairs.
+fn put_scale_pairs(out: &mut [u8], scale: impl Fn(usize) -> i16) {
+    for pair in 0..4 {
+        for h in 0..2 {
+            let j = 4 * pair + h;
+            put_pair(out, WQ2K_SC + 4 * (2 * pair + h), scale(j), scale(j + 2));
+        }
+    }
+}
+
 fn unpack_q2_k(wb: &[u8], out: &mut [u8]) {
     assert!(wb.len() >= q2_k::BYTES && out.len() >= WQ2K_BLOCK);
     let levels = q2_k::levels(wb);
@@ -430,11 +440,8 @@ fn unpack_q2_k(wb: &[u8], out: &mut [u8]) {
             *o = v as u8;
         }
     }
-    for j in 0..16 {
-        // A 4-bit scale in the low word, 0 in the high one: `vpdpwssd` multiplies the
-        // lane's quad sum (at most 4·255·3, a non-negative word) by it alone.
-        put_i32(out, WQ2K_SC + 4 * j, scale(j));
-    }
+    // A quad (at most 4·255·3) is a word.
+    put_scale_pairs(out, |j| scale(j) as i16);
     for (l, c) in corr.into_iter().enumerate() {
         put_i32(out, WQ2K_CORR + 4 * l, -128 * c);
         put_pair(out, WQ2K_MINS + 4 * l, min(2 * l), min(2 * l + 1));
@@ -1673,9 +1680,12 @@ unsafe fn corrected_lanes<const R: usize>(
 
 /// The eight integer lanes of `R` unpacked K super-blocks (`wbs`) against one tile
 /// super-block (`xt`): each row's lane corrections (dwords at `corr_at`) plus
-/// `Σ_g sc·quad(g, l)`, the quads `Σ (x+128)·q` by `vpdpbusd` and the scales (`(sc, 0)`
-/// word pairs at `sc_at`, one per 16 weights: Q2_K, Q3_K) by `vpdpwssd`: the quads must
-/// be words. Q4_K and Q5_K (a scale per 32 weights) take [`scaled_lanes_paired`].
+/// `Σ_g sc·quad(g, l)`, the quads `Σ (x+128)·q` by `vpdpbusd` and the scales (one per 16
+/// weights: Q2_K, Q3_K; word pairs at `sc_at` as [`WQ2K_BLOCK`] lays them out) by
+/// `vpdpwssd`: the quads must be words. Two groups' quads of a lane share one dword (a
+/// shift and a word blend, as in [`q6_k_add_quads`]: Q3_K's can be negative), so one
+/// `vpdpwssd` multiplies both by their scales. Q4_K and Q5_K (a scale per 32 weights)
+/// take [`scaled_lanes_paired`].
 ///
 /// # Safety
 /// `wbs[r]` and `xt` point at whole unpacked and tile super-blocks; only inlined into
@@ -1690,23 +1700,36 @@ unsafe fn scaled_lanes<const R: usize>(
     let zero = _mm512_setzero_si512();
     // SAFETY (every load below): the caller's contract.
     let mut lanes = unsafe { corrected_lanes(wbs, corr_at) };
-    for g in 0..8 {
-        // SAFETY: as above.
-        let xl: [__m512i; 8] = std::array::from_fn(|l| unsafe {
-            _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _)
-        });
-        for r in 0..R {
+    for pair in 0..4 {
+        let g = 2 * pair;
+        // (Loops, not `from_fn` closures: see `q6_k_tile`.)
+        let mut sc = [[zero; 2]; R];
+        for (sc, wb) in sc.iter_mut().zip(wbs) {
+            for (h, sc) in sc.iter_mut().enumerate() {
+                // SAFETY: as above.
+                *sc = unsafe { splat_i32(wb.add(sc_at + 4 * (2 * pair + h))) };
+            }
+        }
+        for l in 0..8 {
             // SAFETY: as above.
-            unsafe {
-                let sc = [
-                    splat_i32(wbs[r].add(sc_at + 8 * g)),
-                    splat_i32(wbs[r].add(sc_at + 8 * g + 4)),
-                ];
-                for l in 0..8 {
-                    let quad =
-                        _mm512_dpbusd_epi32(zero, xl[l], splat_i32(wbs[r].add(32 * g + 4 * l)));
-                    lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], quad, sc[l / 4]);
-                }
+            let (x_lo, x_hi) = unsafe {
+                (
+                    _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _),
+                    _mm512_loadu_si512(xt.add(512 * (g + 1) + 64 * l) as *const _),
+                )
+            };
+            for r in 0..R {
+                // SAFETY: as above.
+                let (w_lo, w_hi) = unsafe {
+                    (
+                        splat_i32(wbs[r].add(32 * g + 4 * l)),
+                        splat_i32(wbs[r].add(32 * (g + 1) + 4 * l)),
+                    )
+                };
+                let lo = _mm512_dpbusd_epi32(zero, x_lo, w_lo);
+                let hi = _mm512_dpbusd_epi32(zero, x_hi, w_hi);
+                let both = _mm512_mask_blend_epi16(HIGH_WORDS, lo, _mm512_slli_epi32::<16>(hi));
+                lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], both, sc[r][l / 4]);
             }
         }
     }
