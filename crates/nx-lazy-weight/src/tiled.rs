@@ -805,11 +805,16 @@ unsafe fn unpack_rows32_avx512(
         .chunks_exact(row_bytes)
         .zip(out.chunks_exact_mut(stride))
     {
-        for (wb, ob) in row
+        for (b, (wb, ob)) in row
             .chunks_exact(src)
             .zip(dst_row.chunks_exact_mut(W32_BLOCK))
+            .enumerate()
         {
             assert!(ob.len() >= W32_BLOCK);
+            // As in `unpack_rows`: the rows come from memory once per call (a serving
+            // step of sixteen tokens reads each weight once), so stream ahead as
+            // decoding does; a block is at most 34 bytes, one prefetch a block.
+            crate::avx2::prefetch_ahead(row, b * src);
             // SAFETY: every read is inside the block `wb` (18, 22 or 34 bytes).
             let w = unsafe {
                 match weight_type {
