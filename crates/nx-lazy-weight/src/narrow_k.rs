@@ -36,6 +36,7 @@ use nx_syscalls::AlignedBytes;
 use crate::act_tiles::put_pair;
 use crate::formats::{q4_k, q5_k, q6_k, q8_k, read_i16, scales_mins_k4_packed, Q4_K_BYTES};
 use crate::narrow::{lanes_sum, HeldTokens};
+use crate::tiled::join_quads;
 
 /// Widest tile: two lanes of each token in a register.
 const MAX_WIDTH: usize = 8;
@@ -486,10 +487,13 @@ unsafe fn q6_k_super_block<const T: usize, const NT: usize>(
                     // SAFETY: inside tile `k`'s super-block.
                     let (x_lo, x_hi) =
                         unsafe { (quads::<T>(xs, k, g, i), quads::<T>(xs, k, g + 1, i)) };
-                    let both = join_quads(
-                        _mm512_dpbusd_epi32(zero, w_lo, x_lo),
-                        _mm512_dpbusd_epi32(zero, w_hi, x_hi),
-                    );
+                    // SAFETY: the caller's features.
+                    let both = unsafe {
+                        join_quads(
+                            _mm512_dpbusd_epi32(zero, w_lo, x_lo),
+                            _mm512_dpbusd_epi32(zero, w_hi, x_hi),
+                        )
+                    };
                     ints[k][i] = _mm512_dpwssd_epi32(ints[k][i], both, scale);
                 }
             }
@@ -615,19 +619,6 @@ unsafe fn q6_k_half_levels(wb: &[u8], half: usize) -> [__m512i; 2] {
             bits45,
         ),
     ]
-}
-
-/// Two signed quads (each in `i16` range) as the words of one dword, `lo` low: the high
-/// one moved up by a shift and the two joined by a word blend, since a sum would borrow
-/// from the high word where `lo` is negative. A blend runs beside `vpdpbusd` and
-/// `vpdpwssd` on Zen 4 (`benches/pipes`), so this saves one of the four products.
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW.
-#[inline(always)]
-unsafe fn join_quads(lo: __m512i, hi: __m512i) -> __m512i {
-    const HIGH_WORDS: __mmask32 = 0xAAAA_AAAA;
-    _mm512_mask_blend_epi16(HIGH_WORDS, lo, _mm512_slli_epi32::<16>(hi))
 }
 
 /// The scale word pairs `(sc(g), sc(g + 1))` for register `i` of groups `g` and `g + 1`:

@@ -211,7 +211,8 @@ fn unpack_q6_k(wb: &[u8], out: &mut [u8]) {
 }
 
 /// The scalar part of an unpacked Q6_K super-block, shared by [`unpack_q6_k_avx512`]
-/// and its twin: the sixteen scales as `(s, 0)` word pairs, the pairs `−32·s`, `d`.
+/// and its twin: the sixteen scales as the tile's word pairs (two sub-blocks' scales a
+/// dword, see [`WQ6K_BLOCK`]), the pairs `−32·s`, `d`.
 fn put_q6_k_scales(wb: &[u8], out: &mut [u8]) {
     let sc: [i16; 16] = std::array::from_fn(|j| wb[q6_k::SCALES + j] as i8 as i16);
     // Scales per 16 weights: sub-block g (32 weights) has sc[2g] for lanes 0..4 and
@@ -413,8 +414,6 @@ fn unpack_q3_k(wb: &[u8], out: &mut [u8]) {
     put_f32(out, WQ2K_D, read_f16(wb, q3_k::D));
 }
 
-/// One Q2_K super-block `wb` unpacked into `out` (the [`WQ2K_BLOCK`] layout). Plain
-/// code.
 /// The sixteen scales (`scale(j)`, one per 16 weights) of a Q2_K / Q3_K super-block as
 /// [`WQ2K_BLOCK`]'s word pairs.
 fn put_scale_pairs(out: &mut [u8], scale: impl Fn(usize) -> i16) {
@@ -426,6 +425,8 @@ fn put_scale_pairs(out: &mut [u8], scale: impl Fn(usize) -> i16) {
     }
 }
 
+/// One Q2_K super-block `wb` unpacked into `out` (the [`WQ2K_BLOCK`] layout). Plain
+/// code.
 fn unpack_q2_k(wb: &[u8], out: &mut [u8]) {
     assert!(wb.len() >= q2_k::BYTES && out.len() >= WQ2K_BLOCK);
     let levels = q2_k::levels(wb);
@@ -1688,7 +1689,7 @@ unsafe fn corrected_lanes<const R: usize>(
 /// `Σ_g sc·quad(g, l)`, the quads `Σ (x+128)·q` by `vpdpbusd` and the scales (one per 16
 /// weights: Q2_K, Q3_K; word pairs at `sc_at` as [`WQ2K_BLOCK`] lays them out) by
 /// `vpdpwssd`: the quads must be words. Two groups' quads of a lane share one dword (a
-/// shift and a word blend, as in [`q6_k_add_quads`]: Q3_K's can be negative), so one
+/// shift and a word blend, [`join_quads`]: Q3_K's can be negative), so one
 /// `vpdpwssd` multiplies both by their scales. Q4_K and Q5_K (a scale per 32 weights)
 /// take [`scaled_lanes_paired`].
 ///
@@ -1731,9 +1732,13 @@ unsafe fn scaled_lanes<const R: usize>(
                         splat_i32(wbs[r].add(32 * (g + 1) + 4 * l)),
                     )
                 };
-                let lo = _mm512_dpbusd_epi32(zero, x_lo, w_lo);
-                let hi = _mm512_dpbusd_epi32(zero, x_hi, w_hi);
-                let both = _mm512_mask_blend_epi16(HIGH_WORDS, lo, _mm512_slli_epi32::<16>(hi));
+                // SAFETY: the caller's features.
+                let both = unsafe {
+                    join_quads(
+                        _mm512_dpbusd_epi32(zero, x_lo, w_lo),
+                        _mm512_dpbusd_epi32(zero, x_hi, w_hi),
+                    )
+                };
                 lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], both, sc[r][l / 4]);
             }
         }
@@ -1796,8 +1801,19 @@ unsafe fn scaled_lanes_paired<const R: usize>(
     lanes
 }
 
-/// The high word of every dword (a word blend's mask).
-const HIGH_WORDS: __mmask32 = 0xAAAA_AAAA;
+/// Two quads (each in `i16` range, signed) as the words of one dword, `lo` low, for one
+/// `vpdpwssd` with both their scales: the high one moved up by a shift and the two
+/// joined by a word blend, since a sum would borrow from the high word where `lo` is
+/// negative. On Zen 4 the blend runs beside the products and the shift takes a third of
+/// a product's slot (`benches/pipes`), where a second `vpdpwssd` would take a whole one.
+///
+/// # Safety
+/// Only inlined into functions enabling AVX-512 F/BW.
+#[inline(always)]
+pub(crate) unsafe fn join_quads(lo: __m512i, hi: __m512i) -> __m512i {
+    const HIGH_WORDS: __mmask32 = 0xAAAA_AAAA;
+    _mm512_mask_blend_epi16(HIGH_WORDS, lo, _mm512_slli_epi32::<16>(hi))
+}
 
 /// Q6_K rows against one token group (see [`block32_tile`]).
 ///
@@ -1859,10 +1875,9 @@ unsafe fn q6_k_tile<const R: usize>(
 /// super-block (`xt`) to each row's eight lanes. The tile holds `x + 128`; flipping the
 /// top bit gives `x` back as a signed byte, so the unsigned levels can be `vpdpbusd`'s
 /// unsigned operand and the quad `Σ x·q` (|·| ≤ 128·63·4 < 2¹⁵) needs no correction. Two
-/// sub-blocks' quads of a lane share one dword as words (the second's low word moved up
-/// by a shift and a word blend: a sum would borrow from the high word when the first is
-/// negative), so one `vpdpwssd` multiplies both by their scales: three products on the
-/// pipe `vpdpbusd` and FMA share instead of four. The lane integers are the same.
+/// sub-blocks' quads of a lane share one dword as words ([`join_quads`]), so one
+/// `vpdpwssd` multiplies both by their scales: three products on the pipe `vpdpbusd` and
+/// FMA share instead of four. The lane integers are the same.
 ///
 /// # Safety
 /// `wbs[r]` and `xt` point at whole unpacked and tile super-blocks; only inlined into
@@ -1902,9 +1917,13 @@ unsafe fn q6_k_add_quads<const R: usize>(
                         splat_i32(wbs[r].add(32 * (g + 1) + 4 * l)),
                     )
                 };
-                let lo = _mm512_dpbusd_epi32(zero, w_lo, x_lo);
-                let hi = _mm512_dpbusd_epi32(zero, w_hi, x_hi);
-                let both = _mm512_mask_blend_epi16(HIGH_WORDS, lo, _mm512_slli_epi32::<16>(hi));
+                // SAFETY: the caller's features.
+                let both = unsafe {
+                    join_quads(
+                        _mm512_dpbusd_epi32(zero, w_lo, x_lo),
+                        _mm512_dpbusd_epi32(zero, w_hi, x_hi),
+                    )
+                };
                 lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], both, sc[r][l / 4]);
             }
         }

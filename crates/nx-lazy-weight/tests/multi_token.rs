@@ -239,8 +239,8 @@ fn avx512_tier_tiles_every_multi_type() {
 fn matmul_with_grouped_tokens_equals_dot_row_per_element() {
     // 16 and more tokens take the tiled kernels (AVX-512 VNNI, or AMX for the K formats
     // where the CPU has it) for whole groups of 16; the 2 to 16 tokens after them take
-    // the narrow tiles (Q4_0, Q5_0, Q8_0 on AVX-512 VNNI; Q4_K, Q5_K and, from five on,
-    // Q6_K where the CPU has VBMI2 as well). On the AVX2 tier (gate
+    // the narrow tiles (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and, from five on, Q6_K on AVX-512
+    // VNNI). On the AVX2 tier (gate
     // TOKENS-AVX2) every Q4_0/Q5_0/Q8_0 matmul of two or more tokens takes the token
     // groups of eight, and 2 or 3 tokens after the groups of four take the four-token
     // kernel padded. With Q8_K or Q8_1 activations, 8 to 15 tokens after a whole group
