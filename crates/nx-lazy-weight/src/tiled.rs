@@ -1690,7 +1690,7 @@ unsafe fn corrected_lanes<const R: usize>(
 /// weights: Q2_K, Q3_K; word pairs at `sc_at` as [`WQ2K_BLOCK`] lays them out) by
 /// `vpdpwssd`: the quads must be words. Two groups' quads of a lane share one dword (a
 /// shift and a word blend, [`join_quads`]: Q3_K's can be negative), so one
-/// `vpdpwssd` multiplies both by their scales. Q4_K and Q5_K (a scale per 32 weights)
+/// `vpdpwssd` multiplies both by their scales ([`add_paired_quads`]). Q4_K and Q5_K (a scale per 32 weights)
 /// take [`scaled_lanes_paired`].
 ///
 /// # Safety
@@ -1703,46 +1703,10 @@ unsafe fn scaled_lanes<const R: usize>(
     corr_at: usize,
     sc_at: usize,
 ) -> [[__m512i; 8]; R] {
-    let zero = _mm512_setzero_si512();
-    // SAFETY (every load below): the caller's contract.
+    // SAFETY: the caller's contract.
     let mut lanes = unsafe { corrected_lanes(wbs, corr_at) };
-    for pair in 0..4 {
-        let g = 2 * pair;
-        // (Loops, not `from_fn` closures: see `q6_k_tile`.)
-        let mut sc = [[zero; 2]; R];
-        for (sc, wb) in sc.iter_mut().zip(wbs) {
-            for (h, sc) in sc.iter_mut().enumerate() {
-                // SAFETY: as above.
-                *sc = unsafe { splat_i32(wb.add(sc_at + 4 * (2 * pair + h))) };
-            }
-        }
-        for l in 0..8 {
-            // SAFETY: as above.
-            let (x_lo, x_hi) = unsafe {
-                (
-                    _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _),
-                    _mm512_loadu_si512(xt.add(512 * (g + 1) + 64 * l) as *const _),
-                )
-            };
-            for r in 0..R {
-                // SAFETY: as above.
-                let (w_lo, w_hi) = unsafe {
-                    (
-                        splat_i32(wbs[r].add(32 * g + 4 * l)),
-                        splat_i32(wbs[r].add(32 * (g + 1) + 4 * l)),
-                    )
-                };
-                // SAFETY: the caller's features.
-                let both = unsafe {
-                    join_quads(
-                        _mm512_dpbusd_epi32(zero, x_lo, w_lo),
-                        _mm512_dpbusd_epi32(zero, x_hi, w_hi),
-                    )
-                };
-                lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], both, sc[r][l / 4]);
-            }
-        }
-    }
+    // SAFETY: the caller's contract.
+    unsafe { add_paired_quads::<R, UNSIGNED_X>(wbs, xt, sc_at, &mut lanes) };
     lanes
 }
 
@@ -1853,7 +1817,7 @@ unsafe fn q6_k_tile<const R: usize>(
             }
         }
         // SAFETY: inside the tile / unpacked super-blocks (asserted above).
-        unsafe { q6_k_add_quads::<R>(&wbs, xt, &mut lanes) };
+        unsafe { add_paired_quads::<R, SIGNED_X>(&wbs, xt, WQ6K_SC, &mut lanes) };
         // SAFETY: inside the tile / unpacked super-blocks.
         unsafe {
             let dx = _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32);
@@ -1871,21 +1835,32 @@ unsafe fn q6_k_tile<const R: usize>(
     }
 }
 
-/// Adds `Σ_g sc·quad(g, l)` of `R` unpacked Q6_K super-blocks (`wbs`) against one tile
-/// super-block (`xt`) to each row's eight lanes. The tile holds `x + 128`; flipping the
-/// top bit gives `x` back as a signed byte, so the unsigned levels can be `vpdpbusd`'s
-/// unsigned operand and the quad `Σ x·q` (|·| ≤ 128·63·4 < 2¹⁵) needs no correction. Two
-/// sub-blocks' quads of a lane share one dword as words ([`join_quads`]), so one
-/// `vpdpwssd` multiplies both by their scales: three products on the pipe `vpdpbusd` and
-/// FMA share instead of four. The lane integers are the same.
+/// [`add_paired_quads`]: the tile's `x + 128` is `vpdpbusd`'s unsigned operand and the
+/// levels its signed one (Q2_K, Q3_K).
+const UNSIGNED_X: bool = false;
+/// [`add_paired_quads`]: the tile's `x + 128` flipped back to a signed `x` and the levels
+/// the unsigned operand (Q6_K, levels `0..64`).
+const SIGNED_X: bool = true;
+
+/// Adds `Σ_g sc·quad(g, l)` of `R` unpacked super-blocks (`wbs`: 256 one-byte levels, then
+/// the scale word pairs at `sc_at`, `(sc[4p + h], sc[4p + 2 + h])` for group pair `p` and
+/// lanes `4h..4h + 4`) against one tile super-block (`xt`) to each row's eight lanes.
+/// With `SIGNED_X` (Q6_K) the top bit of the tile's `x + 128` is flipped to give `x` back
+/// as a signed byte, so the unsigned levels can be `vpdpbusd`'s unsigned operand and the
+/// quad `Σ x·q` (|·| ≤ 128·63·4 < 2¹⁵) needs no correction; without it (Q2_K, Q3_K) the
+/// quad is `Σ (x+128)·q` and the lane corrections take the `+ 128` off. Two groups' quads
+/// of a lane share one dword as words ([`join_quads`]), so one `vpdpwssd` multiplies both
+/// by their scales: three products on the pipe `vpdpbusd` and FMA share instead of four.
+/// The lane integers are the same.
 ///
 /// # Safety
 /// `wbs[r]` and `xt` point at whole unpacked and tile super-blocks; only inlined into
 /// functions enabling AVX-512 F/BW/VNNI.
 #[inline(always)]
-unsafe fn q6_k_add_quads<const R: usize>(
+unsafe fn add_paired_quads<const R: usize, const X_SIGNED: bool>(
     wbs: &[*const u8; R],
     xt: *const u8,
+    sc_at: usize,
     lanes: &mut [[__m512i; 8]; R],
 ) {
     let zero = _mm512_setzero_si512();
@@ -1897,18 +1872,20 @@ unsafe fn q6_k_add_quads<const R: usize>(
         for (sc, wb) in sc.iter_mut().zip(wbs) {
             for (h, sc) in sc.iter_mut().enumerate() {
                 // SAFETY (every load below): the caller's contract.
-                *sc = unsafe { splat_i32(wb.add(WQ6K_SC + 4 * (2 * pair + h))) };
+                *sc = unsafe { splat_i32(wb.add(sc_at + 4 * (2 * pair + h))) };
             }
         }
         for l in 0..8 {
             // SAFETY: as above.
-            let (x_lo, x_hi) = unsafe {
+            let (mut x_lo, mut x_hi) = unsafe {
                 (
                     _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _),
                     _mm512_loadu_si512(xt.add(512 * (g + 1) + 64 * l) as *const _),
                 )
             };
-            let (x_lo, x_hi) = (_mm512_xor_si512(x_lo, flip), _mm512_xor_si512(x_hi, flip));
+            if X_SIGNED {
+                (x_lo, x_hi) = (_mm512_xor_si512(x_lo, flip), _mm512_xor_si512(x_hi, flip));
+            }
             for r in 0..R {
                 // SAFETY: as above.
                 let (w_lo, w_hi) = unsafe {
@@ -1917,13 +1894,20 @@ unsafe fn q6_k_add_quads<const R: usize>(
                         splat_i32(wbs[r].add(32 * (g + 1) + 4 * l)),
                     )
                 };
-                // SAFETY: the caller's features.
-                let both = unsafe {
-                    join_quads(
+                // `vpdpbusd`'s first operand is the unsigned one.
+                let (lo, hi) = if X_SIGNED {
+                    (
                         _mm512_dpbusd_epi32(zero, w_lo, x_lo),
                         _mm512_dpbusd_epi32(zero, w_hi, x_hi),
                     )
+                } else {
+                    (
+                        _mm512_dpbusd_epi32(zero, x_lo, w_lo),
+                        _mm512_dpbusd_epi32(zero, x_hi, w_hi),
+                    )
                 };
+                // SAFETY: the caller's features.
+                let both = unsafe { join_quads(lo, hi) };
                 lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], both, sc[r][l / 4]);
             }
         }
