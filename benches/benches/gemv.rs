@@ -29,6 +29,8 @@ fn bench_gemv(c: &mut Criterion) {
         (GgmlType::Q4_K, 2048, 640),
         (GgmlType::Q5_K, 2048, 640),
         (GgmlType::Q6_K, 2048, 640),
+        (GgmlType::Q2_K, 2048, 640),
+        (GgmlType::Q3_K, 2048, 640),
         (GgmlType::Q8_0, 640, 262_144),
         // The tier-2 formats without a model in `cargo xtask bench`: gpt-oss's MXFP4 and
         // the BitNet ternary types.

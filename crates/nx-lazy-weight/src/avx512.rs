@@ -11,6 +11,8 @@
 //! | Q6_K | `Σ sc·Σ q·x − 32·Σ sc·bsum` | as Q4_K, offset from the bsums |
 //! | Q4_1 / Q5_1 | `Σ q·x` (offset `m·s` apart) | one `dpbusd` |
 //! | IQ4_NL | `Σ (v+128)·x − 128·Σ x` | table biased to u8 by `pshufb`, two `dpbusd` |
+//! | Q2_K (four rows) | `Σ sc·Σ q·x`; mins `Σ m·bsum` | `pshufb` from `[0, s, 2s, 3s]` gives `s·q`, one `dpbusd` |
+//! | Q3_K (four rows) | `Σ sc·Σ q·x` | `dpbusd` of `q + 4` from `−4·Σ x`, `dpwssd` by the scale |
 //!
 //! The 32-element formats use 256-bit registers (one block each); the K formats use
 //! 512-bit ones (two 32-quant groups per instruction, folded to eight lanes once per
@@ -29,9 +31,9 @@ use crate::avx2::{
 use crate::avx2_rows4::checked_entry_rows4;
 use crate::dot_scalar::DotKernel;
 use crate::formats::{
-    iq4_nl, iq4_xs, mxfp4, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32, read_u32,
-    scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
-    Q8_K_BYTES,
+    iq4_nl, iq4_xs, mxfp4, q2_k, q3_k, q4_1, q4_k, q5_0, q5_1, q6_k, q8_1, q8_k, read_f32,
+    read_u32, scales_mins_k4_packed, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES,
+    Q8_0_BYTES, Q8_K_BYTES,
 };
 use crate::formats::{DotKernel4, DotKernelRows4};
 
@@ -559,6 +561,268 @@ unsafe fn q4_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     std::array::from_fn(|r| hsum_ps(acc[r]) + hsum4_ps(mins[r]))
 }
 
+/// Q2_K × Q8_K for four weight rows and one token. A sub-block scale (≤ 15) times a level
+/// (≤ 3) fits a byte, so one `vpshufb` from a table `[0, s, 2s, 3s]` per 16 weights turns
+/// 64 levels into scaled levels, and one `dpbusd` gives their sums four weights a lane:
+/// per 64 weights a shift, a mask, a shuffle and one product, where the AVX2 kernel
+/// spends a `maddubs` and a scale `madd` per 32. The lanes hold the AVX2 kernel's
+/// integers exactly (`Σ s·Σ q·x` over the same four weights of every group, groups `k`
+/// and `k + 4` in the two halves, folded once per super-block), and each row keeps its
+/// float chain (the min FMA, then the scale FMA, eight lanes, two rows per 512-bit
+/// register): the bits of [`crate::avx2`]'s `q2_k_impl`. The tuner measured the AVX2
+/// kernel at about 15 GB/s on the Qwen2.5-1.5B shapes (AMD EPYC family 25 model 17),
+/// bound by its instructions, not by memory.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q2_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+    const B: usize = q2_k::BYTES;
+    const _: () = assert!(q2_k::QS == 16 && q2_k::QS + 64 == q2_k::D);
+    let n_blocks = k_rows_blocks(&w, x, B);
+    // Scale j's table as a dword: bytes [0, s, 2s, 3s] (3·15 < 256: no carries).
+    let steps = _mm512_set1_epi32(0x0302_0100);
+    let low4_dwords = _mm512_set1_epi32(0x0F);
+    let low4 = _mm_set1_epi8(0x0F);
+    // The level register of shift k holds group k (weights 32k.., scales 2k, 2k + 1) in
+    // its low 256 bits and group k + 4 (scales 2k + 8, 2k + 9) in its high ones; 128-bit
+    // lane m of the tables gathers in dword k the table that lane meets at shift k, so
+    // the levels index it as `q + 4k`.
+    let lane_tables = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+    let three = _mm512_set1_epi8(3);
+    let mut acc = [_mm512_setzero_ps(); 2];
+    for b in 0..n_blocks {
+        let xb = &x[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
+        let mut xq = [_mm512_setzero_si512(); 4];
+        for (k, xq) in xq.iter_mut().enumerate() {
+            // SAFETY: groups k and k + 4 of the quants, 4..260 of 292.
+            *xq = unsafe {
+                _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(load32(xb, q8_k::QS + 32 * k)),
+                    load32(xb, q8_k::QS + 32 * (k + 4)),
+                )
+            };
+        }
+        // SAFETY: the sixteen i16 bsums, 260..292 of 292.
+        let bsums = _mm512_broadcast_i64x4(unsafe { load32(xb, q8_k::BSUMS) });
+        let dx = read_f32(xb, 0);
+        for (p, acc) in acc.iter_mut().enumerate() {
+            let mut sums = [_mm512_setzero_si512(); 2];
+            let mut mins = [_mm256_setzero_si256(); 2];
+            let mut d = [0f32; 2];
+            let mut neg_dmin = [0f32; 2];
+            for e in 0..2 {
+                let row = w[2 * p + e];
+                crate::avx2::prefetch_block(row, b * B, B, 4);
+                let wb = &row[b * B..(b + 1) * B];
+                // SAFETY: the scales are bytes 0..16 of 84, the levels 16..80.
+                let (packed, bits) = unsafe {
+                    (
+                        load16(wb, 0),
+                        _mm512_loadu_si512(wb.as_ptr().add(q2_k::QS) as *const _),
+                    )
+                };
+                let scales = _mm512_and_si512(_mm512_cvtepu8_epi32(packed), low4_dwords);
+                let tables =
+                    _mm512_permutexvar_epi32(lane_tables, _mm512_mullo_epi32(scales, steps));
+                let mut s = _mm512_setzero_si512();
+                macro_rules! shift {
+                    ($k:literal) => {
+                        let levels = _mm512_and_si512(_mm512_srli_epi16::<{ 2 * $k }>(bits), three);
+                        let index = _mm512_or_si512(levels, _mm512_set1_epi8(4 * $k));
+                        s = _mm512_dpbusd_epi32(s, _mm512_shuffle_epi8(tables, index), xq[$k]);
+                    };
+                }
+                shift!(0);
+                shift!(1);
+                shift!(2);
+                shift!(3);
+                sums[e] = s;
+                mins[e] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), low4));
+                d[e] = dx * f16_scalar(wb, q2_k::D);
+                neg_dmin[e] = -dx * f16_scalar(wb, q2_k::DMIN);
+            }
+            // [row 2p | row 2p + 1], each half its eight lanes over all eight groups.
+            let sumi = _mm512_add_epi32(
+                _mm512_shuffle_i64x2::<0b01_00_01_00>(sums[0], sums[1]),
+                _mm512_shuffle_i64x2::<0b11_10_11_10>(sums[0], sums[1]),
+            );
+            let min_lanes = _mm512_madd_epi16(
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(mins[0]), mins[1]),
+                bsums,
+            );
+            *acc = _mm512_fmadd_ps(halves_of(neg_dmin), _mm512_cvtepi32_ps(min_lanes), *acc);
+            *acc = _mm512_fmadd_ps(halves_of(d), _mm512_cvtepi32_ps(sumi), *acc);
+        }
+    }
+    let [low0, high0] = halves_ps(acc[0]);
+    let [low1, high1] = halves_ps(acc[1]);
+    [hsum_ps(low0), hsum_ps(high0), hsum_ps(low1), hsum_ps(high1)]
+}
+
+/// Q3_K × Q8_K for four weight rows and one token. A level `q` (−4..3) is read as
+/// `u = q + 4` (its two low bits and its high bit side by side, 0..7), one `dpbusd` per
+/// 64 weights starts from `−4·Σx` of each four-weight lane, which leaves `Σ q·x` per lane
+/// (|·| ≤ 2048, a word), and one `dpwssd` by the lane's scale (a word, zero above)
+/// scales it: two products per 64 weights where the AVX2 kernel spends two `maddubs`, a
+/// subtraction and a `madd` per 32. The sixteen 6-bit scales unpack in one register
+/// (variable shifts), not byte by byte. The lanes hold the AVX2 kernel's integers exactly
+/// (groups `k` and `k + 4` in the two halves, folded once per super-block), and each row
+/// keeps its float chain (eight lanes, two rows per 512-bit register): the bits of
+/// [`crate::avx2`]'s `q3_k_impl`.
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q3_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+    const B: usize = q3_k::BYTES;
+    const _: () = assert!(q3_k::QS == 32 && q3_k::SCALES == 96 && q3_k::D == 108);
+    let n_blocks = k_rows_blocks(&w, x, B);
+    let consts = Q3kRows4::new();
+    let mut acc = [_mm512_setzero_ps(); 2];
+    for b in 0..n_blocks {
+        let xb = &x[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
+        let mut xq = [_mm512_setzero_si512(); 4];
+        let mut minus4_sums = [_mm512_setzero_si512(); 4];
+        for k in 0..4 {
+            // SAFETY: groups k and k + 4 of the quants, 4..260 of 292.
+            xq[k] = unsafe {
+                _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(load32(xb, q8_k::QS + 32 * k)),
+                    load32(xb, q8_k::QS + 32 * (k + 4)),
+                )
+            };
+            let four_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), consts.fours, xq[k]);
+            minus4_sums[k] = _mm512_sub_epi32(_mm512_setzero_si512(), four_sums);
+        }
+        let dx = read_f32(xb, 0);
+        for (p, acc) in acc.iter_mut().enumerate() {
+            let mut sums = [_mm512_setzero_si512(); 2];
+            let mut d = [0f32; 2];
+            for e in 0..2 {
+                let row = w[2 * p + e];
+                crate::avx2::prefetch_block(row, b * B, B, 4);
+                let wb = &row[b * B..(b + 1) * B];
+                // SAFETY: hmask is bytes 0..32 of 110, the low bits 32..96, the scales
+                // 96..108 (read as 94..110).
+                let (hmask, bits, scale_bytes) = unsafe {
+                    (
+                        load32(wb, 0),
+                        _mm512_loadu_si512(wb.as_ptr().add(q3_k::QS) as *const _),
+                        load16(wb, q3_k::SCALES - 2),
+                    )
+                };
+                let scales = consts.scale_words(scale_bytes);
+                // Bit k of each byte: group k's high bits (low half), group k + 4's (high).
+                let high = _mm512_srlv_epi16(_mm512_broadcast_i64x4(hmask), consts.high_half_by_4);
+                let mut s = _mm512_setzero_si512();
+                macro_rules! shift {
+                    ($k:literal, $high:expr) => {
+                        let low =
+                            _mm512_and_si512(_mm512_srli_epi16::<{ 2 * $k }>(bits), consts.three);
+                        let u = _mm512_or_si512(low, _mm512_and_si512($high, consts.four));
+                        let lanes = _mm512_dpbusd_epi32(minus4_sums[$k], u, xq[$k]);
+                        let scale = _mm512_permutexvar_epi32(consts.lane_scales[$k], scales);
+                        s = _mm512_dpwssd_epi32(s, lanes, scale);
+                    };
+                }
+                shift!(0, _mm512_slli_epi16::<2>(high));
+                shift!(1, _mm512_slli_epi16::<1>(high));
+                shift!(2, high);
+                shift!(3, _mm512_srli_epi16::<1>(high));
+                sums[e] = s;
+                d[e] = dx * f16_scalar(wb, q3_k::D);
+            }
+            // [row 2p | row 2p + 1], each half its eight lanes over all eight groups.
+            let sumi = _mm512_add_epi32(
+                _mm512_shuffle_i64x2::<0b01_00_01_00>(sums[0], sums[1]),
+                _mm512_shuffle_i64x2::<0b11_10_11_10>(sums[0], sums[1]),
+            );
+            *acc = _mm512_fmadd_ps(halves_of(d), _mm512_cvtepi32_ps(sumi), *acc);
+        }
+    }
+    let [low0, high0] = halves_ps(acc[0]);
+    let [low1, high1] = halves_ps(acc[1]);
+    [hsum_ps(low0), hsum_ps(high0), hsum_ps(low1), hsum_ps(high1)]
+}
+
+/// The constants of [`q3_k_rows4_impl`].
+struct Q3kRows4 {
+    fours: __m512i,
+    three: __m512i,
+    four: __m512i,
+    high_half_by_4: __m512i,
+    /// Per shift k, the scale of each dword lane: 128-bit lane m of the level register
+    /// holds 16 weights of scale 2k, 2k + 1, 2k + 8, 2k + 9 for m = 0..4.
+    lane_scales: [__m512i; 4],
+    low_source: __m128i,
+    top_source: __m128i,
+    low_shifts: __m512i,
+    top_shifts: __m512i,
+}
+
+impl Q3kRows4 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn new() -> Self {
+        let lane_scales = |k: i32| {
+            let (a, b, c, e) = (2 * k, 2 * k + 1, 2 * k + 8, 2 * k + 9);
+            _mm512_setr_epi32(a, a, a, a, b, b, b, b, c, c, c, c, e, e, e, e)
+        };
+        Self {
+            fours: _mm512_set1_epi8(4),
+            three: _mm512_set1_epi8(3),
+            four: _mm512_set1_epi8(4),
+            high_half_by_4: _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4)),
+            lane_scales: [
+                lane_scales(0),
+                lane_scales(1),
+                lane_scales(2),
+                lane_scales(3),
+            ],
+            // Scale bytes b0..b11 are bytes 2..14 of the 16 read: scale j's low nibble
+            // is in b[j % 8] (shifted by 4 for j ≥ 8), its top two bits in b[8 + j % 4]
+            // at 2·(j / 4).
+            low_source: _mm_setr_epi8(2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9),
+            top_source: _mm_setr_epi8(
+                10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13,
+            ),
+            low_shifts: _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4),
+            top_shifts: _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6),
+        }
+    }
+
+    /// The sixteen scales `sc − 32` as dwords whose low word is the scale and whose
+    /// high word is zero (a `dpwssd` operand), from the 16 bytes that end the scales.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    fn scale_words(&self, bytes: __m128i) -> __m512i {
+        let low = _mm512_srlv_epi32(
+            _mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, self.low_source)),
+            self.low_shifts,
+        );
+        let top = _mm512_srlv_epi32(
+            _mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, self.top_source)),
+            self.top_shifts,
+        );
+        let stored = _mm512_or_si512(
+            _mm512_and_si512(low, _mm512_set1_epi32(0x0F)),
+            _mm512_slli_epi32::<4>(_mm512_and_si512(top, _mm512_set1_epi32(3))),
+        );
+        _mm512_and_si512(
+            _mm512_sub_epi32(stored, _mm512_set1_epi32(32)),
+            _mm512_set1_epi32(0xFFFF),
+        )
+    }
+}
+
+/// `v[0]` in the low eight lanes, `v[1]` in the high ones.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn halves_of(v: [f32; 2]) -> __m512 {
+    _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(v[0]), _mm512_set1_ps(v[1]))
+}
+
 /// The shuffle and index constants with which [`q4_k_rows4_impl`] turns four rows'
 /// super-block headers (one row per 128-bit lane) into their scale and min terms.
 struct Rows4Header {
@@ -852,6 +1116,8 @@ pub(crate) fn kernel_rows4(weight_type: GgmlType) -> Option<DotKernelRows4> {
         GgmlType::Q4_K => dot_rows4_q4_k_q8_k,
         GgmlType::Q5_K => dot_rows4_q5_k_q8_k,
         GgmlType::Q6_K => dot_rows4_q6_k_q8_k,
+        GgmlType::Q2_K => dot_rows4_q2_k_q8_k,
+        GgmlType::Q3_K => dot_rows4_q3_k_q8_k,
         _ => return None,
     };
     Some(k)
@@ -869,6 +1135,8 @@ checked_entry_rows4! {
     dot_rows4_q4_k_q8_k => q4_k_rows4_impl,
     dot_rows4_q5_k_q8_k => q5_k_rows4_impl,
     dot_rows4_q6_k_q8_k => q6_k_rows4_impl,
+    dot_rows4_q2_k_q8_k => q2_k_rows4_impl,
+    dot_rows4_q3_k_q8_k => q3_k_rows4_impl,
 }
 
 /// Runs a per-block expression over the whole blocks of four weight rows `$w` and one
@@ -1353,8 +1621,8 @@ pub(crate) unsafe fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The formats of `crate::formats::BLOCK_FORMATS` (Q2_K, Q3_K and IQ4_XS run their AVX2
-// kernels).
+// The formats of `crate::formats::BLOCK_FORMATS` (one row of Q2_K and Q3_K runs the AVX2
+// kernel, four rows the four-row kernels above).
 // Same lane integers and float order as the scalar twins and the AVX2 tier.
 
 /// One Q4_1/Q5_1 block against one Q8_1 block, as `avx2::q8_1_step` with `dpbusd`.

@@ -71,8 +71,8 @@ pub fn dot_kernel4_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernel
     }
 }
 
-/// The four-row kernel of `weight_type` at `tier`, when the tier has one (Q5_0, Q8_0,
-/// Q4_1, Q5_1 and IQ4_NL on AVX-512 VNNI). `None` otherwise: callers then use
+/// The four-row kernel of `weight_type` at `tier`, when the tier has one (most block and
+/// K formats on AVX-512 VNNI, Q4_0, Q5_0 and Q8_0 on AVX2). `None` otherwise: callers then use
 /// [`dot_kernel_for`] per row, which gives the same bits.
 pub fn dot_kernel_rows4_for(tier: CpuTier, weight_type: GgmlType) -> Option<DotKernelRows4> {
     if !tier_supported(tier) {

@@ -583,7 +583,8 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 ///    AMX takes Q4_K / Q6_K (their activations tiled a second time in the VNNI layout).
 /// 19: the Q6_K, Q2_K and Q3_K VNNI tiles join two sub-blocks' quads in one dword (one
 ///    `vpdpwssd` instead of two).
-pub const KERNELS_REVISION: u32 = 19;
+/// 20: an AVX-512 four-row Q2_K decode kernel (scaled levels by `vpshufb`, one `dpbusd`).
+pub const KERNELS_REVISION: u32 = 20;
 
 #[cfg(test)]
 mod tests {

@@ -182,6 +182,8 @@ fn four_row_kernel_equals_single_token_kernel_bit_for_bit() {
                 GgmlType::Q4_K,
                 GgmlType::Q5_K,
                 GgmlType::Q6_K,
+                GgmlType::Q2_K,
+                GgmlType::Q3_K,
             ] {
                 assert!(dot_kernel_rows4_for(tier, ty).is_some(), "{tier} {ty}");
             }
