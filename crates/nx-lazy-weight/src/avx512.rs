@@ -642,11 +642,7 @@ unsafe fn q2_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
                 d[e] = dx * f16_scalar(wb, q2_k::D);
                 neg_dmin[e] = -dx * f16_scalar(wb, q2_k::DMIN);
             }
-            // [row 2p | row 2p + 1], each half its eight lanes over all eight groups.
-            let sumi = _mm512_add_epi32(
-                _mm512_shuffle_i64x2::<0b01_00_01_00>(sums[0], sums[1]),
-                _mm512_shuffle_i64x2::<0b11_10_11_10>(sums[0], sums[1]),
-            );
+            let sumi = fold_row_pair(sums);
             let min_lanes = _mm512_madd_epi16(
                 _mm512_inserti64x4::<1>(_mm512_castsi256_si512(mins[0]), mins[1]),
                 bsums,
@@ -733,11 +729,7 @@ unsafe fn q3_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
                 sums[e] = s;
                 d[e] = dx * f16_scalar(wb, q3_k::D);
             }
-            // [row 2p | row 2p + 1], each half its eight lanes over all eight groups.
-            let sumi = _mm512_add_epi32(
-                _mm512_shuffle_i64x2::<0b01_00_01_00>(sums[0], sums[1]),
-                _mm512_shuffle_i64x2::<0b11_10_11_10>(sums[0], sums[1]),
-            );
+            let sumi = fold_row_pair(sums);
             *acc = _mm512_fmadd_ps(halves_of(d), _mm512_cvtepi32_ps(sumi), *acc);
         }
     }
@@ -814,6 +806,18 @@ impl Q3kRows4 {
             _mm512_set1_epi32(0xFFFF),
         )
     }
+}
+
+/// Two rows' sixteen lanes (each row's groups `k` and `k + 4` in its two halves) as
+/// `[row 2p | row 2p + 1]`, each half the sum of that row's halves: its eight lanes over
+/// all eight groups.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn fold_row_pair(sums: [__m512i; 2]) -> __m512i {
+    _mm512_add_epi32(
+        _mm512_shuffle_i64x2::<0b01_00_01_00>(sums[0], sums[1]),
+        _mm512_shuffle_i64x2::<0b11_10_11_10>(sums[0], sums[1]),
+    )
 }
 
 /// `v[0]` in the low eight lanes, `v[1]` in the high ones.
