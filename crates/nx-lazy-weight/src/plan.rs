@@ -583,8 +583,9 @@ pub fn install(plan: KernelPlan) -> Result<(), LazyWeightError> {
 ///    AMX takes Q4_K / Q6_K (their activations tiled a second time in the VNNI layout).
 /// 19: the Q6_K, Q2_K and Q3_K VNNI tiles join two sub-blocks' quads in one dword (one
 ///    `vpdpwssd` instead of two).
-/// 20: an AVX-512 four-row Q2_K decode kernel (scaled levels by `vpshufb`, one `dpbusd`).
-pub const KERNELS_REVISION: u32 = 20;
+/// 20: AVX-512 four-row Q2_K and Q3_K decode kernels.
+/// 21: the Q2_K and Q3_K VNNI tiles read levels scaled when unpacked (no `vpdpwssd`).
+pub const KERNELS_REVISION: u32 = 21;
 
 #[cfg(test)]
 mod tests {

@@ -23,8 +23,8 @@
 //! | IQ4_NL | as Q4_0, `w` the table level | even and odd blocks in two chains, as the scalar twin |
 //! | Q4_K | `Σ_g sc_g·Σ (x+128)·q − 128·Σ_g sc_g·Σ q` | four min lanes, as the scalar twin |
 //! | Q5_K | as Q4_K with 5-bit `q` (a quad of `(x+128)·q` still fits 16 bits) | one min chain, as the scalar twin |
-//! | Q2_K | `Σ_g sc·Σ (x+128)·q − 128·Σ_g sc·Σ q` (a scale per 16 weights, by `vpdpwssd`) | the min lanes `m·s + m·s` first, into the same chains |
-//! | Q3_K | as Q2_K with levels −4..3 and scales `sc − 32`, no min term | — |
+//! | Q2_K | `Σ (x+128)·(sc·q) − 128·Σ sc·q` (the levels scaled when unpacked: `sc·q ≤ 45` is a byte) | the min lanes `m·s + m·s` first, into the same chains |
+//! | Q3_K | as Q2_K with `−sc·q` (levels −4..3, scales `sc − 32`: −128..124 is a byte), the lanes and `d` both negated; no min term | — |
 //! | Q6_K | `Σ_g sc·Σ x·q − 32·(b·s + b·s)` (`x` back to signed by flipping the top bit, `q` the unsigned level as `vpdpbusd`'s unsigned operand) | — |
 //! | IQ4_XS | `Σ_g ls_g·Σ (x+128)·w − 128·Σ_g ls_g·Σ w` (`ls_g` by a 32-bit multiply) | — |
 //! | IQ2_XXS … IQ3_S | as IQ4_XS with a multiplier per 16 weights, times the format's final factor | — |
@@ -61,14 +61,12 @@ const WQ4K_SC: usize = 256;
 const WQ4K_MINS: usize = WQ4K_SC + 32;
 const WQ4K_CORR: usize = WQ4K_MINS + 16;
 const WQ4K_D: usize = WQ4K_CORR + 32;
-/// Unpacked Q2_K or Q3_K super-block: 256 levels (0..3, or −4..3), the sixteen sub-block
-/// scales as eight word pairs `(sc[4p + h], sc[4p + 2 + h])` (`p` = 0..4, `h` = 0, 1: the
-/// scales of 32-weight groups `2p` and `2p + 1` for lanes `4h..4h + 4`, see
-/// [`scaled_lanes`]), eight lane corrections, eight min pairs `(m[2l], m[2l+1])`
-/// (Q2_K), then `d` and `−dmin` (f32, Q2_K).
+/// Unpacked Q2_K or Q3_K super-block: 256 scaled levels (Q2_K `sc·q`, 0..45; Q3_K
+/// `−sc·q`, −128..124: each level times its sub-block's scale, see [`prescaled_lanes`]),
+/// eight lane corrections, eight min pairs `(m[2l], m[2l+1])` (Q2_K), then `d` (Q3_K:
+/// `−d`) and `−dmin` (f32, Q2_K).
 const WQ2K_BLOCK: usize = WQ2K_D + 8;
-const WQ2K_SC: usize = 256;
-const WQ2K_CORR: usize = WQ2K_SC + 32;
+const WQ2K_CORR: usize = 256;
 const WQ2K_MINS: usize = WQ2K_CORR + 32;
 const WQ2K_D: usize = WQ2K_MINS + 32;
 /// Unpacked Q6_K super-block: 256 levels `q` (0..64, u8), eight scale pairs
@@ -392,37 +390,45 @@ fn unpack_offset32(wb: &[u8], out: &mut [u8], levels: fn(&[u8]) -> [i32; 32]) {
 }
 
 /// One Q3_K super-block `wb` unpacked into `out` (the [`WQ2K_BLOCK`] layout without
-/// the min terms: levels −4..3, the sixteen scales `sc − 32`). Plain code.
+/// the min terms). The scaled levels are negated: `sc·q` reaches 128 (scale −32, level
+/// −4), one past a signed byte, while `−sc·q` stays in −128..124. The lanes then hold
+/// the negated sums and `d` is stored negated too: `(−d_x·d_w)·(−Σ)` is the same
+/// product, rounded the same, as `d_x·d_w·Σ` (negation is exact in the conversion and
+/// the multiplies), so the FMA gives the single-token kernel's bits. Plain code.
 fn unpack_q3_k(wb: &[u8], out: &mut [u8]) {
     assert!(wb.len() >= q3_k::BYTES && out.len() >= WQ2K_BLOCK);
     let scales = q3_k::scales(&wb[q3_k::SCALES..q3_k::SCALES + 12]);
     let levels = q3_k::levels(wb);
-    let mut corr = [0i32; 8];
-    for (g, q) in levels.chunks_exact(32).enumerate() {
-        for (l, quad) in q.chunks_exact(4).enumerate() {
-            corr[l] += scales[2 * g + l / 4] * quad.iter().map(|&v| v as i32).sum::<i32>();
-        }
-        for (o, &v) in out[32 * g..32 * g + 32].iter_mut().zip(q) {
-            *o = v as u8;
-        }
-    }
-    // −32..31; a quad of `(x+128)·q` with q in −4..3 is a word too.
-    put_scale_pairs(out, |j| scales[j] as i16);
+    let corr = put_scaled_levels(out, &levels, |j| -scales[j]);
     for (l, c) in corr.into_iter().enumerate() {
         put_i32(out, WQ2K_CORR + 4 * l, -128 * c);
     }
-    put_f32(out, WQ2K_D, read_f16(wb, q3_k::D));
+    put_f32(out, WQ2K_D, -read_f16(wb, q3_k::D));
 }
 
-/// The sixteen scales (`scale(j)`, one per 16 weights) of a Q2_K / Q3_K super-block as
-/// [`WQ2K_BLOCK`]'s word pairs.
-fn put_scale_pairs(out: &mut [u8], scale: impl Fn(usize) -> i16) {
-    for pair in 0..4 {
-        for h in 0..2 {
-            let j = 4 * pair + h;
-            put_pair(out, WQ2K_SC + 4 * (2 * pair + h), scale(j), scale(j + 2));
+/// Writes the 256 levels times their sub-block's `scale(j)` (one per 16 weights, each
+/// product a signed byte) as [`WQ2K_BLOCK`]'s first 256 bytes; returns each lane's sum
+/// of them (lane `l`: weights `4l..4l + 4` of every group of 32).
+fn put_scaled_levels(out: &mut [u8], levels: &[i8; 256], scale: impl Fn(usize) -> i32) -> [i32; 8] {
+    let out = &mut out[..256];
+    // Sub-block by sub-block, each a plain loop the compiler vectorizes.
+    for (j, (o, q)) in out
+        .chunks_exact_mut(16)
+        .zip(levels.chunks_exact(16))
+        .enumerate()
+    {
+        let s = scale(j) as i16;
+        for (o, &q) in o.iter_mut().zip(q) {
+            *o = (s * q as i16) as i8 as u8;
         }
     }
+    let mut corr = [0i32; 8];
+    for group in out.chunks_exact(32) {
+        for (c, quad) in corr.iter_mut().zip(group.chunks_exact(4)) {
+            *c += quad.iter().map(|&v| v as i8 as i32).sum::<i32>();
+        }
+    }
+    corr
 }
 
 /// One Q2_K super-block `wb` unpacked into `out` (the [`WQ2K_BLOCK`] layout). Plain
@@ -430,19 +436,9 @@ fn put_scale_pairs(out: &mut [u8], scale: impl Fn(usize) -> i16) {
 fn unpack_q2_k(wb: &[u8], out: &mut [u8]) {
     assert!(wb.len() >= q2_k::BYTES && out.len() >= WQ2K_BLOCK);
     let levels = q2_k::levels(wb);
-    let scale = |j: usize| (wb[j] & 0x0F) as i32;
     let min = |j: usize| (wb[j] >> 4) as i16;
-    let mut corr = [0i32; 8];
-    for (g, q) in levels.chunks_exact(32).enumerate() {
-        for (l, quad) in q.chunks_exact(4).enumerate() {
-            corr[l] += scale(2 * g + l / 4) * quad.iter().map(|&v| v as i32).sum::<i32>();
-        }
-        for (o, &v) in out[32 * g..32 * g + 32].iter_mut().zip(q) {
-            *o = v as u8;
-        }
-    }
-    // A quad (at most 4·255·3) is a word.
-    put_scale_pairs(out, |j| scale(j) as i16);
+    // 15·3 ≤ 45: the scaled levels are bytes.
+    let corr = put_scaled_levels(out, &levels, |j| (wb[j] & 0x0F) as i32);
     for (l, c) in corr.into_iter().enumerate() {
         put_i32(out, WQ2K_CORR + 4 * l, -128 * c);
         put_pair(out, WQ2K_MINS + 4 * l, min(2 * l), min(2 * l + 1));
@@ -1617,8 +1613,8 @@ const NO_MINS: bool = false;
 /// Q2_K (or, without `MINS`, Q3_K) rows against one token group, in the order of its
 /// single-token kernel (`formats::q2_k::dot`): per super-block first the min lanes
 /// `m[2l]·s[2l] + m[2l+1]·s[2l+1]` fused with `−d_x·dmin`, then the level lanes
-/// `Σ_g sc·Σ (x+128)·q − 128·Σ_g sc·Σ q` ([`scaled_lanes`], a scale per 16 weights)
-/// fused with `d_x·d_w`, into the same eight running lanes.
+/// `Σ (x+128)·(sc·q) − 128·Σ sc·q` ([`prescaled_lanes`]) fused with `d_x·d_w`, into the
+/// same eight running lanes.
 ///
 /// # Safety
 /// As [`block32_tile`], with [`WQ2K_BLOCK`] unpacked super-blocks and Q8_K tile
@@ -1641,7 +1637,7 @@ unsafe fn q2_k_tile<const R: usize, const MINS: bool>(
             std::array::from_fn(|r| w[r * stride + b * WQ2K_BLOCK..].as_ptr());
         // SAFETY (every load below): inside the tile super-block and the unpacked
         // super-blocks (asserted above).
-        let lanes = unsafe { scaled_lanes::<R>(&wbs, xt, WQ2K_CORR, WQ2K_SC) };
+        let lanes = unsafe { prescaled_lanes::<R>(&wbs, xt) };
         // SAFETY: as above.
         unsafe {
             let dx = _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32);
@@ -1667,7 +1663,7 @@ unsafe fn q2_k_tile<const R: usize, const MINS: bool>(
 }
 
 /// Each row's eight lanes started at its corrections (dwords at `corr_at`), which take
-/// the activations' `+ 128` back off: the start of [`scaled_lanes`] and
+/// the activations' `+ 128` back off: the start of [`prescaled_lanes`] and
 /// [`scaled_lanes_paired`].
 ///
 /// # Safety
@@ -1684,33 +1680,40 @@ unsafe fn corrected_lanes<const R: usize>(
     })
 }
 
-/// The eight integer lanes of `R` unpacked K super-blocks (`wbs`) against one tile
-/// super-block (`xt`): each row's lane corrections (dwords at `corr_at`) plus
-/// `Σ_g sc·quad(g, l)`, the quads `Σ (x+128)·q` by `vpdpbusd` and the scales (one per 16
-/// weights: Q2_K, Q3_K; word pairs at `sc_at` as [`WQ2K_BLOCK`] lays them out) by
-/// `vpdpwssd`: the quads must be words. Two groups' quads of a lane share one dword (a
-/// shift and a word blend, [`join_quads`]: Q3_K's can be negative), so one
-/// `vpdpwssd` multiplies both by their scales ([`add_paired_quads`]). Q4_K and Q5_K (a scale per 32 weights)
-/// take [`scaled_lanes_paired`].
+/// The eight integer lanes of `R` unpacked Q2_K / Q3_K super-blocks (`wbs`) against one
+/// tile super-block (`xt`): each row's lane corrections plus `Σ_g quad(g, l)`, the quads
+/// `Σ (x+128)·w` of the levels already multiplied by their scale when unpacked (a scale
+/// per 16 weights, each product a byte: [`WQ2K_BLOCK`]). So one `vpdpbusd` per group and
+/// lane is the whole integer part: no scale step, where scaling the quads afterwards
+/// took a `vpdpwssd` per two groups and a shift to join them (their pipe is
+/// `vpdpbusd`'s on Zen 4). The lane integers are the same: `Σ sc·q·x` in any grouping.
 ///
 /// # Safety
 /// `wbs[r]` and `xt` point at whole unpacked and tile super-blocks; only inlined into
 /// functions enabling AVX-512 F/BW/VNNI.
 #[inline(always)]
-unsafe fn scaled_lanes<const R: usize>(
+unsafe fn prescaled_lanes<const R: usize>(
     wbs: &[*const u8; R],
     xt: *const u8,
-    corr_at: usize,
-    sc_at: usize,
 ) -> [[__m512i; 8]; R] {
-    // SAFETY: the caller's contract.
-    let mut lanes = unsafe { corrected_lanes(wbs, corr_at) };
-    // SAFETY: the caller's contract.
-    unsafe { add_paired_quads::<R, UNSIGNED_X>(wbs, xt, sc_at, &mut lanes) };
+    // SAFETY (every load below): the caller's contract.
+    let mut lanes = unsafe { corrected_lanes(wbs, WQ2K_CORR) };
+    for g in 0..8 {
+        for l in 0..8 {
+            // SAFETY: as above.
+            let x = unsafe { _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _) };
+            for r in 0..R {
+                // SAFETY: as above.
+                let w = unsafe { splat_i32(wbs[r].add(32 * g + 4 * l)) };
+                lanes[r][l] = _mm512_dpbusd_epi32(lanes[r][l], x, w);
+            }
+        }
+    }
     lanes
 }
 
-/// [`scaled_lanes`] for one scale per 32 weights and levels `0..32` (Q4_K, Q5_K), with a
+/// The eight integer lanes of `R` unpacked K super-blocks with one scale per 32 weights
+/// and levels `0..32` (Q4_K, Q5_K) against one tile super-block, with a
 /// quarter fewer dot-product instructions: the quads of two groups share one dword, the
 /// second one's shifted into the high word (`quad(g+1)·2¹⁶ + quad(g)`; a quad is at most
 /// `255·31·4 < 2¹⁵`, so neither word overflows or turns negative), and one `vpdpwssd`
@@ -1718,7 +1721,9 @@ unsafe fn scaled_lanes<const R: usize>(
 /// lane integers are the same: integer sums in any order.
 ///
 /// # Safety
-/// As [`scaled_lanes`]; the levels are `0..32` and the scales (dwords at `sc_at`) `0..64`.
+/// `wbs[r]` and `xt` point at whole unpacked and tile super-blocks; only inlined into
+/// functions enabling AVX-512 F/BW/VNNI; the levels are `0..32` and the scales (dwords at
+/// `sc_at`) `0..64`.
 #[inline(always)]
 unsafe fn scaled_lanes_paired<const R: usize>(
     wbs: &[*const u8; R],
@@ -1817,7 +1822,7 @@ unsafe fn q6_k_tile<const R: usize>(
             }
         }
         // SAFETY: inside the tile / unpacked super-blocks (asserted above).
-        unsafe { add_paired_quads::<R, SIGNED_X>(&wbs, xt, WQ6K_SC, &mut lanes) };
+        unsafe { add_paired_quads::<R>(&wbs, xt, WQ6K_SC, &mut lanes) };
         // SAFETY: inside the tile / unpacked super-blocks.
         unsafe {
             let dx = _mm512_loadu_ps(xt.add(ACTK_DX) as *const f32);
@@ -1835,20 +1840,12 @@ unsafe fn q6_k_tile<const R: usize>(
     }
 }
 
-/// [`add_paired_quads`]: the tile's `x + 128` is `vpdpbusd`'s unsigned operand and the
-/// levels its signed one (Q2_K, Q3_K).
-const UNSIGNED_X: bool = false;
-/// [`add_paired_quads`]: the tile's `x + 128` flipped back to a signed `x` and the levels
-/// the unsigned operand (Q6_K, levels `0..64`).
-const SIGNED_X: bool = true;
-
 /// Adds `Σ_g sc·quad(g, l)` of `R` unpacked super-blocks (`wbs`: 256 one-byte levels, then
 /// the scale word pairs at `sc_at`, `(sc[4p + h], sc[4p + 2 + h])` for group pair `p` and
 /// lanes `4h..4h + 4`) against one tile super-block (`xt`) to each row's eight lanes.
-/// With `SIGNED_X` (Q6_K) the top bit of the tile's `x + 128` is flipped to give `x` back
-/// as a signed byte, so the unsigned levels can be `vpdpbusd`'s unsigned operand and the
-/// quad `Σ x·q` (|·| ≤ 128·63·4 < 2¹⁵) needs no correction; without it (Q2_K, Q3_K) the
-/// quad is `Σ (x+128)·q` and the lane corrections take the `+ 128` off. Two groups' quads
+/// The top bit of the tile's `x + 128` is flipped to give `x` back as a signed byte, so
+/// the unsigned levels (Q6_K's `0..64`) can be `vpdpbusd`'s unsigned operand and the
+/// quad `Σ x·q` (|·| ≤ 128·63·4 < 2¹⁵) needs no correction. Two groups' quads
 /// of a lane share one dword as words ([`join_quads`]), so one `vpdpwssd` multiplies both
 /// by their scales: three products on the pipe `vpdpbusd` and FMA share instead of four.
 /// The lane integers are the same.
@@ -1857,7 +1854,7 @@ const SIGNED_X: bool = true;
 /// `wbs[r]` and `xt` point at whole unpacked and tile super-blocks; only inlined into
 /// functions enabling AVX-512 F/BW/VNNI.
 #[inline(always)]
-unsafe fn add_paired_quads<const R: usize, const X_SIGNED: bool>(
+unsafe fn add_paired_quads<const R: usize>(
     wbs: &[*const u8; R],
     xt: *const u8,
     sc_at: usize,
@@ -1877,15 +1874,18 @@ unsafe fn add_paired_quads<const R: usize, const X_SIGNED: bool>(
         }
         for l in 0..8 {
             // SAFETY: as above.
-            let (mut x_lo, mut x_hi) = unsafe {
+            let (x_lo, x_hi) = unsafe {
                 (
-                    _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _),
-                    _mm512_loadu_si512(xt.add(512 * (g + 1) + 64 * l) as *const _),
+                    _mm512_xor_si512(
+                        _mm512_loadu_si512(xt.add(512 * g + 64 * l) as *const _),
+                        flip,
+                    ),
+                    _mm512_xor_si512(
+                        _mm512_loadu_si512(xt.add(512 * (g + 1) + 64 * l) as *const _),
+                        flip,
+                    ),
                 )
             };
-            if X_SIGNED {
-                (x_lo, x_hi) = (_mm512_xor_si512(x_lo, flip), _mm512_xor_si512(x_hi, flip));
-            }
             for r in 0..R {
                 // SAFETY: as above.
                 let (w_lo, w_hi) = unsafe {
@@ -1895,17 +1895,10 @@ unsafe fn add_paired_quads<const R: usize, const X_SIGNED: bool>(
                     )
                 };
                 // `vpdpbusd`'s first operand is the unsigned one.
-                let (lo, hi) = if X_SIGNED {
-                    (
-                        _mm512_dpbusd_epi32(zero, w_lo, x_lo),
-                        _mm512_dpbusd_epi32(zero, w_hi, x_hi),
-                    )
-                } else {
-                    (
-                        _mm512_dpbusd_epi32(zero, x_lo, w_lo),
-                        _mm512_dpbusd_epi32(zero, x_hi, w_hi),
-                    )
-                };
+                let (lo, hi) = (
+                    _mm512_dpbusd_epi32(zero, w_lo, x_lo),
+                    _mm512_dpbusd_epi32(zero, w_hi, x_hi),
+                );
                 // SAFETY: the caller's features.
                 let both = unsafe { join_quads(lo, hi) };
                 lanes[r][l] = _mm512_dpwssd_epi32(lanes[r][l], both, sc[r][l / 4]);
