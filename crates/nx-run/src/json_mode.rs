@@ -298,24 +298,8 @@ impl JsonObject {
 
     /// One byte of the text.
     fn step(&mut self, b: u8) -> bool {
-        let between = matches!(
-            self.mode,
-            Mode::ObjectFirst
-                | Mode::ObjectKey
-                | Mode::Colon
-                | Mode::Value
-                | Mode::ArrayFirst
-                | Mode::AfterValue
-        );
-        if between {
-            if matches!(b, b' ' | b'\t' | b'\n') {
-                let second_newline = b == b'\n' && self.ws_newline;
-                self.ws_newline |= b == b'\n';
-                self.ws_run += 1;
-                return self.ws_run <= MAX_WS_RUN && !second_newline;
-            }
-            self.ws_run = 0;
-            self.ws_newline = false;
+        if let Some(accepted) = self.whitespace(b) {
+            return accepted;
         }
         match self.mode {
             Mode::Start => b == b'{' && self.open(false),
@@ -330,6 +314,66 @@ impl JsonObject {
             }
             Mode::ArrayFirst if b == b']' => self.close(),
             Mode::Value | Mode::ArrayFirst => self.start_value(b),
+            Mode::Str { .. } | Mode::Escape { .. } | Mode::Hex { .. } => self.string_byte(b),
+            Mode::Number(part) => match part.next(b) {
+                Some(next) => {
+                    self.mode = Mode::Number(next);
+                    true
+                }
+                // The byte after a whole number belongs to what follows it.
+                None if part.complete() => {
+                    self.mode = Mode::AfterValue;
+                    self.step(b)
+                }
+                None => false,
+            },
+            Mode::Literal { which, at } => {
+                let word = LITERALS[which as usize];
+                if word[at as usize] != b {
+                    return false;
+                }
+                self.mode = if at as usize + 1 == word.len() {
+                    Mode::AfterValue
+                } else {
+                    Mode::Literal { which, at: at + 1 }
+                };
+                true
+            }
+            Mode::AfterValue => self.after_value(b),
+            Mode::Done => false,
+        }
+    }
+
+    /// Whitespace between tokens: `Some(accepted)` when `b` is whitespace there (bounded
+    /// runs, no blank line), `None` when `b` is for the grammar.
+    fn whitespace(&mut self, b: u8) -> Option<bool> {
+        let between = matches!(
+            self.mode,
+            Mode::ObjectFirst
+                | Mode::ObjectKey
+                | Mode::Colon
+                | Mode::Value
+                | Mode::ArrayFirst
+                | Mode::AfterValue
+        );
+        if !between {
+            return None;
+        }
+        if matches!(b, b' ' | b'\t' | b'\n') {
+            let second_newline = b == b'\n' && self.ws_newline;
+            self.ws_newline |= b == b'\n';
+            self.ws_run += 1;
+            return Some(self.ws_run <= MAX_WS_RUN && !second_newline);
+        }
+        self.ws_run = 0;
+        self.ws_newline = false;
+        None
+    }
+
+    /// One byte inside a string (a key or a value): plain, after a backslash, or a
+    /// `\u` escape's hex digit.
+    fn string_byte(&mut self, b: u8) -> bool {
+        match self.mode {
             Mode::Str { key } => {
                 match b {
                     b'"' if key => self.mode = Mode::Colon,
@@ -359,44 +403,26 @@ impl JsonObject {
                 };
                 b.is_ascii_hexdigit()
             }
-            Mode::Number(part) => match part.next(b) {
-                Some(next) => {
-                    self.mode = Mode::Number(next);
-                    true
-                }
-                // The byte after a whole number belongs to what follows it.
-                None if part.complete() => {
-                    self.mode = Mode::AfterValue;
-                    self.step(b)
-                }
-                None => false,
-            },
-            Mode::Literal { which, at } => {
-                let word = LITERALS[which as usize];
-                if word[at as usize] != b {
-                    return false;
-                }
-                self.mode = if at as usize + 1 == word.len() {
-                    Mode::AfterValue
+            // (Only called in the three string modes.)
+            _ => false,
+        }
+    }
+
+    /// The byte after a complete value: a comma, or the close of the innermost
+    /// container.
+    fn after_value(&mut self, b: u8) -> bool {
+        match b {
+            b',' => {
+                self.mode = if self.innermost_is_array() {
+                    Mode::Value
                 } else {
-                    Mode::Literal { which, at: at + 1 }
+                    Mode::ObjectKey
                 };
                 true
             }
-            Mode::AfterValue => match b {
-                b',' => {
-                    self.mode = if self.innermost_is_array() {
-                        Mode::Value
-                    } else {
-                        Mode::ObjectKey
-                    };
-                    true
-                }
-                b'}' if !self.innermost_is_array() => self.close(),
-                b']' if self.innermost_is_array() => self.close(),
-                _ => false,
-            },
-            Mode::Done => false,
+            b'}' if !self.innermost_is_array() => self.close(),
+            b']' if self.innermost_is_array() => self.close(),
+            _ => false,
         }
     }
 }
