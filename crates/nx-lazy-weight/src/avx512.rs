@@ -688,7 +688,7 @@ unsafe fn q3_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
                     load32(xb, q8_k::QS + 32 * (k + 4)),
                 )
             };
-            let four_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), consts.fours, xq[k]);
+            let four_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), consts.four, xq[k]);
             minus4_sums[k] = _mm512_sub_epi32(_mm512_setzero_si512(), four_sums);
         }
         let dx = read_f32(xb, 0);
@@ -740,8 +740,8 @@ unsafe fn q3_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
 
 /// The constants of [`q3_k_rows4_impl`].
 struct Q3kRows4 {
-    fours: __m512i,
     three: __m512i,
+    /// 4 in every byte: the mask of `u`'s high bit, and the multiplier of `4·Σx`.
     four: __m512i,
     high_half_by_4: __m512i,
     /// Per shift k, the scale of each dword lane: 128-bit lane m of the level register
@@ -757,21 +757,21 @@ impl Q3kRows4 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     fn new() -> Self {
-        let lane_scales = |k: i32| {
-            let (a, b, c, e) = (2 * k, 2 * k + 1, 2 * k + 8, 2 * k + 9);
-            _mm512_setr_epi32(a, a, a, a, b, b, b, b, c, c, c, c, e, e, e, e)
-        };
+        let mut lane_scales = [_mm512_setzero_si512(); 4];
+        for (k, lanes) in lane_scales.iter_mut().enumerate() {
+            let mut index = [0i32; 16];
+            for (i, v) in index.iter_mut().enumerate() {
+                // Lane m = i / 4: scale 2k + m % 2 + 8·(m / 2).
+                *v = (2 * k + (i / 4) % 2 + 8 * (i / 8)) as i32;
+            }
+            // SAFETY: sixteen i32.
+            *lanes = unsafe { _mm512_loadu_si512(index.as_ptr() as *const _) };
+        }
         Self {
-            fours: _mm512_set1_epi8(4),
             three: _mm512_set1_epi8(3),
             four: _mm512_set1_epi8(4),
             high_half_by_4: _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4)),
-            lane_scales: [
-                lane_scales(0),
-                lane_scales(1),
-                lane_scales(2),
-                lane_scales(3),
-            ],
+            lane_scales,
             // Scale bytes b0..b11 are bytes 2..14 of the 16 read: scale j's low nibble
             // is in b[j % 8] (shifted by 4 for j ≥ 8), its top two bits in b[8 + j % 4]
             // at 2·(j / 4).
