@@ -563,14 +563,14 @@ unsafe fn q4_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
 
 /// Q2_K × Q8_K for four weight rows and one token. A sub-block scale (≤ 15) times a level
 /// (≤ 3) fits a byte, so one `vpshufb` from a table `[0, s, 2s, 3s]` per 16 weights turns
-/// 64 levels into scaled levels, and one `dpbusd` gives their sums four weights a lane:
-/// per 64 weights a shift, a mask, a shuffle and one product, where the AVX2 kernel
-/// spends a `maddubs` and a scale `madd` per 32. The lanes hold the AVX2 kernel's
-/// integers exactly (`Σ s·Σ q·x` over the same four weights of every group, groups `k`
-/// and `k + 4` in the two halves, folded once per super-block), and each row keeps its
-/// float chain (the min FMA, then the scale FMA, eight lanes, two rows per 512-bit
-/// register): the bits of [`crate::avx2`]'s `q2_k_impl`. The tuner measured the AVX2
-/// kernel at about 15 GB/s on the Qwen2.5-1.5B shapes (AMD EPYC family 25 model 17),
+/// 64 levels into scaled levels ([`q2_k_scaled_levels`]), and one `dpbusd` gives their
+/// sums four weights a lane: per 64 weights a shift, a mask, a shuffle and one product,
+/// where the AVX2 kernel spends a `maddubs` and a scale `madd` per 32. The lanes hold the
+/// AVX2 kernel's integers exactly (`Σ s·Σ q·x` over the same four weights of every group,
+/// groups `k` and `k + 4` in the two halves, folded once per super-block), and each row
+/// keeps its float chain (the min FMA, then the scale FMA, eight lanes, two rows per
+/// 512-bit register): the bits of [`crate::avx2`]'s `q2_k_impl`. The tuner measured the
+/// AVX2 kernel at about 15 GB/s on the Qwen2.5-1.5B shapes (AMD EPYC family 25 model 17),
 /// bound by its instructions, not by memory.
 ///
 /// # Safety
@@ -578,33 +578,14 @@ unsafe fn q4_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q2_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     const B: usize = q2_k::BYTES;
-    const _: () = assert!(q2_k::QS == 16 && q2_k::QS + 64 == q2_k::D);
     let n_blocks = k_rows_blocks(&w, x, B);
-    // Scale j's table as a dword: bytes [0, s, 2s, 3s] (3·15 < 256: no carries).
-    let steps = _mm512_set1_epi32(0x0302_0100);
-    let low4_dwords = _mm512_set1_epi32(0x0F);
-    let low4 = _mm_set1_epi8(0x0F);
-    // The level register of shift k holds group k (weights 32k.., scales 2k, 2k + 1) in
-    // its low 256 bits and group k + 4 (scales 2k + 8, 2k + 9) in its high ones; 128-bit
-    // lane m of the tables gathers in dword k the table that lane meets at shift k, so
-    // the levels index it as `q + 4k`.
-    let lane_tables = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-    let three = _mm512_set1_epi8(3);
+    let consts = Q2kConsts::new();
     let mut acc = [_mm512_setzero_ps(); 2];
     for b in 0..n_blocks {
         let xb = &x[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
-        let mut xq = [_mm512_setzero_si512(); 4];
-        for (k, xq) in xq.iter_mut().enumerate() {
-            // SAFETY: groups k and k + 4 of the quants, 4..260 of 292.
-            *xq = unsafe {
-                _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(load32(xb, q8_k::QS + 32 * k)),
-                    load32(xb, q8_k::QS + 32 * (k + 4)),
-                )
-            };
-        }
-        // SAFETY: the sixteen i16 bsums, 260..292 of 292.
-        let bsums = _mm512_broadcast_i64x4(unsafe { load32(xb, q8_k::BSUMS) });
+        // SAFETY: a whole Q8_K block.
+        let (xq, bsums) = unsafe { (x_group_pairs(xb), load32(xb, q8_k::BSUMS)) };
+        let bsums = _mm512_broadcast_i64x4(bsums);
         let dx = read_f32(xb, 0);
         for (p, acc) in acc.iter_mut().enumerate() {
             let mut sums = [_mm512_setzero_si512(); 2];
@@ -615,30 +596,10 @@ unsafe fn q2_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
                 let row = w[2 * p + e];
                 crate::avx2::prefetch_block(row, b * B, B, 4);
                 let wb = &row[b * B..(b + 1) * B];
-                // SAFETY: the scales are bytes 0..16 of 84, the levels 16..80.
-                let (packed, bits) = unsafe {
-                    (
-                        load16(wb, 0),
-                        _mm512_loadu_si512(wb.as_ptr().add(q2_k::QS) as *const _),
-                    )
-                };
-                let scales = _mm512_and_si512(_mm512_cvtepu8_epi32(packed), low4_dwords);
-                let tables =
-                    _mm512_permutexvar_epi32(lane_tables, _mm512_mullo_epi32(scales, steps));
-                let mut s = _mm512_setzero_si512();
-                macro_rules! shift {
-                    ($k:literal) => {
-                        let levels = _mm512_and_si512(_mm512_srli_epi16::<{ 2 * $k }>(bits), three);
-                        let index = _mm512_or_si512(levels, _mm512_set1_epi8(4 * $k));
-                        s = _mm512_dpbusd_epi32(s, _mm512_shuffle_epi8(tables, index), xq[$k]);
-                    };
-                }
-                shift!(0);
-                shift!(1);
-                shift!(2);
-                shift!(3);
-                sums[e] = s;
-                mins[e] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), low4));
+                // SAFETY: a whole super-block.
+                let (levels, row_mins) = unsafe { q2_k_scaled_levels(wb, &consts) };
+                sums[e] = levels_dot(levels, xq, _mm512_setzero_si512());
+                mins[e] = row_mins;
                 d[e] = dx * f16_scalar(wb, q2_k::D);
                 neg_dmin[e] = -dx * f16_scalar(wb, q2_k::DMIN);
             }
@@ -656,41 +617,173 @@ unsafe fn q2_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     [hsum_ps(low0), hsum_ps(high0), hsum_ps(low1), hsum_ps(high1)]
 }
 
+/// Q2_K × Q8_K for four tokens: each super-block's scaled levels ([`q2_k_scaled_levels`])
+/// formed once, then per token four `dpbusd`, the fold to eight lanes and the AVX2
+/// kernel's two FMAs (its bits, as [`q2_k_rows4_impl`]).
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q2_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    const B: usize = q2_k::BYTES;
+    let n_blocks = common_blocks(w, &x, B, Q8_K_BYTES);
+    let consts = Q2kConsts::new();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for b in 0..n_blocks {
+        prefetch_ahead(w, b * B);
+        let wb = &w[b * B..(b + 1) * B];
+        // SAFETY: a whole super-block.
+        let (levels, mins) = unsafe { q2_k_scaled_levels(wb, &consts) };
+        let (d_w, dmin_w) = (f16_scalar(wb, q2_k::D), f16_scalar(wb, q2_k::DMIN));
+        for (t, xb) in block_of_each(&x, b, Q8_K_BYTES).into_iter().enumerate() {
+            // SAFETY: a whole Q8_K block.
+            let (xq, bsums) = unsafe { (x_group_pairs(xb), load32(xb, q8_k::BSUMS)) };
+            let sumi = fold_halves_epi32(levels_dot(levels, xq, _mm512_setzero_si512()));
+            let min_lanes = _mm256_madd_epi16(mins, bsums);
+            let dx = read_f32(xb, 0);
+            let neg_dmin = _mm256_set1_ps(-dx * dmin_w);
+            acc[t] = _mm256_fmadd_ps(neg_dmin, _mm256_cvtepi32_ps(min_lanes), acc[t]);
+            let d = _mm256_set1_ps(dx * d_w);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
+        }
+    }
+    [
+        hsum_ps(acc[0]),
+        hsum_ps(acc[1]),
+        hsum_ps(acc[2]),
+        hsum_ps(acc[3]),
+    ]
+}
+
+/// The Q8_K quants of groups `k` and `k + 4` side by side for `k = 0..4`: the layout of
+/// the Q2_K / Q3_K level registers (a shift `2k` of the 64 packed bytes gives both).
+///
+/// # Safety
+/// `xb` is a whole Q8_K block; the CPU has AVX-512 F and AVX2.
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn x_group_pairs(xb: &[u8]) -> [__m512i; 4] {
+    let mut xq = [_mm512_setzero_si512(); 4];
+    for (k, xq) in xq.iter_mut().enumerate() {
+        // SAFETY: groups k and k + 4 of the quants, 4..260 of 292.
+        *xq = unsafe {
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(load32(xb, q8_k::QS + 32 * k)),
+                load32(xb, q8_k::QS + 32 * (k + 4)),
+            )
+        };
+    }
+    xq
+}
+
+/// `start + Σ_k dpbusd(levels[k], xq[k])`: unsigned levels against signed quants.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+fn levels_dot(levels: [__m512i; 4], xq: [__m512i; 4], start: __m512i) -> __m512i {
+    let mut s = start;
+    for (levels, xq) in levels.into_iter().zip(xq) {
+        s = _mm512_dpbusd_epi32(s, levels, xq);
+    }
+    s
+}
+
+/// The low eight lanes of `v` plus its high eight.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn fold_halves_epi32(v: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
+}
+
+/// The constants of [`q2_k_scaled_levels`].
+struct Q2kConsts {
+    steps: __m512i,
+    low4_dwords: __m512i,
+    low4: __m128i,
+    lane_tables: __m512i,
+    three: __m512i,
+}
+
+impl Q2kConsts {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn new() -> Self {
+        Self {
+            // Scale j's table as a dword: bytes [0, s, 2s, 3s] (3·15 < 256: no carries).
+            steps: _mm512_set1_epi32(0x0302_0100),
+            low4_dwords: _mm512_set1_epi32(0x0F),
+            low4: _mm_set1_epi8(0x0F),
+            // The level register of shift k holds group k (weights 32k.., scales 2k,
+            // 2k + 1) in its low 256 bits and group k + 4 (scales 2k + 8, 2k + 9) in its
+            // high ones; 128-bit lane m of the tables gathers in dword k the table that
+            // lane meets at shift k, so the levels index it as `q + 4k`.
+            lane_tables: _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15),
+            three: _mm512_set1_epi8(3),
+        }
+    }
+}
+
+/// One Q2_K super-block's levels times their sub-block scales (`s·q`, bytes), as four
+/// registers of groups `k | k + 4` ([`x_group_pairs`]' layout), and its sixteen mins as
+/// words.
+///
+/// # Safety
+/// `wb` is a whole Q2_K super-block; the CPU has the features of this module.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+unsafe fn q2_k_scaled_levels(wb: &[u8], c: &Q2kConsts) -> ([__m512i; 4], __m256i) {
+    const _: () = assert!(q2_k::QS == 16 && q2_k::QS + 64 == q2_k::D);
+    // SAFETY: the scales are bytes 0..16 of 84, the levels 16..80.
+    let (packed, bits) = unsafe {
+        (
+            load16(wb, 0),
+            _mm512_loadu_si512(wb.as_ptr().add(q2_k::QS) as *const _),
+        )
+    };
+    let scales = _mm512_and_si512(_mm512_cvtepu8_epi32(packed), c.low4_dwords);
+    let tables = _mm512_permutexvar_epi32(c.lane_tables, _mm512_mullo_epi32(scales, c.steps));
+    // Levels `q` of shift k, or'ed with `4k`: byte `q` of dword k in each lane's tables.
+    let shifted = [
+        bits,
+        _mm512_srli_epi16::<2>(bits),
+        _mm512_srli_epi16::<4>(bits),
+        _mm512_srli_epi16::<6>(bits),
+    ];
+    let mut scaled = [_mm512_setzero_si512(); 4];
+    for (k, (scaled, shifted)) in scaled.iter_mut().zip(shifted).enumerate() {
+        let index = _mm512_or_si512(
+            _mm512_and_si512(shifted, c.three),
+            _mm512_set1_epi8(4 * k as i8),
+        );
+        *scaled = _mm512_shuffle_epi8(tables, index);
+    }
+    let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), c.low4));
+    (scaled, mins)
+}
+
 /// Q3_K × Q8_K for four weight rows and one token. A level `q` (−4..3) is read as
 /// `u = q + 4` (its two low bits and its high bit side by side, 0..7), one `dpbusd` per
 /// 64 weights starts from `−4·Σx` of each four-weight lane, which leaves `Σ q·x` per lane
 /// (|·| ≤ 2048, a word), and one `dpwssd` by the lane's scale (a word, zero above)
 /// scales it: two products per 64 weights where the AVX2 kernel spends two `maddubs`, a
 /// subtraction and a `madd` per 32. The sixteen 6-bit scales unpack in one register
-/// (variable shifts), not byte by byte. The lanes hold the AVX2 kernel's integers exactly
-/// (groups `k` and `k + 4` in the two halves, folded once per super-block), and each row
-/// keeps its float chain (eight lanes, two rows per 512-bit register): the bits of
-/// [`crate::avx2`]'s `q3_k_impl`.
+/// (variable shifts), not byte by byte ([`q3_k_levels`]). The lanes hold the AVX2
+/// kernel's integers exactly (groups `k` and `k + 4` in the two halves, folded once per
+/// super-block), and each row keeps its float chain (eight lanes, two rows per 512-bit
+/// register): the bits of [`crate::avx2`]'s `q3_k_impl`.
 ///
 /// # Safety
 /// The CPU has the features of this module.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q3_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     const B: usize = q3_k::BYTES;
-    const _: () = assert!(q3_k::QS == 32 && q3_k::SCALES == 96 && q3_k::D == 108);
     let n_blocks = k_rows_blocks(&w, x, B);
     let consts = Q3kRows4::new();
     let mut acc = [_mm512_setzero_ps(); 2];
     for b in 0..n_blocks {
         let xb = &x[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
-        let mut xq = [_mm512_setzero_si512(); 4];
-        let mut minus4_sums = [_mm512_setzero_si512(); 4];
-        for k in 0..4 {
-            // SAFETY: groups k and k + 4 of the quants, 4..260 of 292.
-            xq[k] = unsafe {
-                _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(load32(xb, q8_k::QS + 32 * k)),
-                    load32(xb, q8_k::QS + 32 * (k + 4)),
-                )
-            };
-            let four_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), consts.four, xq[k]);
-            minus4_sums[k] = _mm512_sub_epi32(_mm512_setzero_si512(), four_sums);
-        }
+        // SAFETY: a whole Q8_K block.
+        let xq = unsafe { x_group_pairs(xb) };
+        let minus4 = minus4_sums(xq, consts.four);
         let dx = read_f32(xb, 0);
         for (p, acc) in acc.iter_mut().enumerate() {
             let mut sums = [_mm512_setzero_si512(); 2];
@@ -699,34 +792,9 @@ unsafe fn q3_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
                 let row = w[2 * p + e];
                 crate::avx2::prefetch_block(row, b * B, B, 4);
                 let wb = &row[b * B..(b + 1) * B];
-                // SAFETY: hmask is bytes 0..32 of 110, the low bits 32..96, the scales
-                // 96..108 (read as 94..110).
-                let (hmask, bits, scale_bytes) = unsafe {
-                    (
-                        load32(wb, 0),
-                        _mm512_loadu_si512(wb.as_ptr().add(q3_k::QS) as *const _),
-                        load16(wb, q3_k::SCALES - 2),
-                    )
-                };
-                let scales = consts.scale_words(scale_bytes);
-                // Bit k of each byte: group k's high bits (low half), group k + 4's (high).
-                let high = _mm512_srlv_epi16(_mm512_broadcast_i64x4(hmask), consts.high_half_by_4);
-                let mut s = _mm512_setzero_si512();
-                macro_rules! shift {
-                    ($k:literal, $high:expr) => {
-                        let low =
-                            _mm512_and_si512(_mm512_srli_epi16::<{ 2 * $k }>(bits), consts.three);
-                        let u = _mm512_or_si512(low, _mm512_and_si512($high, consts.four));
-                        let lanes = _mm512_dpbusd_epi32(minus4_sums[$k], u, xq[$k]);
-                        let scale = _mm512_permutexvar_epi32(consts.lane_scales[$k], scales);
-                        s = _mm512_dpwssd_epi32(s, lanes, scale);
-                    };
-                }
-                shift!(0, _mm512_slli_epi16::<2>(high));
-                shift!(1, _mm512_slli_epi16::<1>(high));
-                shift!(2, high);
-                shift!(3, _mm512_srli_epi16::<1>(high));
-                sums[e] = s;
+                // SAFETY: a whole super-block.
+                let (levels, scales) = unsafe { q3_k_levels(wb, &consts) };
+                sums[e] = q3_k_scaled_sums(levels, scales, xq, minus4);
                 d[e] = dx * f16_scalar(wb, q3_k::D);
             }
             let sumi = fold_row_pair(sums);
@@ -736,6 +804,113 @@ unsafe fn q3_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     let [low0, high0] = halves_ps(acc[0]);
     let [low1, high1] = halves_ps(acc[1]);
     [hsum_ps(low0), hsum_ps(high0), hsum_ps(low1), hsum_ps(high1)]
+}
+
+/// Q3_K × Q8_K for four tokens: each super-block's levels and lane scales
+/// ([`q3_k_levels`]) formed once, then per token the products of [`q3_k_scaled_sums`],
+/// the fold to eight lanes and the AVX2 kernel's FMA (its bits, as [`q3_k_rows4_impl`]).
+///
+/// # Safety
+/// The CPU has the features of this module.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q3_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
+    const B: usize = q3_k::BYTES;
+    let n_blocks = common_blocks(w, &x, B, Q8_K_BYTES);
+    let consts = Q3kRows4::new();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for b in 0..n_blocks {
+        prefetch_ahead(w, b * B);
+        let wb = &w[b * B..(b + 1) * B];
+        // SAFETY: a whole super-block.
+        let (levels, scales) = unsafe { q3_k_levels(wb, &consts) };
+        let dw = f16_splat(wb, q3_k::D);
+        for (t, xb) in block_of_each(&x, b, Q8_K_BYTES).into_iter().enumerate() {
+            // SAFETY: a whole Q8_K block.
+            let xq = unsafe { x_group_pairs(xb) };
+            let minus4 = minus4_sums(xq, consts.four);
+            let sumi = fold_halves_epi32(q3_k_scaled_sums(levels, scales, xq, minus4));
+            let d = _mm256_mul_ps(f32_splat(xb, 0), dw);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
+        }
+    }
+    [
+        hsum_ps(acc[0]),
+        hsum_ps(acc[1]),
+        hsum_ps(acc[2]),
+        hsum_ps(acc[3]),
+    ]
+}
+
+/// One Q3_K super-block as four registers of `u = q + 4` (groups `k | k + 4`,
+/// [`x_group_pairs`]' layout) and the four registers of each dword lane's scale (a word,
+/// zero above).
+///
+/// # Safety
+/// `wb` is a whole Q3_K super-block; the CPU has the features of this module.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+unsafe fn q3_k_levels(wb: &[u8], c: &Q3kRows4) -> ([__m512i; 4], [__m512i; 4]) {
+    const _: () = assert!(q3_k::QS == 32 && q3_k::SCALES == 96 && q3_k::D == 108);
+    // SAFETY: hmask is bytes 0..32 of 110, the low bits 32..96, the scales 96..108
+    // (read as 94..110).
+    let (hmask, bits, scale_bytes) = unsafe {
+        (
+            load32(wb, 0),
+            _mm512_loadu_si512(wb.as_ptr().add(q3_k::QS) as *const _),
+            load16(wb, q3_k::SCALES - 2),
+        )
+    };
+    let scale_words = c.scale_words(scale_bytes);
+    // Bit k of each byte: group k's high bits (low half), group k + 4's (high half).
+    let high = _mm512_srlv_epi16(_mm512_broadcast_i64x4(hmask), c.high_half_by_4);
+    // Per shift k: the low bits at 0..2 and the high bit moved to bit 2.
+    let parts = [
+        (bits, _mm512_slli_epi16::<2>(high)),
+        (_mm512_srli_epi16::<2>(bits), _mm512_slli_epi16::<1>(high)),
+        (_mm512_srli_epi16::<4>(bits), high),
+        (_mm512_srli_epi16::<6>(bits), _mm512_srli_epi16::<1>(high)),
+    ];
+    let mut levels = [_mm512_setzero_si512(); 4];
+    let mut scales = [_mm512_setzero_si512(); 4];
+    for k in 0..4 {
+        let (low, high) = parts[k];
+        levels[k] = _mm512_or_si512(
+            _mm512_and_si512(low, c.three),
+            _mm512_and_si512(high, c.four),
+        );
+        scales[k] = _mm512_permutexvar_epi32(c.lane_scales[k], scale_words);
+    }
+    (levels, scales)
+}
+
+/// `−4·Σx` of each four-quant lane of the registers `xq` (`four`: 4 in every byte).
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+fn minus4_sums(xq: [__m512i; 4], four: __m512i) -> [__m512i; 4] {
+    let zero = _mm512_setzero_si512();
+    let mut out = [zero; 4];
+    for (out, xq) in out.iter_mut().zip(xq) {
+        *out = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, four, xq));
+    }
+    out
+}
+
+/// `Σ_k sc·(Σ u·x − 4·Σx)` per lane: each `dpbusd` starts from `−4·Σx` of its lanes
+/// ([`minus4_sums`]), leaving `Σ q·x` (a word), which one `dpwssd` scales.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn q3_k_scaled_sums(
+    levels: [__m512i; 4],
+    scales: [__m512i; 4],
+    xq: [__m512i; 4],
+    minus4: [__m512i; 4],
+) -> __m512i {
+    let mut s = _mm512_setzero_si512();
+    for k in 0..4 {
+        let lanes = _mm512_dpbusd_epi32(minus4[k], levels[k], xq[k]);
+        s = _mm512_dpwssd_epi32(s, lanes, scales[k]);
+    }
+    s
 }
 
 /// The constants of [`q3_k_rows4_impl`].
@@ -1064,6 +1239,8 @@ pub(crate) fn kernel4(weight_type: GgmlType) -> Option<DotKernel4> {
         GgmlType::Q4_1 => dot4_q4_1_q8_1,
         GgmlType::Q5_1 => dot4_q5_1_q8_1,
         GgmlType::IQ4_NL => dot4_iq4_nl_q8_0,
+        GgmlType::Q2_K => dot4_q2_k_q8_k,
+        GgmlType::Q3_K => dot4_q3_k_q8_k,
         GgmlType::IQ2_XXS if crate::grids_avx512::available() => {
             crate::grids_avx512::dot4_iq2_xxs_q8_k
         }
@@ -1100,6 +1277,8 @@ checked_entry4! {
     dot4_q8_0_q8_0 => q8_0_x4_impl,
     dot4_q4_k_q8_k => q4_k_x4_impl,
     dot4_q6_k_q8_k => q6_k_x4_impl,
+    dot4_q2_k_q8_k => q2_k_x4_impl,
+    dot4_q3_k_q8_k => q3_k_x4_impl,
 }
 
 /// The four-row kernel (one token, four weight rows) of `weight_type`, when this module

@@ -620,6 +620,9 @@ struct Kernels {
     /// The AVX2 token groups take every token (when there are two or more).
     #[cfg(target_arch = "x86_64")]
     groups: bool,
+    /// The fewest tokens left after the groups of four that go through the four-token
+    /// kernel as a padded group rather than one by one.
+    pad_four_from: usize,
 }
 
 impl Kernels {
@@ -655,10 +658,17 @@ impl Kernels {
             PrefillKernel::Tiles | PrefillKernel::Amx => dot_kernel4_for(CpuTier::Avx512Vnni, ty),
             PrefillKernel::Groups => dot_kernel4_for(CpuTier::Avx2, ty),
         };
+        // Two Q2_K / Q3_K tokens cost less one by one through the AVX-512 four-row kernel
+        // than padded to four (`nx bench --parallel 2` on the Qwen2.5-1.5B Q2_K file).
+        let pad_four_from = match (ty, plan.decode) {
+            (GgmlType::Q2_K | GgmlType::Q3_K, DecodeKernel::Rows4(CpuTier::Avx512Vnni)) => 3,
+            _ => PAD_TO_FOUR_FROM,
+        };
         Ok(Kernels {
             single,
             four,
             rows4,
+            pad_four_from,
             tiled,
             #[cfg(target_arch = "x86_64")]
             tiled_raw: plan.prefill == PrefillKernel::Amx,
@@ -854,7 +864,7 @@ unsafe fn tokens4_into(
         return 0;
     };
     let n = x_rows.len() / x_row_bytes;
-    let grouped = match n % 4 >= PAD_TO_FOUR_FROM {
+    let grouped = match n % 4 >= kernels.pad_four_from {
         true => n,
         false => n / 4 * 4,
     };
