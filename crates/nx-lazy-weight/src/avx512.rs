@@ -612,9 +612,7 @@ unsafe fn q2_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
             *acc = _mm512_fmadd_ps(halves_of(d), _mm512_cvtepi32_ps(sumi), *acc);
         }
     }
-    let [low0, high0] = halves_ps(acc[0]);
-    let [low1, high1] = halves_ps(acc[1]);
-    [hsum_ps(low0), hsum_ps(high0), hsum_ps(low1), hsum_ps(high1)]
+    row_pair_sums(acc)
 }
 
 /// Q2_K × Q8_K for four tokens: each super-block's scaled levels ([`q2_k_scaled_levels`])
@@ -801,9 +799,7 @@ unsafe fn q3_k_rows4_impl(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
             *acc = _mm512_fmadd_ps(halves_of(d), _mm512_cvtepi32_ps(sumi), *acc);
         }
     }
-    let [low0, high0] = halves_ps(acc[0]);
-    let [low1, high1] = halves_ps(acc[1]);
-    [hsum_ps(low0), hsum_ps(high0), hsum_ps(low1), hsum_ps(high1)]
+    row_pair_sums(acc)
 }
 
 /// Q3_K × Q8_K for four tokens: each super-block's levels and lane scales
@@ -993,6 +989,16 @@ fn fold_row_pair(sums: [__m512i; 2]) -> __m512i {
         _mm512_shuffle_i64x2::<0b01_00_01_00>(sums[0], sums[1]),
         _mm512_shuffle_i64x2::<0b11_10_11_10>(sums[0], sums[1]),
     )
+}
+
+/// The four rows' results of two row-pair chains (`[row 2p | row 2p + 1]`, eight lanes
+/// each): each row's lanes summed as [`hsum_ps`] sums the one-row kernel's.
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn row_pair_sums(acc: [__m512; 2]) -> [f32; 4] {
+    let [low0, high0] = halves_ps(acc[0]);
+    let [low1, high1] = halves_ps(acc[1]);
+    [hsum_ps(low0), hsum_ps(high0), hsum_ps(low1), hsum_ps(high1)]
 }
 
 /// `v[0]` in the low eight lanes, `v[1]` in the high ones.
