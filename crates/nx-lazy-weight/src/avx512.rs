@@ -693,7 +693,7 @@ fn fold_halves_epi32(v: __m512i) -> __m256i {
 }
 
 /// The constants of [`q2_k_scaled_levels`].
-struct Q2kConsts {
+pub(crate) struct Q2kConsts {
     steps: __m512i,
     low4_dwords: __m512i,
     low4: __m128i,
@@ -702,9 +702,10 @@ struct Q2kConsts {
 }
 
 impl Q2kConsts {
+    /// The constants.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             // Scale j's table as a dword: bytes [0, s, 2s, 3s] (3·15 < 256: no carries).
             steps: _mm512_set1_epi32(0x0302_0100),
@@ -728,7 +729,7 @@ impl Q2kConsts {
 /// `wb` is a whole Q2_K super-block; the CPU has the features of this module.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
-unsafe fn q2_k_scaled_levels(wb: &[u8], c: &Q2kConsts) -> ([__m512i; 4], __m256i) {
+pub(crate) unsafe fn q2_k_scaled_levels(wb: &[u8], c: &Q2kConsts) -> ([__m512i; 4], __m256i) {
     const _: () = assert!(q2_k::QS == 16 && q2_k::QS + 64 == q2_k::D);
     // SAFETY: the scales are bytes 0..16 of 84, the levels 16..80.
     let (packed, bits) = unsafe {

@@ -22,6 +22,10 @@
 //! share one pass over the rows, where the four-token kernel streams them once per four
 //! tokens.
 //!
+//! Q2_K's levels are scaled by their sub-block's scale before they meet the activations
+//! (`s·q ≤ 45`, a byte: [`crate::avx512::q2_k_scaled_levels`]), so its quads need no
+//! scale step; its min lanes come from the bsum pairs Q6_K reads too.
+//!
 //! Sub-block scales multiply quads by `vpdpwssd`, so a quad must be a word: Q6_K's are
 //! (at most `4·63·128` in magnitude), and two sub-blocks' share a dword (a shift and a
 //! word blend) for one `vpdpwssd` with both scales. Q4_K's are small enough
@@ -34,7 +38,7 @@ use nx_gguf::GgmlType;
 use nx_syscalls::AlignedBytes;
 
 use crate::act_tiles::put_pair;
-use crate::formats::{q4_k, q5_k, q6_k, q8_k, read_i16, scales_mins_k4_packed, Q4_K_BYTES};
+use crate::formats::{q2_k, q4_k, q5_k, q6_k, q8_k, read_i16, scales_mins_k4_packed, Q4_K_BYTES};
 use crate::narrow::{lanes_sum, HeldTokens};
 use crate::tiled::join_quads;
 
@@ -166,7 +170,10 @@ pub(crate) fn available() -> bool {
 }
 
 /// Whether the narrow K kernels take `n_tokens` tokens of Q8_K activations against
-/// weights of `weight_type`: Q4_K and Q5_K always; Q6_K from five on, where the four-token kernel
+/// weights of `weight_type`: Q4_K, Q5_K and Q2_K always (Q2_K: `nx bench --parallel
+/// 2,4,8` on the Qwen2.5-1.5B Q2_K file, AMD EPYC family 25 model 17, two alternating
+/// runs: 37.5–37.8 / 56.1–58.2 / 61.1–64.9 t/s on the AVX-512 four-token kernel, 42.6–43.1
+/// / 62.4–65.0 / 70.6–72.7 here); Q6_K from five on, where the four-token kernel
 /// would stream the rows twice. Below that the four-token kernel costs less than a tile
 /// (`benches/batched`, 2048×640 in cache, two threads, AMD EPYC family 25 model 17, three
 /// alternating runs each: Q6_K 4 tokens 51–65 µs against 76–108 narrow, 2 tokens 47–55
@@ -174,7 +181,7 @@ pub(crate) fn available() -> bool {
 /// 8 tokens 102–121 against 80–87).
 pub(crate) fn has_kernel(weight_type: GgmlType, n_tokens: usize) -> bool {
     match weight_type {
-        GgmlType::Q4_K | GgmlType::Q5_K => true,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q2_K => true,
         GgmlType::Q6_K => n_tokens > 4,
         _ => false,
     }
@@ -226,6 +233,7 @@ pub(crate) unsafe fn run(
         GgmlType::Q4_K => widths!(q4_k_rows, false),
         GgmlType::Q5_K => widths!(q4_k_rows, true),
         GgmlType::Q6_K => widths!(q6_k_rows),
+        GgmlType::Q2_K => widths!(q2_k_rows),
         _ => {}
     }
 }
@@ -415,6 +423,116 @@ unsafe fn q4_k_min_chains<const T: usize, const Q5: bool>(
     } else {
         for j in 0..min_regs(T) {
             acc_min[j] = _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(lanes[j]), acc_min[j]);
+        }
+    }
+}
+
+/// Q2_K rows against `NT` tiles of `T` tokens (see [`RowsArgs`]).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI; every row holds the tiles' super-blocks of Q2_K;
+/// the writes are valid.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q2_k_rows<const T: usize, const NT: usize>((rows, x, n_blocks, out): RowsArgs<'_>) {
+    let sb = sb_bytes(T);
+    assert!(x.len() >= n_blocks * NT * sb && out.2 <= NT * T);
+    let consts = crate::avx512::Q2kConsts::new();
+    let lane_index = q2_k_lane_index::<T>();
+    for (r, row) in rows.enumerate() {
+        assert!(row.len() >= n_blocks * q2_k::BYTES);
+        let mut acc = [[_mm512_setzero_ps(); 4]; NT];
+        for b in 0..n_blocks {
+            crate::avx2::prefetch_block(row, b * q2_k::BYTES, q2_k::BYTES, 1);
+            let wb = &row[b * q2_k::BYTES..(b + 1) * q2_k::BYTES];
+            let xs = &x[b * NT * sb..(b + 1) * NT * sb];
+            // SAFETY: `wb` a whole super-block, `xs` the tiles' super-blocks; features
+            // per this function's contract.
+            unsafe { q2_k_super_block::<T, NT>(wb, xs, (&consts, &lane_index), &mut acc) };
+        }
+        for k in 0..NT {
+            // SAFETY: the features per this function's contract.
+            let y = unsafe { lanes_sum::<T>(&acc[k]) };
+            // SAFETY: the caller's contract on `out`.
+            unsafe { put_tokens::<T>(y, k, out, r) };
+        }
+    }
+}
+
+/// For register `i` (of `T / 2`) and element `e`: the dword `L·i + e mod L` (`L = 16/T`)
+/// of a group's 32 levels, the lane that element holds; plus `8` for the groups in the
+/// high halves of [`crate::avx512::q2_k_scaled_levels`]' registers.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[inline(always)]
+unsafe fn q2_k_lane_index<const T: usize>() -> [[__m512i; 4]; 2] {
+    let per_reg = 16 / T;
+    let mut index = [[_mm512_setzero_si512(); 4]; 2];
+    for (h, index) in index.iter_mut().enumerate() {
+        for (i, index) in index.iter_mut().enumerate().take(T / 2) {
+            let mut lanes = [0i32; 16];
+            for (e, lane) in lanes.iter_mut().enumerate() {
+                *lane = (8 * h + per_reg * i + e % per_reg) as i32;
+            }
+            // SAFETY: sixteen i32; the caller's features.
+            *index = unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) };
+        }
+    }
+    index
+}
+
+/// One Q2_K super-block `wb` against the same super-block of `NT` tiles (`xs`): per
+/// super-block first the min lanes `m[2l]·b[2l] + m[2l+1]·b[2l+1]` fused with
+/// `−d_x·dmin_w`, then the level lanes `Σ_g Σ (s·q)·x` (the levels scaled by their
+/// sub-block's scale, a byte: [`crate::avx512::q2_k_scaled_levels`]) fused with
+/// `d_x·d_w`, into the same chains, as the single-token kernel does. The scaled levels
+/// are the unsigned operand, the activations signed: no correction.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI and F16C; `wb` is a whole super-block and `xs` holds
+/// `NT` tile super-blocks.
+#[inline(always)]
+unsafe fn q2_k_super_block<const T: usize, const NT: usize>(
+    wb: &[u8],
+    xs: &[u8],
+    (consts, lane_index): (&crate::avx512::Q2kConsts, &[[__m512i; 4]; 2]),
+    acc: &mut [[__m512; 4]; NT],
+) {
+    let sb = sb_bytes(T);
+    assert!(wb.len() >= q2_k::BYTES && xs.len() >= NT * sb);
+    let zero = _mm512_setzero_si512();
+    // SAFETY: a whole super-block; the caller's features.
+    let (scaled, mins) = unsafe { crate::avx512::q2_k_scaled_levels(wb, consts) };
+    let d_w = crate::avx2::f16_bits_to_f32(u16::from_le_bytes([wb[q2_k::D], wb[q2_k::D + 1]]));
+    let dmin_w =
+        crate::avx2::f16_bits_to_f32(u16::from_le_bytes([wb[q2_k::DMIN], wb[q2_k::DMIN + 1]]));
+    // Min pair (m[2l], m[2l+1]) of lane l as dword l.
+    let min_pairs = _mm512_castsi256_si512(mins);
+    for i in 0..T / 2 {
+        let min_pair = _mm512_permutexvar_epi32(lane_index[0][i], min_pairs);
+        let mut sums = [zero; NT];
+        for g in 0..8 {
+            // Group g is the low (g < 4) or high half of register g % 4.
+            let w = _mm512_permutexvar_epi32(lane_index[g / 4][i], scaled[g % 4]);
+            for (k, sum) in sums.iter_mut().enumerate() {
+                // SAFETY: inside the tiles' super-blocks (asserted above).
+                *sum = _mm512_dpbusd_epi32(*sum, w, unsafe { quads::<T>(xs, k, g, i) });
+            }
+        }
+        for (k, (acc, sum)) in acc.iter_mut().zip(sums).enumerate() {
+            // SAFETY: inside the tiles' super-blocks (asserted above).
+            let (dx, bsum_pairs) = unsafe {
+                let at = xs.as_ptr().add(k * sb);
+                (
+                    _mm512_loadu_ps(at.add(dx_at(T)).cast()),
+                    _mm512_loadu_si512(at.add(bsums_at(T) + 64 * i).cast()),
+                )
+            };
+            let min_lanes = _mm512_dpwssd_epi32(zero, bsum_pairs, min_pair);
+            let neg_dmin = _mm512_mul_ps(dx, _mm512_set1_ps(-dmin_w));
+            acc[i] = _mm512_fmadd_ps(neg_dmin, _mm512_cvtepi32_ps(min_lanes), acc[i]);
+            let d = _mm512_mul_ps(dx, _mm512_set1_ps(d_w));
+            acc[i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), acc[i]);
         }
     }
 }
