@@ -929,16 +929,15 @@ impl Q3kRows4 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     fn new() -> Self {
-        let mut lane_scales = [_mm512_setzero_si512(); 4];
-        for (k, lanes) in lane_scales.iter_mut().enumerate() {
-            let mut index = [0i32; 16];
-            for (i, v) in index.iter_mut().enumerate() {
-                // Lane m = i / 4: scale 2k + m % 2 + 8·(m / 2).
-                *v = (2 * k + (i / 4) % 2 + 8 * (i / 8)) as i32;
-            }
-            // SAFETY: sixteen i32.
-            *lanes = unsafe { _mm512_loadu_si512(index.as_ptr() as *const _) };
-        }
+        // Lane m of shift k: scale 2k + m % 2 + 8·(m / 2). Literals, so the constants
+        // come from memory rather than being built on every call (the four-token kernel
+        // makes one call per weight row).
+        let lane_scales = [
+            _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 8, 8, 8, 8, 9, 9, 9, 9),
+            _mm512_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3, 10, 10, 10, 10, 11, 11, 11, 11),
+            _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 12, 12, 12, 12, 13, 13, 13, 13),
+            _mm512_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7, 14, 14, 14, 14, 15, 15, 15, 15),
+        ];
         Self {
             three: _mm512_set1_epi8(3),
             four: _mm512_set1_epi8(4),
