@@ -1,13 +1,13 @@
 //! Criterion benchmarks of a batched decode step's matmul: 1, 2, 4, 8 and 16 tokens
 //! (one per sequence) through `matmul_pool` on two threads, as a serving step or a draft
-//! verification runs it (narrow tiles for the block-32 formats and for Q4_K, Q5_K and
-//! five or more Q6_K tokens; four-token kernels otherwise),
+//! verification runs it (narrow tiles for the block-32 formats and for Q2_K, Q3_K, Q4_K,
+//! Q5_K and five or more Q6_K tokens; four-token kernels otherwise),
 //! reported as GB/s of weight bytes read per step — the step streams every weight once,
 //! so the ideal is the one-token rate at any width.
 //!
 //! Shapes are Gemma 3 270M's: the tied Q8_0 LM head [640, 262144] (178 MB, streamed
 //! from memory), a Q8_0, a Q5_0 and a Q4_0 FFN projection (640 → 2048, in cache: the
-//! kernels' own speed) and a Q4_K / Q5_K / Q6_K down projection (2048 → 640).
+//! kernels' own speed) and a Q4_K / Q5_K / Q6_K / Q2_K / Q3_K down projection (2048 → 640).
 //! `bounded/…` and `bounded-top40/…` time the LM head's bounded pass for greedy and
 //! top-40 rows (`BoundedHead`) at the same widths, as an engine runs it (AMX above eight
 //! tokens where the CPU has it); `bounded-vnni/…` and `bounded-amx/…` each pass at every
@@ -37,6 +37,8 @@ fn bench_batched(c: &mut Criterion) {
         (GgmlType::Q4_K, 2048, 640),
         (GgmlType::Q5_K, 2048, 640),
         (GgmlType::Q6_K, 2048, 640),
+        (GgmlType::Q2_K, 2048, 640),
+        (GgmlType::Q3_K, 2048, 640),
     ];
     let pool = ThreadPool::new(2);
     for (ty, row_len, n_rows) in cases {

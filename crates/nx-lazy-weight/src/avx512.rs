@@ -847,17 +847,28 @@ unsafe fn q3_k_x4_impl(w: &[u8], x: [&[u8]; 4]) -> [f32; 4] {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
 unsafe fn q3_k_levels(wb: &[u8], c: &Q3kRows4) -> ([__m512i; 4], [__m512i; 4]) {
+    // SAFETY: forwarded contract.
+    let (levels, scale_words) = unsafe { (q3_k_level_regs(wb, c), q3_k_scale_words(wb, c)) };
+    let scales = std::array::from_fn(|k| _mm512_permutexvar_epi32(c.lane_scales[k], scale_words));
+    (levels, scales)
+}
+
+/// One Q3_K super-block's four registers of `u = q + 4` (groups `k | k + 4`,
+/// [`x_group_pairs`]' layout).
+///
+/// # Safety
+/// `wb` is a whole Q3_K super-block; the CPU has the features of this module.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+unsafe fn q3_k_level_regs(wb: &[u8], c: &Q3kRows4) -> [__m512i; 4] {
     const _: () = assert!(q3_k::QS == 32 && q3_k::SCALES == 96 && q3_k::D == 108);
-    // SAFETY: hmask is bytes 0..32 of 110, the low bits 32..96, the scales 96..108
-    // (read as 94..110).
-    let (hmask, bits, scale_bytes) = unsafe {
+    // SAFETY: hmask is bytes 0..32 of 110, the low bits 32..96.
+    let (hmask, bits) = unsafe {
         (
             load32(wb, 0),
             _mm512_loadu_si512(wb.as_ptr().add(q3_k::QS) as *const _),
-            load16(wb, q3_k::SCALES - 2),
         )
     };
-    let scale_words = c.scale_words(scale_bytes);
     // Bit k of each byte: group k's high bits (low half), group k + 4's (high half).
     let high = _mm512_srlv_epi16(_mm512_broadcast_i64x4(hmask), c.high_half_by_4);
     // Per shift k: the low bits at 0..2 and the high bit moved to bit 2.
@@ -867,17 +878,88 @@ unsafe fn q3_k_levels(wb: &[u8], c: &Q3kRows4) -> ([__m512i; 4], [__m512i; 4]) {
         (_mm512_srli_epi16::<4>(bits), high),
         (_mm512_srli_epi16::<6>(bits), _mm512_srli_epi16::<1>(high)),
     ];
-    let mut levels = [_mm512_setzero_si512(); 4];
-    let mut scales = [_mm512_setzero_si512(); 4];
-    for k in 0..4 {
-        let (low, high) = parts[k];
-        levels[k] = _mm512_or_si512(
+    parts.map(|(low, high)| {
+        _mm512_or_si512(
             _mm512_and_si512(low, c.three),
             _mm512_and_si512(high, c.four),
-        );
-        scales[k] = _mm512_permutexvar_epi32(c.lane_scales[k], scale_words);
-    }
-    (levels, scales)
+        )
+    })
+}
+
+/// One Q3_K super-block's sixteen scales `sc − 32`, scale `j` in dword `j` as a word
+/// (zero above): a `vpdpwssd` operand.
+///
+/// # Safety
+/// `wb` is a whole Q3_K super-block; the CPU has the features of this module.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+unsafe fn q3_k_scale_words(wb: &[u8], c: &Q3kRows4) -> __m512i {
+    // SAFETY: the scales are bytes 96..108 of 110 (read as 94..110).
+    c.scale_words(unsafe { load16(wb, q3_k::SCALES - 2) })
+}
+
+/// One Q3_K super-block's levels times their sub-block scales, plus 127: `s·q + 127`
+/// (`s` in −32..32, `q` in −4..4, so 3..=255: an unsigned byte), as four registers of
+/// groups `k | k + 4` ([`x_group_pairs`]' layout). A lane's `vpdpbusd` then leaves
+/// `Σ s·q·x + 127·Σx`, and no scale step is left: the narrow Q3_K tiles start each lane
+/// from `−127·Σx`.
+///
+/// Each 128-bit lane of a level register meets one scale; two such lanes' tables of
+/// eight bytes (`127 + s·(u − 4)` for `u = q + 4`) share a 128-bit lane of a table
+/// register, so one `vpshufb` per register scales its levels. The tables are formed
+/// modulo 256 (their values fit a byte): `127 − 4s`, plus `s`, `2s`, `4s` where byte
+/// `u`'s bits say.
+///
+/// # Safety
+/// `wb` is a whole Q3_K super-block; the CPU has the features of this module.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+pub(crate) unsafe fn q3_k_scaled_levels(wb: &[u8], c: &Q3kRows4) -> [__m512i; 4] {
+    // SAFETY: forwarded contract.
+    let (levels, scale_words) = unsafe { (q3_k_level_regs(wb, c), q3_k_scale_words(wb, c)) };
+    // Scale j as a byte (the low byte of its word), in every 128-bit lane.
+    let scale_bytes = _mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(scale_words));
+    // Table register p, 128-bit lane m, byte 8h + u: the table of scale
+    // 4p + 2h + m % 2 + 8·(m / 2), the scale lane m of shift 2p + h meets.
+    let which = [
+        _mm512_set_epi64(
+            0x0b0b_0b0b_0b0b_0b0b,
+            0x0909_0909_0909_0909,
+            0x0a0a_0a0a_0a0a_0a0a,
+            0x0808_0808_0808_0808,
+            0x0303_0303_0303_0303,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0000_0000_0000_0000,
+        ),
+        _mm512_set_epi64(
+            0x0f0f_0f0f_0f0f_0f0f,
+            0x0d0d_0d0d_0d0d_0d0d,
+            0x0e0e_0e0e_0e0e_0e0e,
+            0x0c0c_0c0c_0c0c_0c0c,
+            0x0707_0707_0707_0707,
+            0x0505_0505_0505_0505,
+            0x0606_0606_0606_0606,
+            0x0404_0404_0404_0404,
+        ),
+    ];
+    let tables = which.map(|which| {
+        let s = _mm512_shuffle_epi8(scale_bytes, which);
+        let s2 = _mm512_add_epi8(s, s);
+        let s4 = _mm512_add_epi8(s2, s2);
+        let t = _mm512_sub_epi8(_mm512_set1_epi8(127), s4);
+        // Byte u of each table (u = position mod 8) adds u·s.
+        let t = _mm512_mask_add_epi8(t, 0xAAAA_AAAA_AAAA_AAAA, t, s);
+        let t = _mm512_mask_add_epi8(t, 0xCCCC_CCCC_CCCC_CCCC, t, s2);
+        _mm512_mask_add_epi8(t, 0xF0F0_F0F0_F0F0_F0F0, t, s4)
+    });
+    let eights = _mm512_set1_epi8(8);
+    [
+        _mm512_shuffle_epi8(tables[0], levels[0]),
+        _mm512_shuffle_epi8(tables[0], _mm512_or_si512(levels[1], eights)),
+        _mm512_shuffle_epi8(tables[1], levels[2]),
+        _mm512_shuffle_epi8(tables[1], _mm512_or_si512(levels[3], eights)),
+    ]
 }
 
 /// `−4·Σx` of each four-quant lane of the registers `xq` (`four`: 4 in every byte).
@@ -910,8 +992,8 @@ fn q3_k_scaled_sums(
     s
 }
 
-/// The constants of [`q3_k_rows4_impl`].
-struct Q3kRows4 {
+/// The constants of [`q3_k_rows4_impl`] (and of [`q3_k_levels`] wherever it runs).
+pub(crate) struct Q3kRows4 {
     three: __m512i,
     /// 4 in every byte: the mask of `u`'s high bit, and the multiplier of `4·Σx`.
     four: __m512i,
@@ -928,7 +1010,7 @@ struct Q3kRows4 {
 impl Q3kRows4 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         // Lane m of shift k: scale 2k + m % 2 + 8·(m / 2). Literals, so the constants
         // come from memory rather than being built on every call (the four-token kernel
         // makes one call per weight row).

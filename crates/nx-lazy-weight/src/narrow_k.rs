@@ -24,7 +24,11 @@
 //!
 //! Q2_K's levels are scaled by their sub-block's scale before they meet the activations
 //! (`s·q ≤ 45`, a byte: [`crate::avx512::q2_k_scaled_levels`]), so its quads need no
-//! scale step; its min lanes come from the bsum pairs Q6_K reads too.
+//! scale step; its min lanes come from the bsum pairs Q6_K reads too. Q3_K's are too,
+//! offset to an unsigned byte (`s·q + 127`, 3..=255:
+//! [`crate::avx512::q3_k_scaled_levels`]); each register's lanes start from the
+//! activations' `−127·Σx`, formed once per step on the first Q3_K call
+//! ([`NarrowKTiles::q3_k_offsets`]).
 //!
 //! Sub-block scales multiply quads by `vpdpwssd`, so a quad must be a word: Q6_K's are
 //! (at most `4·63·128` in magnitude), and two sub-blocks' share a dword (a shift and a
@@ -33,12 +37,15 @@
 //! multiplies both by the sub-block pair's scales.
 
 use std::arch::x86_64::*;
+use std::sync::OnceLock;
 
 use nx_gguf::GgmlType;
 use nx_syscalls::AlignedBytes;
 
 use crate::act_tiles::put_pair;
-use crate::formats::{q2_k, q4_k, q5_k, q6_k, q8_k, read_i16, scales_mins_k4_packed, Q4_K_BYTES};
+use crate::formats::{
+    q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, read_i16, scales_mins_k4_packed, Q4_K_BYTES,
+};
 use crate::narrow::{lanes_sum, HeldTokens};
 use crate::tiled::join_quads;
 
@@ -82,6 +89,9 @@ pub(crate) struct NarrowKTiles {
     n_tiles: usize,
     /// The real tokens.
     pub(crate) held: HeldTokens,
+    /// Q3_K's lane offsets `−127·Σx` ([`NarrowKTiles::q3_k_offsets`]), formed on first
+    /// need.
+    q3_k_offsets: OnceLock<AlignedBytes>,
 }
 
 impl NarrowKTiles {
@@ -89,6 +99,24 @@ impl NarrowKTiles {
     pub(crate) fn clear(&mut self) {
         self.n_tiles = 0;
         self.held = HeldTokens::default();
+        self.q3_k_offsets = OnceLock::new();
+    }
+
+    /// Per super-block, tile and register `i`: `−127·Σx` of each element's lane (four
+    /// quants) summed over the eight groups, formed on the first call for these tokens
+    /// (threads asking meanwhile wait for it). Q3_K's rows start each register's lane sums
+    /// from it: their scaled levels `s·q + 127` are the unsigned operand
+    /// ([`crate::avx512::q3_k_scaled_levels`]). The other formats never ask, so their
+    /// layouts cost nothing more.
+    fn q3_k_offsets(&self) -> &[u8] {
+        self.q3_k_offsets.get_or_init(|| {
+            let n = self.data.len() / sb_bytes(self.width);
+            let mut out = AlignedBytes::default();
+            out.resize(n * offsets_bytes(self.width));
+            // SAFETY: only `run` asks, whose caller checked `available`.
+            unsafe { q3_k_lane_offsets(&self.data, self.width, &mut out) };
+            out
+        })
     }
 
     /// Lays out Q8_K activation rows `first..n` of `rows` (`row_bytes` each): at least
@@ -170,10 +198,12 @@ pub(crate) fn available() -> bool {
 }
 
 /// Whether the narrow K kernels take `n_tokens` tokens of Q8_K activations against
-/// weights of `weight_type`: Q4_K, Q5_K and Q2_K always (Q2_K: `nx bench --parallel
+/// weights of `weight_type`: Q4_K, Q5_K, Q2_K and Q3_K always (Q2_K: `nx bench --parallel
 /// 2,4,8` on the Qwen2.5-1.5B Q2_K file, AMD EPYC family 25 model 17, two alternating
 /// runs: 37.5–37.8 / 56.1–58.2 / 61.1–64.9 t/s on the AVX-512 four-token kernel, 42.6–43.1
-/// / 62.4–65.0 / 70.6–72.7 here); Q6_K from five on, where the four-token kernel
+/// / 62.4–65.0 / 70.6–72.7 here; Q3_K: `benches/batched` 2048×640, three alternating
+/// runs, 2 / 4 / 8 / 16 tokens 53–54 / 73–82 / 143–160 / 274–359 µs on the four-token
+/// kernel, 47–55 / 63–80 / 95–125 / 171–207 here); Q6_K from five on, where the four-token kernel
 /// would stream the rows twice. Below that the four-token kernel costs less than a tile
 /// (`benches/batched`, 2048×640 in cache, two threads, AMD EPYC family 25 model 17, three
 /// alternating runs each: Q6_K 4 tokens 51–65 µs against 76–108 narrow, 2 tokens 47–55
@@ -181,7 +211,7 @@ pub(crate) fn available() -> bool {
 /// 8 tokens 102–121 against 80–87).
 pub(crate) fn has_kernel(weight_type: GgmlType, n_tokens: usize) -> bool {
     match weight_type {
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q2_K => true,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q2_K | GgmlType::Q3_K => true,
         GgmlType::Q6_K => n_tokens > 4,
         _ => false,
     }
@@ -234,7 +264,56 @@ pub(crate) unsafe fn run(
         GgmlType::Q5_K => widths!(q4_k_rows, true),
         GgmlType::Q6_K => widths!(q6_k_rows),
         GgmlType::Q2_K => widths!(q2_k_rows),
+        GgmlType::Q3_K => {
+            let offsets = tiles.q3_k_offsets();
+            // SAFETY: as for the other formats; `offsets` are the tiles' lane offsets.
+            unsafe {
+                match (tiles.width, tiles.n_tiles) {
+                    (2, _) => q3_k_rows::<2, 1>(args, offsets),
+                    (4, _) => q3_k_rows::<4, 1>(args, offsets),
+                    (_, 1) => q3_k_rows::<8, 1>(args, offsets),
+                    _ => q3_k_rows::<8, 2>(args, offsets),
+                }
+            }
+        }
         _ => {}
+    }
+}
+
+/// Bytes of Q3_K's lane offsets per tile super-block: a register per register `i`.
+const fn offsets_bytes(t: usize) -> usize {
+    (t / 2) * 64
+}
+
+/// [`NarrowKTiles::q3_k_offsets`] of `data` (tile super-blocks of a tile of `width`
+/// tokens) into `out`.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VNNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn q3_k_lane_offsets(data: &[u8], width: usize, out: &mut [u8]) {
+    let (sb, regs) = (sb_bytes(width), width / 2);
+    let n = data.len() / sb;
+    assert!(out.len() >= n * offsets_bytes(width) && regs >= 1);
+    let (zero, weight) = (_mm512_setzero_si512(), _mm512_set1_epi8(127));
+    for s in 0..n {
+        for i in 0..regs {
+            let mut sum = zero;
+            for g in 0..8 {
+                // SAFETY: register i of group g of super-block s lies inside `data`.
+                let q = unsafe {
+                    _mm512_loadu_si512(data.as_ptr().add(s * sb + (regs * g + i) * 64).cast())
+                };
+                sum = _mm512_dpbusd_epi32(sum, weight, q);
+            }
+            // SAFETY: inside `out` (asserted above).
+            unsafe {
+                _mm512_storeu_si512(
+                    out.as_mut_ptr().add((s * regs + i) * 64).cast(),
+                    _mm512_sub_epi32(zero, sum),
+                )
+            };
+        }
     }
 }
 
@@ -427,35 +506,50 @@ unsafe fn q4_k_min_chains<const T: usize, const Q5: bool>(
     }
 }
 
+/// The row loop of the narrow K kernels whose super-blocks write only the lane chains
+/// `acc` (Q2_K, Q3_K, Q6_K): per row, each super-block `wb` (number `b`, prefetched
+/// ahead as decoding does) goes through `$block`, then each tile's lanes are summed and
+/// its tokens' outputs written. A macro rather than a function taking the block step:
+/// a closure is not compiled with the calling kernel's target features.
+macro_rules! narrow_rows {
+    ($args:expr, $bytes:expr, $t:ident, $nt:ident, |$wb:ident, $b:ident, $acc:ident| $block:block) => {{
+        let (rows, _, n_blocks, out) = $args;
+        for (r, row) in rows.enumerate() {
+            assert!(row.len() >= n_blocks * $bytes);
+            let mut $acc = [[_mm512_setzero_ps(); 4]; $nt];
+            for $b in 0..n_blocks {
+                crate::avx2::prefetch_block(row, $b * $bytes, $bytes, 1);
+                let $wb = &row[$b * $bytes..($b + 1) * $bytes];
+                $block
+            }
+            for k in 0..$nt {
+                // SAFETY: the calling kernel's features.
+                let y = unsafe { lanes_sum::<$t>(&$acc[k]) };
+                // SAFETY: the calling kernel's contract on `out`.
+                unsafe { put_tokens::<$t>(y, k, out, r) };
+            }
+        }
+    }};
+}
+
 /// Q2_K rows against `NT` tiles of `T` tokens (see [`RowsArgs`]).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL/VNNI; every row holds the tiles' super-blocks of Q2_K;
 /// the writes are valid.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q2_k_rows<const T: usize, const NT: usize>((rows, x, n_blocks, out): RowsArgs<'_>) {
+unsafe fn q2_k_rows<const T: usize, const NT: usize>(args: RowsArgs<'_>) {
+    let (_, x, n_blocks, out) = args;
     let sb = sb_bytes(T);
     assert!(x.len() >= n_blocks * NT * sb && out.2 <= NT * T);
     let consts = crate::avx512::Q2kConsts::new();
     let lane_index = q2_k_lane_index::<T>();
-    for (r, row) in rows.enumerate() {
-        assert!(row.len() >= n_blocks * q2_k::BYTES);
-        let mut acc = [[_mm512_setzero_ps(); 4]; NT];
-        for b in 0..n_blocks {
-            crate::avx2::prefetch_block(row, b * q2_k::BYTES, q2_k::BYTES, 1);
-            let wb = &row[b * q2_k::BYTES..(b + 1) * q2_k::BYTES];
-            let xs = &x[b * NT * sb..(b + 1) * NT * sb];
-            // SAFETY: `wb` a whole super-block, `xs` the tiles' super-blocks; features
-            // per this function's contract.
-            unsafe { q2_k_super_block::<T, NT>(wb, xs, (&consts, &lane_index), &mut acc) };
-        }
-        for k in 0..NT {
-            // SAFETY: the features per this function's contract.
-            let y = unsafe { lanes_sum::<T>(&acc[k]) };
-            // SAFETY: the caller's contract on `out`.
-            unsafe { put_tokens::<T>(y, k, out, r) };
-        }
-    }
+    narrow_rows!(args, q2_k::BYTES, T, NT, |wb, b, acc| {
+        let xs = &x[b * NT * sb..(b + 1) * NT * sb];
+        // SAFETY: `wb` a whole super-block, `xs` the tiles' super-blocks; features per
+        // this function's contract.
+        unsafe { q2_k_super_block::<T, NT>(wb, xs, (&consts, &lane_index), &mut acc) };
+    });
 }
 
 /// For register `i` (of `T / 2`) and element `e`: the dword `L·i + e mod L` (`L = 16/T`)
@@ -537,33 +631,94 @@ unsafe fn q2_k_super_block<const T: usize, const NT: usize>(
     }
 }
 
+/// Q3_K rows against `NT` tiles of `T` tokens (see [`RowsArgs`]), with the tiles' lane
+/// offsets ([`NarrowKTiles::q3_k_offsets`]).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI; every row holds the tiles' super-blocks of Q3_K;
+/// `offsets` holds their lane offsets; the writes are valid.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q3_k_rows<const T: usize, const NT: usize>(args: RowsArgs<'_>, offsets: &[u8]) {
+    let (_, x, n_blocks, out) = args;
+    let sb = sb_bytes(T);
+    assert!(x.len() >= n_blocks * NT * sb && out.2 <= NT * T);
+    let per_block = NT * offsets_bytes(T);
+    assert!(offsets.len() >= n_blocks * per_block);
+    let consts = crate::avx512::Q3kRows4::new();
+    // Q3_K's scaled levels share Q2_K's layout (groups `k | k + 4`).
+    let lane_index = q2_k_lane_index::<T>();
+    narrow_rows!(args, q3_k::BYTES, T, NT, |wb, b, acc| {
+        let xs = (
+            &x[b * NT * sb..(b + 1) * NT * sb],
+            &offsets[b * per_block..(b + 1) * per_block],
+        );
+        // SAFETY: `wb` a whole super-block, `xs` the tiles' super-blocks and their lane
+        // offsets; features per this function's contract.
+        unsafe { q3_k_super_block::<T, NT>(wb, xs, (&consts, &lane_index), &mut acc) };
+    });
+}
+
+/// One Q3_K super-block `wb` against the same super-block of `NT` tiles (`xs`: the tiles
+/// and their lane offsets `−127·Σx`): lane `l` is `Σ_g Σ (s·q)·x`, the scaled levels
+/// `s·q + 127` ([`crate::avx512::q3_k_scaled_levels`]) meeting the activations by one
+/// `vpdpbusd` per group and register from the lane's offset, fused into `acc` with
+/// `d_x·d_w`, as the single-token kernel does (the same lane integers: sums of exact
+/// products).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI and F16C; `wb` is a whole super-block and `xs`
+/// holds `NT` tile super-blocks and their lane offsets.
+#[inline(always)]
+unsafe fn q3_k_super_block<const T: usize, const NT: usize>(
+    wb: &[u8],
+    (xs, offsets): (&[u8], &[u8]),
+    (consts, lane_index): (&crate::avx512::Q3kRows4, &[[__m512i; 4]; 2]),
+    acc: &mut [[__m512; 4]; NT],
+) {
+    let sb = sb_bytes(T);
+    assert!(wb.len() >= q3_k::BYTES && xs.len() >= NT * sb);
+    assert!(offsets.len() >= NT * offsets_bytes(T));
+    // SAFETY: a whole super-block; the caller's features.
+    let scaled = unsafe { crate::avx512::q3_k_scaled_levels(wb, consts) };
+    let d_w = crate::avx2::f16_bits_to_f32(u16::from_le_bytes([wb[q3_k::D], wb[q3_k::D + 1]]));
+    for i in 0..T / 2 {
+        // SAFETY: inside the lane offsets (asserted above).
+        let mut sums: [__m512i; NT] = std::array::from_fn(|k| unsafe {
+            _mm512_loadu_si512(offsets.as_ptr().add(k * offsets_bytes(T) + 64 * i).cast())
+        });
+        for g in 0..8 {
+            // Group g is the low (g < 4) or high half of register g % 4.
+            let w = _mm512_permutexvar_epi32(lane_index[g / 4][i], scaled[g % 4]);
+            for (k, sum) in sums.iter_mut().enumerate() {
+                // SAFETY: inside the tiles' super-blocks (asserted above).
+                *sum = _mm512_dpbusd_epi32(*sum, w, unsafe { quads::<T>(xs, k, g, i) });
+            }
+        }
+        for (k, (acc, sum)) in acc.iter_mut().zip(sums).enumerate() {
+            // SAFETY: inside the tiles' super-blocks (asserted above).
+            let dx = unsafe { _mm512_loadu_ps(xs.as_ptr().add(k * sb + dx_at(T)).cast()) };
+            let d = _mm512_mul_ps(dx, _mm512_set1_ps(d_w));
+            acc[i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), acc[i]);
+        }
+    }
+}
+
 /// Q6_K rows against `NT` tiles of `T` tokens (see [`RowsArgs`]).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL/VNNI; every row holds the tiles' super-blocks of Q6_K;
 /// the writes are valid.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-unsafe fn q6_k_rows<const T: usize, const NT: usize>((rows, x, n_blocks, out): RowsArgs<'_>) {
+unsafe fn q6_k_rows<const T: usize, const NT: usize>(args: RowsArgs<'_>) {
+    let (_, x, n_blocks, out) = args;
     let sb = sb_bytes(T);
     assert!(x.len() >= n_blocks * NT * sb && out.2 <= NT * T);
-    for (r, row) in rows.enumerate() {
-        assert!(row.len() >= n_blocks * q6_k::BYTES);
-        let mut acc = [[_mm512_setzero_ps(); 4]; NT];
-        for b in 0..n_blocks {
-            crate::avx2::prefetch_block(row, b * q6_k::BYTES, q6_k::BYTES, 1);
-            let wb = &row[b * q6_k::BYTES..(b + 1) * q6_k::BYTES];
-            let xs = &x[b * NT * sb..(b + 1) * NT * sb];
-            // SAFETY: `wb` a whole super-block, `xs` the tiles' super-blocks; features
-            // per this function's contract.
-            unsafe { q6_k_super_block::<T, NT>(wb, xs, &mut acc) };
-        }
-        for k in 0..NT {
-            // SAFETY: the features per this function's contract.
-            let y = unsafe { lanes_sum::<T>(&acc[k]) };
-            // SAFETY: the caller's contract on `out`.
-            unsafe { put_tokens::<T>(y, k, out, r) };
-        }
-    }
+    narrow_rows!(args, q6_k::BYTES, T, NT, |wb, b, acc| {
+        let xs = &x[b * NT * sb..(b + 1) * NT * sb];
+        // SAFETY: `wb` a whole super-block, `xs` the tiles' super-blocks; features per
+        // this function's contract.
+        unsafe { q6_k_super_block::<T, NT>(wb, xs, &mut acc) };
+    });
 }
 
 /// One Q6_K super-block `wb` against the same super-block of `NT` tiles (`xs`): lane
