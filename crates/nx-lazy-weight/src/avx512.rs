@@ -992,7 +992,8 @@ fn q3_k_scaled_sums(
     s
 }
 
-/// The constants of [`q3_k_rows4_impl`] (and of [`q3_k_levels`] wherever it runs).
+/// The constants of [`q3_k_rows4_impl`] and of the Q3_K decoding it shares
+/// ([`q3_k_levels`], [`q3_k_scaled_levels`]), wherever that runs.
 pub(crate) struct Q3kRows4 {
     three: __m512i,
     /// 4 in every byte: the mask of `u`'s high bit, and the multiplier of `4·Σx`.
