@@ -532,6 +532,46 @@ macro_rules! narrow_rows {
     }};
 }
 
+/// A super-block's scaled level registers (groups `k | k + 4`, Q2_K's and Q3_K's layout)
+/// kept on the stack, from which [`lane_register`] broadcasts.
+type StoredLevels = [[u8; 64]; 4];
+
+/// `levels` stored for [`lane_register`].
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[inline(always)]
+unsafe fn store_levels(levels: &[__m512i; 4]) -> StoredLevels {
+    let mut stored = [[0u8; 64]; 4];
+    for (out, v) in stored.iter_mut().zip(levels) {
+        // SAFETY: 64 bytes; the caller's features.
+        unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), *v) };
+    }
+    stored
+}
+
+/// Register `i` of group `g` in a tile of `T` tokens: the group's lanes `L·i..L·i + L`
+/// (`L = 16 / T`, `4L` bytes) repeated for every token, by one broadcast load. A
+/// broadcast from memory takes the load ports; the `vpermd` it replaces took the
+/// shuffle pipe (LLVM even makes that an extract and a broadcast), which these kernels'
+/// products wait on.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[inline(always)]
+unsafe fn lane_register<const T: usize>(stored: &StoredLevels, g: usize, i: usize) -> __m512i {
+    let bytes = &stored[g % 4][32 * (g / 4) + 4 * (16 / T) * i..];
+    // SAFETY: `4·(16/T)·(i + 1) ≤ 32` for `i < T / 2`, so the bytes read lie inside the
+    // group's half of the register (sliced above); the caller's features.
+    unsafe {
+        match T {
+            8 => _mm512_set1_epi64((bytes.as_ptr() as *const i64).read_unaligned()),
+            4 => _mm512_broadcast_i32x4(_mm_loadu_si128(bytes.as_ptr().cast())),
+            _ => _mm512_broadcast_i64x4(_mm256_loadu_si256(bytes.as_ptr().cast())),
+        }
+    }
+}
+
 /// Q2_K rows against `NT` tiles of `T` tokens (see [`RowsArgs`]).
 ///
 /// # Safety
@@ -552,25 +592,22 @@ unsafe fn q2_k_rows<const T: usize, const NT: usize>(args: RowsArgs<'_>) {
     });
 }
 
-/// For register `i` (of `T / 2`) and element `e`: the dword `L·i + e mod L` (`L = 16/T`)
-/// of a group's 32 levels, the lane that element holds; plus `8` for the groups in the
-/// high halves of [`crate::avx512::q2_k_scaled_levels`]' registers.
+/// For register `i` (of `T / 2`) and element `e`: the lane `L·i + e mod L` (`L = 16/T`)
+/// that element holds, the dword of Q2_K's min pairs it takes.
 ///
 /// # Safety
 /// The CPU has AVX-512 F.
 #[inline(always)]
-unsafe fn q2_k_lane_index<const T: usize>() -> [[__m512i; 4]; 2] {
+unsafe fn q2_k_lane_index<const T: usize>() -> [__m512i; 4] {
     let per_reg = 16 / T;
-    let mut index = [[_mm512_setzero_si512(); 4]; 2];
-    for (h, index) in index.iter_mut().enumerate() {
-        for (i, index) in index.iter_mut().enumerate().take(T / 2) {
-            let mut lanes = [0i32; 16];
-            for (e, lane) in lanes.iter_mut().enumerate() {
-                *lane = (8 * h + per_reg * i + e % per_reg) as i32;
-            }
-            // SAFETY: sixteen i32; the caller's features.
-            *index = unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) };
+    let mut index = [_mm512_setzero_si512(); 4];
+    for (i, index) in index.iter_mut().enumerate().take(T / 2) {
+        let mut lanes = [0i32; 16];
+        for (e, lane) in lanes.iter_mut().enumerate() {
+            *lane = (per_reg * i + e % per_reg) as i32;
         }
+        // SAFETY: sixteen i32; the caller's features.
+        *index = unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) };
     }
     index
 }
@@ -589,7 +626,7 @@ unsafe fn q2_k_lane_index<const T: usize>() -> [[__m512i; 4]; 2] {
 unsafe fn q2_k_super_block<const T: usize, const NT: usize>(
     wb: &[u8],
     xs: &[u8],
-    (consts, lane_index): (&crate::avx512::Q2kConsts, &[[__m512i; 4]; 2]),
+    (consts, lane_index): (&crate::avx512::Q2kConsts, &[__m512i; 4]),
     acc: &mut [[__m512; 4]; NT],
 ) {
     let sb = sb_bytes(T);
@@ -597,17 +634,20 @@ unsafe fn q2_k_super_block<const T: usize, const NT: usize>(
     let zero = _mm512_setzero_si512();
     // SAFETY: a whole super-block; the caller's features.
     let (scaled, mins) = unsafe { crate::avx512::q2_k_scaled_levels(wb, consts) };
+    // SAFETY: the caller's features.
+    let scaled = unsafe { store_levels(&scaled) };
     let d_w = crate::avx2::f16_bits_to_f32(u16::from_le_bytes([wb[q2_k::D], wb[q2_k::D + 1]]));
     let dmin_w =
         crate::avx2::f16_bits_to_f32(u16::from_le_bytes([wb[q2_k::DMIN], wb[q2_k::DMIN + 1]]));
     // Min pair (m[2l], m[2l+1]) of lane l as dword l.
     let min_pairs = _mm512_castsi256_si512(mins);
     for i in 0..T / 2 {
-        let min_pair = _mm512_permutexvar_epi32(lane_index[0][i], min_pairs);
+        let min_pair = _mm512_permutexvar_epi32(lane_index[i], min_pairs);
         let mut sums = [zero; NT];
         for g in 0..8 {
             // Group g is the low (g < 4) or high half of register g % 4.
-            let w = _mm512_permutexvar_epi32(lane_index[g / 4][i], scaled[g % 4]);
+            // SAFETY: i < T / 2; the caller's features.
+            let w = unsafe { lane_register::<T>(&scaled, g, i) };
             for (k, sum) in sums.iter_mut().enumerate() {
                 // SAFETY: inside the tiles' super-blocks (asserted above).
                 *sum = _mm512_dpbusd_epi32(*sum, w, unsafe { quads::<T>(xs, k, g, i) });
@@ -645,8 +685,6 @@ unsafe fn q3_k_rows<const T: usize, const NT: usize>(args: RowsArgs<'_>, offsets
     let per_block = NT * offsets_bytes(T);
     assert!(offsets.len() >= n_blocks * per_block);
     let consts = crate::avx512::Q3kRows4::new();
-    // Q3_K's scaled levels share Q2_K's layout (groups `k | k + 4`).
-    let lane_index = q2_k_lane_index::<T>();
     narrow_rows!(args, q3_k::BYTES, T, NT, |wb, b, acc| {
         let xs = (
             &x[b * NT * sb..(b + 1) * NT * sb],
@@ -654,7 +692,7 @@ unsafe fn q3_k_rows<const T: usize, const NT: usize>(args: RowsArgs<'_>, offsets
         );
         // SAFETY: `wb` a whole super-block, `xs` the tiles' super-blocks and their lane
         // offsets; features per this function's contract.
-        unsafe { q3_k_super_block::<T, NT>(wb, xs, (&consts, &lane_index), &mut acc) };
+        unsafe { q3_k_super_block::<T, NT>(wb, xs, &consts, &mut acc) };
     });
 }
 
@@ -672,14 +710,14 @@ unsafe fn q3_k_rows<const T: usize, const NT: usize>(args: RowsArgs<'_>, offsets
 unsafe fn q3_k_super_block<const T: usize, const NT: usize>(
     wb: &[u8],
     (xs, offsets): (&[u8], &[u8]),
-    (consts, lane_index): (&crate::avx512::Q3kRows4, &[[__m512i; 4]; 2]),
+    consts: &crate::avx512::Q3kRows4,
     acc: &mut [[__m512; 4]; NT],
 ) {
     let sb = sb_bytes(T);
     assert!(wb.len() >= q3_k::BYTES && xs.len() >= NT * sb);
     assert!(offsets.len() >= NT * offsets_bytes(T));
     // SAFETY: a whole super-block; the caller's features.
-    let scaled = unsafe { crate::avx512::q3_k_scaled_levels(wb, consts) };
+    let scaled = unsafe { store_levels(&crate::avx512::q3_k_scaled_levels(wb, consts)) };
     let d_w = crate::avx2::f16_bits_to_f32(u16::from_le_bytes([wb[q3_k::D], wb[q3_k::D + 1]]));
     for i in 0..T / 2 {
         // SAFETY: inside the lane offsets (asserted above).
@@ -688,7 +726,8 @@ unsafe fn q3_k_super_block<const T: usize, const NT: usize>(
         });
         for g in 0..8 {
             // Group g is the low (g < 4) or high half of register g % 4.
-            let w = _mm512_permutexvar_epi32(lane_index[g / 4][i], scaled[g % 4]);
+            // SAFETY: i < T / 2; the caller's features.
+            let w = unsafe { lane_register::<T>(&scaled, g, i) };
             for (k, sum) in sums.iter_mut().enumerate() {
                 // SAFETY: inside the tiles' super-blocks (asserted above).
                 *sum = _mm512_dpbusd_epi32(*sum, w, unsafe { quads::<T>(xs, k, g, i) });
