@@ -392,7 +392,7 @@ unsafe fn q4_k_super_block<const T: usize, const NT: usize, const Q5: bool>(
     };
     assert!(wb.len() >= qs_at + 128 && xs.len() >= NT * sb);
     let low4 = _mm512_set1_epi8(0x0F);
-    let sixteen = _mm512_set1_epi8(16);
+    let sixteen = crate::avx512::opaque_512(_mm512_set1_epi8(16));
     let dw = crate::avx2::f16_bits_to_f32(u16::from_le_bytes([wb[0], wb[1]]));
     let dmin =
         crate::avx2::f16_bits_to_f32(u16::from_le_bytes([wb[q4_k::DMIN], wb[q4_k::DMIN + 1]]));

@@ -841,7 +841,7 @@ unsafe fn unpack_rows32_avx512(
                                 q4,
                                 read_u32(wb, q5_0::QH),
                                 q4,
-                                _mm256_set1_epi8(16),
+                                crate::avx512::opaque_256(_mm256_set1_epi8(16)),
                             );
                             _mm256_sub_epi8(q, _mm256_set1_epi8(16))
                         } else {
