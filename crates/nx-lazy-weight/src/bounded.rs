@@ -150,11 +150,13 @@ impl BoundedKernel {
 const AMX_ABOVE: usize = 8;
 
 /// One weight made ready for [`BoundedHead::candidates`], computed once: every block's
-/// `Σw`, from which the VNNI pass gets the term `−128·Σw` that turns its unsigned
-/// activations (`x + 128`) back into `Σ w·x` (one small load per block instead of
-/// flipping every weight quad; a token's two accumulators each start at half of it; the
-/// AMX pass multiplies signed bytes), and each row's largest `|d_w|`
-/// (its `T` is bounded per row, see the module docs).
+/// `Σw`, from which the VNNI pass above eight tokens gets the term `−128·Σw` that turns
+/// its unsigned activations (`x + 128`) back into `Σ w·x` (one small load per block
+/// instead of flipping every weight quad, which it takes as `vpdpbusd`'s memory operand;
+/// a token's two accumulators each start at half of it; up to eight tokens the paired
+/// pass flips the quads it broadcasts anyway and starts from the activations' `−64·Σx`;
+/// the AMX pass multiplies signed bytes), and each row's largest `|d_w|` (its `T` is
+/// bounded per row, see the module docs).
 #[derive(Debug)]
 pub struct BoundedHead {
     /// `[n_rows, n_blocks]`; empty for a head that never runs the VNNI pass.
@@ -316,9 +318,9 @@ impl BoundedHead {
 }
 
 /// A Q8_0 block's `Σw`: `|Σw| ≤ 32·128`, so two bytes hold it, where the `i32` term
-/// `−128·Σw` would take four. The table is read beside the whole head on every pass (for
-/// Gemma 3's head, 10.5 MB instead of 21 MB next to the 178 MB of weights), and the pass
-/// is bound by those reads in a serving step.
+/// `−128·Σw` would take four. The table is read beside the whole head on every pass of
+/// more than eight tokens (for Gemma 3's head, 10.5 MB instead of 21 MB next to the 178
+/// MB of weights).
 type BlockSum = i16;
 
 /// `Σw` of the Q8_0 block `wb` (its 2-byte scale, then 32 signed quants).

@@ -32,9 +32,12 @@ const CHUNK_ROWS: usize = 512;
 /// Rows per group of the pass (their accumulators and the block's registers fit).
 const ROWS: usize = 4;
 /// Fields of a block in the layout, each one register: eight of quads (lane `t` holds
-/// token `t`'s quants `4j..4j+4`, plus 128 as unsigned bytes; in pairs for
-/// [`paired_row_sums`]), the scales `d_x` and the bound weights `128·Σ|x|`.
-const FIELDS: usize = 10;
+/// token `t`'s quants `4j..4j+4`, plus 128 as unsigned bytes; in pairs and signed for
+/// [`paired_row_sums`]), the scales `d_x`, the bound weights `128·Σ|x|` and (paired
+/// only, two registers) each token's `−64·Σx` in both its lanes.
+const FIELDS: usize = 12;
+/// The field of the paired layout's `−64·Σx` lanes.
+const PAIRED_START: usize = 10;
 
 /// Per-thread results of the pass. For each lane (token) with its count `top`: the
 /// largest lower ends seen (ascending, at most `top`) and the bar — the `top`-th largest
@@ -87,14 +90,18 @@ pub(super) fn candidates(
     let amx = kernel == BoundedKernel::Amx;
     // The AMX pass's activation tile is always sixteen tokens wide, of signed quants.
     // Above eight tokens the AVX2 tier's pass (AVX-VNNI) takes a pair of registers.
-    let (lanes, flip) = match (amx, nt <= 8) {
-        (false, true) => (8, 0x80),
-        (false, false) => (16, 0x80),
-        (true, _) => (16, 0),
-    };
     // The quads in pairs (`paired_row_sums`): up to eight tokens under AVX-512, up to
-    // four under AVX2.
-    let paired = !amx && nt <= if avx2 { PairsY::TOKENS } else { PairsZ::TOKENS };
+    // four under AVX2; signed there, the weights taking the unsigned side.
+    let paired = !amx
+        && nt
+            <= if avx2 {
+                PairsY::<VexPaired>::TOKENS
+            } else {
+                PairsZ::TOKENS
+            };
+    let lanes = if amx || nt > 8 { 16 } else { 8 };
+    // Signed quants for AMX's `tdpbssd` and the paired pass, `x + 128` for the others.
+    let flip = if amx || paired { 0 } else { 0x80 };
     let shape = (n_blocks, lanes, flip, paired);
     lay_out(&scratch.acts, (t0, nt), shape, &mut scratch.layout);
     let init = PassState {
@@ -180,7 +187,8 @@ fn rows_per_token(states: &[PassState], top: &[usize]) -> Vec<Option<Vec<u32>>> 
 
 /// Lays out tokens `t0..t0 + nt` as the pass reads them: per block, [`FIELDS`]
 /// registers of `lanes` lanes, the quants xor `flip` (`0x80`: unsigned `x + 128`, for
-/// `vpdpbusd`; `0`: signed, for `tdpbssd`). Padding lanes hold `x = 0` (scale 0): their
+/// `vpdpbusd`'s unsigned side; `0`: signed, for `tdpbssd` and for the paired pass,
+/// whose weights take the unsigned side). Padding lanes hold `x = 0` (scale 0): their
 /// outputs are 0.
 fn lay_out(
     acts: &crate::QuantizedActs,
@@ -212,6 +220,14 @@ fn lay_out(
                 }
             }
             let abs: i32 = qs.iter().map(|&q| (q as i8 as i32).abs()).sum();
+            if paired {
+                // Both lanes of the token start at −64·Σx: with the weights as `w + 128`
+                // the pair's products sum to `Σw·x + 128·Σx`.
+                let sum: i32 = qs.iter().map(|&q| q as i8 as i32).sum();
+                let at = PAIRED_START * reg + 8 * t;
+                blk[at..at + 4].copy_from_slice(&(-64 * sum).to_le_bytes());
+                blk[at + 4..at + 8].copy_from_slice(&(-64 * sum).to_le_bytes());
+            }
             let d = read_f16(xb, 0);
             blk[8 * reg + 4 * t..8 * reg + 4 * t + 4].copy_from_slice(&d.to_le_bytes());
             blk[9 * reg + 4 * t..9 * reg + 4 * t + 4]
@@ -368,12 +384,13 @@ impl<D: Dpbusd256> Width for Y<D> {
         sums: &mut [__m256; ROWS],
     ) {
         // SAFETY: the caller's contract (`PairsZmm` only for `EvexPaired`, under
-        // AVX-512; `PairsYmm` only for `VexPaired`, under AVX-VNNI, at most four tokens).
+        // AVX-512; `PairsYmm` only for `VexPaired` under AVX-VNNI, or in tests for
+        // `EvexPairedY` under AVX-512, at most four tokens).
         unsafe {
             match D::QUADS {
                 Quads::One => row_sums::<Self, R>(rows, layout, sums),
                 Quads::PairsZmm => paired_row_sums::<PairsZ, R>(rows, layout, sums),
-                Quads::PairsYmm => paired_row_sums::<PairsY, R>(rows, layout, sums),
+                Quads::PairsYmm => paired_row_sums::<PairsY<D>, R>(rows, layout, sums),
             }
         }
     }
@@ -853,10 +870,12 @@ unsafe fn row_sums<W: Width, const R: usize>(
 /// register `i` holds token `t`'s quad `2i + e`, so one 64-bit broadcast of a row's quads
 /// `2i, 2i + 1` meets every token — four `vpdpbusd` per row and block instead of eight,
 /// for eight tokens on 512-bit registers ([`PairsZ`]) or four on 256-bit ones
-/// ([`PairsY`]); a 512-bit and a 256-bit `vpdpbusd` run at the same rate here. Both lanes
-/// of a token start at half the block's term; a pair of rows' lanes then fold, exactly
-/// (integer sums), into one register holding both rows' tokens, whose scales and FMA run
-/// at once. Every token's float steps are [`row_sums`]'s (the same `d_w·d_x`, the same
+/// ([`PairsY`]); a 512-bit and a 256-bit `vpdpbusd` run at the same rate here. The
+/// activations are the signed side and each broadcast of weight quads the unsigned one
+/// (`w + 128`, one xor), so both lanes of a token start at `−64·Σx` from the layout, the
+/// same for every row: the pass reads no per-row block terms, whose 2 bytes a block were
+/// 6 % of what it streams. A pair of rows' lanes then fold, exactly (integer sums), into
+/// one register holding both rows' tokens, whose scales and FMA run at once. Every token's float steps are [`row_sums`]'s (the same `d_w·d_x`, the same
 /// chain, the same exact integers), so the sums are its bits.
 ///
 /// # Safety
@@ -864,34 +883,32 @@ unsafe fn row_sums<W: Width, const R: usize>(
 /// at most [`PairedWidth::TOKENS`] tokens in it.
 #[inline(always)]
 unsafe fn paired_row_sums<P: PairedWidth, const R: usize>(
-    (w, row_bytes, corr): (&[u8], usize, &[BlockSum]),
+    (w, row_bytes, _): (&[u8], usize, &[BlockSum]),
     (layout, n_blocks): (&[u8], usize),
     sums: &mut [__m256; ROWS],
 ) {
     const REG: usize = 32;
     assert!((1..=ROWS).contains(&R));
     assert!(w.len() >= (R - 1) * row_bytes + n_blocks * Q8_0_BLOCK);
-    assert!(corr.len() >= R * n_blocks);
     assert!(layout.len() >= n_blocks * FIELDS * REG);
     // SAFETY (every block): the features per the caller's contract; loads inside the
-    // layout's block `b`, the rows' block `b` and their terms (asserted above).
+    // layout's block `b` and the rows' block `b` (asserted above).
     unsafe {
         let pairs = R.div_ceil(2);
         let partner = |p: usize| (2 * p, (2 * p + 1).min(R - 1));
         let mut approx = [P::zero_f(); ROWS / 2];
         for b in 0..n_blocks {
             let xb = layout.as_ptr().add(b * FIELDS * REG);
-            let mut acc = [P::splat_i(0); R];
-            for (k, acc) in acc.iter_mut().enumerate() {
-                *acc = P::splat_i(half_term(*corr.get_unchecked(k * n_blocks + b)));
+            let mut acc = [P::load_i(xb.add(PAIRED_START * REG)); R];
+            for k in 0..R {
                 let row = &w[k * row_bytes..(k + 1) * row_bytes];
                 crate::avx2::prefetch_block(row, b * Q8_0_BLOCK, Q8_0_BLOCK, R);
             }
             for i in 0..4 {
-                let xu = P::load_i(xb.add(2 * REG * i));
+                let xs = P::load_i(xb.add(2 * REG * i));
                 for (k, acc) in acc.iter_mut().enumerate() {
                     let wq = w.as_ptr().add(k * row_bytes + b * Q8_0_BLOCK + 2 + 8 * i);
-                    *acc = P::dpbusd(*acc, xu, P::splat_quads(wq));
+                    *acc = P::dpbusd(*acc, P::splat_quads_unsigned(wq), xs);
                 }
             }
             let dx = P::spread_dx(_mm256_loadu_ps(xb.add(8 * REG) as *const f32));
@@ -926,12 +943,12 @@ trait PairedWidth {
     const TOKENS: usize;
     type I: Copy;
     type F: Copy;
-    unsafe fn splat_i(v: i32) -> Self::I;
     unsafe fn zero_f() -> Self::F;
     /// A quad register of the paired layout at `p`.
     unsafe fn load_i(p: *const u8) -> Self::I;
-    /// The eight bytes at `p` in every 64-bit lane.
-    unsafe fn splat_quads(p: *const u8) -> Self::I;
+    /// The eight bytes at `p` plus 128 (as unsigned bytes: xor `0x80`) in every 64-bit
+    /// lane.
+    unsafe fn splat_quads_unsigned(p: *const u8) -> Self::I;
     /// `acc + Σ a·b` per lane (`a` unsigned, `b` signed bytes).
     unsafe fn dpbusd(acc: Self::I, a: Self::I, b: Self::I) -> Self::I;
     /// Token lanes' sums of rows `a` and `b` into one register.
@@ -958,12 +975,8 @@ impl PairedWidth for PairsZ {
     type I = __m512i;
     type F = __m512;
     #[inline(always)]
-    unsafe fn splat_i(v: i32) -> __m512i {
-        // SAFETY (every method): the trait's contract; pointers cover what they load.
-        unsafe { _mm512_set1_epi32(v) }
-    }
-    #[inline(always)]
     unsafe fn zero_f() -> __m512 {
+        // SAFETY (every method): the trait's contract; pointers cover what they load.
         unsafe { _mm512_setzero_ps() }
     }
     #[inline(always)]
@@ -971,8 +984,13 @@ impl PairedWidth for PairsZ {
         unsafe { _mm512_loadu_si512(p as *const _) }
     }
     #[inline(always)]
-    unsafe fn splat_quads(p: *const u8) -> __m512i {
-        unsafe { _mm512_set1_epi64((p as *const i64).read_unaligned()) }
+    unsafe fn splat_quads_unsigned(p: *const u8) -> __m512i {
+        unsafe {
+            // The bias opaque: else LLVM xors the 8 bytes first and broadcasts them
+            // by a shuffle, where a broadcast load needs no vector pipe.
+            let quads = _mm512_set1_epi64((p as *const i64).read_unaligned());
+            _mm512_xor_si512(quads, crate::avx512::opaque_512(_mm512_set1_epi8(-128)))
+        }
     }
     #[inline(always)]
     unsafe fn dpbusd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
@@ -1025,19 +1043,17 @@ impl PairedWidth for PairsZ {
 
 /// Four tokens on 256-bit registers (AVX2, AVX-VNNI, FMA, F16C): one `vphaddd` folds a
 /// pair of rows into `[a₀ a₁ b₀ b₁ | a₂ a₃ b₂ b₃]`.
-struct PairsY;
+/// `D` gives the `vpdpbusd` encoding: VEX (AVX-VNNI) in the pass, EVEX (AVX-512 VL) in
+/// a test, so that the width's layout and folding are checked on CPUs without AVX-VNNI.
+struct PairsY<D>(PhantomData<D>);
 
-impl PairedWidth for PairsY {
+impl<D: Dpbusd256> PairedWidth for PairsY<D> {
     const TOKENS: usize = 4;
     type I = __m256i;
     type F = __m256;
     #[inline(always)]
-    unsafe fn splat_i(v: i32) -> __m256i {
-        // SAFETY (every method): the trait's contract; pointers cover what they load.
-        unsafe { _mm256_set1_epi32(v) }
-    }
-    #[inline(always)]
     unsafe fn zero_f() -> __m256 {
+        // SAFETY (every method): the trait's contract; pointers cover what they load.
         unsafe { _mm256_setzero_ps() }
     }
     #[inline(always)]
@@ -1045,12 +1061,16 @@ impl PairedWidth for PairsY {
         unsafe { _mm256_loadu_si256(p as *const _) }
     }
     #[inline(always)]
-    unsafe fn splat_quads(p: *const u8) -> __m256i {
-        unsafe { _mm256_set1_epi64x((p as *const i64).read_unaligned()) }
+    unsafe fn splat_quads_unsigned(p: *const u8) -> __m256i {
+        unsafe {
+            // The bias opaque, as in `PairsZ`.
+            let quads = _mm256_set1_epi64x((p as *const i64).read_unaligned());
+            _mm256_xor_si256(quads, crate::avx512::opaque_256(_mm256_set1_epi8(-128)))
+        }
     }
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-        unsafe { _mm256_dpbusd_avx_epi32(acc, a, b) }
+        unsafe { D::dpbusd(acc, a, b) }
     }
     #[inline(always)]
     unsafe fn fold(a: __m256i, b: __m256i) -> __m256i {
@@ -1129,6 +1149,28 @@ mod tests {
         unsafe { twin::<Y<Evex>, Y<EvexPaired>, R>(rows, layouts) }
     }
 
+    /// [`PairsY`] with AVX-512's EVEX `vpdpbusd` (the same products as AVX-VNNI's).
+    struct EvexPairedY;
+
+    impl Dpbusd256 for EvexPairedY {
+        const QUADS: Quads = Quads::PairsYmm;
+        #[inline(always)]
+        unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: the trait's contract.
+            unsafe { Evex::dpbusd(acc, a, b) }
+        }
+    }
+
+    /// [`twin`] of the 256-bit one-quad pass and the 256-bit paired one, both EVEX.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn both_y<const R: usize>(
+        rows: (&[u8], usize, &[BlockSum]),
+        layouts: (&[u8], &[u8], usize),
+    ) -> [[[u32; 8]; ROWS]; 2] {
+        // SAFETY: as `both`.
+        unsafe { twin::<Y<Evex>, Y<EvexPairedY>, R>(rows, layouts) }
+    }
+
     /// [`twin`] of AVX-VNNI's one-quad pass and its 256-bit paired one.
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
     unsafe fn both_vex<const R: usize>(
@@ -1140,9 +1182,9 @@ mod tests {
     }
 
     /// The paired passes' approximations are the one-quad passes' bits, lane for lane:
-    /// one to eight tokens on 512-bit registers, one to four on 256-bit ones (AVX-VNNI),
-    /// groups of four rows and single rows, quants over their whole range (−128
-    /// included), scales of either sign.
+    /// one to eight tokens on 512-bit registers, one to four on 256-bit ones (AVX-VNNI,
+    /// and the same width with AVX-512's encoding), groups of four rows and single rows,
+    /// quants over their whole range (−128 included), scales of either sign.
     #[test]
     fn the_paired_pass_gives_the_256_bit_pass_bits() {
         let (zmm, ymm) = (crate::avx512::available(), has_avx_vnni());
@@ -1172,7 +1214,7 @@ mod tests {
             acts.quantize_for(&weight, &x, nt).unwrap();
             let (mut plain, mut paired) = (Vec::new(), Vec::new());
             lay_out(&acts, (0, nt), (n_blocks, 8, 0x80, false), &mut plain);
-            lay_out(&acts, (0, nt), (n_blocks, 8, 0x80, true), &mut paired);
+            lay_out(&acts, (0, nt), (n_blocks, 8, 0, true), &mut paired);
             let layouts = (&plain[..], &paired[..], n_blocks);
             let (all, last) = (
                 (&w[..], row_bytes, &terms[..]),
@@ -1190,6 +1232,13 @@ mod tests {
                 let (four, one) = unsafe { (both::<4>(all, layouts), both::<1>(last, layouts)) };
                 check(four, 4, 8, "512-bit");
                 check(one, 1, 8, "512-bit, one row");
+            }
+            if zmm && nt <= 4 {
+                // SAFETY: the features were checked above.
+                let (four, one) =
+                    unsafe { (both_y::<4>(all, layouts), both_y::<1>(last, layouts)) };
+                check(four, 4, nt, "256-bit EVEX");
+                check(one, 1, nt, "256-bit EVEX, one row");
             }
             if ymm && nt <= 4 {
                 // SAFETY: the features were checked above.
