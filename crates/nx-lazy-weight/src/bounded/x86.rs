@@ -92,13 +92,11 @@ pub(super) fn candidates(
     // Above eight tokens the AVX2 tier's pass (AVX-VNNI) takes a pair of registers.
     // The quads in pairs (`paired_row_sums`): up to eight tokens under AVX-512, up to
     // four under AVX2; signed there, the weights taking the unsigned side.
-    let paired = !amx
-        && nt
-            <= if avx2 {
-                PairsY::<VexPaired>::TOKENS
-            } else {
-                PairsZ::TOKENS
-            };
+    let pair_tokens = match avx2 {
+        true => PairsY::<VexPaired>::TOKENS,
+        false => PairsZ::TOKENS,
+    };
+    let paired = !amx && nt <= pair_tokens;
     let lanes = if amx || nt > 8 { 16 } else { 8 };
     // Signed quants for AMX's `tdpbssd` and the paired pass, `x + 128` for the others.
     let flip = if amx || paired { 0 } else { 0x80 };
