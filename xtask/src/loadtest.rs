@@ -565,6 +565,15 @@ impl Streamed {
         self.token_times.first().copied()
     }
 
+    /// Tokens per second after the first: the tokens after the first over the time from
+    /// the first text event to the last (`None` with fewer than two events).
+    pub fn decode_rate(&self) -> Option<f64> {
+        let (first, last) = (self.token_times.first()?, self.token_times.last()?);
+        let span = (*last - *first).as_secs_f64();
+        (self.token_times.len() >= 2 && span > 0.0)
+            .then(|| self.tokens().saturating_sub(1) as f64 / span)
+    }
+
     /// Gaps between consecutive text events.
     pub fn gaps(&self) -> impl Iterator<Item = Duration> + '_ {
         self.token_times.windows(2).map(|w| w[1] - w[0])
@@ -961,6 +970,12 @@ pub struct LevelStats {
     pub ttft_p95_ms: Option<f64>,
     pub itl_p50_ms: Option<f64>,
     pub itl_p95_ms: Option<f64>,
+    /// Aggregate decode rate: the mean over requests of each one's tokens after its
+    /// first over the time from its first text event to its last, times the sequences
+    /// decoding at once (the clients, at most the slots). Unlike `tok_per_s` it leaves
+    /// out queueing and prefill, as `llama-batched-bench`'s decode rate does.
+    #[serde(default)]
+    pub decode_tok_per_s: Option<f64>,
     pub peak_rss_mb: Option<f64>,
     /// Mean prompt tokens as the server counted them.
     pub mean_prompt_tokens: Option<f64>,
@@ -980,6 +995,7 @@ pub fn level_stats(
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let mut ttfts = Vec::new();
     let mut gaps = Vec::new();
+    let mut decode_rates = Vec::new();
     let mut prompt_tokens = Vec::new();
     let mut s = LevelStats {
         clients,
@@ -1019,6 +1035,7 @@ pub fn level_stats(
         s.tokens += streamed.tokens();
         ttfts.extend(streamed.ttft().map(ms));
         gaps.extend(streamed.gaps().map(ms));
+        decode_rates.extend(streamed.decode_rate());
         prompt_tokens.extend(streamed.prompt_tokens.map(|n| n as f64));
     }
     s.tok_per_s = if s.wall_s > 0.0 {
@@ -1030,6 +1047,10 @@ pub fn level_stats(
     s.ttft_p95_ms = percentile(&ttfts, 95.0);
     s.itl_p50_ms = percentile(&gaps, 50.0);
     s.itl_p95_ms = percentile(&gaps, 95.0);
+    if !decode_rates.is_empty() {
+        let mean = decode_rates.iter().sum::<f64>() / decode_rates.len() as f64;
+        s.decode_tok_per_s = Some(mean * clients.min(parallel.max(1)) as f64);
+    }
     if !prompt_tokens.is_empty() {
         s.mean_prompt_tokens = Some(prompt_tokens.iter().sum::<f64>() / prompt_tokens.len() as f64);
     }
@@ -1456,45 +1477,42 @@ fn pair_ms(p50: Option<f64>, p95: Option<f64>) -> String {
 /// The per-level table in markdown.
 pub fn levels_table(report: &Report) -> String {
     let mut out = String::from(
-        "| clients | nx tok/s | llama-server tok/s | ratio | nx TTFT p50 / p95 | llama-server TTFT \
-         p50 / p95 | nx ITL p50 / p95 | llama-server ITL p50 / p95 | nx peak RSS | llama-server \
-         peak RSS | errors nx / llama-server |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| clients | nx tok/s | llama-server tok/s | ratio | nx decode tok/s | llama-server \
+         decode tok/s | decode ratio | nx TTFT p50 / p95 | llama-server TTFT p50 / p95 | nx \
+         ITL p50 / p95 | llama-server ITL p50 / p95 | nx peak RSS | llama-server peak RSS | \
+         errors nx / llama-server |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
+    let dash = || "-".to_string();
+    let rate = |v: Option<f64>| v.map_or_else(dash, |v| format!("{v:.1}"));
+    let ratio = |nx: Option<f64>, l: Option<f64>| match (nx, l) {
+        (Some(nx), Some(l)) if l > 0.0 => format!("{:.2}", nx / l),
+        _ => dash(),
+    };
     for row in &report.levels {
         let nx = &row.nx;
-        let dash = || "-".to_string();
-        let (l_tps, ratio, l_ttft, l_itl, l_rss, l_err) = match &row.llama {
-            Some(l) => (
-                format!(
-                    "{:.1}{}",
-                    l.tok_per_s,
-                    if row.llama_no_repack && row.llama_other.is_some() {
-                        "*"
-                    } else {
-                        ""
-                    }
-                ),
-                if l.tok_per_s > 0.0 {
-                    format!("{:.2}", nx.tok_per_s / l.tok_per_s)
-                } else {
-                    dash()
-                },
-                pair_ms(l.ttft_p50_ms, l.ttft_p95_ms),
-                pair_ms(l.itl_p50_ms, l.itl_p95_ms),
-                opt_mb(l.peak_rss_mb),
-                l.errors.to_string(),
-            ),
-            None => (dash(), dash(), dash(), dash(), dash(), dash()),
-        };
+        let l = row.llama.as_ref();
+        let l_tps = l.map_or_else(dash, |l| {
+            let star = row.llama_no_repack && row.llama_other.is_some();
+            format!("{:.1}{}", l.tok_per_s, if star { "*" } else { "" })
+        });
+        let l_decode = l.and_then(|l| l.decode_tok_per_s);
         out.push_str(&format!(
-            "| {} | {:.1} | {l_tps} | {ratio} | {} | {l_ttft} | {} | {l_itl} | {} | {l_rss} | {} / {l_err} |\n",
+            "| {} | {:.1} | {l_tps} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} |\n",
             row.clients,
             nx.tok_per_s,
+            ratio(Some(nx.tok_per_s), l.map(|l| l.tok_per_s)),
+            rate(nx.decode_tok_per_s),
+            rate(l_decode),
+            ratio(nx.decode_tok_per_s, l_decode),
             pair_ms(nx.ttft_p50_ms, nx.ttft_p95_ms),
+            l.map_or_else(dash, |l| pair_ms(l.ttft_p50_ms, l.ttft_p95_ms)),
             pair_ms(nx.itl_p50_ms, nx.itl_p95_ms),
+            l.map_or_else(dash, |l| pair_ms(l.itl_p50_ms, l.itl_p95_ms)),
             opt_mb(nx.peak_rss_mb),
+            l.map_or_else(dash, |l| opt_mb(l.peak_rss_mb)),
             nx.errors,
+            l.map_or_else(dash, |l| l.errors.to_string()),
         ));
     }
     out
@@ -1632,7 +1650,10 @@ pub fn doc_section(report: &Report) -> String {
          {table}\n\
          Columns: tok/s is every generated token of the level over its wall time (first \
          request sent to last stream ended); ratio is nx ÷ llama-server (above 1: nx \
-         faster). TTFT is from sending a request to its first non-empty text chunk, queueing \
+         faster). Decode tok/s leaves queueing and prefill out: each request's tokens after \
+         its first over the time from its first text chunk to its last, averaged over the \
+         level's requests and multiplied by the streams decoding at once (the clients), as \
+         `llama-batched-bench` reports decoding apart from prompt processing. TTFT is from sending a request to its first non-empty text chunk, queueing \
          and prefill included; ITL is the gap between consecutive text chunks of one \
          request, over all requests of the level; p50 / p95 interpolate between ranks. Peak \
          RSS is the server's `VmHWM` at the end of the level (MB = 2^20 bytes), mapped model \
@@ -2178,6 +2199,13 @@ mod tests {
         assert_eq!(s.ttft_p50_ms, Some(200.0));
         // Gaps: 10, 10, 10, 20, 20, 20, 10.
         assert_eq!(s.itl_p50_ms, Some(10.0));
+        // Per request after the first token: 3 in 30 ms, 3 in 60 ms, 1 in 10 ms (the
+        // failed one has no events); their mean rate, 83.3/s, times four streams.
+        let decode = s.decode_tok_per_s.unwrap();
+        assert!(
+            (decode - 4.0 * (100.0 + 50.0 + 100.0) / 3.0).abs() < 1e-9,
+            "{decode}"
+        );
         assert!(s.error_samples.iter().any(|e| e.contains("429")));
         assert!(s.error_samples[0].contains("not sent"));
         assert_eq!(s.mean_prompt_tokens, Some(150.0));
@@ -2254,6 +2282,7 @@ mod tests {
             ttft_p95_ms: Some(300.4),
             itl_p50_ms: Some(8.26),
             itl_p95_ms: Some(31.0),
+            decode_tok_per_s: Some(1.5 * tps),
             peak_rss_mb: Some(320.0),
             ..LevelStats::default()
         }
@@ -2331,11 +2360,11 @@ mod tests {
         );
         assert_eq!(
             lines[2],
-            "| 1 | 100.0 | 50.0 | 2.00 | 120 / 300 ms | 120 / 300 ms | 8.3 / 31 ms | 8.3 / 31 ms \
-             | 320 MB | 320 MB | 0 / 1 |"
+            "| 1 | 100.0 | 50.0 | 2.00 | 150.0 | 75.0 | 2.00 | 120 / 300 ms | 120 / 300 ms \
+             | 8.3 / 31 ms | 8.3 / 31 ms | 320 MB | 320 MB | 0 / 1 |"
         );
         assert!(
-            lines[3].starts_with("| 2 | 150.0 | - | - |"),
+            lines[3].starts_with("| 2 | 150.0 | - | - | 225.0 | - | - |"),
             "{}",
             lines[3]
         );
