@@ -508,9 +508,9 @@ fn group_scores_into<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
 ) {
     let CacheView {
         keys,
+        values,
         first_row,
         precision,
-        ..
     } = view;
     let head_dim = keys.head_dim();
     let (group, n) = (qs.len() / head_dim, rows.len());
@@ -547,7 +547,10 @@ fn group_scores_into<T: KvElem, const WIDE: bool, const AVX2_SCORES: bool>(
                 scores(
                     rounded,
                     head_dim,
-                    keys,
+                    // The value rows are asked for as each key row is read: the weighted
+                    // values then visit them in pieces, rows 64 apart, which no hardware
+                    // prefetcher follows, so from memory they stalled the thread.
+                    (keys, Some(values)),
                     first_row,
                     rows.clone(),
                     scale,
@@ -645,8 +648,16 @@ thread_local! {
 /// A tier's scores of a KV group's query heads (`crate::avx512::group_scores`,
 /// `crate::avx2::group_scores`).
 #[cfg(target_arch = "x86_64")]
-type GroupScores<T> =
-    unsafe fn(&[f32], usize, HeadRows<'_, T>, usize, Range<usize>, f32, &mut [f32], usize);
+type GroupScores<T> = unsafe fn(
+    &[f32],
+    usize,
+    (HeadRows<'_, T>, Option<HeadRows<'_, T>>),
+    usize,
+    Range<usize>,
+    f32,
+    &mut [f32],
+    usize,
+);
 
 /// `attend_group_body`'s last parameter: the AVX2 scores or the portable ones.
 const AVX2: bool = true;

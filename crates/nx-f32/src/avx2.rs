@@ -98,7 +98,7 @@ pub(crate) unsafe fn axpy_f16(y: &mut [f32], alpha: f32, x: &[f16]) {
 pub(crate) unsafe fn group_scores<T: KvElem>(
     queries: &[f32],
     head_dim: usize,
-    keys: HeadRows<'_, T>,
+    (keys, ahead): (HeadRows<'_, T>, Option<HeadRows<'_, T>>),
     first_row: usize,
     rows: Range<usize>,
     scale: f32,
@@ -111,6 +111,9 @@ pub(crate) unsafe fn group_scores<T: KvElem>(
     let mut buf = [0f32; MAX_HEAD_DIM];
     for (i, j) in rows.enumerate() {
         let row = keys.row(j - first_row);
+        if let Some(values) = &ahead {
+            values.prefetch_row(j - first_row);
+        }
         let k: &[f32] = match T::as_f16(row) {
             Some(h) => {
                 assert!(h.len() >= head_dim);

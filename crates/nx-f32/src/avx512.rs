@@ -130,7 +130,7 @@ fn reduce_add_16x16(r: &[__m512; 16]) -> [f32; 16] {
 pub(crate) unsafe fn group_scores<T: KvElem>(
     queries: &[f32],
     head_dim: usize,
-    keys: HeadRows<'_, T>,
+    (keys, ahead): (HeadRows<'_, T>, Option<HeadRows<'_, T>>),
     first_row: usize,
     rows: Range<usize>,
     scale: f32,
@@ -142,9 +142,9 @@ pub(crate) unsafe fn group_scores<T: KvElem>(
     let args = (queries, keys, first_row, rows.clone(), scale, first_head);
     // SAFETY (all three): forwarded contract; the width matches `head_dim`.
     match head_dim {
-        64 => return unsafe { group_scores_fixed::<T, 4>(args, probs) },
-        128 => return unsafe { group_scores_fixed::<T, 8>(args, probs) },
-        256 => return unsafe { group_scores_fixed::<T, 16>(args, probs) },
+        64 => return unsafe { group_scores_fixed::<T, 4>(args, ahead, probs) },
+        128 => return unsafe { group_scores_fixed::<T, 8>(args, ahead, probs) },
+        256 => return unsafe { group_scores_fixed::<T, 16>(args, ahead, probs) },
         _ => {}
     }
     let n = rows.len();
@@ -187,6 +187,7 @@ type ScoreArgs<'a, T> = (&'a [f32], HeadRows<'a, T>, usize, Range<usize>, f32, u
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn group_scores_fixed<T: KvElem, const NQ: usize>(
     args: ScoreArgs<'_, T>,
+    ahead: Option<HeadRows<'_, T>>,
     probs: &mut [f32],
 ) {
     let head_dim = 16 * NQ;
@@ -204,10 +205,10 @@ unsafe fn group_scores_fixed<T: KvElem, const NQ: usize>(
         // SAFETY: forwarded contract.
         unsafe {
             match group {
-                1 => scores_together::<T, NQ, 1>(args, probs),
-                2 => scores_together::<T, NQ, 2>(args, probs),
-                3 => scores_together::<T, NQ, 3>(args, probs),
-                _ => scores_together::<T, NQ, 4>(args, probs),
+                1 => scores_together::<T, NQ, 1>(args, ahead, probs),
+                2 => scores_together::<T, NQ, 2>(args, ahead, probs),
+                3 => scores_together::<T, NQ, 3>(args, ahead, probs),
+                _ => scores_together::<T, NQ, 4>(args, ahead, probs),
             }
         }
     }
@@ -271,6 +272,7 @@ const SCORE_HEADS_AT_ONCE: usize = 4;
 #[inline]
 unsafe fn scores_together<T: KvElem, const NQ: usize, const G: usize>(
     (queries, keys, first_row, rows, scale, first_head): ScoreArgs<'_, T>,
+    ahead: Option<HeadRows<'_, T>>,
     probs: &mut [f32],
 ) {
     let head_dim = 16 * NQ;
@@ -281,6 +283,9 @@ unsafe fn scores_together<T: KvElem, const NQ: usize, const G: usize>(
         let count = 16.min(n - block);
         for i in 0..count {
             let row = keys.row(rows.start + block + i - first_row);
+            if let Some(values) = &ahead {
+                values.prefetch_row(rows.start + block + i - first_row);
+            }
             let h = T::as_f16(row).expect("scores_together reads f16 rows");
             assert!(h.len() >= head_dim);
             let mut acc = [[_mm512_setzero_ps(); 4]; G];
