@@ -54,8 +54,9 @@ struct Angles {
 const MAX_KEYS: usize = 4;
 
 /// Batch rows below which the rotation stays on the calling thread: a decode step's
-/// few rows cost less than waking the pool.
-const MIN_PARALLEL_ROWS: usize = 8;
+/// rows (up to sixteen streams) cost less than handing them to the pool (see
+/// `nx_lazy_weight`'s `MIN_PARALLEL_QUANTIZE_ROWS`, raised with it).
+const MIN_PARALLEL_ROWS: usize = 32;
 
 /// The RoPE angles of the current batch, per parameter set (kept in [`BlockScratch`]
 /// across layers).
