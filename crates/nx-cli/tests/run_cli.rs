@@ -375,6 +375,51 @@ fn stop_string_ends_the_output() {
 }
 
 #[test]
+fn bench_parallel_reports_each_level_and_its_ratio_to_the_first() {
+    let out = nx()
+        .arg("bench")
+        .arg("--model")
+        .arg(model_path())
+        .args([
+            "-p",
+            "8",
+            "-n",
+            "4",
+            "--parallel",
+            "1,3",
+            "--reps",
+            "2",
+            "--json",
+        ])
+        .args(["--threads", "1", "--no-probe"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The levels take turns: round 1 runs both, then round 2.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let order: Vec<&str> = stderr.lines().filter(|l| l.contains(", round ")).collect();
+    assert_eq!(order.len(), 4, "{stderr}");
+    assert!(order[1].contains("3 sequences, round 1") && order[2].contains("1 sequences, round 2"));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let levels = v["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2, "{v}");
+    assert_eq!(
+        (levels[0]["n_seqs"].as_u64(), levels[1]["n_seqs"].as_u64()),
+        (Some(1), Some(3))
+    );
+    assert_eq!(levels[0]["tg_vs_first"], 1.0, "{v}");
+    for level in levels {
+        for key in ["pp_tps", "tg_tps", "total_tps", "tg_vs_first"] {
+            assert!(level[key].as_f64().unwrap() > 0.0, "{key}: {v}");
+        }
+    }
+}
+
+#[test]
 fn bench_json_reports_every_field() {
     let out = nx()
         .arg("bench")
