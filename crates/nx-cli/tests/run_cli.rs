@@ -23,8 +23,13 @@ fn model_path() -> &'static PathBuf {
 }
 
 fn run_ok(args: &[&str]) -> (String, String) {
+    command_ok("run", args)
+}
+
+/// `nx <command> --model <tiny model> <args>`, which must succeed: its stdout and stderr.
+fn command_ok(command: &str, args: &[&str]) -> (String, String) {
     let out = nx()
-        .arg("run")
+        .arg(command)
         .arg("--model")
         .arg(model_path())
         .args(args)
@@ -32,7 +37,7 @@ fn run_ok(args: &[&str]) -> (String, String) {
         .unwrap();
     let stdout = String::from_utf8(out.stdout).unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "nx run {args:?}: {stderr}");
+    assert!(out.status.success(), "nx {command} {args:?}: {stderr}");
     (stdout, stderr)
 }
 
@@ -376,35 +381,14 @@ fn stop_string_ends_the_output() {
 
 #[test]
 fn bench_parallel_reports_each_level_and_its_ratio_to_the_first() {
-    let out = nx()
-        .arg("bench")
-        .arg("--model")
-        .arg(model_path())
-        .args([
-            "-p",
-            "8",
-            "-n",
-            "4",
-            "--parallel",
-            "1,3",
-            "--reps",
-            "2",
-            "--json",
-        ])
-        .args(["--threads", "1", "--no-probe"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let parallel = ["--parallel", "1,3", "--reps", "2", "--json", "-t", "1"];
+    let args = [&["-p", "8", "-n", "4", "--no-probe"][..], &parallel[..]].concat();
+    let (stdout, stderr) = command_ok("bench", &args);
     // The levels take turns: round 1 runs both, then round 2.
-    let stderr = String::from_utf8_lossy(&out.stderr);
     let order: Vec<&str> = stderr.lines().filter(|l| l.contains(", round ")).collect();
     assert_eq!(order.len(), 4, "{stderr}");
     assert!(order[1].contains("3 sequences, round 1") && order[2].contains("1 sequences, round 2"));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: Value = serde_json::from_str(&stdout).unwrap();
     let levels = v["levels"].as_array().unwrap();
     assert_eq!(levels.len(), 2, "{v}");
     assert_eq!(
@@ -421,30 +405,20 @@ fn bench_parallel_reports_each_level_and_its_ratio_to_the_first() {
 
 #[test]
 fn bench_json_reports_every_field() {
-    let out = nx()
-        .arg("bench")
-        .arg("--model")
-        .arg(model_path())
-        .args([
-            "-p",
-            "16",
-            "-n",
-            "4",
-            "--reps",
-            "2",
-            "--json",
-            "--threads",
-            "1",
-            "--no-probe",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let args = [
+        "-p",
+        "16",
+        "-n",
+        "4",
+        "--reps",
+        "2",
+        "--json",
+        "-t",
+        "1",
+        "--no-probe",
+    ];
+    let (stdout, _) = command_ok("bench", &args);
+    let v: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["pp_tokens"], 16);
     assert_eq!(v["tg_tokens"], 4);
     assert_eq!(v["reps"], 2);
@@ -468,15 +442,8 @@ fn bench_json_reports_every_field() {
         "llama-bench's warm-up runs by default: {v}"
     );
 
-    let out = nx()
-        .arg("bench")
-        .arg("--model")
-        .arg(model_path())
-        .args(["-p", "8", "-n", "2", "--reps", "1", "--no-warmup", "--mmap"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let table = String::from_utf8(out.stdout).unwrap();
+    let args = ["-p", "8", "-n", "2", "--reps", "1", "--no-warmup", "--mmap"];
+    let (table, _) = command_ok("bench", &args);
     assert!(table.contains("pp8") && table.contains("tg2"), "{table}");
     assert!(table.contains("warm-up: no"), "{table}");
     assert!(table.contains("weights: mapped"), "--mmap: {table}");
