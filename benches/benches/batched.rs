@@ -11,7 +11,8 @@
 //! `bounded/…` and `bounded-top40/…` time the LM head's bounded pass for greedy and
 //! top-40 rows (`BoundedHead`) at the same widths, as an engine runs it (AMX above eight
 //! tokens where the CPU has it); `bounded-vnni/…` and `bounded-amx/…` each pass at every
-//! width.
+//! width; `bounded-cached/…` the pass on one thread over the head's first 8192 rows (5.3
+//! MB, in the cache): its own speed, apart from streaming the head from memory.
 //! Run: `cargo bench -p nx-benches --bench batched` (a filter
 //! such as `Q8_0` narrows it; `NX_TIER=avx2` for the lower tier).
 
@@ -69,12 +70,24 @@ fn bench_batched(c: &mut Criterion) {
 /// outputs for the few that can be among the top) at the same widths, for greedy rows
 /// (`bounded/…/N`) and top-40 rows (`bounded-top40/…/N`), against the full matmul above.
 fn bench_bounded(c: &mut Criterion) {
-    let (ty, row_len, n_rows) = (GgmlType::Q8_0, 640, 262_144);
-    let pool = ThreadPool::new(2);
+    bench_bounded_on(
+        c,
+        262_144,
+        ThreadPool::new(2),
+        &["bounded", "bounded-top40", "bounded-vnni", "bounded-amx"],
+    );
+    bench_bounded_on(c, 8192, ThreadPool::new(1), &["bounded-cached"]);
+}
+
+/// [`bench_bounded`]'s passes named in `names`, over the head's first `n_rows` rows on
+/// `pool`.
+fn bench_bounded_on(c: &mut Criterion, n_rows: usize, pool: ThreadPool, names: &[&str]) {
+    let (ty, row_len) = (GgmlType::Q8_0, 640);
     let bytes = weights(ty, row_len, n_rows);
     let w = LazyWeight::from_parts(ty, &[row_len as u64, n_rows as u64], &bytes).unwrap();
     let passes = [
         ("bounded", BoundedHead::new(&w, &pool), 1),
+        ("bounded-cached", BoundedHead::new(&w, &pool), 1),
         ("bounded-top40", BoundedHead::new(&w, &pool), 40),
         (
             "bounded-vnni",
@@ -88,6 +101,9 @@ fn bench_bounded(c: &mut Criterion) {
         ),
     ];
     for (name, head, k) in passes {
+        if !names.contains(&name) {
+            continue;
+        }
         let Some(head) = head else {
             continue; // no such pass on this CPU and tier
         };

@@ -79,7 +79,10 @@ pub fn has_bounded_kernel(w: &LazyWeight<'_>) -> bool {
 /// 6.1–6.4 / 6.0–6.8 / 6.1–6.5; and in a serving step, where the head streams from memory
 /// either way, `nx bench --parallel N` (alternating runs) gained with the pass at 3
 /// sequences in 7 of 8 pairs (about +7 %), at 4 in 5 of 5 (+8 %), at 5 in 3 of 3
-/// (+15–34 %: five tokens took the full head's eight-wide tiles).
+/// (+15–34 %: five tokens took the full head's eight-wide tiles). The row-lane pass that
+/// replaced the paired one there does work in proportion to the tokens, but streams the
+/// head no faster: two tokens still lose (full head 5.9–6.1 ms, the pass 6.0–6.8, AMD
+/// EPYC family 25 model 17).
 pub fn min_bounded_tokens() -> usize {
     match vnni_width() {
         Some(VnniWidth::Avx2) => 2,
@@ -153,16 +156,21 @@ const AMX_ABOVE: usize = 8;
 /// `Σw`, from which the VNNI pass above eight tokens gets the term `−128·Σw` that turns
 /// its unsigned activations (`x + 128`) back into `Σ w·x` (one small load per block
 /// instead of flipping every weight quad, which it takes as `vpdpbusd`'s memory operand;
-/// a token's two accumulators each start at half of it; up to eight tokens the paired
-/// pass flips the quads it broadcasts anyway and starts from the activations' `−64·Σx`;
-/// the AMX pass multiplies signed bytes), and each row's largest `|d_w|` (its `T` is
-/// bounded per row, see the module docs).
+/// a token's two accumulators each start at half of it; up to eight tokens the row-lane
+/// and paired passes flip the quads they load or broadcast anyway and start from the
+/// activations' `−128·Σx`; the AMX pass multiplies signed bytes); each row's largest
+/// `|d_w|` (its `T` is bounded per row, see the module docs); and under AVX-512 the scales
+/// of every sixteen rows side by side, for the row-lane pass.
 #[derive(Debug)]
 pub struct BoundedHead {
     /// `[n_rows, n_blocks]`; empty for a head that never runs the VNNI pass.
     corrections: Vec<BlockSum>,
     /// `[n_rows]`, NaN when a scale is.
     row_max: Vec<f32>,
+    /// `[n_rows / 16, n_blocks, 16]`: the f16 scales of each whole group of sixteen rows,
+    /// block by block, as the AVX-512 pass of up to eight tokens reads them (one load
+    /// per group and block, see `x86::lane_row_sums`); empty on other tiers.
+    lane_scales: Vec<u16>,
     n_blocks: usize,
     /// Tokens above which a pass takes AMX (`usize::MAX`: never).
     amx_above: usize,
@@ -213,9 +221,14 @@ impl BoundedHead {
                 }
             });
         });
+        let lane_scales = match (kernel, vnni_width()) {
+            (BoundedKernel::Vnni, Some(VnniWidth::Avx512)) => lane_scales(w, pool, n_blocks),
+            _ => Vec::new(),
+        };
         Some(BoundedHead {
             corrections,
             row_max,
+            lane_scales,
             n_blocks,
             amx_above: match kernel {
                 BoundedKernel::Vnni => usize::MAX,
@@ -298,7 +311,12 @@ impl BoundedHead {
         top: &[usize],
         pool: &ThreadPool,
     ) -> Vec<Option<Vec<u32>>> {
-        let tables = (&self.corrections[..], &self.row_max[..], self.n_blocks);
+        let tables = x86::Tables {
+            corrections: &self.corrections,
+            row_max: &self.row_max,
+            lane_scales: &self.lane_scales,
+            n_blocks: self.n_blocks,
+        };
         let kernel = self.kernel_for(top.len());
         let avx2 = vnni_width() == Some(VnniWidth::Avx2);
         x86::candidates(w, (tables, kernel, avx2), scratch, (t0, top), pool)
@@ -361,6 +379,36 @@ fn exact_outputs(
             Ok((r, y))
         })
         .collect()
+}
+
+/// Rows per group of the AVX-512 pass of up to eight tokens (one row per 32-bit lane).
+const LANE_ROWS: usize = 16;
+
+/// `BoundedHead::lane_scales` of `w`: for each whole group of [`LANE_ROWS`] rows and each
+/// block, the rows' f16 scale bits side by side.
+pub(crate) fn lane_scales(w: &LazyWeight<'_>, pool: &ThreadPool, n_blocks: usize) -> Vec<u16> {
+    let groups = w.n_rows() / LANE_ROWS;
+    let mut out = vec![0u16; groups * n_blocks * LANE_ROWS];
+    let mut states = vec![(); pool.n_threads().max(1)];
+    let (bytes, row_bytes) = (w.bytes(), w.row_bytes());
+    let per_group = n_blocks * LANE_ROWS;
+    pool.parallel_chunks_mut(&mut out, per_group, 256, &mut states, |_, groups, out| {
+        for (g, out) in groups.zip(out.chunks_exact_mut(per_group)) {
+            group_scales(&bytes[g * LANE_ROWS * row_bytes..], row_bytes, out);
+        }
+    });
+    out
+}
+
+/// The f16 scale bits of [`LANE_ROWS`] rows from the start of `group` (`row_bytes` apart)
+/// into `out`, `[n_blocks, LANE_ROWS]`.
+fn group_scales(group: &[u8], row_bytes: usize, out: &mut [u16]) {
+    for (b, lanes) in out.chunks_exact_mut(LANE_ROWS).enumerate() {
+        for (k, d) in lanes.iter_mut().enumerate() {
+            let at = k * row_bytes + b * Q8_0_BLOCK;
+            *d = u16::from_le_bytes([group[at], group[at + 1]]);
+        }
+    }
 }
 
 /// `[n_rows, per]` values, `f(row, out)` filling each row's `per` (one pass over the rows

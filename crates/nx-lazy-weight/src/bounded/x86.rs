@@ -1,10 +1,12 @@
-//! The bound pass on AVX-512 VNNI: up to eight tokens, a token's quads in two lanes of a
-//! 512-bit register, each pair of a row's quads broadcast to all of them
-//! ([`paired_row_sums`]); above eight, one token per 32-bit lane of a 512-bit register,
-//! each weight quad broadcast from the row as `vpdpbusd`'s memory operand. The AVX2 tier
-//! runs the one-token-per-lane pass with AVX-VNNI's VEX `vpdpbusd` where the CPU has it:
-//! eight tokens per 256-bit register, above eight on a pair of them ([`Pair`]), so that
-//! sixteen tokens read the rows once.
+//! The bound pass on AVX-512 VNNI: up to eight tokens, one row per 32-bit lane of a
+//! 512-bit register, sixteen rows' blocks transposed in registers and each token's quads
+//! broadcast to them ([`lane_row_sums`]: the work follows the tokens); above eight, one
+//! token per 32-bit lane, each weight quad broadcast from the row as `vpdpbusd`'s memory
+//! operand. The AVX2 tier runs the one-token-per-lane pass with AVX-VNNI's VEX `vpdpbusd`
+//! where the CPU has it: up to four tokens with a token's quads in two lanes, each pair of
+//! a row's quads broadcast to all of them ([`paired_row_sums`]), eight tokens per 256-bit
+//! register, above eight on a pair of them ([`Pair`]), so that sixteen tokens read the
+//! rows once.
 //!
 //! On Zen 4 a 256-bit and a 512-bit `vpdpbusd` both take a cycle (`benches/pipes`), so
 //! nine to sixteen tokens cost what eight do; on the Xeons with AMX here the two widths
@@ -15,8 +17,8 @@ use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
 use super::{
-    half_term, margin_factor, BlockSum, BoundedKernel, BoundedScratch, MAX_EXTRA_CANDIDATES,
-    MAX_TOKENS, Q8_0_BLOCK,
+    half_term, margin_factor, BlockSum, BoundedKernel, BoundedScratch, LANE_ROWS,
+    MAX_EXTRA_CANDIDATES, MAX_TOKENS, Q8_0_BLOCK,
 };
 use crate::formats::read_f16;
 use crate::LazyWeight;
@@ -33,11 +35,43 @@ const CHUNK_ROWS: usize = 512;
 const ROWS: usize = 4;
 /// Fields of a block in the layout, each one register: eight of quads (lane `t` holds
 /// token `t`'s quants `4j..4j+4`, plus 128 as unsigned bytes; in pairs and signed for
-/// [`paired_row_sums`]), the scales `d_x`, the bound weights `128·Σ|x|` and (paired
-/// only, two registers) each token's `−64·Σx` in both its lanes.
+/// [`paired_row_sums`], signed for [`lane_row_sums`]), the scales `d_x`, the bound
+/// weights `128·Σ|x|` and (paired only, two registers) each token's `−64·Σx` in both its
+/// lanes, or (row lanes only) each token's `−128·Σx` in its lane.
 const FIELDS: usize = 12;
-/// The field of the paired layout's `−64·Σx` lanes.
+/// The field of the paired layout's `−64·Σx` lanes and of the row-lane layout's `−128·Σx`.
 const PAIRED_START: usize = 10;
+
+/// How [`lay_out`] arranges a block's quads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arrangement {
+    /// Lane `t` of field `j`: token `t`'s quad `j`, xor the flip.
+    Plain(u8),
+    /// For [`paired_row_sums`]: a token's quads in two lanes, signed, and `−64·Σx`.
+    Paired,
+    /// For [`lane_row_sums`]: as `Plain(0)`, and each token's `−128·Σx`.
+    RowLanes,
+}
+
+/// A head's tables (see `BoundedHead`).
+pub(super) struct Tables<'a> {
+    pub(super) corrections: &'a [BlockSum],
+    pub(super) row_max: &'a [f32],
+    pub(super) lane_scales: &'a [u16],
+    pub(super) n_blocks: usize,
+}
+
+/// A run of a head's rows and their tables: whole rows of `n_blocks` Q8_0 blocks,
+/// `row_bytes` apart; `n_blocks` block terms per row (or none); each row's largest
+/// `|d_w|`; the lane scales of the run's whole groups of [`LANE_ROWS`] rows (or none).
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    w: &'a [u8],
+    row_bytes: usize,
+    corr: &'a [BlockSum],
+    row_max: &'a [f32],
+    lane_scales: &'a [u16],
+}
 
 /// Per-thread results of the pass. For each lane (token) with its count `top`: the
 /// largest lower ends seen (ascending, at most `top`) and the bar — the `top`-th largest
@@ -77,11 +111,7 @@ impl PassState {
 /// and `row_max` being the weight's tables.
 pub(super) fn candidates(
     w: &LazyWeight<'_>,
-    ((corrections, row_max, n_blocks), kernel, avx2): (
-        (&[BlockSum], &[f32], usize),
-        BoundedKernel,
-        bool,
-    ),
+    (tables, kernel, avx2): (Tables<'_>, BoundedKernel, bool),
     scratch: &mut BoundedScratch,
     (t0, top): (usize, &[usize]),
     pool: &ThreadPool,
@@ -97,10 +127,25 @@ pub(super) fn candidates(
         false => PairsZ::TOKENS,
     };
     let paired = !amx && nt <= pair_tokens;
+    // Under AVX-512 up to eight tokens take the row-lane pass where the head has its
+    // scales (a weight of fewer than sixteen rows has none).
+    let row_lanes = paired && !avx2 && !tables.lane_scales.is_empty();
     let lanes = if amx || nt > 8 { 16 } else { 8 };
-    // Signed quants for AMX's `tdpbssd` and the paired pass, `x + 128` for the others.
-    let flip = if amx || paired { 0 } else { 0x80 };
-    let shape = (n_blocks, lanes, flip, paired);
+    let Tables {
+        corrections,
+        row_max,
+        lane_scales,
+        n_blocks,
+    } = tables;
+    // Signed quants for AMX's `tdpbssd` and the paired and row-lane passes, `x + 128`
+    // for the others.
+    let arrangement = match (row_lanes, paired, amx) {
+        (true, _, _) => Arrangement::RowLanes,
+        (_, true, _) => Arrangement::Paired,
+        (_, _, true) => Arrangement::Plain(0),
+        _ => Arrangement::Plain(0x80),
+    };
+    let shape = (n_blocks, lanes, arrangement);
     lay_out(&scratch.acts, (t0, nt), shape, &mut scratch.layout);
     let init = PassState {
         lows: vec![Vec::new(); MAX_TOKENS],
@@ -115,21 +160,32 @@ pub(super) fn candidates(
     let totals = token_totals(layout, (n_blocks, lanes));
     match kernel {
         BoundedKernel::Vnni => {
+            // Chunks start at whole groups of `LANE_ROWS` rows.
+            const _: () = assert!(CHUNK_ROWS.is_multiple_of(LANE_ROWS));
             pool.parallel_for_with(w.n_rows(), CHUNK_ROWS, &mut states, |state, rows| {
-                let w_rows = &bytes[rows.start * row_bytes..rows.end * row_bytes];
-                let corr = &corrections[rows.start * n_blocks..rows.end * n_blocks];
-                let row_max = &row_max[rows.start..rows.end];
+                let per_group = n_blocks * LANE_ROWS;
+                let groups = |r: usize| (r / LANE_ROWS * per_group).min(lane_scales.len());
+                let w_rows = Rows {
+                    w: &bytes[rows.start * row_bytes..rows.end * row_bytes],
+                    row_bytes,
+                    corr: &corrections[rows.start * n_blocks..rows.end * n_blocks],
+                    row_max: &row_max[rows.start..rows.end],
+                    lane_scales: &lane_scales[groups(rows.start)..groups(rows.end)],
+                };
                 let args = (layout, n_blocks, c, &totals);
                 // SAFETY: `has_bounded_kernel` checked the features (AVX-VNNI where
                 // `avx2`, AVX-512 VNNI otherwise); `w_rows` holds whole rows of `n_blocks`
-                // Q8_0 blocks and `corr` their terms, the layout `lanes` lanes.
+                // Q8_0 blocks and `corr` their terms, the layout `lanes` lanes arranged
+                // for the pass.
                 unsafe {
-                    let w_rows = (w_rows, row_bytes, corr, row_max);
                     let at = (rows.start, top);
                     match (avx2, lanes) {
                         (true, 8) if paired => pass_avx2::<Y<VexPaired>>(w_rows, args, at, state),
                         (true, 8) => pass_avx2::<Y<Vex>>(w_rows, args, at, state),
                         (true, _) => pass_avx2::<Pair<Y<Vex>>>(w_rows, args, at, state),
+                        (false, 8) if row_lanes => {
+                            pass_avx512::<Y<EvexRowLanes>>(w_rows, args, at, state)
+                        }
                         (false, 8) => pass_avx512::<Y<EvexPaired>>(w_rows, args, at, state),
                         _ => pass_avx512::<Z>(w_rows, args, at, state),
                     }
@@ -184,16 +240,21 @@ fn rows_per_token(states: &[PassState], top: &[usize]) -> Vec<Option<Vec<u32>>> 
 }
 
 /// Lays out tokens `t0..t0 + nt` as the pass reads them: per block, [`FIELDS`]
-/// registers of `lanes` lanes, the quants xor `flip` (`0x80`: unsigned `x + 128`, for
-/// `vpdpbusd`'s unsigned side; `0`: signed, for `tdpbssd` and for the paired pass,
-/// whose weights take the unsigned side). Padding lanes hold `x = 0` (scale 0): their
-/// outputs are 0.
+/// registers of `lanes` lanes, the quants xor the flip (`0x80`: unsigned `x + 128`, for
+/// `vpdpbusd`'s unsigned side; `0`: signed, for `tdpbssd` and for the paired and
+/// row-lane passes, whose weights take the unsigned side). Padding lanes hold `x = 0`
+/// (scale 0): their outputs are 0.
 fn lay_out(
     acts: &crate::QuantizedActs,
     (t0, nt): (usize, usize),
-    (n_blocks, lanes, flip, paired): (usize, usize, u8, bool),
+    (n_blocks, lanes, arrangement): (usize, usize, Arrangement),
     out: &mut Vec<u8>,
 ) {
+    let paired = arrangement == Arrangement::Paired;
+    let flip = match arrangement {
+        Arrangement::Plain(flip) => flip,
+        _ => 0,
+    };
     let reg = 4 * lanes;
     out.clear();
     out.resize(n_blocks * FIELDS * reg, 0);
@@ -225,6 +286,13 @@ fn lay_out(
                 let at = PAIRED_START * reg + 8 * t;
                 blk[at..at + 4].copy_from_slice(&(-64 * sum).to_le_bytes());
                 blk[at + 4..at + 8].copy_from_slice(&(-64 * sum).to_le_bytes());
+            }
+            if arrangement == Arrangement::RowLanes {
+                // The weights as `w + 128`: every row's products sum to
+                // `Σw·x + 128·Σx`.
+                let sum: i32 = qs.iter().map(|&q| q as i8 as i32).sum();
+                let at = PAIRED_START * reg + 4 * t;
+                blk[at..at + 4].copy_from_slice(&(-128 * sum).to_le_bytes());
             }
             let d = read_f16(xb, 0);
             blk[8 * reg + 4 * t..8 * reg + 4 * t + 4].copy_from_slice(&d.to_le_bytes());
@@ -286,6 +354,20 @@ trait Width {
     unsafe fn fnmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     /// Bit `l` set where lane `l` of `a` is at least that of `b` (ordered).
     unsafe fn ge_mask(a: Self::F, b: Self::F) -> u32;
+    /// Whether the pass takes whole groups of [`LANE_ROWS`] rows by [`lane_row_sums`].
+    const ROW_LANES: bool = false;
+    /// [`lane_row_sums`] for this width (only where [`Self::ROW_LANES`]).
+    ///
+    /// # Safety
+    /// As [`lane_row_sums`].
+    #[inline(always)]
+    unsafe fn lane_row_sums(
+        _rows: (&[u8], usize, &[u16]),
+        _layout: (&[u8], usize, usize),
+        _sums: &mut [Self::F; LANE_ROWS],
+    ) {
+        unreachable!("a width without row lanes")
+    }
     /// [`row_sums`] for this width.
     #[inline(always)]
     unsafe fn row_sums<const R: usize>(
@@ -335,10 +417,25 @@ enum Quads {
     One,
     PairsZmm,
     PairsYmm,
+    /// [`lane_row_sums`] for every group of [`LANE_ROWS`] rows (a last, partial one
+    /// copied out with zero rows after it).
+    RowLanes,
 }
 
 /// [`Evex`] on 512-bit registers, two quads per `vpdpbusd` ([`paired_row_sums`]).
 struct EvexPaired;
+
+/// [`Evex`] on 512-bit registers, a row per lane ([`lane_row_sums`]).
+struct EvexRowLanes;
+
+impl Dpbusd256 for EvexRowLanes {
+    const QUADS: Quads = Quads::RowLanes;
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: the trait's contract.
+        unsafe { Evex::dpbusd(acc, a, b) }
+    }
+}
 
 impl Dpbusd256 for EvexPaired {
     const QUADS: Quads = Quads::PairsZmm;
@@ -373,8 +470,31 @@ struct Z;
 
 impl<D: Dpbusd256> Width for Y<D> {
     const LANES: usize = 8;
+    const ROW_LANES: bool = matches!(D::QUADS, Quads::RowLanes);
     type I = __m256i;
     type F = __m256;
+    #[inline(always)]
+    unsafe fn lane_row_sums(
+        rows: (&[u8], usize, &[u16]),
+        (layout, n_blocks, n_tokens): (&[u8], usize, usize),
+        sums: &mut [__m256; LANE_ROWS],
+    ) {
+        let layout = (layout, n_blocks);
+        // SAFETY: the caller's contract (`RowLanes` only for `EvexRowLanes`, under
+        // AVX-512). The pass's cost is the tokens'.
+        unsafe {
+            match n_tokens {
+                1 => lane_row_sums::<1>(rows, layout, sums),
+                2 => lane_row_sums::<2>(rows, layout, sums),
+                3 => lane_row_sums::<3>(rows, layout, sums),
+                4 => lane_row_sums::<4>(rows, layout, sums),
+                5 => lane_row_sums::<5>(rows, layout, sums),
+                6 => lane_row_sums::<6>(rows, layout, sums),
+                7 => lane_row_sums::<7>(rows, layout, sums),
+                _ => lane_row_sums::<8>(rows, layout, sums),
+            }
+        }
+    }
     #[inline(always)]
     unsafe fn row_sums<const R: usize>(
         rows: (&[u8], usize, &[BlockSum]),
@@ -388,6 +508,8 @@ impl<D: Dpbusd256> Width for Y<D> {
             match D::QUADS {
                 Quads::One => row_sums::<Self, R>(rows, layout, sums),
                 Quads::PairsZmm => paired_row_sums::<PairsZ, R>(rows, layout, sums),
+                // `pass` takes every row of this width in groups.
+                Quads::RowLanes => unreachable!("row lanes take groups of rows"),
                 Quads::PairsYmm => paired_row_sums::<PairsY<D>, R>(rows, layout, sums),
             }
         }
@@ -737,32 +859,61 @@ impl<W: Width> Judge<W> {
 /// layout `W::LANES` lanes.
 #[inline(always)]
 unsafe fn pass<W: Width>(
-    (w, row_bytes, corr, row_max): (&[u8], usize, &[BlockSum], &[f32]),
+    Rows {
+        w,
+        row_bytes,
+        corr,
+        row_max,
+        lane_scales,
+    }: Rows<'_>,
     (layout, n_blocks, c, totals): (&[u8], usize, f32, &[f32; MAX_TOKENS]),
     (first, top): (usize, &[usize]),
     state: &mut PassState,
 ) {
     let rows = w.len() / row_bytes;
     assert!(row_bytes >= n_blocks * Q8_0_BLOCK);
-    assert!(corr.len() >= rows * n_blocks && row_max.len() >= rows);
+    assert!(row_max.len() >= rows);
+    // The paired pass reads no block terms.
+    assert!(corr.len() >= rows * n_blocks || W::ROW_LANES);
     assert!(layout.len() >= n_blocks * FIELDS * 4 * W::LANES);
+    // The row-lane pass takes the groups that have lane scales.
+    let lane_groups = match W::ROW_LANES {
+        true => (lane_scales.len() / (n_blocks * LANE_ROWS).max(1)).min(rows / LANE_ROWS),
+        false => 0,
+    };
     // SAFETY (every block): the features per this function's contract.
     unsafe {
         let mut judge = Judge::<W>::new(state, c, top.len());
         let x_total = W::load_f(totals.as_ptr() as *const u8);
         let mut r = 0;
         while r < rows {
-            let mut sums = [W::zero_f(); ROWS];
-            let block = (&w[r * row_bytes..], row_bytes, &corr[r * n_blocks..]);
+            let mut sums = [W::zero_f(); LANE_ROWS];
+            let first4 = sums.first_chunk_mut::<ROWS>().expect("ROWS ≤ LANE_ROWS");
+            let block = (
+                &w[r * row_bytes..],
+                row_bytes,
+                corr.get(r * n_blocks..).unwrap_or(&[]),
+            );
             // Whole rows from `r` on.
-            let k = if W::GROUP_ROWS == 2 && rows - r >= 2 {
-                W::row_sums::<2>(block, (layout, n_blocks), &mut sums);
+            let k = if W::ROW_LANES && r / LANE_ROWS < lane_groups {
+                let scales = &lane_scales[r / LANE_ROWS * n_blocks * LANE_ROWS..];
+                let layout = (layout, n_blocks, top.len());
+                W::lane_row_sums((block.0, row_bytes, scales), layout, &mut sums);
+                LANE_ROWS
+            } else if W::ROW_LANES {
+                // The last rows, fewer than a group (once per pass at most).
+                let (group, scales) = padded_group(&w[r * row_bytes..], row_bytes, n_blocks);
+                let layout = (layout, n_blocks, top.len());
+                W::lane_row_sums((&group, row_bytes, &scales), layout, &mut sums);
+                rows - r
+            } else if W::GROUP_ROWS == 2 && rows - r >= 2 {
+                W::row_sums::<2>(block, (layout, n_blocks), first4);
                 2
             } else if W::GROUP_ROWS == ROWS && rows - r >= ROWS {
-                W::row_sums::<ROWS>(block, (layout, n_blocks), &mut sums);
+                W::row_sums::<ROWS>(block, (layout, n_blocks), first4);
                 ROWS
             } else {
-                W::row_sums::<1>(block, (layout, n_blocks), &mut sums);
+                W::row_sums::<1>(block, (layout, n_blocks), first4);
                 1
             };
             for (i, &approx) in sums.iter().enumerate().take(k) {
@@ -781,7 +932,7 @@ unsafe fn pass<W: Width>(
 /// The CPU has those features and F16C; otherwise as [`pass`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn pass_avx512<W: Width>(
-    rows: (&[u8], usize, &[BlockSum], &[f32]),
+    rows: Rows<'_>,
     layout: (&[u8], usize, f32, &[f32; MAX_TOKENS]),
     at: (usize, &[usize]),
     state: &mut PassState,
@@ -796,7 +947,7 @@ unsafe fn pass_avx512<W: Width>(
 /// The CPU has AVX2, FMA, F16C and AVX-VNNI; otherwise as [`pass`].
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn pass_avx2<W: Width>(
-    rows: (&[u8], usize, &[BlockSum], &[f32]),
+    rows: Rows<'_>,
     layout: (&[u8], usize, f32, &[f32; MAX_TOKENS]),
     at: (usize, &[usize]),
     state: &mut PassState,
@@ -928,6 +1079,173 @@ unsafe fn paired_row_sums<P: PairedWidth, const R: usize>(
                 sums[rb] = b;
             }
         }
+    }
+}
+
+/// [`row_sums`] for [`LANE_ROWS`] rows at once, one row per 32-bit lane: each block of
+/// the sixteen rows is transposed in registers (sixteen 32-byte loads, twenty-four
+/// shuffles) into eight registers, register `j` holding every row's quad `j`, flipped to
+/// `w + 128` (the unsigned side); each token's quad `j` meets them all as `vpdpbusd`'s
+/// broadcast memory operand, starting from the token's `−128·Σx`, so a row's whole block
+/// sum lands in its lane with no folding, and one scale register (`scales`, the head's
+/// lane table) serves the group. Eight `vpdpbusd` per token and sixteen rows: half the
+/// vector instructions of [`paired_row_sums`] at eight tokens. Every token's float steps
+/// are [`row_sums`]'s (the same `d_w·d_x`, the same chain, the same exact integers), so
+/// the sums are its bits; they leave as `sums[row]` with token `t` in lane `t`.
+///
+/// # Safety
+/// As [`row_sums`] under AVX-512 F/BW/VL/VNNI and F16C, with [`LANE_ROWS`] whole rows in
+/// `w`, their lane scales (`[n_blocks, LANE_ROWS]`) from the start of `scales`, the
+/// layout [`Arrangement::RowLanes`] of eight lanes.
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn lane_row_sums<const NT: usize>(
+    (w, row_bytes, scales): (&[u8], usize, &[u16]),
+    (layout, n_blocks): (&[u8], usize),
+    sums: &mut [__m256; LANE_ROWS],
+) {
+    assert!(NT <= 8);
+    const REG: usize = 32;
+    assert!(w.len() >= (LANE_ROWS - 1) * row_bytes + n_blocks * Q8_0_BLOCK);
+    assert!(scales.len() >= n_blocks * LANE_ROWS);
+    assert!(layout.len() >= n_blocks * FIELDS * REG);
+    // SAFETY (every block): the features per the caller's contract; loads inside the
+    // rows' block `b`, the scales' block `b` and the layout's block `b` (asserted above).
+    unsafe {
+        let flip = crate::avx512::opaque_512(_mm512_set1_epi8(-128));
+        let mut approx = [_mm512_setzero_ps(); NT];
+        for b in 0..n_blocks {
+            let xb = layout.as_ptr().add(b * FIELDS * REG);
+            // The group after next, one line per row and block (`prefetch_block`'s
+            // distance for rows read side by side: 12 KiB ahead ran as fast, 8 KiB at
+            // half the speed, `benches/batched`).
+            for k in 0..LANE_ROWS {
+                let row = &w[k * row_bytes..(k + 1) * row_bytes];
+                crate::avx2::prefetch_block(row, b * Q8_0_BLOCK, Q8_0_BLOCK, LANE_ROWS);
+            }
+            let mut quads = transpose_quads(w.as_ptr().add(b * Q8_0_BLOCK + 2), row_bytes);
+            for q in &mut quads {
+                *q = _mm512_xor_si512(*q, flip);
+            }
+            let d_w = _mm512_cvtph_ps(_mm256_loadu_si256(
+                scales.as_ptr().add(b * LANE_ROWS) as *const _
+            ));
+            let lane = |field: usize, t: usize| {
+                (xb.add(field * REG + 4 * t) as *const i32).read_unaligned()
+            };
+            // Only the layout's tokens: the padding lanes' sums stay 0.
+            for (t, approx) in approx.iter_mut().enumerate() {
+                let mut acc = _mm512_set1_epi32(lane(PAIRED_START, t));
+                for (j, &q) in quads.iter().enumerate() {
+                    acc = _mm512_dpbusd_epi32(acc, q, _mm512_set1_epi32(lane(j, t)));
+                }
+                let dx = _mm512_set1_ps(f32::from_bits(lane(8, t) as u32));
+                let s = _mm512_mul_ps(d_w, dx);
+                *approx = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), s, *approx);
+            }
+        }
+        let mut all = [_mm512_setzero_ps(); 8];
+        all[..NT].copy_from_slice(&approx);
+        *sums = transpose_sums(all);
+    }
+}
+
+/// `rows` (fewer than [`LANE_ROWS`] whole rows of `n_blocks` Q8_0 blocks, `row_bytes`
+/// apart) followed by zero rows (scale 0: sums 0) to a group, and the group's lane scales.
+fn padded_group(rows: &[u8], row_bytes: usize, n_blocks: usize) -> (Vec<u8>, Vec<u16>) {
+    let mut group = vec![0u8; LANE_ROWS * row_bytes];
+    group[..rows.len()].copy_from_slice(rows);
+    let mut scales = vec![0u16; n_blocks * LANE_ROWS];
+    super::group_scales(&group, row_bytes, &mut scales);
+    (group, scales)
+}
+
+/// The 32 quant bytes at `p`, `p + row_bytes`, … of [`LANE_ROWS`] rows as eight
+/// registers: lane `k` of register `j` is row `k`'s quad `j`.
+///
+/// # Safety
+/// AVX-512 F enabled; 32 bytes readable at each of the sixteen rows.
+#[inline(always)]
+unsafe fn transpose_quads(p: *const u8, row_bytes: usize) -> [__m512i; 8] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let row = |k: usize| _mm256_loadu_si256(p.add(k * row_bytes) as *const __m256i);
+        // Register `i < 4`: rows `i` and `i + 4` in its halves; `i ≥ 4`: `i + 4` and `i + 8`.
+        let halves =
+            |a: usize, b: usize| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(row(a)), row(b));
+        let a = [
+            halves(0, 4),
+            halves(1, 5),
+            halves(2, 6),
+            halves(3, 7),
+            halves(8, 12),
+            halves(9, 13),
+            halves(10, 14),
+            halves(11, 15),
+        ];
+        // Within each 128-bit lane (a row's quads 0–3 or 4–7), a 4×4 transpose of four
+        // registers: `u[i]`'s lane holds element `i` of the four rows.
+        let mut u = [_mm512_setzero_si512(); 8];
+        for h in [0, 4] {
+            let t0 = _mm512_unpacklo_epi32(a[h], a[h + 1]);
+            let t1 = _mm512_unpackhi_epi32(a[h], a[h + 1]);
+            let t2 = _mm512_unpacklo_epi32(a[h + 2], a[h + 3]);
+            let t3 = _mm512_unpackhi_epi32(a[h + 2], a[h + 3]);
+            u[h] = _mm512_unpacklo_epi64(t0, t2);
+            u[h + 1] = _mm512_unpackhi_epi64(t0, t2);
+            u[h + 2] = _mm512_unpacklo_epi64(t1, t3);
+            u[h + 3] = _mm512_unpackhi_epi64(t1, t3);
+        }
+        // `u[i]`'s lanes: quad `i` of rows 0–3, quad `4 + i` of rows 0–3, quad `i` of
+        // rows 4–7, quad `4 + i` of rows 4–7; `u[4 + i]` the same for rows 8–15.
+        let low = |i: usize| _mm512_shuffle_i64x2::<0x88>(u[i], u[i + 4]);
+        let high = |i: usize| _mm512_shuffle_i64x2::<0xdd>(u[i], u[i + 4]);
+        [
+            low(0),
+            low(1),
+            low(2),
+            low(3),
+            high(0),
+            high(1),
+            high(2),
+            high(3),
+        ]
+    }
+}
+
+/// Eight tokens' registers of [`LANE_ROWS`] rows (lane `k`: row `k`) as each row's
+/// register of eight tokens (lane `t`: token `t`).
+///
+/// # Safety
+/// AVX-512 F enabled.
+#[inline(always)]
+unsafe fn transpose_sums(a: [__m512; 8]) -> [__m256; LANE_ROWS] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let pd = _mm512_castps_pd;
+        let mut u = [_mm512_setzero_ps(); 8];
+        for h in [0, 4] {
+            let t0 = _mm512_unpacklo_ps(a[h], a[h + 1]);
+            let t1 = _mm512_unpackhi_ps(a[h], a[h + 1]);
+            let t2 = _mm512_unpacklo_ps(a[h + 2], a[h + 3]);
+            let t3 = _mm512_unpackhi_ps(a[h + 2], a[h + 3]);
+            u[h] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t0), pd(t2)));
+            u[h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t0), pd(t2)));
+            u[h + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t1), pd(t3)));
+            u[h + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t1), pd(t3)));
+        }
+        // `u[i]`'s 128-bit lane `l`: tokens 0–3 of row `4l + i`; `u[4 + i]`: tokens 4–7.
+        let low = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+        let high = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+        let mut out = [_mm256_setzero_ps(); LANE_ROWS];
+        for i in 0..4 {
+            for (l, idx) in [(0, low), (2, high)] {
+                let v = _mm512_permutex2var_ps(u[i], idx, u[i + 4]);
+                out[4 * l + i] = _mm512_castps512_ps256(v);
+                out[4 * (l + 1) + i] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(pd(v)));
+            }
+        }
+        out
     }
 }
 
@@ -1211,8 +1529,18 @@ mod tests {
             let mut acts = QuantizedActs::new();
             acts.quantize_for(&weight, &x, nt).unwrap();
             let (mut plain, mut paired) = (Vec::new(), Vec::new());
-            lay_out(&acts, (0, nt), (n_blocks, 8, 0x80, false), &mut plain);
-            lay_out(&acts, (0, nt), (n_blocks, 8, 0, true), &mut paired);
+            lay_out(
+                &acts,
+                (0, nt),
+                (n_blocks, 8, Arrangement::Plain(0x80)),
+                &mut plain,
+            );
+            lay_out(
+                &acts,
+                (0, nt),
+                (n_blocks, 8, Arrangement::Paired),
+                &mut paired,
+            );
             let layouts = (&plain[..], &paired[..], n_blocks);
             let (all, last) = (
                 (&w[..], row_bytes, &terms[..]),
@@ -1244,6 +1572,100 @@ mod tests {
                     unsafe { (both_vex::<4>(all, layouts), both_vex::<1>(last, layouts)) };
                 check(four, 4, nt, "256-bit");
                 check(one, 1, nt, "256-bit, one row");
+            }
+        }
+    }
+
+    /// The row-lane pass of sixteen rows against the 256-bit one-quad pass, both under
+    /// AVX-512, as `[row][lane]` bits.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn lanes_and_plain(
+        (w, row_bytes, terms, scales): (&[u8], usize, &[BlockSum], &[u16]),
+        (plain, lanes, n_blocks, nt): (&[u8], &[u8], usize, usize),
+    ) -> [[[u32; 8]; LANE_ROWS]; 2] {
+        let mut out = [[_mm256_setzero_ps(); LANE_ROWS]; 2];
+        // SAFETY: the features are enabled here (the caller checked the CPU); the callees
+        // assert that the rows, terms, scales and layouts are whole.
+        unsafe {
+            for (k, sum) in out[0].iter_mut().enumerate() {
+                let mut one = [_mm256_setzero_ps(); ROWS];
+                let row = (&w[k * row_bytes..], row_bytes, &terms[k * n_blocks..]);
+                Y::<Evex>::row_sums::<1>(row, (plain, n_blocks), &mut one);
+                *sum = one[0];
+            }
+            Y::<EvexRowLanes>::lane_row_sums(
+                (w, row_bytes, scales),
+                (lanes, n_blocks, nt),
+                &mut out[1],
+            );
+        }
+        // SAFETY: a 256-bit register is eight f32 (any bits are valid u32).
+        out.map(|rows| rows.map(|r| unsafe { std::mem::transmute::<__m256, [u32; 8]>(r) }))
+    }
+
+    /// The row-lane pass's approximations are the one-quad pass's bits for every row and
+    /// token: one to eight tokens, one to six blocks, quants over their whole range,
+    /// scales of either sign; and the head's lane table holds each whole group's scales
+    /// (none for a last, partial group).
+    #[test]
+    fn the_row_lane_pass_gives_the_256_bit_pass_bits() {
+        if !crate::avx512::available() {
+            eprintln!("skipped: no AVX-512 VNNI");
+            return;
+        }
+        let mut bits = crate::test_bits::Bits(0x9e37_79b9_7f4a_7c15);
+        let mut next = move || bits.next();
+        for case in 0..16 {
+            let (n_blocks, n_rows) = (1 + case % 6, LANE_ROWS + case % 3);
+            let row_bytes = n_blocks * Q8_0_BLOCK;
+            let mut w = vec![0u8; n_rows * row_bytes];
+            for block in w.chunks_exact_mut(Q8_0_BLOCK) {
+                let d = half::f16::from_f32((next() % 2000) as f32 / 1000.0 - 1.0);
+                block[..2].copy_from_slice(&d.to_bits().to_le_bytes());
+                block[2..].iter_mut().for_each(|q| *q = next() as u8);
+            }
+            let terms: Vec<BlockSum> = w.chunks_exact(Q8_0_BLOCK).map(block_sum).collect();
+            let weight = LazyWeight::from_parts(
+                nx_gguf::GgmlType::Q8_0,
+                &[(n_blocks * 32) as u64, n_rows as u64],
+                &w,
+            )
+            .unwrap();
+            let pool = ThreadPool::new(1);
+            let scales = crate::bounded::lane_scales(&weight, &pool, n_blocks);
+            assert_eq!(scales.len(), n_blocks * LANE_ROWS, "one whole group");
+            let nt = 1 + case % 8;
+            let x: Vec<f32> = (0..nt * n_blocks * 32)
+                .map(|_| (next() % 20001) as f32 / 1000.0 - 10.0)
+                .collect();
+            let mut acts = QuantizedActs::new();
+            acts.quantize_for(&weight, &x, nt).unwrap();
+            let (mut plain, mut lanes) = (Vec::new(), Vec::new());
+            lay_out(
+                &acts,
+                (0, nt),
+                (n_blocks, 8, Arrangement::Plain(0x80)),
+                &mut plain,
+            );
+            lay_out(
+                &acts,
+                (0, nt),
+                (n_blocks, 8, Arrangement::RowLanes),
+                &mut lanes,
+            );
+            // SAFETY: the features were checked above.
+            let [a, b] = unsafe {
+                lanes_and_plain(
+                    (&w, row_bytes, &terms, &scales),
+                    (&plain, &lanes, n_blocks, nt),
+                )
+            };
+            for r in 0..LANE_ROWS {
+                assert_eq!(
+                    a[r][..nt],
+                    b[r][..nt],
+                    "row {r}, {nt} tokens, {n_blocks} blocks"
+                );
             }
         }
     }
