@@ -425,11 +425,8 @@ enum Quads {
 /// [`Evex`] on 512-bit registers, two quads per `vpdpbusd` ([`paired_row_sums`]).
 struct EvexPaired;
 
-/// [`Evex`] on 512-bit registers, a row per lane ([`lane_row_sums`]).
-struct EvexRowLanes;
-
-impl Dpbusd256 for EvexRowLanes {
-    const QUADS: Quads = Quads::RowLanes;
+impl Dpbusd256 for EvexPaired {
+    const QUADS: Quads = Quads::PairsZmm;
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: the trait's contract.
@@ -437,8 +434,11 @@ impl Dpbusd256 for EvexRowLanes {
     }
 }
 
-impl Dpbusd256 for EvexPaired {
-    const QUADS: Quads = Quads::PairsZmm;
+/// [`Evex`] on 512-bit registers, a row per lane ([`lane_row_sums`]).
+struct EvexRowLanes;
+
+impl Dpbusd256 for EvexRowLanes {
+    const QUADS: Quads = Quads::RowLanes;
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: the trait's contract.
@@ -1430,6 +1430,53 @@ mod tests {
     use crate::bounded::block_sum;
     use crate::QuantizedActs;
 
+    /// `n_rows` random Q8_0 rows of `n_blocks` blocks (quants over their whole range,
+    /// −128 included, scales of either sign), their block terms, and `nt` random tokens'
+    /// activations quantized for them.
+    fn fixture(
+        bits: &mut crate::test_bits::Bits,
+        (n_blocks, n_rows, nt): (usize, usize, usize),
+    ) -> (Vec<u8>, Vec<BlockSum>, QuantizedActs) {
+        let mut w = vec![0u8; n_rows * n_blocks * Q8_0_BLOCK];
+        for block in w.chunks_exact_mut(Q8_0_BLOCK) {
+            let d = half::f16::from_f32((bits.next() % 2000) as f32 / 1000.0 - 1.0);
+            block[..2].copy_from_slice(&d.to_bits().to_le_bytes());
+            block[2..].iter_mut().for_each(|q| *q = bits.next() as u8);
+        }
+        let terms: Vec<BlockSum> = w.chunks_exact(Q8_0_BLOCK).map(block_sum).collect();
+        let x: Vec<f32> = (0..nt * n_blocks * 32)
+            .map(|_| (bits.next() % 20001) as f32 / 1000.0 - 10.0)
+            .collect();
+        let mut acts = QuantizedActs::new();
+        acts.quantize_for(&q8_0_weight(&w, (n_blocks, n_rows)), &x, nt)
+            .unwrap();
+        (w, terms, acts)
+    }
+
+    /// The `nt` tokens of `acts` laid out in eight lanes for the one-quad pass and as
+    /// `other`.
+    fn plain_and(
+        other: Arrangement,
+        acts: &QuantizedActs,
+        (n_blocks, nt): (usize, usize),
+    ) -> (Vec<u8>, Vec<u8>) {
+        let (mut plain, mut out) = (Vec::new(), Vec::new());
+        lay_out(
+            acts,
+            (0, nt),
+            (n_blocks, 8, Arrangement::Plain(0x80)),
+            &mut plain,
+        );
+        lay_out(acts, (0, nt), (n_blocks, 8, other), &mut out);
+        (plain, out)
+    }
+
+    /// `w` as a Q8_0 weight of `n_rows` rows of `n_blocks` blocks.
+    fn q8_0_weight(w: &[u8], (n_blocks, n_rows): (usize, usize)) -> LazyWeight<'_> {
+        let shape = [(n_blocks * 32) as u64, n_rows as u64];
+        LazyWeight::from_parts(nx_gguf::GgmlType::Q8_0, &shape, w).unwrap()
+    }
+
     /// Sums by two passes of eight lanes, as `[row][lane]` bits: `R` rows by pass `A` on
     /// the plain layout and by pass `B` on the paired one.
     ///
@@ -1507,40 +1554,10 @@ mod tests {
         let (n_blocks, n_rows) = (5, 4);
         let row_bytes = n_blocks * Q8_0_BLOCK;
         let mut bits = crate::test_bits::Bits(0x2545_f491_4f6c_dd1d);
-        let mut next = move || bits.next();
         for case in 0..24 {
-            let mut w = vec![0u8; n_rows * row_bytes];
-            for block in w.chunks_exact_mut(Q8_0_BLOCK) {
-                let d = half::f16::from_f32((next() % 2000) as f32 / 1000.0 - 1.0);
-                block[..2].copy_from_slice(&d.to_bits().to_le_bytes());
-                block[2..].iter_mut().for_each(|q| *q = next() as u8);
-            }
-            let terms: Vec<BlockSum> = w.chunks_exact(Q8_0_BLOCK).map(block_sum).collect();
-            let weight = LazyWeight::from_parts(
-                nx_gguf::GgmlType::Q8_0,
-                &[(n_blocks * 32) as u64, n_rows as u64],
-                &w,
-            )
-            .unwrap();
             let nt = 1 + case % 8;
-            let x: Vec<f32> = (0..nt * n_blocks * 32)
-                .map(|_| (next() % 20001) as f32 / 1000.0 - 10.0)
-                .collect();
-            let mut acts = QuantizedActs::new();
-            acts.quantize_for(&weight, &x, nt).unwrap();
-            let (mut plain, mut paired) = (Vec::new(), Vec::new());
-            lay_out(
-                &acts,
-                (0, nt),
-                (n_blocks, 8, Arrangement::Plain(0x80)),
-                &mut plain,
-            );
-            lay_out(
-                &acts,
-                (0, nt),
-                (n_blocks, 8, Arrangement::Paired),
-                &mut paired,
-            );
+            let (w, terms, acts) = fixture(&mut bits, (n_blocks, n_rows, nt));
+            let (plain, paired) = plain_and(Arrangement::Paired, &acts, (n_blocks, nt));
             let layouts = (&plain[..], &paired[..], n_blocks);
             let (all, last) = (
                 (&w[..], row_bytes, &terms[..]),
@@ -1614,45 +1631,14 @@ mod tests {
             return;
         }
         let mut bits = crate::test_bits::Bits(0x9e37_79b9_7f4a_7c15);
-        let mut next = move || bits.next();
         for case in 0..16 {
-            let (n_blocks, n_rows) = (1 + case % 6, LANE_ROWS + case % 3);
+            let (n_blocks, n_rows, nt) = (1 + case % 6, LANE_ROWS + case % 3, 1 + case % 8);
             let row_bytes = n_blocks * Q8_0_BLOCK;
-            let mut w = vec![0u8; n_rows * row_bytes];
-            for block in w.chunks_exact_mut(Q8_0_BLOCK) {
-                let d = half::f16::from_f32((next() % 2000) as f32 / 1000.0 - 1.0);
-                block[..2].copy_from_slice(&d.to_bits().to_le_bytes());
-                block[2..].iter_mut().for_each(|q| *q = next() as u8);
-            }
-            let terms: Vec<BlockSum> = w.chunks_exact(Q8_0_BLOCK).map(block_sum).collect();
-            let weight = LazyWeight::from_parts(
-                nx_gguf::GgmlType::Q8_0,
-                &[(n_blocks * 32) as u64, n_rows as u64],
-                &w,
-            )
-            .unwrap();
-            let pool = ThreadPool::new(1);
-            let scales = crate::bounded::lane_scales(&weight, &pool, n_blocks);
+            let (w, terms, acts) = fixture(&mut bits, (n_blocks, n_rows, nt));
+            let weight = q8_0_weight(&w, (n_blocks, n_rows));
+            let scales = crate::bounded::lane_scales(&weight, &ThreadPool::new(1), n_blocks);
             assert_eq!(scales.len(), n_blocks * LANE_ROWS, "one whole group");
-            let nt = 1 + case % 8;
-            let x: Vec<f32> = (0..nt * n_blocks * 32)
-                .map(|_| (next() % 20001) as f32 / 1000.0 - 10.0)
-                .collect();
-            let mut acts = QuantizedActs::new();
-            acts.quantize_for(&weight, &x, nt).unwrap();
-            let (mut plain, mut lanes) = (Vec::new(), Vec::new());
-            lay_out(
-                &acts,
-                (0, nt),
-                (n_blocks, 8, Arrangement::Plain(0x80)),
-                &mut plain,
-            );
-            lay_out(
-                &acts,
-                (0, nt),
-                (n_blocks, 8, Arrangement::RowLanes),
-                &mut lanes,
-            );
+            let (plain, lanes) = plain_and(Arrangement::RowLanes, &acts, (n_blocks, nt));
             // SAFETY: the features were checked above.
             let [a, b] = unsafe {
                 lanes_and_plain(
