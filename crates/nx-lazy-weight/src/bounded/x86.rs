@@ -39,8 +39,9 @@ const ROWS: usize = 4;
 /// weights `128·Σ|x|` and (paired only, two registers) each token's `−64·Σx` in both its
 /// lanes, or (row lanes only) each token's `−128·Σx` in its lane.
 const FIELDS: usize = 12;
-/// The field of the paired layout's `−64·Σx` lanes and of the row-lane layout's `−128·Σx`.
-const PAIRED_START: usize = 10;
+/// The field where the paired and row-lane passes' accumulators start: the paired
+/// layout's `−64·Σx` lanes (two registers), the row-lane layout's `−128·Σx`.
+const START_FIELD: usize = 10;
 
 /// How [`lay_out`] arranges a block's quads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -283,7 +284,7 @@ fn lay_out(
                 // Both lanes of the token start at −64·Σx: with the weights as `w + 128`
                 // the pair's products sum to `Σw·x + 128·Σx`.
                 let sum: i32 = qs.iter().map(|&q| q as i8 as i32).sum();
-                let at = PAIRED_START * reg + 8 * t;
+                let at = START_FIELD * reg + 8 * t;
                 blk[at..at + 4].copy_from_slice(&(-64 * sum).to_le_bytes());
                 blk[at + 4..at + 8].copy_from_slice(&(-64 * sum).to_le_bytes());
             }
@@ -291,7 +292,7 @@ fn lay_out(
                 // The weights as `w + 128`: every row's products sum to
                 // `Σw·x + 128·Σx`.
                 let sum: i32 = qs.iter().map(|&q| q as i8 as i32).sum();
-                let at = PAIRED_START * reg + 4 * t;
+                let at = START_FIELD * reg + 4 * t;
                 blk[at..at + 4].copy_from_slice(&(-128 * sum).to_le_bytes());
             }
             let d = read_f16(xb, 0);
@@ -873,7 +874,7 @@ unsafe fn pass<W: Width>(
     let rows = w.len() / row_bytes;
     assert!(row_bytes >= n_blocks * Q8_0_BLOCK);
     assert!(row_max.len() >= rows);
-    // The paired pass reads no block terms.
+    // The row-lane pass reads no block terms.
     assert!(corr.len() >= rows * n_blocks || W::ROW_LANES);
     assert!(layout.len() >= n_blocks * FIELDS * 4 * W::LANES);
     // The row-lane pass takes the groups that have lane scales.
@@ -1048,7 +1049,7 @@ unsafe fn paired_row_sums<P: PairedWidth, const R: usize>(
         let mut approx = [P::zero_f(); ROWS / 2];
         for b in 0..n_blocks {
             let xb = layout.as_ptr().add(b * FIELDS * REG);
-            let mut acc = [P::load_i(xb.add(PAIRED_START * REG)); R];
+            let mut acc = [P::load_i(xb.add(START_FIELD * REG)); R];
             for k in 0..R {
                 let row = &w[k * row_bytes..(k + 1) * row_bytes];
                 crate::avx2::prefetch_block(row, b * Q8_0_BLOCK, Q8_0_BLOCK, R);
@@ -1135,7 +1136,7 @@ unsafe fn lane_row_sums<const NT: usize>(
             };
             // Only the layout's tokens: the padding lanes' sums stay 0.
             for (t, approx) in approx.iter_mut().enumerate() {
-                let mut acc = _mm512_set1_epi32(lane(PAIRED_START, t));
+                let mut acc = _mm512_set1_epi32(lane(START_FIELD, t));
                 for (j, &q) in quads.iter().enumerate() {
                     acc = _mm512_dpbusd_epi32(acc, q, _mm512_set1_epi32(lane(j, t)));
                 }
