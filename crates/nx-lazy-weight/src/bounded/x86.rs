@@ -121,16 +121,11 @@ pub(super) fn candidates(
     let amx = kernel == BoundedKernel::Amx;
     // The AMX pass's activation tile is always sixteen tokens wide, of signed quants.
     // Above eight tokens the AVX2 tier's pass (AVX-VNNI) takes a pair of registers.
-    // The quads in pairs (`paired_row_sums`): up to eight tokens under AVX-512, up to
-    // four under AVX2; signed there, the weights taking the unsigned side.
-    let pair_tokens = match avx2 {
-        true => PairsY::<VexPaired>::TOKENS,
-        false => PairsZ::TOKENS,
-    };
-    let paired = !amx && nt <= pair_tokens;
-    // Under AVX-512 up to eight tokens take the row-lane pass where the head has its
-    // scales (a weight of fewer than sixteen rows has none).
-    let row_lanes = paired && !avx2 && !tables.lane_scales.is_empty();
+    // Up to eight tokens under AVX-512 the row-lane pass (`lane_row_sums`), up to four
+    // under AVX2 the quads in pairs (`paired_row_sums`): signed there, the weights taking
+    // the unsigned side.
+    let row_lanes = !amx && !avx2 && nt <= 8;
+    let paired = !amx && avx2 && nt <= PairsY::<VexPaired>::TOKENS;
     let lanes = if amx || nt > 8 { 16 } else { 8 };
     let Tables {
         corrections,
@@ -184,10 +179,7 @@ pub(super) fn candidates(
                         (true, 8) if paired => pass_avx2::<Y<VexPaired>>(w_rows, args, at, state),
                         (true, 8) => pass_avx2::<Y<Vex>>(w_rows, args, at, state),
                         (true, _) => pass_avx2::<Pair<Y<Vex>>>(w_rows, args, at, state),
-                        (false, 8) if row_lanes => {
-                            pass_avx512::<Y<EvexRowLanes>>(w_rows, args, at, state)
-                        }
-                        (false, 8) => pass_avx512::<Y<EvexPaired>>(w_rows, args, at, state),
+                        (false, 8) => pass_avx512::<Y<EvexRowLanes>>(w_rows, args, at, state),
                         _ => pass_avx512::<Z>(w_rows, args, at, state),
                     }
                 }
@@ -385,8 +377,8 @@ trait Width {
 
 /// 256-bit registers: eight tokens, `vpdpbusd` as `D` encodes it.
 struct Y<D>(PhantomData<D>);
-/// The EVEX `vpdpbusd` of AVX-512 VNNI (with VL): the 256-bit pass the paired one
-/// ([`EvexPaired`]) replaced up to eight tokens, kept as its twin in the tests.
+/// The EVEX `vpdpbusd` of AVX-512 VNNI (with VL): the 256-bit pass the paired and then
+/// the row-lane passes replaced up to eight tokens, kept as their twin in the tests.
 struct Evex;
 /// The VEX `vpdpbusd` of AVX-VNNI, for the AVX2 tier.
 struct Vex;
@@ -416,23 +408,10 @@ impl Dpbusd256 for Evex {
 #[derive(PartialEq, Eq)]
 enum Quads {
     One,
-    PairsZmm,
     PairsYmm,
     /// [`lane_row_sums`] for every group of [`LANE_ROWS`] rows (a last, partial one
     /// copied out with zero rows after it).
     RowLanes,
-}
-
-/// [`Evex`] on 512-bit registers, two quads per `vpdpbusd` ([`paired_row_sums`]).
-struct EvexPaired;
-
-impl Dpbusd256 for EvexPaired {
-    const QUADS: Quads = Quads::PairsZmm;
-    #[inline(always)]
-    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-        // SAFETY: the trait's contract.
-        unsafe { Evex::dpbusd(acc, a, b) }
-    }
 }
 
 /// [`Evex`] on 512-bit registers, a row per lane ([`lane_row_sums`]).
@@ -502,13 +481,11 @@ impl<D: Dpbusd256> Width for Y<D> {
         layout: (&[u8], usize),
         sums: &mut [__m256; ROWS],
     ) {
-        // SAFETY: the caller's contract (`PairsZmm` only for `EvexPaired`, under
-        // AVX-512; `PairsYmm` only for `VexPaired` under AVX-VNNI, or in tests for
-        // `EvexPairedY` under AVX-512, at most four tokens).
+        // SAFETY: the caller's contract (`PairsYmm` only for `VexPaired` under AVX-VNNI,
+        // or in tests for `EvexPairedY` under AVX-512, at most four tokens).
         unsafe {
             match D::QUADS {
                 Quads::One => row_sums::<Self, R>(rows, layout, sums),
-                Quads::PairsZmm => paired_row_sums::<PairsZ, R>(rows, layout, sums),
                 // `pass` takes every row of this width in groups.
                 Quads::RowLanes => unreachable!("row lanes take groups of rows"),
                 Quads::PairsYmm => paired_row_sums::<PairsY<D>, R>(rows, layout, sums),
@@ -927,7 +904,7 @@ unsafe fn pass<W: Width>(
     }
 }
 
-/// [`pass`] with AVX-512 F/BW/VL/VNNI (for [`Y<EvexPaired>`] and [`Z`]).
+/// [`pass`] with AVX-512 F/BW/VL/VNNI (for [`Y<EvexRowLanes>`] and [`Z`]).
 ///
 /// # Safety
 /// The CPU has those features and F16C; otherwise as [`pass`].
@@ -1019,8 +996,7 @@ unsafe fn row_sums<W: Width, const R: usize>(
 /// [`row_sums`] with a token's quads in two lanes: lane `2t + e` of a block's quad
 /// register `i` holds token `t`'s quad `2i + e`, so one 64-bit broadcast of a row's quads
 /// `2i, 2i + 1` meets every token — four `vpdpbusd` per row and block instead of eight,
-/// for eight tokens on 512-bit registers ([`PairsZ`]) or four on 256-bit ones
-/// ([`PairsY`]); a 512-bit and a 256-bit `vpdpbusd` run at the same rate here. The
+/// for four tokens on 256-bit registers ([`PairsY`], the AVX2 tier). The
 /// activations are the signed side and each broadcast of weight quads the unsigned one
 /// (`w + 128`, one xor), so both lanes of a token start at `−64·Σx` from the layout, the
 /// same for every row: the pass reads no per-row block terms, whose 2 bytes a block were
@@ -1283,81 +1259,6 @@ trait PairedWidth {
     unsafe fn split(v: Self::F) -> (__m256, __m256);
 }
 
-/// Eight tokens on 512-bit registers (AVX-512 F/BW/VL/VNNI, F16C): a folded pair keeps
-/// token `t` of row `a` in lane `2t` and of row `b` in lane `2t + 1`.
-struct PairsZ;
-
-impl PairedWidth for PairsZ {
-    const TOKENS: usize = 8;
-    type I = __m512i;
-    type F = __m512;
-    #[inline(always)]
-    unsafe fn zero_f() -> __m512 {
-        // SAFETY (every method): the trait's contract; pointers cover what they load.
-        unsafe { _mm512_setzero_ps() }
-    }
-    #[inline(always)]
-    unsafe fn load_i(p: *const u8) -> __m512i {
-        unsafe { _mm512_loadu_si512(p as *const _) }
-    }
-    #[inline(always)]
-    unsafe fn splat_quads_unsigned(p: *const u8) -> __m512i {
-        unsafe {
-            // The bias opaque: else LLVM xors the 8 bytes first and broadcasts them
-            // by a shuffle, where a broadcast load needs no vector pipe.
-            let quads = _mm512_set1_epi64((p as *const i64).read_unaligned());
-            _mm512_xor_si512(quads, crate::avx512::opaque_512(_mm512_set1_epi8(-128)))
-        }
-    }
-    #[inline(always)]
-    unsafe fn dpbusd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
-        unsafe { _mm512_dpbusd_epi32(acc, a, b) }
-    }
-    #[inline(always)]
-    unsafe fn fold(a: __m512i, b: __m512i) -> __m512i {
-        unsafe {
-            let even = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
-            let odd = _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-            _mm512_add_epi32(
-                _mm512_permutex2var_epi32(a, even, b),
-                _mm512_permutex2var_epi32(a, odd, b),
-            )
-        }
-    }
-    #[inline(always)]
-    unsafe fn spread_dx(dx: __m256) -> __m512 {
-        unsafe {
-            let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-            _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(dx))
-        }
-    }
-    #[inline(always)]
-    unsafe fn scales(da: u16, db: u16) -> __m512 {
-        unsafe { _mm512_cvtph_ps(_mm256_set1_epi32((da as u32 | (db as u32) << 16) as i32)) }
-    }
-    #[inline(always)]
-    unsafe fn cvt(a: __m512i) -> __m512 {
-        unsafe { _mm512_cvtepi32_ps(a) }
-    }
-    #[inline(always)]
-    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
-        unsafe { _mm512_mul_ps(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
-        unsafe { _mm512_fmadd_ps(a, b, c) }
-    }
-    #[inline(always)]
-    unsafe fn split(v: __m512) -> (__m256, __m256) {
-        unsafe {
-            let split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-            let v = _mm512_permutexvar_ps(split, v);
-            let b = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v));
-            (_mm512_castps512_ps256(v), _mm256_castpd_ps(b))
-        }
-    }
-}
-
 /// Four tokens on 256-bit registers (AVX2, AVX-VNNI, FMA, F16C): one `vphaddd` folds a
 /// pair of rows into `[a₀ a₁ b₀ b₁ | a₂ a₃ b₂ b₃]`.
 /// `D` gives the `vpdpbusd` encoding: VEX (AVX-VNNI) in the pass, EVEX (AVX-512 VL) in
@@ -1380,7 +1281,8 @@ impl<D: Dpbusd256> PairedWidth for PairsY<D> {
     #[inline(always)]
     unsafe fn splat_quads_unsigned(p: *const u8) -> __m256i {
         unsafe {
-            // The bias opaque, as in `PairsZ`.
+            // The bias opaque: else LLVM xors the 8 bytes first and broadcasts them
+            // by a shuffle, where a broadcast load needs no vector pipe.
             let quads = _mm256_set1_epi64x((p as *const i64).read_unaligned());
             _mm256_xor_si256(quads, crate::avx512::opaque_256(_mm256_set1_epi8(-128)))
         }
@@ -1503,16 +1405,6 @@ mod tests {
         sums.map(|rows| rows.map(|r| unsafe { std::mem::transmute::<__m256, [u32; 8]>(r) }))
     }
 
-    /// [`twin`] of the 256-bit one-quad pass and the 512-bit paired one.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn both<const R: usize>(
-        rows: (&[u8], usize, &[BlockSum]),
-        layouts: (&[u8], &[u8], usize),
-    ) -> [[[u32; 8]; ROWS]; 2] {
-        // SAFETY: the features are enabled here (the caller checked the CPU).
-        unsafe { twin::<Y<Evex>, Y<EvexPaired>, R>(rows, layouts) }
-    }
-
     /// [`PairsY`] with AVX-512's EVEX `vpdpbusd` (the same products as AVX-VNNI's).
     struct EvexPairedY;
 
@@ -1546,8 +1438,8 @@ mod tests {
     }
 
     /// The paired passes' approximations are the one-quad passes' bits, lane for lane:
-    /// one to eight tokens on 512-bit registers, one to four on 256-bit ones (AVX-VNNI,
-    /// and the same width with AVX-512's encoding), groups of four rows and single rows,
+    /// one to four tokens on 256-bit registers (AVX-VNNI, and the same width with
+    /// AVX-512's encoding), groups of four rows and single rows,
     /// quants over their whole range (−128 included), scales of either sign.
     #[test]
     fn the_paired_pass_gives_the_256_bit_pass_bits() {
@@ -1556,7 +1448,7 @@ mod tests {
         let row_bytes = n_blocks * Q8_0_BLOCK;
         let mut bits = crate::test_bits::Bits(0x2545_f491_4f6c_dd1d);
         for case in 0..24 {
-            let nt = 1 + case % 8;
+            let nt = 1 + case % 4;
             let (w, terms, acts) = fixture(&mut bits, (n_blocks, n_rows, nt));
             let (plain, paired) = plain_and(Arrangement::Paired, &acts, (n_blocks, nt));
             let layouts = (&plain[..], &paired[..], n_blocks);
@@ -1573,18 +1465,12 @@ mod tests {
             };
             if zmm {
                 // SAFETY: the features were checked above.
-                let (four, one) = unsafe { (both::<4>(all, layouts), both::<1>(last, layouts)) };
-                check(four, 4, 8, "512-bit");
-                check(one, 1, 8, "512-bit, one row");
-            }
-            if zmm && nt <= 4 {
-                // SAFETY: the features were checked above.
                 let (four, one) =
                     unsafe { (both_y::<4>(all, layouts), both_y::<1>(last, layouts)) };
                 check(four, 4, nt, "256-bit EVEX");
                 check(one, 1, nt, "256-bit EVEX, one row");
             }
-            if ymm && nt <= 4 {
+            if ymm {
                 // SAFETY: the features were checked above.
                 let (four, one) =
                     unsafe { (both_vex::<4>(all, layouts), both_vex::<1>(last, layouts)) };
