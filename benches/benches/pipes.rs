@@ -31,6 +31,15 @@
 //! register broadcast instead of a broadcast load from a table, and takes as long here.
 //! The kernel's Gemma 3 LM head pass at eight tokens (`lm_head_timing`, one thread) runs
 //! at about 25 cycles per row block, this block plus the weight block's decoding.
+//! `dpbusd8_broadcast` (the signed operand a 32-bit broadcast from memory, as the bound
+//! pass and the wide tiles take a weight quad) retires one a cycle like `dpbusd8`.
+//! `bound_block` and `lane_block` are one block of the LM head's bound pass
+//! (`nx_lazy_weight::bounded`) with its data in L1: sixteen tokens against four rows at
+//! 10.1 cycles a row (40 per iteration: its 8 `vpdpbusd`, multiply and FMA a row on the
+//! shared pipe, nothing else in the way), and the row-lane pass at eight tokens against
+//! sixteen rows at 5.5 cycles a row (its floor on that pipe 5). Both passes ran at 12.8
+//! and 7.6 cycles a row reading their rows from L2 or L3 (`benches/batched`
+//! `bounded-cached`), which is what the row-lane pass's loads one block ahead address.
 //! Run: `cargo bench -p nx-benches --bench pipes` (AVX-512 VNNI CPUs; elsewhere it prints
 //! that it skipped).
 
@@ -45,8 +54,20 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// Keeps the registers opaque to the optimizer (their values could have changed):
-    /// 512-bit ones, or those of the register class named first (`ymm_reg: a, b`).
+    /// 512-bit ones, or those of the register class named first (`ymm_reg: a, b`), or
+    /// pointers (`ptr: p, q`: the memory behind them may have changed too, so what is
+    /// read through them is read again).
     macro_rules! opaque {
+        (ptr: $($v:ident),*) => {
+            // SAFETY: the template is a comment (no instruction, no access).
+            unsafe {
+                asm!(
+                    concat!("# ", $("{", stringify!($v), "} "),*),
+                    $($v = inout(reg) $v,)*
+                    options(nostack, preserves_flags)
+                )
+            }
+        };
         ($class:ident: $($v:ident),*) => {
             // SAFETY: the template is a comment (no instruction); it only pins the values in
             // registers.
@@ -149,6 +170,51 @@ mod x86 {
     eight_int!(dpwssd8, |a, x, y| _mm512_dpwssd_epi32(a, x, y));
     eight_int!(maddubs8, |a, _x, y| _mm512_maddubs_epi16(a, y));
     eight_int!(madd8, |a, _x, y| _mm512_madd_epi16(a, y));
+
+    /// Eight independent `vpdpbusd` chains whose signed operand is a 32-bit broadcast
+    /// from memory (`{1to16}`, as the LM head's bound pass and the wide tiles take a
+    /// weight quad), `iters` times; each chain reads its own dword of `quads`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn dpbusd8_broadcast(iters: u64) -> f32 {
+        let quads = [0x0102_0304_i32; 8];
+        let p = quads.as_ptr();
+        let mut a = [_mm512_set1_epi32(1); 8];
+        let mut x = _mm512_set1_epi32(0x0102_0304);
+        opaque!(x);
+        for _ in 0..iters {
+            // SAFETY: `p` points at eight dwords; the template reads each once.
+            unsafe {
+                asm!(
+                    "vpdpbusd {a0}, {x}, dword ptr [{p}]{{1to16}}",
+                    "vpdpbusd {a1}, {x}, dword ptr [{p} + 4]{{1to16}}",
+                    "vpdpbusd {a2}, {x}, dword ptr [{p} + 8]{{1to16}}",
+                    "vpdpbusd {a3}, {x}, dword ptr [{p} + 12]{{1to16}}",
+                    "vpdpbusd {a4}, {x}, dword ptr [{p} + 16]{{1to16}}",
+                    "vpdpbusd {a5}, {x}, dword ptr [{p} + 20]{{1to16}}",
+                    "vpdpbusd {a6}, {x}, dword ptr [{p} + 24]{{1to16}}",
+                    "vpdpbusd {a7}, {x}, dword ptr [{p} + 28]{{1to16}}",
+                    a0 = inout(zmm_reg) a[0],
+                    a1 = inout(zmm_reg) a[1],
+                    a2 = inout(zmm_reg) a[2],
+                    a3 = inout(zmm_reg) a[3],
+                    a4 = inout(zmm_reg) a[4],
+                    a5 = inout(zmm_reg) a[5],
+                    a6 = inout(zmm_reg) a[6],
+                    a7 = inout(zmm_reg) a[7],
+                    x = in(zmm_reg) x,
+                    p = in(reg) p,
+                    options(readonly, nostack, preserves_flags)
+                );
+            }
+        }
+        let s = a
+            .iter()
+            .fold(_mm512_setzero_si512(), |s, &v| _mm512_add_epi32(s, v));
+        _mm512_reduce_add_epi32(s) as f32
+    }
 
     /// What [`dpbusd4_with4`] runs beside its four `vpdpbusd` chains.
     pub const SHIFT: u8 = 0;
@@ -378,6 +444,159 @@ mod x86 {
         _mm512_reduce_add_ps(s)
     }
 
+    /// One block of the LM head's sixteen-token bound pass (`nx_lazy_weight::bounded`'s
+    /// `row_sums` on 512-bit registers) against its four rows, `iters` times, as the pass
+    /// compiles it: per row the start term broadcast from a general register into two
+    /// chains, eight `vpdpbusd` with the row's quads as 32-bit broadcasts from memory
+    /// (L1 here), the chains joined, the f16 scale broadcast and widened, then a
+    /// conversion, the `d_w·d_x` multiply and the FMA.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VNNI and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+    pub unsafe fn bound_block(iters: u64) -> f32 {
+        // Four rows' blocks: the f16 scale, then the 32 quants (a Q8_0 block).
+        let mut blocks = [[0u8; 34]; 4];
+        for (k, b) in blocks.iter_mut().enumerate() {
+            b[..2].copy_from_slice(&(0x2c00u16 + k as u16).to_le_bytes());
+            for (i, q) in b[2..].iter_mut().enumerate() {
+                *q = (i * 7 + k) as u8;
+            }
+        }
+        let terms = [-640i16, 320, -128, 64];
+        let mut x = [_mm512_set1_epi32(0x0102_0304); 8];
+        let [mut x0, mut x1, mut x2, mut x3, mut x4, mut x5, mut x6, mut x7] = x;
+        opaque!(x0, x1, x2, x3, x4, x5, x6, x7);
+        x = [x0, x1, x2, x3, x4, x5, x6, x7];
+        let mut dx = _mm512_set1_ps(1e-3);
+        opaque!(dx);
+        let mut approx = [_mm512_setzero_ps(); 4];
+        let mut p = blocks.as_ptr() as *const u8;
+        let mut t = terms.as_ptr();
+        for _ in 0..iters {
+            // The rows' bytes count as new each time (as the pass reads a new block).
+            opaque!(ptr: p, t);
+            // SAFETY: `p` points at the four 34-byte blocks, `t` at the four terms.
+            unsafe {
+                let mut acc = [[_mm512_setzero_si512(); 2]; 4];
+                for (k, acc) in acc.iter_mut().enumerate() {
+                    let half = _mm512_set1_epi32(-64 * i32::from(t.add(k).read()));
+                    *acc = [half, half];
+                }
+                for (j, &xu) in x.iter().enumerate() {
+                    for (k, acc) in acc.iter_mut().enumerate() {
+                        let q = (p.add(34 * k + 2 + 4 * j) as *const i32).read_unaligned();
+                        acc[j % 2] = _mm512_dpbusd_epi32(acc[j % 2], xu, _mm512_set1_epi32(q));
+                    }
+                }
+                for k in 0..4 {
+                    let bits = (p.add(34 * k) as *const i16).read_unaligned();
+                    let d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_set1_epi16(bits)), dx);
+                    let sum = _mm512_add_epi32(acc[k][0], acc[k][1]);
+                    approx[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), d, approx[k]);
+                }
+            }
+            let [mut a0, mut a1, mut a2, mut a3] = approx;
+            opaque!(a0, a1, a2, a3);
+            approx = [a0, a1, a2, a3];
+        }
+        let s = _mm512_add_ps(
+            _mm512_add_ps(approx[0], approx[1]),
+            _mm512_add_ps(approx[2], approx[3]),
+        );
+        _mm512_reduce_add_ps(s)
+    }
+
+    /// One block of the LM head's row-lane bound pass at eight tokens
+    /// (`nx_lazy_weight::bounded`'s `lane_row_sums`) against sixteen rows, `iters` times,
+    /// from L1: the sixteen rows' 32 quant bytes transposed in registers (eight inserts,
+    /// sixteen unpacks, eight 128-bit shuffles) and flipped, one scale register widened
+    /// from f16, then per token a start broadcast, eight `vpdpbusd` with the token's quads
+    /// as 32-bit broadcasts from memory, the multiply by its `d_x`, a conversion and the
+    /// FMA.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VNNI and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+    pub unsafe fn lane_block(iters: u64) -> f32 {
+        // Sixteen rows of one 32-byte quant block each, 34 bytes apart as in Q8_0 rows;
+        // the tokens' fields: eight registers of quads, the scales, the starts.
+        let mut rows = [0u8; 16 * 34 + 32];
+        for (i, b) in rows.iter_mut().enumerate() {
+            *b = (i * 13) as u8;
+        }
+        let mut fields = [0i32; 10 * 8];
+        for (i, f) in fields.iter_mut().enumerate() {
+            *f = (i as i32).wrapping_mul(0x0103_0507);
+        }
+        let scales = [0x2c00u16; 16];
+        let mut approx = [_mm512_setzero_ps(); 8];
+        let (mut p, mut xb, mut sp) = (rows.as_ptr(), fields.as_ptr(), scales.as_ptr());
+        let flip = _mm512_set1_epi8(-128);
+        for _ in 0..iters {
+            opaque!(ptr: p, xb, sp);
+            // SAFETY: inside `rows`, `fields` and `scales`.
+            unsafe {
+                let row = |k: usize| _mm256_loadu_si256(p.add(2 + 34 * k) as *const __m256i);
+                let halves = |a: usize, b: usize| {
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(row(a)), row(b))
+                };
+                let a = [
+                    halves(0, 4),
+                    halves(1, 5),
+                    halves(2, 6),
+                    halves(3, 7),
+                    halves(8, 12),
+                    halves(9, 13),
+                    halves(10, 14),
+                    halves(11, 15),
+                ];
+                let mut u = [_mm512_setzero_si512(); 8];
+                for h in [0, 4] {
+                    let t0 = _mm512_unpacklo_epi32(a[h], a[h + 1]);
+                    let t1 = _mm512_unpackhi_epi32(a[h], a[h + 1]);
+                    let t2 = _mm512_unpacklo_epi32(a[h + 2], a[h + 3]);
+                    let t3 = _mm512_unpackhi_epi32(a[h + 2], a[h + 3]);
+                    u[h] = _mm512_unpacklo_epi64(t0, t2);
+                    u[h + 1] = _mm512_unpackhi_epi64(t0, t2);
+                    u[h + 2] = _mm512_unpacklo_epi64(t1, t3);
+                    u[h + 3] = _mm512_unpackhi_epi64(t1, t3);
+                }
+                let low = |i: usize| _mm512_shuffle_i64x2::<0x88>(u[i], u[i + 4]);
+                let high = |i: usize| _mm512_shuffle_i64x2::<0xdd>(u[i], u[i + 4]);
+                let quads = [
+                    low(0),
+                    low(1),
+                    low(2),
+                    low(3),
+                    high(0),
+                    high(1),
+                    high(2),
+                    high(3),
+                ]
+                .map(|q| _mm512_xor_si512(q, flip));
+                let d_w = _mm512_cvtph_ps(_mm256_loadu_si256(sp as *const __m256i));
+                for (t, approx) in approx.iter_mut().enumerate() {
+                    let lane = |field: usize| xb.add(8 * field + t).read();
+                    let mut acc = _mm512_set1_epi32(lane(9));
+                    for (j, &q) in quads.iter().enumerate() {
+                        acc = _mm512_dpbusd_epi32(acc, q, _mm512_set1_epi32(lane(j)));
+                    }
+                    let dx = _mm512_set1_ps(f32::from_bits(lane(8) as u32));
+                    let s = _mm512_mul_ps(d_w, dx);
+                    *approx = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), s, *approx);
+                }
+            }
+            let [mut a0, mut a1, mut a2, mut a3, mut a4, mut a5, mut a6, mut a7] = approx;
+            opaque!(a0, a1, a2, a3, a4, a5, a6, a7);
+            approx = [a0, a1, a2, a3, a4, a5, a6, a7];
+        }
+        let s = approx
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a));
+        _mm512_reduce_add_ps(s)
+    }
+
     /// One weight block of the AVX2 token groups (`nx_lazy_weight::groups_avx2`) against
     /// eight tokens, `iters` times: per token its activations loaded (from L1, as the
     /// kernel reads them), two `madd`s and an add for the lane integers, a conversion and
@@ -442,9 +661,14 @@ fn bench_pipes(c: &mut Criterion) {
         }
         type Case = (&'static str, u64, fn(u64) -> f32);
         // SAFETY (every case): the features were detected above.
-        let cases: [Case; 21] = [
+        let cases: [Case; 24] = [
             ("fma8", 8, |n| unsafe { x86::fma8(n) }),
             ("dpbusd8", 8, |n| unsafe { x86::dpbusd8(n) }),
+            ("dpbusd8_broadcast", 8, |n| unsafe {
+                x86::dpbusd8_broadcast(n)
+            }),
+            ("bound_block", 4, |n| unsafe { x86::bound_block(n) }),
+            ("lane_block", 16, |n| unsafe { x86::lane_block(n) }),
             ("cvt8", 8, |n| unsafe { x86::unary8::<false>(n) }),
             ("vpermd8", 8, |n| unsafe { x86::unary8::<true>(n) }),
             ("vpaddd8", 16, |n| unsafe { x86::vpaddd8(n) }),
