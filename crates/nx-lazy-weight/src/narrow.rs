@@ -126,7 +126,12 @@ impl NarrowTiles {
         for (i, &c) in counts.iter().enumerate().filter(|(_, &c)| c > 0) {
             let width = c.next_power_of_two().max(2);
             let at = self.data.len();
-            self.data.resize(at + n_blocks * block_bytes(width));
+            // A tile without padding tokens has every byte written by `lay_out`; only
+            // padding needs the zeroing (a pass over the tile on the step's serial path).
+            match c == width {
+                true => self.data.resize_reusing(at + n_blocks * block_bytes(width)),
+                false => self.data.resize(at + n_blocks * block_bytes(width)),
+            }
             lay_out(&mut self.data[at..], rows, token, c, width, row_bytes);
             self.tiles[i] = Tile {
                 width,
@@ -140,8 +145,9 @@ impl NarrowTiles {
     }
 }
 
-/// One tile of `width` tokens: rows `first..first + count` of `rows` into `out` (zeroed,
-/// `n_blocks` tile blocks), padding tokens left zero (zero quants, correction and scale).
+/// One tile of `width` tokens: rows `first..first + count` of `rows` into `out` (`n_blocks`
+/// tile blocks), every byte of the `count` tokens' lanes written; padding tokens' bytes are
+/// left as they are (zeroed by the caller: zero quants, correction and scale).
 fn lay_out(
     out: &mut [u8],
     rows: &[u8],
@@ -481,6 +487,33 @@ unsafe fn row_sums<const T: usize, const FMT: u8, const R: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `n` tokens of `n_blocks` Q8_0 blocks, every byte from `seed` (scales included).
+    fn token_rows(n: usize, n_blocks: usize, seed: u8) -> Vec<u8> {
+        (0..n * n_blocks * Q8_0_BYTES)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    #[test]
+    fn a_build_over_an_old_layout_gives_a_fresh_build() {
+        // Every token count (full tiles skip the zeroing, padded ones keep it), each
+        // built over a layout of other bytes and of every other count.
+        let n_blocks = 3;
+        let row_bytes = n_blocks * Q8_0_BYTES;
+        // (The layouts hold two to sixteen tokens.)
+        for n in 2..=16 {
+            let rows = token_rows(n, n_blocks, 7);
+            let mut fresh = NarrowTiles::default();
+            fresh.build(&rows, 0, n, row_bytes);
+            for old in 2..=16 {
+                let mut used = NarrowTiles::default();
+                used.build(&token_rows(old, n_blocks, 200), 0, old, row_bytes);
+                used.build(&rows, 0, n, row_bytes);
+                assert!(used.data[..] == fresh.data[..], "{n} tokens over {old}");
+            }
+        }
+    }
 
     #[test]
     fn tile_bytes_cover_quads_corrections_and_scales() {

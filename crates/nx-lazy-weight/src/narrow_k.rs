@@ -136,7 +136,12 @@ impl NarrowKTiles {
         };
         let tile_bytes = sb_bytes(width);
         self.data.clear();
-        self.data.resize(n_blocks * n_tiles * tile_bytes);
+        // Full tiles of eight tokens have every byte written by `lay_out_token`; padding
+        // tokens and narrower tiles' unused min lanes need the zeroing.
+        match count == n_tiles * width && width == MAX_WIDTH {
+            true => self.data.resize_reusing(n_blocks * n_tiles * tile_bytes),
+            false => self.data.resize(n_blocks * n_tiles * tile_bytes),
+        }
         for (b, sb) in self.data.chunks_exact_mut(n_tiles * tile_bytes).enumerate() {
             for (k, tile) in sb.chunks_exact_mut(tile_bytes).enumerate() {
                 let tokens = (first + k * width)..(first + count).min(first + (k + 1) * width);
@@ -153,7 +158,8 @@ impl NarrowKTiles {
 }
 
 /// Token `t`'s Q8_K super-block `xb` into its elements of a super-block of a tile of
-/// `width` tokens (`out`, zeroed beforehand).
+/// `width` tokens (`out`; zeroed beforehand unless the tile is eight tokens, all present,
+/// whose every byte this writes).
 fn lay_out_token(xb: &[u8], out: &mut [u8], t: usize, width: usize) {
     let qs = &xb[q8_k::QS..q8_k::QS + 256];
     let per_reg = 16 / width;
@@ -1061,6 +1067,31 @@ mod tests {
             }
         }
         rows
+    }
+
+    #[test]
+    fn a_build_over_an_old_layout_gives_a_fresh_build() {
+        // Every token count (full tiles of eight skip the zeroing, the others keep it),
+        // each built over a layout of other bytes and of every other count.
+        let n_blocks = 2;
+        let row_bytes = n_blocks * q8_k::BYTES;
+        let token_rows = |n: usize, seed: u8| -> Vec<u8> {
+            (0..n * row_bytes)
+                .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
+                .collect()
+        };
+        // (The layouts hold two to sixteen tokens.)
+        for n in 2..=16 {
+            let rows = token_rows(n, 3);
+            let mut fresh = NarrowKTiles::default();
+            fresh.build(&rows, 0, n, row_bytes);
+            for old in 2..=16 {
+                let mut used = NarrowKTiles::default();
+                used.build(&token_rows(old, 100), 0, old, row_bytes);
+                used.build(&rows, 0, n, row_bytes);
+                assert!(used.data[..] == fresh.data[..], "{n} tokens over {old}");
+            }
+        }
     }
 
     #[test]

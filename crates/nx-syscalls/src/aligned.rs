@@ -63,6 +63,20 @@ impl<T: Element> Aligned<T> {
         self.len = len;
     }
 
+    /// Resizes to `len` elements without zeroing those that come back into use: they
+    /// hold whatever they held last (zero where never written). For a caller that writes
+    /// every element before reading any, where [`Self::resize`]'s zeroing is a second
+    /// pass over the buffer for nothing.
+    pub fn resize_reusing(&mut self, len: usize) {
+        let need = len.div_ceil(Self::PER_LINE);
+        if need > self.lines.len() {
+            self.lines.resize(need, Line([0; 64]));
+        }
+        // Every byte of every line is initialized (lines start zeroed and only ever hold
+        // elements written since), and every bit pattern is a valid `T` (`Element`).
+        self.len = len;
+    }
+
     /// Empties the buffer (keeps the allocation).
     pub fn clear(&mut self) {
         self.len = 0;
@@ -151,6 +165,20 @@ mod tests {
         b.clear();
         b.resize(200);
         assert_eq!((b[70], b[99]), (0, 0), "regrown bytes are zero");
+        assert_eq!(b.as_ptr() as usize % 64, 0);
+    }
+
+    #[test]
+    fn reused_bytes_keep_what_they_held() {
+        let mut b = AlignedBytes::zeros(100);
+        b[70] = 5;
+        b.clear();
+        b.resize_reusing(130);
+        assert_eq!(
+            (b.len(), b[70], b[129]),
+            (130, 5, 0),
+            "old bytes kept, new ones zero"
+        );
         assert_eq!(b.as_ptr() as usize % 64, 0);
     }
 }
