@@ -127,12 +127,6 @@ pub(super) fn candidates(
     let row_lanes = !amx && !avx2 && nt <= 8;
     let paired = !amx && avx2 && nt <= PairsY::<VexPaired>::TOKENS;
     let lanes = if amx || nt > 8 { 16 } else { 8 };
-    let Tables {
-        corrections,
-        row_max,
-        lane_scales,
-        n_blocks,
-    } = tables;
     // Signed quants for AMX's `tdpbssd` and the paired and row-lane passes, `x + 128`
     // for the others.
     let arrangement = match (row_lanes, paired, amx) {
@@ -141,7 +135,7 @@ pub(super) fn candidates(
         (_, _, true) => Arrangement::Plain(0),
         _ => Arrangement::Plain(0x80),
     };
-    let shape = (n_blocks, lanes, arrangement);
+    let shape = (tables.n_blocks, lanes, arrangement);
     lay_out(&scratch.acts, (t0, nt), shape, &mut scratch.layout);
     let init = PassState {
         lows: vec![Vec::new(); MAX_TOKENS],
@@ -151,60 +145,113 @@ pub(super) fn candidates(
     };
     let mut states = vec![init; pool.n_threads().max(1)];
     let layout = &scratch.layout[..];
-    let (bytes, row_bytes) = (w.bytes(), w.row_bytes());
-    let c = margin_factor(n_blocks);
-    let totals = token_totals(layout, (n_blocks, lanes));
+    let totals = token_totals(layout, (tables.n_blocks, lanes));
+    let sweep = (layout, &totals, top);
     match kernel {
         BoundedKernel::Vnni => {
-            // Chunks start at whole groups of `LANE_ROWS` rows.
-            const _: () = assert!(CHUNK_ROWS.is_multiple_of(LANE_ROWS));
-            pool.parallel_for_with(w.n_rows(), CHUNK_ROWS, &mut states, |state, rows| {
-                let per_group = n_blocks * LANE_ROWS;
-                let groups = |r: usize| (r / LANE_ROWS * per_group).min(lane_scales.len());
-                let w_rows = Rows {
-                    w: &bytes[rows.start * row_bytes..rows.end * row_bytes],
-                    row_bytes,
-                    corr: &corrections[rows.start * n_blocks..rows.end * n_blocks],
-                    row_max: &row_max[rows.start..rows.end],
-                    lane_scales: &lane_scales[groups(rows.start)..groups(rows.end)],
-                };
-                let args = (layout, n_blocks, c, &totals);
-                // SAFETY: `has_bounded_kernel` checked the features (AVX-VNNI where
-                // `avx2`, AVX-512 VNNI otherwise); `w_rows` holds whole rows of `n_blocks`
-                // Q8_0 blocks and `corr` their terms, the layout `lanes` lanes arranged
-                // for the pass.
-                unsafe {
-                    let at = (rows.start, top);
-                    match (avx2, lanes) {
-                        (true, 8) if paired => pass_avx2::<Y<VexPaired>>(w_rows, args, at, state),
-                        (true, 8) => pass_avx2::<Y<Vex>>(w_rows, args, at, state),
-                        (true, _) => pass_avx2::<Pair<Y<Vex>>>(w_rows, args, at, state),
-                        (false, 8) => pass_avx512::<Y<EvexRowLanes>>(w_rows, args, at, state),
-                        _ => pass_avx512::<Z>(w_rows, args, at, state),
-                    }
-                }
-            });
+            let pass = match (avx2, lanes) {
+                (true, 8) if paired => VnniPass::Paired,
+                (true, 8) => VnniPass::Ymm,
+                (true, _) => VnniPass::YmmPair,
+                (false, 8) => VnniPass::RowLanes,
+                _ => VnniPass::Zmm,
+            };
+            vnni_sweep(w, &tables, pass, sweep, &mut states, pool);
         }
-        BoundedKernel::Amx => {
-            pool.parallel_for_with(w.n_rows(), CHUNK_ROWS, &mut states, |state, rows| {
-                let w_rows = &bytes[rows.start * row_bytes..rows.end * row_bytes];
-                let row_max = &row_max[rows.start..rows.end];
-                // SAFETY: `BoundedKernel::Amx.available` held when the head was built
-                // (AMX permitted, AVX-512 VNNI tier features); `w_rows` holds whole rows
-                // of `n_blocks` Q8_0 blocks and `row_max` their table, the layout sixteen
-                // lanes of signed quants.
-                unsafe {
-                    amx::pass(
-                        (w_rows, row_bytes, row_max),
-                        (layout, n_blocks, c, &totals),
-                        (rows.start, top),
-                        state,
-                    );
-                }
-            });
-        }
+        BoundedKernel::Amx => amx_sweep(w, &tables, sweep, &mut states, pool),
     }
     rows_per_token(&states, top)
+}
+
+/// Which VNNI pass a sweep runs (the register width, and how the layout holds a token).
+#[derive(Clone, Copy)]
+enum VnniPass {
+    /// AVX-VNNI, up to four tokens with their quads in pairs.
+    Paired,
+    /// AVX-VNNI, eight tokens a 256-bit register.
+    Ymm,
+    /// AVX-VNNI, sixteen tokens in a pair of 256-bit registers.
+    YmmPair,
+    /// AVX-512, up to eight tokens, a row per 32-bit lane.
+    RowLanes,
+    /// AVX-512, sixteen tokens a 512-bit register.
+    Zmm,
+}
+
+/// The VNNI pass over every row of `w`, in chunks on `pool`, into `states` (one per
+/// thread).
+fn vnni_sweep(
+    w: &LazyWeight<'_>,
+    tables: &Tables<'_>,
+    pass: VnniPass,
+    (layout, totals, top): (&[u8], &[f32; MAX_TOKENS], &[usize]),
+    states: &mut [PassState],
+    pool: &ThreadPool,
+) {
+    let Tables {
+        corrections,
+        row_max,
+        lane_scales,
+        n_blocks,
+    } = *tables;
+    let (bytes, row_bytes) = (w.bytes(), w.row_bytes());
+    let c = margin_factor(n_blocks);
+    // Chunks start at whole groups of `LANE_ROWS` rows.
+    const _: () = assert!(CHUNK_ROWS.is_multiple_of(LANE_ROWS));
+    pool.parallel_for_with(w.n_rows(), CHUNK_ROWS, states, |state, rows| {
+        let per_group = n_blocks * LANE_ROWS;
+        let groups = |r: usize| (r / LANE_ROWS * per_group).min(lane_scales.len());
+        let w_rows = Rows {
+            w: &bytes[rows.start * row_bytes..rows.end * row_bytes],
+            row_bytes,
+            corr: &corrections[rows.start * n_blocks..rows.end * n_blocks],
+            row_max: &row_max[rows.start..rows.end],
+            lane_scales: &lane_scales[groups(rows.start)..groups(rows.end)],
+        };
+        let args = (layout, n_blocks, c, totals);
+        let at = (rows.start, top);
+        // SAFETY: `has_bounded_kernel` checked the features (AVX-VNNI for the 256-bit
+        // widths, AVX-512 VNNI for the others); `w_rows` holds whole rows of `n_blocks`
+        // Q8_0 blocks and `corr` their terms, the layout arranged for the width's pass.
+        unsafe {
+            match pass {
+                VnniPass::Paired => pass_avx2::<Y<VexPaired>>(w_rows, args, at, state),
+                VnniPass::Ymm => pass_avx2::<Y<Vex>>(w_rows, args, at, state),
+                VnniPass::YmmPair => pass_avx2::<Pair<Y<Vex>>>(w_rows, args, at, state),
+                VnniPass::RowLanes => pass_avx512::<Y<EvexRowLanes>>(w_rows, args, at, state),
+                VnniPass::Zmm => pass_avx512::<Z>(w_rows, args, at, state),
+            }
+        }
+    });
+}
+
+/// The AMX pass over every row of `w`, in chunks on `pool`, into `states` (one per
+/// thread).
+fn amx_sweep(
+    w: &LazyWeight<'_>,
+    tables: &Tables<'_>,
+    (layout, totals, top): (&[u8], &[f32; MAX_TOKENS], &[usize]),
+    states: &mut [PassState],
+    pool: &ThreadPool,
+) {
+    let (bytes, row_bytes, n_blocks) = (w.bytes(), w.row_bytes(), tables.n_blocks);
+    let c = margin_factor(n_blocks);
+    pool.parallel_for_with(w.n_rows(), CHUNK_ROWS, states, |state, rows| {
+        let w_rows = &bytes[rows.start * row_bytes..rows.end * row_bytes];
+        let row_max = &tables.row_max[rows.start..rows.end];
+        // SAFETY: `BoundedKernel::Amx.available` held when the head was built (AMX
+        // permitted, AVX-512 VNNI tier features); `w_rows` holds whole rows of
+        // `n_blocks` Q8_0 blocks and `row_max` their table, the layout sixteen lanes of
+        // signed quants.
+        unsafe {
+            amx::pass(
+                (w_rows, row_bytes, row_max),
+                (layout, n_blocks, c, totals),
+                (rows.start, top),
+                state,
+            );
+        }
+    });
 }
 
 /// From the threads' pass states, each token's rows that may be among its `top[t]`
