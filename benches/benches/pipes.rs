@@ -538,42 +538,38 @@ mod x86 {
             // SAFETY: inside `rows`, `fields` and `scales`.
             unsafe {
                 let row = |k: usize| _mm256_loadu_si256(p.add(2 + 34 * k) as *const __m256i);
-                let halves = |a: usize, b: usize| {
-                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(row(a)), row(b))
-                };
-                let a = [
-                    halves(0, 4),
-                    halves(1, 5),
-                    halves(2, 6),
-                    halves(3, 7),
-                    halves(8, 12),
-                    halves(9, 13),
-                    halves(10, 14),
-                    halves(11, 15),
+                // Register `i` holds rows `HALVES[i]` in its halves, then a 4×4 transpose
+                // of dwords per 128-bit lane, then 128-bit shuffles across registers.
+                const HALVES: [(usize, usize); 8] = [
+                    (0, 4),
+                    (1, 5),
+                    (2, 6),
+                    (3, 7),
+                    (8, 12),
+                    (9, 13),
+                    (10, 14),
+                    (11, 15),
                 ];
+                let a = HALVES.map(|(lo, hi)| {
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(row(lo)), row(hi))
+                });
                 let mut u = [_mm512_setzero_si512(); 8];
                 for h in [0, 4] {
-                    let t0 = _mm512_unpacklo_epi32(a[h], a[h + 1]);
-                    let t1 = _mm512_unpackhi_epi32(a[h], a[h + 1]);
-                    let t2 = _mm512_unpacklo_epi32(a[h + 2], a[h + 3]);
-                    let t3 = _mm512_unpackhi_epi32(a[h + 2], a[h + 3]);
-                    u[h] = _mm512_unpacklo_epi64(t0, t2);
-                    u[h + 1] = _mm512_unpackhi_epi64(t0, t2);
-                    u[h + 2] = _mm512_unpacklo_epi64(t1, t3);
-                    u[h + 3] = _mm512_unpackhi_epi64(t1, t3);
+                    let pairs = [
+                        _mm512_unpacklo_epi32(a[h], a[h + 1]),
+                        _mm512_unpackhi_epi32(a[h], a[h + 1]),
+                        _mm512_unpacklo_epi32(a[h + 2], a[h + 3]),
+                        _mm512_unpackhi_epi32(a[h + 2], a[h + 3]),
+                    ];
+                    for k in 0..2 {
+                        u[h + 2 * k] = _mm512_unpacklo_epi64(pairs[k], pairs[k + 2]);
+                        u[h + 2 * k + 1] = _mm512_unpackhi_epi64(pairs[k], pairs[k + 2]);
+                    }
                 }
-                let low = |i: usize| _mm512_shuffle_i64x2::<0x88>(u[i], u[i + 4]);
-                let high = |i: usize| _mm512_shuffle_i64x2::<0xdd>(u[i], u[i + 4]);
-                let quads = [
-                    low(0),
-                    low(1),
-                    low(2),
-                    low(3),
-                    high(0),
-                    high(1),
-                    high(2),
-                    high(3),
-                ]
+                let quads = std::array::from_fn::<_, 8, _>(|j| match j < 4 {
+                    true => _mm512_shuffle_i64x2::<0x88>(u[j], u[j + 4]),
+                    false => _mm512_shuffle_i64x2::<0xdd>(u[j - 4], u[j]),
+                })
                 .map(|q| _mm512_xor_si512(q, flip));
                 let d_w = _mm512_cvtph_ps(_mm256_loadu_si256(sp as *const __m256i));
                 for (t, approx) in approx.iter_mut().enumerate() {
