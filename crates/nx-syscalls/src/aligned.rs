@@ -22,8 +22,9 @@ struct Line([u8; 64]);
 /// A growable buffer of `T` whose first element sits on a 64-byte (cache line) boundary,
 /// so SIMD loads at multiples of 64 bytes from its start never split a line (`Vec` promises
 /// no more than the allocator's 16 bytes, so where a buffer fell changed from run to run).
-/// New elements are zero; the allocation never shrinks, so a scratch buffer reused across
-/// calls stops allocating once it has seen its largest size.
+/// New elements are zero (unless asked for by [`Aligned::resize_reusing`]); the allocation
+/// never shrinks, so a scratch buffer reused across calls stops allocating once it has
+/// seen its largest size.
 pub struct Aligned<T: Element> {
     lines: Vec<Line>,
     len: usize,
@@ -47,10 +48,7 @@ impl<T: Element> Aligned<T> {
 
     /// Resizes to `len` elements; new elements are zero. Never shrinks the allocation.
     pub fn resize(&mut self, len: usize) {
-        let need = len.div_ceil(Self::PER_LINE);
-        if need > self.lines.len() {
-            self.lines.resize(need, Line([0; 64]));
-        }
+        self.reserve_lines(len);
         if len > self.len {
             let size = std::mem::size_of::<T>();
             let bytes = self.lines.as_mut_ptr().cast::<u8>();
@@ -68,13 +66,18 @@ impl<T: Element> Aligned<T> {
     /// every element before reading any, where [`Self::resize`]'s zeroing is a second
     /// pass over the buffer for nothing.
     pub fn resize_reusing(&mut self, len: usize) {
+        self.reserve_lines(len);
+        // Every byte of every line is initialized (lines start zeroed and only ever hold
+        // elements written since), and every bit pattern is a valid `T` (`Element`).
+        self.len = len;
+    }
+
+    /// Grows the allocation (zeroed lines) to hold `len` elements.
+    fn reserve_lines(&mut self, len: usize) {
         let need = len.div_ceil(Self::PER_LINE);
         if need > self.lines.len() {
             self.lines.resize(need, Line([0; 64]));
         }
-        // Every byte of every line is initialized (lines start zeroed and only ever hold
-        // elements written since), and every bit pattern is a valid `T` (`Element`).
-        self.len = len;
     }
 
     /// Empties the buffer (keeps the allocation).
