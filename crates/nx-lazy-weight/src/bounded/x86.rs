@@ -1221,17 +1221,7 @@ unsafe fn transpose_quads(p: *const u8, row_bytes: usize) -> [__m512i; 8] {
         ];
         // Within each 128-bit lane (a row's quads 0–3 or 4–7), a 4×4 transpose of four
         // registers: `u[i]`'s lane holds element `i` of the four rows.
-        let mut u = [_mm512_setzero_si512(); 8];
-        for h in [0, 4] {
-            let t0 = _mm512_unpacklo_epi32(a[h], a[h + 1]);
-            let t1 = _mm512_unpackhi_epi32(a[h], a[h + 1]);
-            let t2 = _mm512_unpacklo_epi32(a[h + 2], a[h + 3]);
-            let t3 = _mm512_unpackhi_epi32(a[h + 2], a[h + 3]);
-            u[h] = _mm512_unpacklo_epi64(t0, t2);
-            u[h + 1] = _mm512_unpackhi_epi64(t0, t2);
-            u[h + 2] = _mm512_unpacklo_epi64(t1, t3);
-            u[h + 3] = _mm512_unpackhi_epi64(t1, t3);
-        }
+        let u = transpose_lanes4(a);
         // `u[i]`'s lanes: quad `i` of rows 0–3, quad `4 + i` of rows 0–3, quad `i` of
         // rows 4–7, quad `4 + i` of rows 4–7; `u[4 + i]` the same for rows 8–15.
         let low = |i: usize| _mm512_shuffle_i64x2::<0x88>(u[i], u[i + 4]);
@@ -1249,6 +1239,31 @@ unsafe fn transpose_quads(p: *const u8, row_bytes: usize) -> [__m512i; 8] {
     }
 }
 
+/// Within every 128-bit lane, a 4×4 transpose of dwords across registers `h..h + 4`, for
+/// `h` = 0 and 4: lane `l` of output `h + i` holds dword `i` of lane `l` of inputs
+/// `h..h + 4`, in their order.
+///
+/// # Safety
+/// AVX-512 F enabled.
+#[inline(always)]
+unsafe fn transpose_lanes4(a: [__m512i; 8]) -> [__m512i; 8] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut u = [_mm512_setzero_si512(); 8];
+        for h in [0, 4] {
+            let t0 = _mm512_unpacklo_epi32(a[h], a[h + 1]);
+            let t1 = _mm512_unpackhi_epi32(a[h], a[h + 1]);
+            let t2 = _mm512_unpacklo_epi32(a[h + 2], a[h + 3]);
+            let t3 = _mm512_unpackhi_epi32(a[h + 2], a[h + 3]);
+            u[h] = _mm512_unpacklo_epi64(t0, t2);
+            u[h + 1] = _mm512_unpackhi_epi64(t0, t2);
+            u[h + 2] = _mm512_unpacklo_epi64(t1, t3);
+            u[h + 3] = _mm512_unpackhi_epi64(t1, t3);
+        }
+        u
+    }
+}
+
 /// Eight tokens' registers of [`LANE_ROWS`] rows (lane `k`: row `k`) as each row's
 /// register of eight tokens (lane `t`: token `t`).
 ///
@@ -1259,17 +1274,8 @@ unsafe fn transpose_sums(a: [__m512; 8]) -> [__m256; LANE_ROWS] {
     // SAFETY: the caller's contract.
     unsafe {
         let pd = _mm512_castps_pd;
-        let mut u = [_mm512_setzero_ps(); 8];
-        for h in [0, 4] {
-            let t0 = _mm512_unpacklo_ps(a[h], a[h + 1]);
-            let t1 = _mm512_unpackhi_ps(a[h], a[h + 1]);
-            let t2 = _mm512_unpacklo_ps(a[h + 2], a[h + 3]);
-            let t3 = _mm512_unpackhi_ps(a[h + 2], a[h + 3]);
-            u[h] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t0), pd(t2)));
-            u[h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t0), pd(t2)));
-            u[h + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t1), pd(t3)));
-            u[h + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t1), pd(t3)));
-        }
+        // The same 4×4 transposes as the quads' (bits moved, not computed; once a group).
+        let u = transpose_lanes4(a.map(|v| _mm512_castps_si512(v))).map(|v| _mm512_castsi512_ps(v));
         // `u[i]`'s 128-bit lane `l`: tokens 0–3 of row `4l + i`; `u[4 + i]`: tokens 4–7.
         let low = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
         let high = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
