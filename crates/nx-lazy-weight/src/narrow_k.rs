@@ -145,6 +145,12 @@ impl NarrowKTiles {
         for (b, sb) in self.data.chunks_exact_mut(n_tiles * tile_bytes).enumerate() {
             for (k, tile) in sb.chunks_exact_mut(tile_bytes).enumerate() {
                 let tokens = (first + k * width)..(first + count).min(first + (k + 1) * width);
+                if tokens.len() == MAX_WIDTH && crate::tiled::available() {
+                    let at = tokens.start * row_bytes + b * q8_k::BYTES;
+                    // SAFETY: the CPU has AVX-512 F/BW (`available`).
+                    unsafe { lay_out_8(&rows[at..], row_bytes, tile) };
+                    continue;
+                }
                 for (t, token) in tokens.enumerate() {
                     let at = token * row_bytes + b * q8_k::BYTES;
                     lay_out_token(&rows[at..at + q8_k::BYTES], tile, t, width);
@@ -187,6 +193,76 @@ fn lay_out_token(xb: &[u8], out: &mut [u8], t: usize, width: usize) {
             let l = per_reg * i + s;
             let at = bsums_at(width) + 64 * i + 4 * e;
             put_pair(out, at, bsum(2 * l), bsum(2 * l + 1));
+        }
+    }
+}
+
+/// [`lay_out_token`] of eight tokens at once into a whole tile of eight, in registers:
+/// each group of 32 quants and the sixteen bsums are an 8 × 4 transpose of 8-byte pairs
+/// ([`crate::narrow::eight_pairs`]), the min-lane pairs two word sums and a word
+/// permutation of the bsum registers. Same bytes as eight [`lay_out_token`] calls
+/// (`the_eight_token_layout_is_the_scalar_ones`).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW.
+///
+/// # Panics
+/// Unless `rows` holds the eight tokens' super-blocks, `row_bytes` apart from its start,
+/// and `out` a super-block of a tile of eight.
+#[target_feature(enable = "avx512f,avx512bw,avx2")]
+unsafe fn lay_out_8(rows: &[u8], row_bytes: usize, out: &mut [u8]) {
+    const W: usize = MAX_WIDTH;
+    assert!(rows.len() >= (W - 1) * row_bytes + q8_k::BYTES && out.len() >= sb_bytes(W));
+    // SAFETY: every load lies in one of the eight super-blocks and every store in `out`
+    // (asserted above); the features per the caller's contract.
+    unsafe {
+        let (p, o) = (rows.as_ptr(), out.as_mut_ptr());
+        let store = |at: usize, v: __m512i| _mm512_storeu_si512(o.add(at) as *mut _, v);
+        for g in 0..8 {
+            let regs = crate::narrow::eight_pairs(p.add(q8_k::QS + 32 * g), row_bytes);
+            for (i, &r) in regs.iter().enumerate() {
+                store(((W / 2) * g + i) * 64, r);
+            }
+        }
+        let d = |t: usize| (p.add(t * row_bytes) as *const f32).read_unaligned();
+        let dx = _mm512_setr_ps(
+            d(0),
+            d(1),
+            d(2),
+            d(3),
+            d(4),
+            d(5),
+            d(6),
+            d(7),
+            0.,
+            0.,
+            0.,
+            0.,
+            0.,
+            0.,
+            0.,
+            0.,
+        );
+        _mm512_storeu_ps(o.add(dx_at(W)) as *mut f32, crate::narrow::each_twice(dx));
+        let bsums = crate::narrow::eight_pairs(p.add(q8_k::BSUMS), row_bytes);
+        for (i, &r) in bsums.iter().enumerate() {
+            store(bsums_at(W) + 64 * i, r);
+        }
+        // Bsum register `i`, summed by word pairs, holds the 32-quant sums `S[2i + s]` in
+        // element `2t + s`; min register `j` wants `(S[4j + 2s], S[4j + 2s + 1])` there:
+        // the low words of bsum register `2j + s`'s elements `2t` and `2t + 1`.
+        let ones = _mm512_set1_epi16(1);
+        let idx: [i16; 32] = std::array::from_fn(|w| {
+            let (t, k) = (w / 4, w % 4);
+            (4 * t + 2 * (k % 2) + 32 * (k / 2)) as i16
+        });
+        let idx = _mm512_loadu_si512(idx.as_ptr() as *const _);
+        for j in 0..min_regs(W) {
+            let (a, b) = (
+                _mm512_madd_epi16(bsums[2 * j], ones),
+                _mm512_madd_epi16(bsums[2 * j + 1], ones),
+            );
+            store(mins_at(W) + 64 * j, _mm512_permutex2var_epi16(a, idx, b));
         }
     }
 }
@@ -1067,6 +1143,34 @@ mod tests {
             }
         }
         rows
+    }
+
+    #[test]
+    fn the_eight_token_layout_is_the_scalar_ones() {
+        if !crate::tiled::available() {
+            return;
+        }
+        // Eleven tokens of three super-blocks, quantized (the bsums sum their quants);
+        // the eight from token 2.
+        let (n_blocks, n_tokens, first) = (3, 11, 2);
+        let row_bytes = n_blocks * q8_k::BYTES;
+        let x: Vec<f32> = (0..n_tokens * n_blocks * 256)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.01 * (1 + i % 5) as f32)
+            .collect();
+        let mut rows = vec![0u8; n_tokens * row_bytes];
+        crate::quant::quantize_q8_k_scalar(&x, &mut rows);
+        for b in 0..n_blocks {
+            let mut scalar = vec![0u8; sb_bytes(MAX_WIDTH)];
+            let mut simd = vec![0xAAu8; sb_bytes(MAX_WIDTH)];
+            for t in 0..MAX_WIDTH {
+                let at = (first + t) * row_bytes + b * q8_k::BYTES;
+                lay_out_token(&rows[at..at + q8_k::BYTES], &mut scalar, t, MAX_WIDTH);
+            }
+            let at = first * row_bytes + b * q8_k::BYTES;
+            // SAFETY: the CPU has the features (`tiled::available`).
+            unsafe { lay_out_8(&rows[at..], row_bytes, &mut simd) };
+            assert!(scalar == simd, "super-block {b}");
+        }
     }
 
     #[test]
