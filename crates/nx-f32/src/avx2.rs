@@ -1,4 +1,4 @@
-//! AVX2 twins of the f16 attention helpers, bit-identical to their [`crate::scalar`] references.
+//! AVX2 twins of the f16 attention helpers and of the RMSNorm sums of squares, bit-identical to their [`crate::scalar`] references.
 //!
 //! [`crate::scalar::dot_f16`] keeps eight lanes (lane `l` sums `a[i]·b[i]` for
 //! `i ≡ l (mod 8)`, a multiply then an add, never fused) and combines them in a fixed
@@ -280,6 +280,93 @@ fn reduce_lanes_64(acc: &[__m256; 8]) -> f32 {
     // SAFETY: `t` holds four f32.
     unsafe { _mm_storeu_ps(t.as_mut_ptr(), t4) };
     (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// The f64 sums of squares of `8·G` rows of `n` values (`rows[g][r]`), each as
+/// [`crate::scalar::rms_scales`] forms it — every square rounded to f32, then added in f64
+/// in index order — with row `8g + r` in lane `r` of group `g`'s two registers. Each
+/// block of eight columns is transposed in registers (eight loads, 24 shuffles) so that
+/// one multiply, two conversions and two adds serve eight rows; the adds of a row still
+/// follow each other, so with `G = 2` two groups' chains interleave to cover the add
+/// latency. Where the scalar loop runs four instructions per value, this runs about one.
+///
+/// # Safety
+/// The CPU has AVX2 ([`available`]).
+///
+/// # Panics
+/// When the rows differ in length.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn square_sums<const G: usize>(rows: [[&[f32]; 8]; G]) -> [[f64; 8]; G] {
+    let n = rows[0][0].len();
+    assert!(
+        rows.iter().flatten().all(|r| r.len() == n),
+        "square_sums: ragged rows"
+    );
+    let mut acc = [[_mm256_setzero_pd(); 2]; G];
+    let whole = n - n % 8;
+    // SAFETY: every load reads columns `c..c + 8 <= n` of a row of `n` values (asserted).
+    unsafe {
+        for c in (0..whole).step_by(8) {
+            for (g, rows) in rows.iter().enumerate() {
+                let cols = transpose8(std::array::from_fn(|r| {
+                    _mm256_loadu_ps(rows[r].as_ptr().add(c))
+                }));
+                for col in cols {
+                    let sq = _mm256_mul_ps(col, col);
+                    let (lo, hi) = (_mm256_castps256_ps128(sq), _mm256_extractf128_ps::<1>(sq));
+                    acc[g][0] = _mm256_add_pd(acc[g][0], _mm256_cvtps_pd(lo));
+                    acc[g][1] = _mm256_add_pd(acc[g][1], _mm256_cvtps_pd(hi));
+                }
+            }
+        }
+    }
+    let mut sums = [[0.0f64; 8]; G];
+    for (g, rows) in rows.iter().enumerate() {
+        // SAFETY: the CPU has AVX (by AVX2); the stores fill the group's eight sums.
+        unsafe {
+            _mm256_storeu_pd(sums[g].as_mut_ptr(), acc[g][0]);
+            _mm256_storeu_pd(sums[g].as_mut_ptr().add(4), acc[g][1]);
+        }
+        for (sum, row) in sums[g].iter_mut().zip(rows) {
+            for &xi in &row[whole..] {
+                *sum += f64::from(xi * xi);
+            }
+        }
+    }
+    sums
+}
+
+/// An 8 × 8 transpose of f32: lane `r` of output `c` is lane `c` of input `r`.
+///
+/// # Safety
+/// Only inlined into functions enabling AVX.
+#[inline(always)]
+unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        // Pairs of rows interleaved, then quadruples, then the 128-bit halves joined:
+        // after the second step `q[4h + k]` holds column `k` (low half) and `k + 4`
+        // (high half) of rows `4h..4h + 4`.
+        let t: [__m256; 8] = std::array::from_fn(|i| {
+            let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
+            match i % 2 {
+                0 => _mm256_unpacklo_ps(a, b),
+                _ => _mm256_unpackhi_ps(a, b),
+            }
+        });
+        let q: [__m256; 8] = std::array::from_fn(|i| {
+            let (h, k) = (i / 4, i % 4);
+            let (a, b) = (t[4 * h + k / 2], t[4 * h + 2 + k / 2]);
+            match k % 2 {
+                0 => _mm256_shuffle_ps::<0x44>(a, b),
+                _ => _mm256_shuffle_ps::<0xEE>(a, b),
+            }
+        });
+        std::array::from_fn(|c| match c < 4 {
+            true => _mm256_permute2f128_ps::<0x20>(q[c], q[4 + c]),
+            false => _mm256_permute2f128_ps::<0x31>(q[c - 4], q[c]),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -180,11 +180,8 @@ pub fn rmsnorm_rows(out: &mut [f32], x: &[f32], weight: &[f32], dim: usize, eps:
     if dim == 0 {
         return;
     }
-    let mut outs = out.chunks_exact_mut(RMS_ROWS * dim);
-    let mut xs = x.chunks_exact(RMS_ROWS * dim);
-    for (o, xr) in (&mut outs).zip(&mut xs) {
-        let scales =
-            scalar::rms_scales::<RMS_ROWS>(std::array::from_fn(|r| &xr[r * dim..][..dim]), eps);
+    for (o, xr) in out.chunks_mut(RMS_ROWS * dim).zip(x.chunks(RMS_ROWS * dim)) {
+        let scales = rms_scales_of(xr, dim, eps);
         for ((o, xr), s) in o
             .chunks_exact_mut(dim)
             .zip(xr.chunks_exact(dim))
@@ -195,14 +192,51 @@ pub fn rmsnorm_rows(out: &mut [f32], x: &[f32], weight: &[f32], dim: usize, eps:
             }
         }
     }
-    let rest = outs.into_remainder().chunks_exact_mut(dim);
-    for (o, xr) in rest.zip(xs.remainder().chunks_exact(dim)) {
-        scalar::rmsnorm(o, xr, weight, eps);
-    }
 }
 
-/// Rows whose RMSNorm sums [`rmsnorm_rows`] runs side by side.
-const RMS_ROWS: usize = 8;
+/// Rows whose RMSNorm sums [`rms_scales_of`] forms at once.
+const RMS_ROWS: usize = 16;
+
+/// The RMSNorm scales ([`scalar::rms_scale`]'s bits) of the up to [`RMS_ROWS`] rows of
+/// `dim` values in `rows`, first to last (the rest of the array is 0). Groups of eight
+/// rows go side by side — transposed in registers where the tier has AVX2
+/// (`avx2::square_sums`), else [`scalar::rms_scales`] — the rest one by one.
+fn rms_scales_of(rows: &[f32], dim: usize, eps: f32) -> [f32; RMS_ROWS] {
+    let n_rows = rows.len() / dim;
+    debug_assert!(n_rows <= RMS_ROWS);
+    let row = |r: usize| &rows[r * dim..][..dim];
+    let group = |g: usize| -> [&[f32]; 8] { std::array::from_fn(|r| row(8 * g + r)) };
+    let finish = |sum: f64| scalar::scale_of_sum(sum, dim, eps);
+    let mut scales = [0.0f32; RMS_ROWS];
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        if n_rows == 16 {
+            // SAFETY: the CPU has AVX2 (`use_avx2`).
+            let sums = unsafe { avx2::square_sums::<2>([group(0), group(1)]) };
+            for (s, sum) in scales.iter_mut().zip(sums.into_iter().flatten()) {
+                *s = finish(sum);
+            }
+            done = 16;
+        } else if n_rows >= 8 {
+            // SAFETY: as above.
+            let [sums] = unsafe { avx2::square_sums::<1>([group(0)]) };
+            for (s, sum) in scales.iter_mut().zip(sums) {
+                *s = finish(sum);
+            }
+            done = 8;
+        }
+    }
+    while n_rows - done >= 8 {
+        let group: [&[f32]; 8] = std::array::from_fn(|r| row(done + r));
+        scales[done..done + 8].copy_from_slice(&scalar::rms_scales(group, eps));
+        done += 8;
+    }
+    for (r, s) in scales.iter_mut().enumerate().take(n_rows).skip(done) {
+        *s = scalar::rms_scale(row(r), eps);
+    }
+    scales
+}
 
 /// [`rmsnorm_rows`] in place (also used for per-head Q/K norms with `dim = head_dim`).
 pub fn rmsnorm_rows_in_place(x: &mut [f32], weight: &[f32], dim: usize, eps: f32) {
@@ -213,18 +247,13 @@ pub fn rmsnorm_rows_in_place(x: &mut [f32], weight: &[f32], dim: usize, eps: f32
     if dim == 0 {
         return;
     }
-    let mut groups = x.chunks_exact_mut(RMS_ROWS * dim);
-    for xr in &mut groups {
-        let scales =
-            scalar::rms_scales::<RMS_ROWS>(std::array::from_fn(|r| &xr[r * dim..][..dim]), eps);
+    for xr in x.chunks_mut(RMS_ROWS * dim) {
+        let scales = rms_scales_of(xr, dim, eps);
         for (xr, s) in xr.chunks_exact_mut(dim).zip(scales) {
             for (xi, &w) in xr.iter_mut().zip(weight) {
                 *xi = *xi * s * w;
             }
         }
-    }
-    for xr in groups.into_remainder().chunks_exact_mut(dim) {
-        scalar::rmsnorm_in_place(xr, weight, eps);
     }
 }
 

@@ -131,8 +131,7 @@ pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
     for &xi in x {
         sum += f64::from(xi * xi);
     }
-    let mean = (sum / x.len() as f64) as f32;
-    1.0 / (mean + eps).sqrt()
+    scale_of_sum(sum, x.len(), eps)
 }
 
 /// [`rms_scale`] of `R` rows of the same length at once: each row's squares are still
@@ -155,10 +154,15 @@ pub fn rms_scales<const R: usize>(rows: [&[f32]; R], eps: f32) -> [f32; R] {
             *sum += f64::from(xi * xi);
         }
     }
-    sums.map(|sum| {
-        let mean = (sum / n as f64) as f32;
-        1.0 / (mean + eps).sqrt()
-    })
+    sums.map(|sum| scale_of_sum(sum, n, eps))
+}
+
+/// The RMSNorm scale of a row of `n` values whose squares sum (in f64, in index order) to
+/// `sum`: the mean rounded to f32, then the reciprocal square root in f32.
+#[inline]
+pub(crate) fn scale_of_sum(sum: f64, n: usize, eps: f32) -> f32 {
+    let mean = (sum / n as f64) as f32;
+    1.0 / (mean + eps).sqrt()
 }
 
 /// `out[i] = (x[i]·s)·weight[i]` with `s = `[`rms_scale`]`(x, eps)`.

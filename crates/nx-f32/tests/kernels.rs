@@ -138,10 +138,13 @@ fn rmsnorm_eps_dominates_a_zero_row() {
 
 #[test]
 fn rmsnorm_rows_equals_row_by_row() {
-    // Row counts below, at and past the rows summed side by side (eight), and values
+    // Row counts below, at and past the rows summed side by side (groups of eight, two
+    // groups at once), rows of whole and partial blocks of eight columns, and values
     // spread over many binades so that a different order of the f64 sums would show.
-    let dim = 48;
-    for n in [1, 5, 8, 9, 17, 24] {
+    for (dim, n) in [44, 48]
+        .into_iter()
+        .flat_map(|d| [1, 5, 8, 9, 16, 17, 24, 33, 40].map(|n| (d, n)))
+    {
         let x: Vec<f32> = values(30 + n as u64, n * dim)
             .iter()
             .enumerate()
@@ -153,11 +156,15 @@ fn rmsnorm_rows_equals_row_by_row() {
         for r in 0..n {
             let mut row = vec![0.0; dim];
             rmsnorm(&mut row, &x[r * dim..(r + 1) * dim], &w, 1e-5);
-            assert_eq!(&out[r * dim..(r + 1) * dim], &row[..], "n {n} row {r}");
+            assert_eq!(
+                &out[r * dim..(r + 1) * dim],
+                &row[..],
+                "n {n} dim {dim} row {r}"
+            );
         }
         let mut inplace = x.clone();
         rmsnorm_rows_in_place(&mut inplace, &w, dim, 1e-5);
-        assert_eq!(inplace, out, "n {n}");
+        assert_eq!(inplace, out, "n {n} dim {dim}");
     }
 }
 
@@ -181,7 +188,7 @@ fn rmsnorm_rows_sum_squares_in_index_order() {
         "the crafted row must tell the orders apart"
     );
     let w = vec![1f32; dim];
-    for n in [1, 8, 11] {
+    for n in [1, 8, 11, 16, 21, 32] {
         for at in [0, n / 2, n - 1] {
             let mut x = values(40 + n as u64, n * dim);
             x[at * dim..(at + 1) * dim].copy_from_slice(&crafted);

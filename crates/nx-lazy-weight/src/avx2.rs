@@ -1646,6 +1646,67 @@ pub(crate) fn hsum_epi32_8(v: __m256i) -> i32 {
     ))
 }
 
+/// The Q8_0 activation quantizer ([`crate::formats::q8_0`]'s `quantize_acts_block` per
+/// block) eight values at a time: the largest magnitude by `vmaxps` (exact, so the
+/// scalar fold's value whatever the order), the `127/amax` multiplier, the scalar's
+/// magic-number rounding and clamp, `d` by the same f16 conversion; the same bytes.
+/// Blocks with a NaN (which the scalar fold skips) take the scalar path. On the serial
+/// path of every decode step (one to sixteen rows, quantized on the calling thread),
+/// where the scalar loop took about 1 % of an eight-stream step's samples.
+///
+/// # Safety
+/// [`available`] is true; `out` holds `x.len() / 32` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn quantize_q8_0_acts(x: &[f32], out: &mut [u8]) {
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(Q8_0_BYTES)) {
+        // SAFETY: xb holds 32 f32, four registers.
+        let v: [__m256; 4] =
+            std::array::from_fn(|i| unsafe { _mm256_loadu_ps(xb.as_ptr().add(8 * i)) });
+        let nan = v.iter().fold(_mm256_setzero_ps(), |m, &r| {
+            _mm256_or_ps(m, _mm256_cmp_ps::<_CMP_UNORD_Q>(r, r))
+        });
+        if _mm256_movemask_ps(nan) != 0 {
+            crate::formats::q8_0::quantize_acts_block(xb, ob);
+            continue;
+        }
+        let abs = |r: __m256| _mm256_and_ps(r, abs_mask);
+        let m = _mm256_max_ps(
+            _mm256_max_ps(abs(v[0]), abs(v[1])),
+            _mm256_max_ps(abs(v[2]), abs(v[3])),
+        );
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        ob[..2].copy_from_slice(&crate::formats::f32_to_f16(d).to_le_bytes());
+        let (id, magic) = (_mm256_set1_ps(id), _mm256_set1_ps(12_582_912.0));
+        let q: [__m256i; 4] = v.map(|r| {
+            // Not fused: the product is rounded before the shift, as in the scalar.
+            let shifted = _mm256_add_ps(_mm256_mul_ps(r, id), magic);
+            let q = _mm256_sub_epi32(
+                _mm256_and_si256(_mm256_castps_si256(shifted), _mm256_set1_epi32(0x007f_ffff)),
+                _mm256_set1_epi32(0x0040_0000),
+            );
+            _mm256_max_epi32(
+                _mm256_min_epi32(q, _mm256_set1_epi32(127)),
+                _mm256_set1_epi32(-128),
+            )
+        });
+        // Saturating packs keep the clamped values; they interleave the 128-bit halves,
+        // which the final dword permutation puts back in order.
+        let words = [
+            _mm256_packs_epi32(q[0], q[1]),
+            _mm256_packs_epi32(q[2], q[3]),
+        ];
+        let bytes = _mm256_packs_epi16(words[0], words[1]);
+        let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        // SAFETY: the block's 32 quant bytes follow its 2-byte scale.
+        unsafe { _mm256_storeu_si256(ob.as_mut_ptr().add(2) as *mut __m256i, bytes) };
+    }
+}
+
 /// The Q8_K activation quantizer ([`crate::formats::q8_k::quantize_block`] per block) eight values
 /// at a time, as [`crate::avx512::quantize_q8_k`] does sixteen: the first value of the
 /// largest magnitude, the `−127/max` multiplier, magic-number rounding, the same group

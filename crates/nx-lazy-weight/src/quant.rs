@@ -105,6 +105,21 @@ fn quantize_bf16(x: &[f32], out: &mut [u8]) {
 /// Q8_0 for activations as ggml's x86 build makes them (see
 /// [`crate::formats::q8_0`]'s `quantize_acts_block`), for a whole row.
 pub(crate) fn quantize_q8_0_acts(x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(
+        crate::active_tier(),
+        Ok(crate::CpuTier::Avx2 | crate::CpuTier::Avx512Vnni)
+    ) && crate::avx2::available()
+    {
+        // SAFETY: the CPU has the AVX2 tier's features (checked).
+        return unsafe { crate::avx2::quantize_q8_0_acts(x, out) };
+    }
+    quantize_q8_0_acts_scalar(x, out)
+}
+
+/// The portable [`quantize_q8_0_acts`] (the reference for
+/// `crate::avx2::quantize_q8_0_acts`).
+pub(crate) fn quantize_q8_0_acts_scalar(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(QK32).zip(out.chunks_exact_mut(Q8_0_BYTES)) {
         q8_0::quantize_acts_block(xb, ob);
     }
@@ -205,6 +220,50 @@ mod tests {
                 // the blocks.
                 unsafe { quantize(x, &mut b) };
                 assert_eq!(a, b, "{name}");
+            }
+        }
+    }
+
+    /// The SIMD Q8_0 activation quantizer against the scalar one, byte for byte: rows of
+    /// several spreads, values on rounding ties, zero blocks, a single non-zero value,
+    /// infinities and a NaN.
+    #[test]
+    fn simd_q8_0_acts_quantizer_matches_scalar() {
+        #[cfg(target_arch = "x86_64")]
+        if crate::avx2::available() {
+            let mut seed = 5u64;
+            let mut next = || {
+                seed = seed
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            };
+            let mut rows: Vec<Vec<f32>> = Vec::new();
+            for spread in [1e-3f32, 1.0, 50.0, 3e4] {
+                rows.push((0..1024).map(|_| next() * spread).collect());
+            }
+            // amax 127: d = 1, so halves land on ties (2.5, −2.5, 3.5).
+            let mut ties: Vec<f32> = (0..64).map(|i| (i % 9) as f32 - 4.5).collect();
+            ties[0] = 127.0;
+            ties[32] = -127.0;
+            ties[40] = 3.5;
+            rows.push(ties);
+            let mut sparse = vec![0.0f32; 96];
+            sparse[40] = -0.25;
+            rows.push(sparse);
+            let mut odd: Vec<f32> = (0..128).map(|_| next()).collect();
+            odd[17] = f32::NEG_INFINITY;
+            odd[64 + 3] = f32::NAN;
+            odd[96 + 5] = f32::INFINITY;
+            odd[96 + 6] = f32::NAN;
+            rows.push(odd);
+            for x in &rows {
+                let n = x.len() / QK32 * Q8_0_BYTES;
+                let (mut a, mut b) = (vec![0u8; n], vec![0xAAu8; n]);
+                quantize_q8_0_acts_scalar(x, &mut a);
+                // SAFETY: the CPU has AVX2 and F16C (checked); b holds the blocks.
+                unsafe { crate::avx2::quantize_q8_0_acts(x, &mut b) };
+                assert_eq!(a, b);
             }
         }
     }
