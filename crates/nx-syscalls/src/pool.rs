@@ -29,9 +29,16 @@ use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 /// How long an idle worker polls for the next loop before parking. Long enough to bridge
-/// the gap between two matmuls of one forward pass (norms, RoPE: a few microseconds),
-/// short enough that a pool between requests costs nothing.
-const SPIN_BEFORE_PARK: Duration = Duration::from_micros(50);
+/// the serial stretches of a decode step — the RoPE rotations and cache writes between
+/// the Q/K/V products and attention, and a batched step's sampling and scheduling
+/// between two forward passes, 50 to 500 µs on a 2-vCPU VM — where a parked worker
+/// rejoins only after a wake-up (about 150 µs there) and the calling thread starts the
+/// next loop alone; short enough that a pool between requests costs nothing. At 50 µs the
+/// worker of `nx bench -p 16 -n 128 -t 2 --parallel 8` (Gemma 3 270M, AMD EPYC family 25
+/// model 17) parked about twice per step (333 context switches in the run, 113 at 500 µs,
+/// most of those the host's preemptions); eight rounds of both binaries: +1.75 % tok/s at
+/// eight streams (median of the pairs), four rounds +4 % at sixteen, one stream unchanged.
+const SPIN_BEFORE_PARK: Duration = Duration::from_micros(500);
 
 /// A loop body: `(thread slot, item range)`. The slot is 0 for the calling thread and
 /// `1..n_threads` for the workers; at most one call per slot runs at a time.
