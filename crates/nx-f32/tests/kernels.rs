@@ -638,6 +638,38 @@ fn f16_rows_widen_every_bit_pattern_exactly() {
     }
 }
 
+/// f32 values of every exponent, with mantissas at and around the f16 rounding ties,
+/// subnormal results, overflow to infinity, infinities and NaNs narrow to the bits
+/// `f16::from_f32` gives, at a length with a tail after the eight-wide steps.
+#[test]
+fn f32_rows_narrow_to_f16_exactly() {
+    let mantissas = [
+        0u32, 1, 0xfff, 0x1000, 0x1001, 0x2000, 0x3000, 0x7f_e000, 0x7f_f000, 0x7f_ffff,
+    ];
+    let all: Vec<f32> = (0..=0x1ffu32)
+        .flat_map(|se| mantissas.map(move |m| f32::from_bits((se << 23) | m)))
+        .chain([
+            f32::NAN,
+            -f32::NAN,
+            65520.0,
+            65519.99,
+            1e-8,
+            5.9604645e-8,
+            2.9802322e-8,
+        ])
+        .collect();
+    let mut narrow = vec![f16::ZERO; all.len()];
+    f32_to_f16_row(&all, &mut narrow);
+    for (x, h) in all.iter().zip(&narrow) {
+        assert_eq!(
+            h.to_bits(),
+            f16::from_f32(*x).to_bits(),
+            "f32 bits {:#010x}",
+            x.to_bits()
+        );
+    }
+}
+
 #[test]
 fn f16_and_bf16_rows_round_trip_and_round_to_even() {
     let exact = [0.0f32, -0.0, 1.0, -2.5, 0.099975586, 65504.0];
