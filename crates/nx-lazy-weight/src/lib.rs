@@ -78,6 +78,8 @@ mod test_bits;
 pub mod tier;
 #[cfg(target_arch = "x86_64")]
 mod tiled;
+#[cfg(target_arch = "x86_64")]
+mod transpose;
 pub mod tune;
 
 pub use bounded::{

@@ -28,6 +28,7 @@ use crate::block32_x86::{
     block_bytes as block_bytes_of, format_code, signed_quants, Q4_0, Q5_0, Q8_0,
 };
 use crate::formats::{f16_to_f32, q5_0, read_u32, Q8_0_BYTES};
+use crate::transpose::{each_twice, eight_pairs};
 
 /// Bytes of one 32-quant block of a narrow tile: the lane quads of every token
 /// (`T / 2` registers of 64 bytes), the lane corrections `−128·Σx` (as many again),
@@ -224,56 +225,6 @@ unsafe fn lay_out_8(out: &mut [u8], rows: &[u8], first: usize, row_bytes: usize)
             let dx = _mm512_castps256_ps512(_mm256_cvtph_ps(bits));
             _mm512_storeu_ps(tile.add(64 * W) as *mut f32, each_twice(dx));
         }
-    }
-}
-
-/// Eight tokens' 32 bytes at `p`, `p + stride`, … as four registers: register `i` holds
-/// each token's bytes `8i..8i + 8`, token `t`'s at bytes `8t..8t + 8` (an 8 × 4
-/// transpose of 8-byte pairs: a quad pair per token and register, the element pair
-/// `2t, 2t + 1` of a tile of eight tokens).
-///
-/// # Safety
-/// AVX-512 F enabled; 32 bytes readable at each of the eight addresses.
-#[inline(always)]
-pub(crate) unsafe fn eight_pairs(p: *const u8, stride: usize) -> [__m512i; 4] {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let bytes = |t: usize| _mm256_loadu_si256(p.add(t * stride) as *const __m256i);
-        let two =
-            |t: usize| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(bytes(t)), bytes(t + 4));
-        let a = [two(0), two(1), two(2), two(3)];
-        // `lo01 = unpacklo(a0, a1)` holds pairs 0 and 2 of tokens 0, 1, 4, 5 (as
-        // t0p0, t1p0, t0p2, t1p2, t4p0, …); picking from it and `lo23` makes pairs 0
-        // and 2 of all eight tokens, from the `hi` unpacks pairs 1 and 3.
-        let even = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
-        let odd = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-        let (lo01, hi01) = (
-            _mm512_unpacklo_epi64(a[0], a[1]),
-            _mm512_unpackhi_epi64(a[0], a[1]),
-        );
-        let (lo23, hi23) = (
-            _mm512_unpacklo_epi64(a[2], a[3]),
-            _mm512_unpackhi_epi64(a[2], a[3]),
-        );
-        [
-            _mm512_permutex2var_epi64(lo01, even, lo23),
-            _mm512_permutex2var_epi64(hi01, even, hi23),
-            _mm512_permutex2var_epi64(lo01, odd, lo23),
-            _mm512_permutex2var_epi64(hi01, odd, hi23),
-        ]
-    }
-}
-
-/// Eight values (the low half of `v`) each twice in a row: `v0, v0, v1, v1, …`.
-///
-/// # Safety
-/// AVX-512 F enabled.
-#[inline(always)]
-pub(crate) unsafe fn each_twice(v: __m512) -> __m512 {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-        _mm512_permutexvar_ps(twice, v)
     }
 }
 

@@ -199,7 +199,7 @@ fn lay_out_token(xb: &[u8], out: &mut [u8], t: usize, width: usize) {
 
 /// [`lay_out_token`] of eight tokens at once into a whole tile of eight, in registers:
 /// each group of 32 quants and the sixteen bsums are an 8 × 4 transpose of 8-byte pairs
-/// ([`crate::narrow::eight_pairs`]), the min-lane pairs two word sums and a word
+/// ([`crate::transpose::eight_pairs`]), the min-lane pairs two word sums and a word
 /// permutation of the bsum registers. Same bytes as eight [`lay_out_token`] calls
 /// (`the_eight_token_layout_is_the_scalar_ones`).
 ///
@@ -219,7 +219,7 @@ unsafe fn lay_out_8(rows: &[u8], row_bytes: usize, out: &mut [u8]) {
         let (p, o) = (rows.as_ptr(), out.as_mut_ptr());
         let store = |at: usize, v: __m512i| _mm512_storeu_si512(o.add(at) as *mut _, v);
         for g in 0..8 {
-            let regs = crate::narrow::eight_pairs(p.add(q8_k::QS + 32 * g), row_bytes);
+            let regs = crate::transpose::eight_pairs(p.add(q8_k::QS + 32 * g), row_bytes);
             for (i, &r) in regs.iter().enumerate() {
                 store(((W / 2) * g + i) * 64, r);
             }
@@ -243,8 +243,11 @@ unsafe fn lay_out_8(rows: &[u8], row_bytes: usize, out: &mut [u8]) {
             0.,
             0.,
         );
-        _mm512_storeu_ps(o.add(dx_at(W)) as *mut f32, crate::narrow::each_twice(dx));
-        let bsums = crate::narrow::eight_pairs(p.add(q8_k::BSUMS), row_bytes);
+        _mm512_storeu_ps(
+            o.add(dx_at(W)) as *mut f32,
+            crate::transpose::each_twice(dx),
+        );
+        let bsums = crate::transpose::eight_pairs(p.add(q8_k::BSUMS), row_bytes);
         for (i, &r) in bsums.iter().enumerate() {
             store(bsums_at(W) + 64 * i, r);
         }

@@ -21,6 +21,7 @@ use super::{
     MAX_EXTRA_CANDIDATES, MAX_TOKENS, Q8_0_BLOCK,
 };
 use crate::formats::read_f16;
+use crate::transpose::{transpose_lanes4, transpose_quads};
 use crate::LazyWeight;
 use nx_syscalls::ThreadPool;
 
@@ -1194,74 +1195,6 @@ fn padded_group(rows: &[u8], row_bytes: usize, n_blocks: usize) -> (Vec<u8>, Vec
     let mut scales = vec![0u16; n_blocks * LANE_ROWS];
     super::group_scales(&group, row_bytes, &mut scales);
     (group, scales)
-}
-
-/// The 32 quant bytes at `p`, `p + row_bytes`, … of [`LANE_ROWS`] rows as eight
-/// registers: lane `k` of register `j` is row `k`'s quad `j`.
-///
-/// # Safety
-/// AVX-512 F enabled; 32 bytes readable at each of the sixteen rows.
-#[inline(always)]
-unsafe fn transpose_quads(p: *const u8, row_bytes: usize) -> [__m512i; 8] {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let row = |k: usize| _mm256_loadu_si256(p.add(k * row_bytes) as *const __m256i);
-        // Register `i < 4`: rows `i` and `i + 4` in its halves; `i ≥ 4`: `i + 4` and `i + 8`.
-        let halves =
-            |a: usize, b: usize| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(row(a)), row(b));
-        let a = [
-            halves(0, 4),
-            halves(1, 5),
-            halves(2, 6),
-            halves(3, 7),
-            halves(8, 12),
-            halves(9, 13),
-            halves(10, 14),
-            halves(11, 15),
-        ];
-        // Within each 128-bit lane (a row's quads 0–3 or 4–7), a 4×4 transpose of four
-        // registers: `u[i]`'s lane holds element `i` of the four rows.
-        let u = transpose_lanes4(a);
-        // `u[i]`'s lanes: quad `i` of rows 0–3, quad `4 + i` of rows 0–3, quad `i` of
-        // rows 4–7, quad `4 + i` of rows 4–7; `u[4 + i]` the same for rows 8–15.
-        let low = |i: usize| _mm512_shuffle_i64x2::<0x88>(u[i], u[i + 4]);
-        let high = |i: usize| _mm512_shuffle_i64x2::<0xdd>(u[i], u[i + 4]);
-        [
-            low(0),
-            low(1),
-            low(2),
-            low(3),
-            high(0),
-            high(1),
-            high(2),
-            high(3),
-        ]
-    }
-}
-
-/// Within every 128-bit lane, a 4×4 transpose of dwords across registers `h..h + 4`, for
-/// `h` = 0 and 4: lane `l` of output `h + i` holds dword `i` of lane `l` of inputs
-/// `h..h + 4`, in their order.
-///
-/// # Safety
-/// AVX-512 F enabled.
-#[inline(always)]
-unsafe fn transpose_lanes4(a: [__m512i; 8]) -> [__m512i; 8] {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let mut u = [_mm512_setzero_si512(); 8];
-        for h in [0, 4] {
-            let t0 = _mm512_unpacklo_epi32(a[h], a[h + 1]);
-            let t1 = _mm512_unpackhi_epi32(a[h], a[h + 1]);
-            let t2 = _mm512_unpacklo_epi32(a[h + 2], a[h + 3]);
-            let t3 = _mm512_unpackhi_epi32(a[h + 2], a[h + 3]);
-            u[h] = _mm512_unpacklo_epi64(t0, t2);
-            u[h + 1] = _mm512_unpackhi_epi64(t0, t2);
-            u[h + 2] = _mm512_unpacklo_epi64(t1, t3);
-            u[h + 3] = _mm512_unpackhi_epi64(t1, t3);
-        }
-        u
-    }
 }
 
 /// Eight tokens' registers of [`LANE_ROWS`] rows (lane `k`: row `k`) as each row's
