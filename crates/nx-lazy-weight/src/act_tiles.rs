@@ -5,6 +5,7 @@
 //! Kept apart from both so that neither kernel module depends on the other for the
 //! layout: `tiled` chooses and calls the AMX kernels, and both read these offsets.
 
+use std::arch::x86_64::*;
 use std::ops::Range;
 
 use nx_gguf::GgmlType;
@@ -127,9 +128,18 @@ impl ActTiles {
         self.group_bytes = group_bytes;
         self.n_groups = n_groups;
         self.n_tokens = n.min(n_groups * TILE);
-        self.data.resize(n_groups * group_bytes);
+        // `fill` writes every byte of every group (padding tokens from `zeros`), so the
+        // buffer's old bytes need no zeroing pass (on a decode step's serial path).
+        self.data.resize_reusing(n_groups * group_bytes);
+        let simd = act_type != GgmlType::Q8_1 && crate::tiled::available();
         let fill = |groups: Range<usize>, tiles: &mut [u8]| {
             for (g, tile) in groups.zip(tiles.chunks_exact_mut(group_bytes)) {
+                if simd && (g + 1) * TILE <= n {
+                    let rows = &rows[g * TILE * row_bytes..(g + 1) * TILE * row_bytes];
+                    // SAFETY: the CPU has AVX-512 F/BW and F16C (`tiled::available`).
+                    unsafe { interleave_group(act_type, rows, row_bytes, tile, raw_k) };
+                    continue;
+                }
                 for t in 0..TILE {
                     let token = g * TILE + t;
                     let row = match token < n {
@@ -169,6 +179,87 @@ impl ActTiles {
     /// The interleaved bytes of token group `g`.
     pub(crate) fn group(&self, g: usize) -> &[u8] {
         &self.data[g * self.group_bytes..(g + 1) * self.group_bytes]
+    }
+}
+
+/// Sixteen tokens' Q8_0 or Q8_K rows (`rows`, `row_bytes` apart) into a whole group
+/// `tile`, in registers: each 32-byte run of quants (and Q8_K's sixteen bsums) is a 16 × 8
+/// transpose of quads ([`crate::transpose::transpose_quads`]), the scales one load or
+/// conversion of sixteen, Q8_K's min pairs two word sums of the bsum registers. Same bytes
+/// as the per-token [`interleave_q8_0`] / [`interleave_q8_k`]
+/// (`the_group_interleave_is_the_per_token_one`); a decode step of sixteen streams builds
+/// its one group on the calling thread, where the byte loops took 2 % of its samples.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW and F16C.
+///
+/// # Panics
+/// Unless `act_type` is Q8_0 or Q8_K, `rows` holds sixteen rows of `row_bytes` and `tile`
+/// a group of them.
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+unsafe fn interleave_group(
+    act_type: GgmlType,
+    rows: &[u8],
+    row_bytes: usize,
+    tile: &mut [u8],
+    raw_k: bool,
+) {
+    let (src_block, tile_block) = match act_type {
+        GgmlType::Q8_0 => (Q8_0_BYTES, ACT32_BLOCK),
+        GgmlType::Q8_K => (Q8_K_BYTES, ACTK_BLOCK),
+        _ => panic!("interleave_group: {act_type:?} activations"),
+    };
+    let n_blocks = row_bytes / src_block;
+    assert!(rows.len() >= TILE * row_bytes && tile.len() >= n_blocks * tile_block);
+    // SAFETY: every load lies in one of the sixteen rows' block `b` and every store in
+    // the tile's block `b` (asserted above); the features per the caller's contract.
+    unsafe {
+        let (p, o) = (rows.as_ptr(), tile.as_mut_ptr());
+        let store = |at: usize, v: __m512i| _mm512_storeu_si512(o.add(at) as *mut _, v);
+        let flip = _mm512_set1_epi8(0x80u8 as i8);
+        for b in 0..n_blocks {
+            let (xb, out) = (p.add(b * src_block), b * tile_block);
+            if act_type == GgmlType::Q8_0 {
+                let quads = crate::transpose::transpose_quads(xb.add(2), row_bytes);
+                for (l, &q) in quads.iter().enumerate() {
+                    store(out + 64 * l, _mm512_xor_si512(q, flip));
+                }
+                let bits: [i16; TILE] =
+                    std::array::from_fn(|t| (xb.add(t * row_bytes) as *const i16).read_unaligned());
+                let dx = _mm512_cvtph_ps(_mm256_loadu_si256(bits.as_ptr() as *const _));
+                _mm512_storeu_ps(o.add(out + 512) as *mut f32, dx);
+                continue;
+            }
+            let bias = if raw_k { _mm512_setzero_si512() } else { flip };
+            for g in 0..8 {
+                let quads = crate::transpose::transpose_quads(xb.add(q8_k::QS + 32 * g), row_bytes);
+                for (l, &q) in quads.iter().enumerate() {
+                    store(out + 512 * g + 64 * l, _mm512_xor_si512(q, bias));
+                }
+            }
+            let d: [f32; TILE] =
+                std::array::from_fn(|t| (xb.add(t * row_bytes) as *const f32).read_unaligned());
+            _mm512_storeu_ps(
+                o.add(out + ACTK_DX) as *mut f32,
+                _mm512_loadu_ps(d.as_ptr()),
+            );
+            // Lane `t` of bsum register `l`: token `t`'s pair `(b[2l], b[2l + 1])`; the
+            // min pair `m` is the word sums of registers `2m` and `2m + 1`, low and high.
+            let bsums = crate::transpose::transpose_quads(xb.add(q8_k::BSUMS), row_bytes);
+            for (l, &s) in bsums.iter().enumerate() {
+                store(out + ACTK_BSUMS + 64 * l, s);
+            }
+            let ones = _mm512_set1_epi16(1);
+            for m in 0..4 {
+                let lo = _mm512_madd_epi16(bsums[2 * m], ones);
+                let hi = _mm512_madd_epi16(bsums[2 * m + 1], ones);
+                let pair = _mm512_or_si512(
+                    _mm512_and_si512(lo, _mm512_set1_epi32(0xffff)),
+                    _mm512_slli_epi32::<16>(hi),
+                );
+                store(out + ACTK_MINS + 64 * m, pair);
+            }
+        }
     }
 }
 
@@ -236,4 +327,87 @@ pub(crate) fn put_i32(out: &mut [u8], at: usize, v: i32) {
 
 pub(crate) fn put_f32(out: &mut [u8], at: usize, v: f32) {
     out[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The per-token byte loops for the whole groups of `n` rows (the reference).
+    fn per_token(
+        act_type: GgmlType,
+        rows: &[u8],
+        n: usize,
+        row_bytes: usize,
+        raw: bool,
+    ) -> Vec<u8> {
+        let (src_block, tile_block) = match act_type {
+            GgmlType::Q8_0 => (Q8_0_BYTES, ACT32_BLOCK),
+            _ => (Q8_K_BYTES, ACTK_BLOCK),
+        };
+        let group_bytes = row_bytes / src_block * tile_block;
+        let mut out = vec![0u8; n / TILE * group_bytes];
+        for (g, tile) in out.chunks_exact_mut(group_bytes).enumerate() {
+            for t in 0..TILE {
+                let row = &rows[(g * TILE + t) * row_bytes..][..row_bytes];
+                for (xb, o) in row
+                    .chunks_exact(src_block)
+                    .zip(tile.chunks_exact_mut(tile_block))
+                {
+                    match act_type {
+                        GgmlType::Q8_0 => interleave_q8_0(xb, o, t),
+                        _ => interleave_q8_k(xb, o, t, raw),
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_group_interleave_is_the_per_token_one() {
+        if !crate::tiled::available() {
+            return;
+        }
+        // Two whole groups and a padded third (Q8_K), quantized from values of every
+        // spread, built over a buffer of other bytes.
+        let n = 2 * TILE + 9;
+        for (act_type, row_len) in [(GgmlType::Q8_0, 160), (GgmlType::Q8_K, 512)] {
+            let x: Vec<f32> = (0..n * row_len)
+                .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.01 * (1 + i % 7) as f32)
+                .collect();
+            let row_bytes = crate::formats::row_bytes(act_type, row_len).unwrap();
+            let mut rows = vec![0u8; n * row_bytes];
+            for (xr, qr) in x
+                .chunks_exact(row_len)
+                .zip(rows.chunks_exact_mut(row_bytes))
+            {
+                crate::quant::quantize_row(act_type, xr, qr).unwrap();
+            }
+            for raw in [false, true] {
+                let mut tiles = ActTiles::default();
+                tiles.build(
+                    act_type,
+                    &vec![0x5Au8; n * row_bytes],
+                    n,
+                    row_bytes,
+                    raw,
+                    None,
+                );
+                tiles.build(act_type, &rows, n, row_bytes, raw, None);
+                let want = per_token(act_type, &rows, 2 * TILE, row_bytes, tiles.raw_k());
+                assert!(
+                    tiles.data[..want.len()] == want[..],
+                    "{act_type:?} raw {raw}"
+                );
+                // The padded group too: every byte as a build into a fresh buffer.
+                let mut fresh = ActTiles::default();
+                fresh.build(act_type, &rows, n, row_bytes, raw, None);
+                assert!(
+                    tiles.data[..] == fresh.data[..],
+                    "{act_type:?} raw {raw}: reused"
+                );
+            }
+        }
+    }
 }
