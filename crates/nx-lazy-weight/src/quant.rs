@@ -170,22 +170,30 @@ mod tests {
         }
     }
 
+    /// Uniform values in `[−0.5, 0.5)` from `seed` (a linear congruential generator).
+    fn uniform(mut seed: u64) -> impl FnMut() -> f32 {
+        move || {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        }
+    }
+
+    /// Rows of 1024 values of `next` scaled to four spreads (1e-3 to 3e4).
+    fn spread_rows(next: &mut impl FnMut() -> f32) -> Vec<Vec<f32>> {
+        [1e-3f32, 1.0, 50.0, 3e4]
+            .map(|spread| (0..1024).map(|_| next() * spread).collect())
+            .to_vec()
+    }
+
     /// The SIMD Q8_K quantizers (those this CPU runs) against the scalar one, byte for
     /// byte: random rows of several spreads, rows with ties of opposite sign for the
     /// largest magnitude, zero blocks, a single non-zero value, an infinity and a NaN.
     #[test]
     fn simd_q8_k_quantizers_match_scalar() {
-        let mut seed = 11u64;
-        let mut next = || {
-            seed = seed
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
-        let mut rows: Vec<Vec<f32>> = Vec::new();
-        for spread in [1e-3f32, 1.0, 50.0, 3e4] {
-            rows.push((0..1024).map(|_| next() * spread).collect());
-        }
+        let mut next = uniform(11);
+        let mut rows = spread_rows(&mut next);
         let mut ties: Vec<f32> = (0..512).map(|_| next()).collect();
         ties[7] = 2.0;
         ties[100] = -2.0;
@@ -231,17 +239,8 @@ mod tests {
     fn simd_q8_0_acts_quantizer_matches_scalar() {
         #[cfg(target_arch = "x86_64")]
         if crate::avx2::available() {
-            let mut seed = 5u64;
-            let mut next = || {
-                seed = seed
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            };
-            let mut rows: Vec<Vec<f32>> = Vec::new();
-            for spread in [1e-3f32, 1.0, 50.0, 3e4] {
-                rows.push((0..1024).map(|_| next() * spread).collect());
-            }
+            let mut next = uniform(5);
+            let mut rows = spread_rows(&mut next);
             // amax 127: d = 1, so halves land on ties (2.5, −2.5, 3.5).
             let mut ties: Vec<f32> = (0..64).map(|i| (i % 9) as f32 - 4.5).collect();
             ties[0] = 127.0;
