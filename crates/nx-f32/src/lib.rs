@@ -205,12 +205,12 @@ fn rms_scales_of(rows: &[f32], dim: usize, eps: f32) -> [f32; RMS_ROWS] {
     let n_rows = rows.len() / dim;
     debug_assert!(n_rows <= RMS_ROWS);
     let row = |r: usize| &rows[r * dim..][..dim];
-    let group = |g: usize| -> [&[f32]; 8] { std::array::from_fn(|r| row(8 * g + r)) };
-    let finish = |sum: f64| scalar::scale_of_sum(sum, dim, eps);
     let mut scales = [0.0f32; RMS_ROWS];
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if use_avx2() {
+        let group = |g: usize| -> [&[f32]; 8] { std::array::from_fn(|r| row(8 * g + r)) };
+        let finish = |sum: f64| scalar::scale_of_sum(sum, dim, eps);
         if n_rows == 16 {
             // SAFETY: the CPU has AVX2 (`use_avx2`).
             let sums = unsafe { avx2::square_sums::<2>([group(0), group(1)]) };
