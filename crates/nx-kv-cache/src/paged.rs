@@ -770,7 +770,6 @@ impl PagedKv {
     }
 }
 
-/// Splits `rows` at block boundaries: `(block index, rows in it)`.
 /// A prefetch of every cache line of `rows` (nothing for `None`, or where the target has
 /// no prefetch instruction).
 fn prefetch_lines<T>(rows: Option<&[T]>) {
@@ -792,6 +791,7 @@ fn prefetch_lines<T>(rows: Option<&[T]>) {
     let _ = rows;
 }
 
+/// Splits `rows` at block boundaries: `(block index, rows in it)`.
 fn runs(rows: Range<usize>, bs: usize) -> impl Iterator<Item = (usize, Range<usize>)> {
     let mut at = rows.start;
     std::iter::from_fn(move || {
