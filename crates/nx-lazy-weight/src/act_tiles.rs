@@ -131,12 +131,12 @@ impl ActTiles {
         // `fill` writes every byte of every group (padding tokens from `zeros`), so the
         // buffer's old bytes need no zeroing pass (on a decode step's serial path).
         self.data.resize_reusing(n_groups * group_bytes);
-        let simd = act_type != GgmlType::Q8_1 && crate::tiled::available();
+        let simd = act_type != GgmlType::Q8_1 && crate::avx512::available();
         let fill = |groups: Range<usize>, tiles: &mut [u8]| {
             for (g, tile) in groups.zip(tiles.chunks_exact_mut(group_bytes)) {
                 if simd && (g + 1) * TILE <= n {
                     let rows = &rows[g * TILE * row_bytes..(g + 1) * TILE * row_bytes];
-                    // SAFETY: the CPU has AVX-512 F/BW and F16C (`tiled::available`).
+                    // SAFETY: the CPU has AVX-512 F/BW and F16C (`avx512::available`).
                     unsafe { interleave_group(act_type, rows, row_bytes, tile, raw_k) };
                     continue;
                 }
@@ -366,7 +366,7 @@ mod tests {
 
     #[test]
     fn the_group_interleave_is_the_per_token_one() {
-        if !crate::tiled::available() {
+        if !crate::avx512::available() {
             return;
         }
         // Two whole groups and a padded third (Q8_K), quantized from values of every
