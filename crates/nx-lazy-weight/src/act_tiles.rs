@@ -108,11 +108,8 @@ impl ActTiles {
         pool: Option<&ThreadPool>,
     ) {
         self.clear();
-        let (src_block, tile_block) = match act_type {
-            GgmlType::Q8_0 => (Q8_0_BYTES, ACT32_BLOCK),
-            GgmlType::Q8_1 => (q8_1::BYTES, ACT81_BLOCK),
-            GgmlType::Q8_K => (Q8_K_BYTES, ACTK_BLOCK),
-            _ => return,
+        let Some((src_block, tile_block)) = block_bytes(act_type) else {
+            return;
         };
         let n_groups = Self::groups_for(act_type, n);
         if n_groups == 0 || row_bytes == 0 || rows.len() < n * row_bytes {
@@ -182,6 +179,17 @@ impl ActTiles {
     }
 }
 
+/// Bytes of one block of `act_type` activations and of its slots in a tile group;
+/// `None` for types without tiles.
+fn block_bytes(act_type: GgmlType) -> Option<(usize, usize)> {
+    match act_type {
+        GgmlType::Q8_0 => Some((Q8_0_BYTES, ACT32_BLOCK)),
+        GgmlType::Q8_1 => Some((q8_1::BYTES, ACT81_BLOCK)),
+        GgmlType::Q8_K => Some((Q8_K_BYTES, ACTK_BLOCK)),
+        _ => None,
+    }
+}
+
 /// Sixteen tokens' Q8_0 or Q8_K rows (`rows`, `row_bytes` apart) into a whole group
 /// `tile`, in registers: each 32-byte run of quants (and Q8_K's sixteen bsums) is a 16 × 8
 /// transpose of quads ([`crate::transpose::transpose_quads`]), the scales one load or
@@ -204,10 +212,10 @@ unsafe fn interleave_group(
     tile: &mut [u8],
     raw_k: bool,
 ) {
-    let (src_block, tile_block) = match act_type {
-        GgmlType::Q8_0 => (Q8_0_BYTES, ACT32_BLOCK),
-        GgmlType::Q8_K => (Q8_K_BYTES, ACTK_BLOCK),
-        _ => panic!("interleave_group: {act_type:?} activations"),
+    let Some((src_block, tile_block)) =
+        block_bytes(act_type).filter(|_| act_type != GgmlType::Q8_1)
+    else {
+        panic!("interleave_group: {act_type:?} activations");
     };
     let n_blocks = row_bytes / src_block;
     assert!(rows.len() >= TILE * row_bytes && tile.len() >= n_blocks * tile_block);
@@ -341,10 +349,7 @@ mod tests {
         row_bytes: usize,
         raw: bool,
     ) -> Vec<u8> {
-        let (src_block, tile_block) = match act_type {
-            GgmlType::Q8_0 => (Q8_0_BYTES, ACT32_BLOCK),
-            _ => (Q8_K_BYTES, ACTK_BLOCK),
-        };
+        let (src_block, tile_block) = block_bytes(act_type).unwrap();
         let group_bytes = row_bytes / src_block * tile_block;
         let mut out = vec![0u8; n / TILE * group_bytes];
         for (g, tile) in out.chunks_exact_mut(group_bytes).enumerate() {
